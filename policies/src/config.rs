@@ -1,0 +1,514 @@
+//! The policy file: schema, parsing and validation.
+//!
+//! A policy is TOML. Every table rejects unknown fields, and every error names
+//! the file, the line and column, and what is wrong. Cross-references (a route
+//! naming a provider, managed auth needing provider keys) are checked at load,
+//! so a policy that loads is one the server can run.
+//!
+//! Reading the file is the caller's job; this module only sees text.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::ops::Range;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+/// The preset used when no `--config` is given.
+pub const DEFAULT_PRESET: &str = include_str!("../presets/default.toml");
+
+/// Shipped presets by name, for `--config preset:NAME` and tests.
+pub const PRESETS: &[(&str, &str)] = &[("default", DEFAULT_PRESET)];
+
+/// Route pattern that matches every model name.
+pub const ANY_MODEL: &str = "*";
+
+/// A policy that failed to load: where and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyError {
+    /// Name of the file (or preset) the text came from.
+    pub origin: String,
+    /// 1-based line and column of the offending text, when known.
+    pub position: Option<(usize, usize)>,
+    /// What is wrong, in one sentence.
+    pub message: String,
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.position {
+            Some((line, column)) => {
+                write!(f, "{}:{line}:{column}: {}", self.origin, self.message)
+            }
+            None => write!(f, "{}: {}", self.origin, self.message),
+        }
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+/// A validated policy.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// How clients authenticate and where the provider key comes from.
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// Request size, concurrency and timeout limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Upstream providers, by name.
+    #[serde(default)]
+    pub providers: Vec<ProviderConfig>,
+    /// Client model name to provider model, first match wins.
+    #[serde(default)]
+    pub routes: Vec<RouteConfig>,
+}
+
+/// Client authentication mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    /// The client's `Authorization` header is forwarded to the provider.
+    #[default]
+    Passthrough,
+    /// Clients present proxy keys listed (as hashes) in the policy; the proxy
+    /// attaches the provider's key from the environment.
+    Managed,
+}
+
+/// `[auth]`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `passthrough` (default) or `managed`.
+    #[serde(default)]
+    pub mode: AuthMode,
+    /// Proxy keys accepted in managed mode, as SHA-256 hashes.
+    #[serde(default)]
+    pub client_keys: Vec<ClientKey>,
+}
+
+/// One accepted proxy key (managed auth).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientKey {
+    /// Who holds the key, for logs and audit records.
+    pub name: String,
+    /// Lowercase hex SHA-256 of the key (`canarygate hash-key` prints it).
+    pub sha256: Spanned<String>,
+}
+
+/// `[limits]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// Requests served at once; more get HTTP 429.
+    pub max_concurrent_requests: usize,
+    /// Time allowed to open a connection to the provider.
+    pub connect_timeout_ms: u64,
+    /// Time allowed from sending the request to the first byte of the answer.
+    pub first_byte_timeout_ms: u64,
+    /// Longest silence allowed between two chunks of an answer.
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 8 * 1024 * 1024,
+            max_concurrent_requests: 1024,
+            connect_timeout_ms: 10_000,
+            first_byte_timeout_ms: 300_000,
+            idle_timeout_ms: 120_000,
+        }
+    }
+}
+
+/// `[[providers]]`: one upstream OpenAI-compatible API.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// Name routes refer to.
+    pub name: Spanned<String>,
+    /// Base URL including the version prefix, e.g. `https://api.openai.com/v1`.
+    pub base_url: Spanned<String>,
+    /// The context window the provider advertises, in tokens.
+    pub context_window: Spanned<u64>,
+    /// Environment variable holding the provider API key. Required in managed
+    /// auth; in passthrough auth the client's key is forwarded instead.
+    #[serde(default)]
+    pub api_key_env: Option<String>,
+    /// PEM file of extra CA certificates trusted for this provider, on top of
+    /// the bundled web PKI roots (private gateways).
+    #[serde(default)]
+    pub extra_ca_file: Option<String>,
+}
+
+/// `[[routes]]`: which provider serves a client model name.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// Model name the client asks for, or `*` for any.
+    pub model: Spanned<String>,
+    /// Provider name.
+    pub provider: Spanned<String>,
+    /// Model name sent upstream; defaults to the client's model name.
+    #[serde(default)]
+    pub upstream_model: Option<String>,
+    /// Context window for this model when it differs from the provider's.
+    #[serde(default)]
+    pub context_window: Option<u64>,
+}
+
+/// Where a client model name goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResolvedRoute<'a> {
+    /// Index into [`Policy::providers`].
+    pub provider_index: usize,
+    /// Provider name.
+    pub provider: &'a str,
+    /// Model name to send upstream.
+    pub upstream_model: &'a str,
+    /// Advertised context window for this model, in tokens.
+    pub context_window: u64,
+}
+
+impl Policy {
+    /// Parses and validates policy text. `origin` names the file in errors.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Self, PolicyError> {
+        let policy: Policy = toml::from_str(text).map_err(|error| PolicyError {
+            origin: origin.to_owned(),
+            position: error.span().map(|span| line_column(text, span.start)),
+            message: error.message().trim_end().to_owned(),
+        })?;
+        policy.validate().map_err(|(span, message)| PolicyError {
+            origin: origin.to_owned(),
+            position: span.map(|span| line_column(text, span.start)),
+            message,
+        })?;
+        Ok(policy)
+    }
+
+    /// The preset called `name`, parsed.
+    pub fn preset(name: &str) -> Result<Self, PolicyError> {
+        let (_, text) = PRESETS
+            .iter()
+            .find(|(preset, _)| *preset == name)
+            .ok_or_else(|| PolicyError {
+                origin: format!("preset:{name}"),
+                position: None,
+                message: format!(
+                    "no such preset; shipped presets: {}",
+                    PRESETS
+                        .iter()
+                        .map(|(n, _)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            })?;
+        Self::from_toml_str(text, &format!("policies/presets/{name}.toml"))
+    }
+
+    /// The route for a client model name, if any route matches.
+    pub fn route<'a>(&'a self, model: &'a str) -> Option<ResolvedRoute<'a>> {
+        let route = self
+            .routes
+            .iter()
+            .find(|route| route.model.get_ref() == model || route.model.get_ref() == ANY_MODEL)?;
+        let provider_index = self
+            .providers
+            .iter()
+            .position(|provider| provider.name.get_ref() == route.provider.get_ref())?;
+        let provider = &self.providers[provider_index];
+        Some(ResolvedRoute {
+            provider_index,
+            provider: provider.name.get_ref(),
+            upstream_model: route.upstream_model.as_deref().unwrap_or(model),
+            context_window: route
+                .context_window
+                .unwrap_or(*provider.context_window.get_ref()),
+        })
+    }
+
+    /// Model names clients can ask for by name (wildcard routes excluded).
+    pub fn named_models(&self) -> impl Iterator<Item = &str> {
+        self.routes
+            .iter()
+            .map(|route| route.model.get_ref().as_str())
+            .filter(|model| *model != ANY_MODEL)
+    }
+
+    /// Sets the base URL of the only provider (`--upstream`). Errors when the
+    /// policy has more than one provider or the URL is not http(s).
+    pub fn override_upstream(&mut self, base_url: &str) -> Result<(), String> {
+        check_base_url(base_url)?;
+        match self.providers.as_mut_slice() {
+            [provider] => {
+                provider.base_url = Spanned::new(0..0, base_url.trim_end_matches('/').to_owned());
+                Ok(())
+            }
+            providers => Err(format!(
+                "--upstream needs a policy with exactly one provider, this one has {}",
+                providers.len()
+            )),
+        }
+    }
+
+    fn validate(&self) -> Result<(), (Option<Range<usize>>, String)> {
+        let limits = &self.limits;
+        for (name, value) in [
+            ("limits.max_body_bytes", limits.max_body_bytes as u64),
+            (
+                "limits.max_concurrent_requests",
+                limits.max_concurrent_requests as u64,
+            ),
+            ("limits.connect_timeout_ms", limits.connect_timeout_ms),
+            ("limits.first_byte_timeout_ms", limits.first_byte_timeout_ms),
+            ("limits.idle_timeout_ms", limits.idle_timeout_ms),
+        ] {
+            if value == 0 {
+                return Err((None, format!("{name} must be greater than 0")));
+            }
+        }
+
+        if self.providers.is_empty() {
+            return Err((
+                None,
+                "a policy needs at least one [[providers]] entry".into(),
+            ));
+        }
+        let mut names = HashSet::new();
+        for provider in &self.providers {
+            let name = &provider.name;
+            if name.get_ref().is_empty() {
+                return Err((Some(name.span()), "provider name is empty".into()));
+            }
+            if !names.insert(name.get_ref().as_str()) {
+                return Err((
+                    Some(name.span()),
+                    format!("provider `{}` is defined twice", name.get_ref()),
+                ));
+            }
+            check_base_url(provider.base_url.get_ref())
+                .map_err(|message| (Some(provider.base_url.span()), message))?;
+            if *provider.context_window.get_ref() == 0 {
+                return Err((
+                    Some(provider.context_window.span()),
+                    "context_window must be greater than 0".into(),
+                ));
+            }
+            if self.auth.mode == AuthMode::Managed && provider.api_key_env.is_none() {
+                return Err((
+                    Some(name.span()),
+                    format!(
+                        "auth.mode is \"managed\", so provider `{}` needs api_key_env \
+                         (the environment variable holding its API key)",
+                        name.get_ref()
+                    ),
+                ));
+            }
+        }
+
+        if self.routes.is_empty() {
+            return Err((None, "a policy needs at least one [[routes]] entry".into()));
+        }
+        let mut models = HashSet::new();
+        for (index, route) in self.routes.iter().enumerate() {
+            let model = route.model.get_ref();
+            if model.is_empty() {
+                return Err((Some(route.model.span()), "route model is empty".into()));
+            }
+            if !models.insert(model.as_str()) {
+                return Err((
+                    Some(route.model.span()),
+                    format!("model `{model}` is routed twice"),
+                ));
+            }
+            if model == ANY_MODEL && index + 1 != self.routes.len() {
+                return Err((
+                    Some(route.model.span()),
+                    "the wildcard route `*` must be the last route (routes after it are unreachable)"
+                        .into(),
+                ));
+            }
+            if !names.contains(route.provider.get_ref().as_str()) {
+                return Err((
+                    Some(route.provider.span()),
+                    format!(
+                        "route for `{model}` names provider `{}`, which is not defined",
+                        route.provider.get_ref()
+                    ),
+                ));
+            }
+            if route.context_window == Some(0) {
+                return Err((
+                    Some(route.model.span()),
+                    "route context_window must be greater than 0".into(),
+                ));
+            }
+        }
+
+        match self.auth.mode {
+            AuthMode::Managed if self.auth.client_keys.is_empty() => Err((
+                None,
+                "auth.mode is \"managed\" but auth.client_keys is empty: no client could connect"
+                    .into(),
+            )),
+            AuthMode::Passthrough if !self.auth.client_keys.is_empty() => Err((
+                Some(self.auth.client_keys[0].sha256.span()),
+                "auth.client_keys is only used with auth.mode = \"managed\"".into(),
+            )),
+            _ => {
+                for key in &self.auth.client_keys {
+                    let hash = key.sha256.get_ref();
+                    if hash.len() != 64
+                        || !hash
+                            .bytes()
+                            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                    {
+                        return Err((
+                            Some(key.sha256.span()),
+                            format!(
+                                "client key `{}`: sha256 must be 64 lowercase hex characters \
+                                 (run `canarygate hash-key`)",
+                                key.name
+                            ),
+                        ));
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn check_base_url(url: &str) -> Result<(), String> {
+    let rest = url
+        .strip_prefix("https://")
+        .or_else(|| url.strip_prefix("http://"))
+        .ok_or_else(|| format!("base_url `{url}` must start with http:// or https://"))?;
+    if rest.is_empty() || rest.starts_with('/') {
+        return Err(format!("base_url `{url}` has no host"));
+    }
+    Ok(())
+}
+
+/// 1-based line and column of byte `offset` in `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[[providers]]
+name = "sim"
+base_url = "http://127.0.0.1:9/v1"
+context_window = 1000
+
+[[routes]]
+model = "small"
+provider = "sim"
+upstream_model = "sim-small"
+
+[[routes]]
+model = "*"
+provider = "sim"
+"#;
+
+    fn error_of(text: &str) -> PolicyError {
+        Policy::from_toml_str(text, "test.toml").unwrap_err()
+    }
+
+    #[test]
+    fn every_preset_loads() {
+        for (name, _) in PRESETS {
+            Policy::preset(name).unwrap();
+        }
+    }
+
+    #[test]
+    fn routes_resolve_first_match_then_wildcard() {
+        let policy = Policy::from_toml_str(MINIMAL, "test.toml").unwrap();
+        let small = policy.route("small").unwrap();
+        assert_eq!(small.upstream_model, "sim-small");
+        assert_eq!(small.context_window, 1000);
+        assert_eq!(policy.route("other").unwrap().upstream_model, "other");
+        assert_eq!(policy.named_models().collect::<Vec<_>>(), ["small"]);
+    }
+
+    #[test]
+    fn unknown_field_names_line() {
+        let error = error_of(&MINIMAL.replace("context_window = 1000", "context_windw = 1000"));
+        assert_eq!(error.position.unwrap().0, 5);
+        assert!(error.message.contains("context_windw"), "{error}");
+        assert!(error.to_string().starts_with("test.toml:5:"), "{error}");
+    }
+
+    #[test]
+    fn wrong_type_names_line() {
+        let error = error_of(&MINIMAL.replace("1000", "\"big\""));
+        assert_eq!(error.position.unwrap().0, 5);
+    }
+
+    #[test]
+    fn undefined_provider_names_route_line() {
+        let error = error_of(&MINIMAL.replace(
+            "provider = \"sim\"\nupstream",
+            "provider = \"nope\"\nupstream",
+        ));
+        assert_eq!(error.position.unwrap().0, 9);
+        assert!(error.message.contains("`nope`"), "{error}");
+    }
+
+    #[test]
+    fn wildcard_must_be_last() {
+        let text = format!("{MINIMAL}\n[[routes]]\nmodel = \"late\"\nprovider = \"sim\"\n");
+        let error = error_of(&text);
+        assert!(error.message.contains("wildcard"), "{error}");
+        assert_eq!(error.position.unwrap().0, 13);
+    }
+
+    #[test]
+    fn bad_base_url() {
+        let error = error_of(&MINIMAL.replace("http://127.0.0.1:9/v1", "ftp://x"));
+        assert_eq!(error.position.unwrap().0, 4);
+    }
+
+    #[test]
+    fn managed_auth_needs_keys_and_provider_env() {
+        let managed = format!("[auth]\nmode = \"managed\"\n{MINIMAL}");
+        assert!(error_of(&managed).message.contains("api_key_env"));
+        let with_env = managed.replace(
+            "context_window = 1000",
+            "context_window = 1000\napi_key_env = \"SIM_KEY\"",
+        );
+        assert!(error_of(&with_env).message.contains("client_keys is empty"));
+        let bad_hash = with_env.replace(
+            "mode = \"managed\"",
+            "mode = \"managed\"\nclient_keys = [{ name = \"cron\", sha256 = \"ABC\" }]",
+        );
+        assert!(error_of(&bad_hash).message.contains("64 lowercase hex"));
+    }
+
+    #[test]
+    fn upstream_override_needs_single_provider() {
+        let mut policy = Policy::from_toml_str(MINIMAL, "test.toml").unwrap();
+        policy
+            .override_upstream("http://127.0.0.1:1234/v1/")
+            .unwrap();
+        assert_eq!(
+            policy.providers[0].base_url.get_ref(),
+            "http://127.0.0.1:1234/v1"
+        );
+        assert!(policy.override_upstream("localhost").is_err());
+    }
+}

@@ -1,0 +1,215 @@
+//! Incremental Server-Sent Events parser (WHATWG event-stream rules).
+//!
+//! Bytes arrive in arbitrary TCP-sized pieces; [`SseParser::feed`] buffers partial
+//! lines and yields complete events. Handled: `\n`, `\r\n` and `\r` line endings
+//! (including a `\r\n` split across two chunks), `data:` with and without the
+//! space, comment lines (`:keep-alive`), multi-line `data` joined with `\n`,
+//! `event:` and `id:` fields, and events split anywhere, even inside a UTF-8 character.
+
+/// One dispatched event.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SseEvent {
+    /// The `event:` field, if any.
+    pub event: Option<String>,
+    /// The `data:` lines joined with `\n`.
+    pub data: String,
+    /// The `id:` field, if any.
+    pub id: Option<String>,
+}
+
+impl SseEvent {
+    /// True when this is the OpenAI end-of-stream marker `data: [DONE]`.
+    pub fn is_done(&self) -> bool {
+        self.data == "[DONE]"
+    }
+}
+
+/// Streaming parser state. Feed it bytes, collect events.
+#[derive(Debug, Default)]
+pub struct SseParser {
+    /// Bytes of the current, incomplete line.
+    line: Vec<u8>,
+    /// The previous chunk ended with `\r`: a leading `\n` in the next chunk belongs to it.
+    after_cr: bool,
+    data: String,
+    has_data: bool,
+    event: Option<String>,
+    id: Option<String>,
+    /// Comment lines seen since the last reset (keep-alives).
+    comments: u64,
+}
+
+impl SseParser {
+    /// A parser at the start of a stream.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of comment lines (e.g. `: keep-alive`) seen so far.
+    pub fn comments_seen(&self) -> u64 {
+        self.comments
+    }
+
+    /// True when bytes of an unfinished line or event are buffered.
+    pub fn has_partial(&self) -> bool {
+        !self.line.is_empty() || self.has_data || self.event.is_some()
+    }
+
+    /// Consumes `chunk` and appends every event it completes to `out`.
+    pub fn feed(&mut self, chunk: &[u8], out: &mut Vec<SseEvent>) {
+        let mut rest = chunk;
+        if self.after_cr {
+            self.after_cr = false;
+            if let Some(b'\n') = rest.first() {
+                rest = &rest[1..];
+            }
+        }
+        while let Some(pos) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+            self.line.extend_from_slice(&rest[..pos]);
+            let terminator = rest[pos];
+            rest = &rest[pos + 1..];
+            if terminator == b'\r' {
+                match rest.first() {
+                    Some(b'\n') => rest = &rest[1..],
+                    None => self.after_cr = true,
+                    Some(_) => {}
+                }
+            }
+            let line = std::mem::take(&mut self.line);
+            self.process_line(&line, out);
+        }
+        self.line.extend_from_slice(rest);
+    }
+
+    /// Ends the stream. Per the spec an unterminated event is discarded; the
+    /// return value says whether anything was left unfinished, which for an
+    /// OpenAI stream means it was cut.
+    pub fn finish(&mut self) -> bool {
+        let partial = self.has_partial();
+        *self = Self {
+            comments: self.comments,
+            ..Self::default()
+        };
+        partial
+    }
+
+    fn process_line(&mut self, line: &[u8], out: &mut Vec<SseEvent>) {
+        if line.is_empty() {
+            if self.has_data {
+                let mut data = std::mem::take(&mut self.data);
+                if data.ends_with('\n') {
+                    data.pop();
+                }
+                out.push(SseEvent {
+                    event: self.event.take(),
+                    data,
+                    id: self.id.clone(),
+                });
+            } else {
+                self.event = None;
+            }
+            self.has_data = false;
+            return;
+        }
+        if line[0] == b':' {
+            self.comments += 1;
+            return;
+        }
+        let line = String::from_utf8_lossy(line);
+        let (field, value) = match line.find(':') {
+            Some(colon) => {
+                let value = &line[colon + 1..];
+                (&line[..colon], value.strip_prefix(' ').unwrap_or(value))
+            }
+            None => (&line[..], ""),
+        };
+        match field {
+            "data" => {
+                self.data.push_str(value);
+                self.data.push('\n');
+                self.has_data = true;
+            }
+            "event" => self.event = Some(value.to_owned()),
+            "id" if !value.contains('\0') => self.id = Some(value.to_owned()),
+            _ => {} // `retry` and unknown fields are ignored, as the spec says.
+        }
+    }
+}
+
+/// Encodes `data` as one SSE event (`data: ...` lines and a blank line).
+pub fn encode_data(data: &str, out: &mut Vec<u8>) {
+    for line in data.split('\n') {
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(line.as_bytes());
+        out.push(b'\n');
+    }
+    out.push(b'\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_all(chunks: &[&[u8]]) -> Vec<SseEvent> {
+        let mut parser = SseParser::new();
+        let mut out = Vec::new();
+        for chunk in chunks {
+            parser.feed(chunk, &mut out);
+        }
+        out
+    }
+
+    #[test]
+    fn data_with_and_without_space() {
+        let events = parse_all(&[b"data: a\n\ndata:b\n\n"]);
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].data, "a");
+        assert_eq!(events[1].data, "b");
+    }
+
+    #[test]
+    fn multi_line_data_and_comments() {
+        let events = parse_all(&[b": keep-alive\ndata: one\ndata: two\n\n:ping\n\n"]);
+        assert_eq!(events.len(), 1);
+        assert_eq!(events[0].data, "one\ntwo");
+    }
+
+    #[test]
+    fn crlf_split_across_chunks() {
+        let events = parse_all(&[b"data: x\r", b"\n\r", b"\ndata: [DONE]\r\n\r\n"]);
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].data, "x");
+        assert!(events[1].is_done());
+    }
+
+    #[test]
+    fn utf8_split_inside_character() {
+        let text = "data: h\u{e9}llo\n\n".as_bytes();
+        let events = parse_all(&[&text[..8], &text[8..]]);
+        assert_eq!(events[0].data, "h\u{e9}llo");
+    }
+
+    #[test]
+    fn event_and_id_fields() {
+        let events = parse_all(&[b"event: error\nid: 7\ndata: {}\n\n"]);
+        assert_eq!(events[0].event.as_deref(), Some("error"));
+        assert_eq!(events[0].id.as_deref(), Some("7"));
+    }
+
+    #[test]
+    fn unterminated_event_is_reported_by_finish() {
+        let mut parser = SseParser::new();
+        let mut out = Vec::new();
+        parser.feed(b"data: partial", &mut out);
+        assert!(out.is_empty());
+        assert!(parser.finish());
+        assert!(!parser.finish());
+    }
+
+    #[test]
+    fn encode_round_trips() {
+        let mut bytes = Vec::new();
+        encode_data("a\nb", &mut bytes);
+        assert_eq!(parse_all(&[&bytes])[0].data, "a\nb");
+    }
+}

@@ -1,0 +1,126 @@
+//! Prompt-token estimation without a model tokenizer.
+//!
+//! The estimate splits text into *pieces*: runs of letters and digits (long runs
+//! cut every [`MAX_PIECE_CHARS`] characters) and single punctuation or symbol
+//! characters; whitespace is free. BPE tokenizers used by hosted models produce
+//! a count of the same order for prose and code, which is what the checks need:
+//! the `prompt_tokens` check compares orders of magnitude (a 100,000-token
+//! prompt reported as 1 token), with a tolerance set by the policy.
+//!
+//! The simulated provider uses the same pieces as its tokenizer, so its usage
+//! figures are exact for tests.
+
+use serde_json::Value;
+
+/// Longest run of alphanumeric characters counted as one piece.
+pub const MAX_PIECE_CHARS: usize = 8;
+
+/// Tokens added per chat message for role and framing, as OpenAI documents.
+pub const TOKENS_PER_MESSAGE: u64 = 3;
+
+/// Tokens that prime the assistant's reply after the last message.
+pub const TOKENS_REPLY_PRIMING: u64 = 3;
+
+/// Splits `text` into pieces (see the module docs).
+pub fn pieces(text: &str) -> impl Iterator<Item = &str> {
+    PieceIter { rest: text }
+}
+
+struct PieceIter<'a> {
+    rest: &'a str,
+}
+
+impl<'a> Iterator for PieceIter<'a> {
+    type Item = &'a str;
+
+    fn next(&mut self) -> Option<&'a str> {
+        self.rest = self.rest.trim_start();
+        let mut chars = self.rest.char_indices();
+        let (_, first) = chars.next()?;
+        let end = if first.is_alphanumeric() {
+            let mut end = self.rest.len();
+            for (count, (index, c)) in self.rest.char_indices().enumerate() {
+                if !c.is_alphanumeric() || count == MAX_PIECE_CHARS {
+                    end = index;
+                    break;
+                }
+            }
+            end
+        } else {
+            first.len_utf8()
+        };
+        let (piece, rest) = self.rest.split_at(end);
+        self.rest = rest;
+        Some(piece)
+    }
+}
+
+/// Number of pieces in `text`.
+pub fn count_text(text: &str) -> u64 {
+    pieces(text).count() as u64
+}
+
+/// Text of a chat message `content`: a string, or an array of parts whose
+/// `text` fields are joined with newlines. Other shapes contribute nothing.
+pub fn content_text(content: &Value) -> std::borrow::Cow<'_, str> {
+    match content {
+        Value::String(text) => std::borrow::Cow::Borrowed(text),
+        Value::Array(parts) => std::borrow::Cow::Owned(
+            parts
+                .iter()
+                .filter_map(|part| part.get("text").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        ),
+        _ => std::borrow::Cow::Borrowed(""),
+    }
+}
+
+/// Estimated prompt tokens of a chat `messages` array (OpenAI accounting:
+/// per-message framing, role, content, name, plus reply priming).
+pub fn count_chat_messages(messages: &[Value]) -> u64 {
+    let mut total = TOKENS_REPLY_PRIMING;
+    for message in messages {
+        total += TOKENS_PER_MESSAGE;
+        if let Some(role) = message.get("role").and_then(Value::as_str) {
+            total += count_text(role);
+        }
+        if let Some(content) = message.get("content") {
+            total += count_text(&content_text(content));
+        }
+        if let Some(name) = message.get("name").and_then(Value::as_str) {
+            total += count_text(name);
+        }
+        if let Some(tool_calls) = message.get("tool_calls") {
+            total += count_text(&tool_calls.to_string());
+        }
+    }
+    total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn words_punctuation_and_long_runs() {
+        let got: Vec<_> = pieces("Hello, world! abcdefghijXY 42").collect();
+        assert_eq!(got, ["Hello", ",", "world", "!", "abcdefgh", "ijXY", "42"]);
+    }
+
+    #[test]
+    fn whitespace_only_is_empty() {
+        assert_eq!(count_text(" \n\t "), 0);
+    }
+
+    #[test]
+    fn chat_accounting() {
+        let messages = [
+            json!({"role": "system", "content": "Be brief."}),
+            json!({"role": "user", "content": [{"type": "text", "text": "Hi there"}]}),
+        ];
+        // priming 3 + (3 + 1 + 3) + (3 + 1 + 2)
+        assert_eq!(count_chat_messages(&messages), 16);
+    }
+}

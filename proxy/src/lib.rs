@@ -1,0 +1,1 @@
+//! canarygate-proxy: the verifying reverse proxy and the simulated provider.
