@@ -1,1 +1,38 @@
-fn main() {}
+//! The `canarygate` command line: a thin layer over the workspace crates.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// canarygate: a client-side verifying reverse proxy for hosted LLM APIs.
+#[derive(Debug, Parser)]
+#[command(name = "canarygate", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// The bundled local prefill/decode engine.
+    Engine {
+        #[command(subcommand)]
+        command: canarygate_engine::cli::EngineCommand,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result: anyhow::Result<()> = match cli.command {
+        Command::Engine { command } => {
+            canarygate_engine::cli::run(command).map_err(|error| anyhow::anyhow!(error))
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("canarygate: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
