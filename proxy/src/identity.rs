@@ -1,0 +1,241 @@
+//! Client authentication and session identity.
+//!
+//! A session id is a keyed hash (HMAC-SHA256 with the per-install secret) of
+//! the client's credential and the optional `x-canarygate-session` label. The
+//! credential itself is never stored or logged: only its keyed hash.
+
+use axum::http::{HeaderMap, HeaderValue, header};
+use canarygate_policies::config::{AuthConfig, AuthMode};
+use hmac::{Hmac, Mac};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::error::ApiError;
+use crate::secret::SECRET_LEN;
+
+/// Request header a client may set to split one credential into sessions.
+pub const SESSION_HEADER: &str = "x-canarygate-session";
+
+/// Longest session label accepted.
+pub const MAX_SESSION_LABEL: usize = 128;
+
+/// Who sent a request.
+pub struct Caller {
+    /// The bearer credential presented. Never logged: `Debug` is not derived.
+    credential: String,
+    /// Keyed hash of credential + session label: the session id (32 hex chars).
+    pub session_id: String,
+    /// Keyed hash of the credential alone (64 hex chars), for audit records.
+    pub credential_hash: String,
+    /// Name of the managed client key, when auth is managed.
+    pub client_name: Option<String>,
+}
+
+impl Caller {
+    /// `Authorization` value to forward upstream in passthrough mode.
+    pub fn passthrough_authorization(&self) -> Result<HeaderValue, ApiError> {
+        bearer(&self.credential)
+    }
+}
+
+/// `Authorization: Bearer <key>` as a sensitive header value.
+pub fn bearer(key: &str) -> Result<HeaderValue, ApiError> {
+    let mut value = HeaderValue::try_from(format!("Bearer {key}")).map_err(|_| {
+        ApiError::unauthorized("invalid_api_key", "The API key is not valid header text.")
+    })?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// Checks credentials per the policy's `[auth]` and derives session ids.
+pub struct Authenticator {
+    mode: AuthMode,
+    /// Managed keys: (name, SHA-256 of the key).
+    client_keys: Vec<(String, [u8; 32])>,
+    secret: [u8; SECRET_LEN],
+}
+
+impl Authenticator {
+    /// Builds the authenticator; `config` has been validated by the policy loader.
+    pub fn new(config: &AuthConfig, secret: [u8; SECRET_LEN]) -> Self {
+        let client_keys = config
+            .client_keys
+            .iter()
+            .filter_map(|key| {
+                let hash: [u8; 32] = hex::decode(key.sha256.get_ref()).ok()?.try_into().ok()?;
+                Some((key.name.clone(), hash))
+            })
+            .collect();
+        Self {
+            mode: config.mode,
+            client_keys,
+            secret,
+        }
+    }
+
+    /// Authenticates a request from its headers.
+    pub fn authenticate(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        let credential = bearer_token(headers)?;
+        let client_name = match self.mode {
+            AuthMode::Passthrough => None,
+            AuthMode::Managed => Some(self.managed_key_name(credential)?),
+        };
+        let label = match headers.get(SESSION_HEADER) {
+            None => "",
+            Some(value) => value
+                .to_str()
+                .ok()
+                .filter(|label| label.len() <= MAX_SESSION_LABEL)
+                .ok_or_else(|| {
+                    ApiError::invalid_request(
+                        "invalid_session_header",
+                        format!(
+                            "{SESSION_HEADER} must be visible ASCII of at most {MAX_SESSION_LABEL} bytes"
+                        ),
+                    )
+                })?,
+        };
+        Ok(Caller {
+            session_id: self.keyed_hash(&[b"session", credential.as_bytes(), label.as_bytes()])
+                [..32]
+                .to_owned(),
+            credential_hash: self.keyed_hash(&[b"credential", credential.as_bytes()]),
+            credential: credential.to_owned(),
+            client_name,
+        })
+    }
+
+    /// Name of the managed key matching `credential`. Every configured key is
+    /// compared in constant time, so timing reveals neither which nor how much matched.
+    fn managed_key_name(&self, credential: &str) -> Result<String, ApiError> {
+        let presented: [u8; 32] = Sha256::digest(credential.as_bytes()).into();
+        let mut found = None;
+        for (name, hash) in &self.client_keys {
+            if bool::from(presented.ct_eq(hash)) {
+                found = Some(name.clone());
+            }
+        }
+        found.ok_or_else(|| {
+            ApiError::unauthorized(
+                "invalid_api_key",
+                "Incorrect API key provided: it is not one of this canarygate's client keys.",
+            )
+        })
+    }
+
+    /// Hex HMAC-SHA256 of the NUL-joined `parts`.
+    fn keyed_hash(&self, parts: &[&[u8]]) -> String {
+        let mut mac =
+            Hmac::<Sha256>::new_from_slice(&self.secret).expect("HMAC takes any key length");
+        for (index, part) in parts.iter().enumerate() {
+            if index > 0 {
+                mac.update(b"\0");
+            }
+            mac.update(part);
+        }
+        hex::encode(mac.finalize().into_bytes())
+    }
+}
+
+/// The token of `Authorization: Bearer <token>`.
+fn bearer_token(headers: &HeaderMap) -> Result<&str, ApiError> {
+    let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
+        ApiError::unauthorized(
+            "missing_api_key",
+            "You didn't provide an API key: send it as `Authorization: Bearer <key>`.",
+        )
+    })?;
+    value
+        .to_str()
+        .ok()
+        .and_then(|text| {
+            let (scheme, token) = text.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        })
+        .filter(|token| !token.is_empty())
+        .ok_or_else(|| {
+            ApiError::unauthorized(
+                "invalid_api_key",
+                "The Authorization header must be `Bearer <key>`.",
+            )
+        })
+}
+
+/// Lowercase hex SHA-256 of a client key, as listed in `auth.client_keys`.
+pub fn client_key_hash(key: &str) -> String {
+    hex::encode(Sha256::digest(key.trim().as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use canarygate_policies::config::Policy;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_str(value).unwrap());
+        }
+        map
+    }
+
+    #[test]
+    fn passthrough_sessions_depend_on_key_and_label() {
+        let auth = Authenticator::new(&AuthConfig::default(), [7; 32]);
+        let a = auth
+            .authenticate(&headers(&[("authorization", "Bearer k1")]))
+            .unwrap();
+        let b = auth
+            .authenticate(&headers(&[("authorization", "Bearer k2")]))
+            .unwrap();
+        let a2 = auth
+            .authenticate(&headers(&[
+                ("authorization", "Bearer k1"),
+                (SESSION_HEADER, "job-2"),
+            ]))
+            .unwrap();
+        assert_ne!(a.session_id, b.session_id);
+        assert_ne!(a.session_id, a2.session_id);
+        assert_eq!(a.credential_hash, a2.credential_hash);
+        assert!(!a.credential_hash.contains("k1"));
+        // A different install secret gives unrelated ids.
+        let other = Authenticator::new(&AuthConfig::default(), [8; 32]);
+        let a_other = other
+            .authenticate(&headers(&[("authorization", "Bearer k1")]))
+            .unwrap();
+        assert_ne!(a.session_id, a_other.session_id);
+    }
+
+    #[test]
+    fn missing_and_malformed_credentials() {
+        let auth = Authenticator::new(&AuthConfig::default(), [7; 32]);
+        let missing = auth.authenticate(&HeaderMap::new()).err().unwrap();
+        assert_eq!(missing.code, "missing_api_key");
+        let basic = auth
+            .authenticate(&headers(&[("authorization", "Basic abc")]))
+            .err()
+            .unwrap();
+        assert_eq!(basic.code, "invalid_api_key");
+    }
+
+    #[test]
+    fn managed_keys_match_by_hash() {
+        let text = format!(
+            "[auth]\nmode = \"managed\"\nclient_keys = [{{ name = \"cron\", sha256 = \"{}\" }}]\n\
+             [[providers]]\nname = \"p\"\nbase_url = \"http://x\"\ncontext_window = 10\napi_key_env = \"K\"\n\
+             [[routes]]\nmodel = \"*\"\nprovider = \"p\"\n",
+            client_key_hash("proxy-key-1")
+        );
+        let policy = Policy::from_toml_str(&text, "t.toml").unwrap();
+        let auth = Authenticator::new(&policy.auth, [1; 32]);
+        let caller = auth
+            .authenticate(&headers(&[("authorization", "Bearer proxy-key-1")]))
+            .unwrap();
+        assert_eq!(caller.client_name.as_deref(), Some("cron"));
+        let wrong = auth
+            .authenticate(&headers(&[("authorization", "Bearer proxy-key-2")]))
+            .err()
+            .unwrap();
+        assert_eq!(wrong.code, "invalid_api_key");
+    }
+}

@@ -1,0 +1,423 @@
+//! The proxy's HTTP server: routes, middleware and the chat completion path.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use canarygate_policies::config::Policy;
+use futures_util::StreamExt;
+use serde_json::json;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::clock::RequestClock;
+use crate::error::{ApiError, error_chain};
+use crate::identity::Authenticator;
+use crate::metrics::Metrics;
+use crate::relay::relay_sse;
+use crate::request::ChatRequest;
+use crate::upstream::{Upstream, build_upstreams, send_error};
+
+/// Response header carrying the id of the request (also in the audit log).
+pub const REQUEST_ID_HEADER: &str = "x-canarygate-request-id";
+
+/// Response header carrying the caller's session id.
+pub const SESSION_ID_HEADER: &str = "x-canarygate-session";
+
+/// Request headers forwarded to the provider besides `Authorization`.
+const FORWARDED_HEADERS: [&str; 3] = ["openai-organization", "openai-project", "openai-beta"];
+
+/// Largest upstream response body read for a non-streaming request.
+const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
+
+/// What `canarygate serve` needs.
+pub struct ServeOptions {
+    /// The validated policy (with any `--upstream` override applied).
+    pub policy: Policy,
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The data directory (secret key, later the audit log).
+    pub data_dir: PathBuf,
+}
+
+/// Shared state of every request handler.
+struct AppState {
+    policy: Policy,
+    upstreams: Vec<Upstream>,
+    auth: Authenticator,
+    metrics: Arc<Metrics>,
+    slots: Arc<Semaphore>,
+}
+
+/// A bound, not yet running server.
+pub struct Server {
+    listener: TcpListener,
+    router: Router,
+}
+
+impl Server {
+    /// Loads secrets, builds provider clients and binds the listener.
+    pub async fn bind(options: ServeOptions) -> Result<Self, String> {
+        let secret = crate::secret::load_or_create(&options.data_dir.join("secret.key"))
+            .map_err(|error| format!("data dir {}: {error}", options.data_dir.display()))?;
+        let upstreams = build_upstreams(&options.policy)?;
+        let listener = TcpListener::bind(options.listen)
+            .await
+            .map_err(|error| format!("cannot listen on {}: {error}", options.listen))?;
+        let state = Arc::new(AppState {
+            auth: Authenticator::new(&options.policy.auth, secret),
+            slots: Arc::new(Semaphore::new(
+                options.policy.limits.max_concurrent_requests,
+            )),
+            metrics: Arc::new(Metrics::new()),
+            upstreams,
+            policy: options.policy,
+        });
+        Ok(Self {
+            listener,
+            router: router(state),
+        })
+    }
+
+    /// The address actually bound (useful with port 0).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Serves until `shutdown` resolves, then finishes the requests in flight.
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        axum::serve(self.listener, self.router)
+            .with_graceful_shutdown(shutdown)
+            .await
+    }
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    let metrics = state.metrics.clone();
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(list_models))
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(json!({"status": "ok"})) }),
+        )
+        .route("/metrics", get(render_metrics))
+        .fallback(|| async {
+            ApiError {
+                status: StatusCode::NOT_FOUND,
+                message: "Unknown endpoint: canarygate serves POST /v1/chat/completions, \
+                          GET /v1/models, GET /healthz and GET /metrics."
+                    .into(),
+                kind: "invalid_request_error",
+                code: "unknown_url",
+                param: None,
+            }
+        })
+        .layer(middleware::from_fn_with_state(metrics, tag_and_count))
+        .with_state(state)
+}
+
+/// Request id of the current request, set by the middleware.
+#[derive(Clone)]
+pub struct RequestId(pub Arc<str>);
+
+/// Gives every request an id (request extension + response header) and counts
+/// every response by endpoint and status.
+async fn tag_and_count(
+    State(metrics): State<Arc<Metrics>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let id: Arc<str> = format!("cg-{}", uuid::Uuid::now_v7().simple()).into();
+    let route = match request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str)
+    {
+        Some("/v1/chat/completions") => "chat_completions",
+        Some("/v1/models") => "models",
+        Some("/healthz") => "healthz",
+        Some("/metrics") => "metrics",
+        _ => "unknown",
+    };
+    request.extensions_mut().insert(RequestId(id.clone()));
+    let mut response = next.run(request).await;
+    metrics.count_request(route, response.status().as_u16());
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
+    response
+}
+
+async fn render_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
+
+async fn list_models(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    let data: Vec<_> = state
+        .policy
+        .named_models()
+        .filter_map(|model| {
+            let route = state.policy.route(model)?;
+            Some(json!({"id": model, "object": "model", "created": 0, "owned_by": route.provider}))
+        })
+        .collect();
+    axum::Json(json!({"object": "list", "data": data}))
+}
+
+async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    axum::Extension(request_id): axum::Extension<RequestId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    match serve_chat(&state, &request_id, &headers, body).await {
+        Ok(response) => response,
+        Err(error) => {
+            if error.status.is_server_error() {
+                tracing::warn!(request_id = %request_id.0, "{error}");
+            } else {
+                tracing::debug!(request_id = %request_id.0, "{error}");
+            }
+            error.into_response()
+        }
+    }
+}
+
+async fn serve_chat(
+    state: &AppState,
+    _request_id: &RequestId,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, ApiError> {
+    let limits = &state.policy.limits;
+    let permit = state
+        .slots
+        .clone()
+        .try_acquire_owned()
+        .map_err(|_| ApiError::overloaded(limits.max_concurrent_requests))?;
+    let mut clock = RequestClock::start(state.metrics.clone());
+
+    let caller = state.auth.authenticate(headers)?;
+    let bytes = read_body(headers, body, limits.max_body_bytes).await?;
+    let mut request = ChatRequest::parse(&bytes)?;
+    let route = state
+        .policy
+        .route(&request.model)
+        .ok_or_else(|| ApiError::model_not_found(&request.model))?;
+    let upstream = &state.upstreams[route.provider_index];
+
+    // Forward the client's bytes untouched unless the model name changes.
+    let upstream_body = if route.upstream_model == request.model {
+        bytes
+    } else {
+        request.body["model"] = json!(route.upstream_model);
+        Bytes::from(serde_json::to_vec(&request.body).map_err(|error| {
+            ApiError::internal(format!("re-encoding the request failed: {error}"))
+        })?)
+    };
+
+    let authorization = match upstream.managed_key() {
+        Some(key) => key.clone(),
+        None => caller.passthrough_authorization()?,
+    };
+    let mut outgoing = upstream
+        .chat_completions()
+        .header(header::AUTHORIZATION, authorization)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(upstream_body);
+    for name in FORWARDED_HEADERS {
+        if let Some(value) = headers.get(name) {
+            outgoing = outgoing.header(name, value);
+        }
+    }
+    if request.stream {
+        outgoing = outgoing.header(header::ACCEPT, "text/event-stream");
+    }
+
+    let first_byte_timeout = Duration::from_millis(limits.first_byte_timeout_ms);
+    let idle_timeout = Duration::from_millis(limits.idle_timeout_ms);
+    let response = match clock
+        .wait(tokio::time::timeout(first_byte_timeout, outgoing.send()))
+        .await
+    {
+        Err(_) => {
+            return Err(ApiError::gateway_timeout(format!(
+                "Provider `{}` sent no response within {} ms (limits.first_byte_timeout_ms).",
+                upstream.name, limits.first_byte_timeout_ms
+            )));
+        }
+        Ok(Err(error)) => return Err(send_error(&upstream.name, &error)),
+        Ok(Ok(response)) => response,
+    };
+
+    let status = response.status();
+    let session = HeaderValue::from_str(&caller.session_id)
+        .map_err(|_| ApiError::internal("session id is not header text"))?;
+    let is_event_stream = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("text/event-stream"));
+
+    if status.is_success() && request.stream && is_event_stream {
+        let stream =
+            relay_sse(response, upstream.name.clone(), idle_timeout, clock).map(move |chunk| {
+                let _held_until_stream_ends = &permit;
+                chunk
+            });
+        let mut response = Response::new(Body::from_stream(stream));
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        headers.insert(HeaderName::from_static(SESSION_ID_HEADER), session);
+        return Ok(response);
+    }
+
+    let body = read_upstream_body(&mut clock, response, &upstream.name, idle_timeout).await?;
+    if !status.is_success() {
+        return Ok(upstream_error_response(
+            status,
+            &upstream.name,
+            body,
+            session,
+        ));
+    }
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(HeaderName::from_static(SESSION_ID_HEADER), session);
+    drop(permit);
+    Ok(response)
+}
+
+/// Reads the request body, refusing anything over `limit` bytes.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(ApiError::body_too_large(limit));
+    }
+    axum::body::to_bytes(body, limit).await.map_err(|error| {
+        let over_limit =
+            std::iter::successors(Some(&error as &(dyn std::error::Error + 'static)), |e| {
+                e.source()
+            })
+            .any(|e| e.is::<http_body_util::LengthLimitError>());
+        if over_limit {
+            ApiError::body_too_large(limit)
+        } else {
+            ApiError::invalid_request(
+                "invalid_body",
+                format!("Could not read the request body: {}", error_chain(&error)),
+            )
+        }
+    })
+}
+
+/// Reads a whole (non-streamed) upstream body with the idle timeout between chunks.
+async fn read_upstream_body(
+    clock: &mut RequestClock,
+    response: reqwest::Response,
+    provider: &str,
+    idle_timeout: Duration,
+) -> Result<Bytes, ApiError> {
+    let mut stream = response.bytes_stream();
+    let mut body = Vec::new();
+    loop {
+        match clock
+            .wait(tokio::time::timeout(idle_timeout, stream.next()))
+            .await
+        {
+            Err(_) => {
+                return Err(ApiError::gateway_timeout(format!(
+                    "Provider `{provider}` stopped sending its answer for {} ms \
+                     (limits.idle_timeout_ms).",
+                    idle_timeout.as_millis()
+                )));
+            }
+            Ok(None) => return Ok(Bytes::from(body)),
+            Ok(Some(Err(error))) => {
+                return Err(ApiError::bad_gateway(
+                    "upstream_error",
+                    format!(
+                        "Provider `{provider}` failed while sending its answer: {}",
+                        error_chain(&error)
+                    ),
+                ));
+            }
+            Ok(Some(Ok(chunk))) => {
+                if body.len() + chunk.len() > MAX_UPSTREAM_BODY {
+                    return Err(ApiError::bad_gateway(
+                        "upstream_response_too_large",
+                        format!("Provider `{provider}` sent more than {MAX_UPSTREAM_BODY} bytes."),
+                    ));
+                }
+                body.extend_from_slice(&chunk);
+            }
+        }
+    }
+}
+
+/// Passes a provider error through when it is in OpenAI's format, and wraps it otherwise.
+fn upstream_error_response(
+    status: StatusCode,
+    provider: &str,
+    body: Bytes,
+    session: HeaderValue,
+) -> Response {
+    let is_openai_error = serde_json::from_slice::<serde_json::Value>(&body)
+        .is_ok_and(|value| value.get("error").is_some_and(serde_json::Value::is_object));
+    let body = if is_openai_error {
+        body
+    } else {
+        let excerpt: String = String::from_utf8_lossy(&body).chars().take(200).collect();
+        Bytes::from(
+            crate::error::error_body(
+                &format!(
+                    "Provider `{provider}` answered HTTP {}: {excerpt}",
+                    status.as_u16()
+                ),
+                "upstream_error",
+                "upstream_http_error",
+                None,
+            )
+            .to_string(),
+        )
+    };
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    headers.insert(HeaderName::from_static(SESSION_ID_HEADER), session);
+    response
+}

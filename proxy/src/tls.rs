@@ -1,0 +1,64 @@
+//! Serving a router over TLS (rustls), for the simulated provider behind a
+//! private CA in tests.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use rustls::ServerConfig;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+/// Builds a rustls server config from PEM certificate chain and key files.
+pub fn server_config(cert_path: &Path, key_path: &Path) -> Result<ServerConfig, String> {
+    let certificates = CertificateDer::pem_file_iter(cert_path)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .map_err(|error| format!("{}: {error}", cert_path.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key_path)
+        .map_err(|error| format!("{}: {error}", key_path.display()))?;
+    let mut config =
+        ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|error| error.to_string())?
+            .with_no_client_auth()
+            .with_single_cert(certificates, key)
+            .map_err(|error| format!("certificate and key do not form a valid pair: {error}"))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// Accepts TLS connections on `listener` and serves `router` on each, forever.
+pub async fn serve_tls(listener: TcpListener, router: Router, config: ServerConfig) {
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!("accept failed: {error}");
+                continue;
+            }
+        };
+        let acceptor = acceptor.clone();
+        let service = TowerToHyperService::new(router.clone());
+        tokio::spawn(async move {
+            let stream = match acceptor.accept(stream).await {
+                Ok(stream) => stream,
+                Err(error) => {
+                    tracing::debug!(%peer, "TLS handshake failed: {error}");
+                    return;
+                }
+            };
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            if let Err(error) = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%peer, "connection ended: {error}");
+            }
+        });
+    }
+}

@@ -1,0 +1,114 @@
+//! HTTP(S) clients for the policy's providers.
+
+use std::time::Duration;
+
+use axum::http::HeaderValue;
+use canarygate_policies::config::{AuthMode, Policy, ProviderConfig};
+
+use crate::error::{ApiError, error_chain};
+use crate::identity::bearer;
+
+/// One provider: its client (own connection pool and trust roots) and key.
+pub struct Upstream {
+    /// Provider name from the policy.
+    pub name: String,
+    chat_completions_url: String,
+    client: reqwest::Client,
+    /// Provider key from `api_key_env`, attached in managed auth.
+    managed_key: Option<HeaderValue>,
+}
+
+/// Builds one [`Upstream`] per provider of `policy`, in policy order.
+pub fn build_upstreams(policy: &Policy) -> Result<Vec<Upstream>, String> {
+    policy
+        .providers
+        .iter()
+        .map(|provider| Upstream::new(provider, policy))
+        .collect()
+}
+
+impl Upstream {
+    fn new(provider: &ProviderConfig, policy: &Policy) -> Result<Self, String> {
+        let name = provider.name.get_ref().clone();
+        let mut builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .connect_timeout(Duration::from_millis(policy.limits.connect_timeout_ms))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(1024)
+            .tcp_nodelay(true)
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy();
+        if let Some(path) = &provider.extra_ca_file {
+            let pem = std::fs::read(path).map_err(|error| {
+                format!("provider `{name}`: cannot read extra_ca_file {path}: {error}")
+            })?;
+            let certificates = reqwest::Certificate::from_pem_bundle(&pem).map_err(|error| {
+                format!("provider `{name}`: extra_ca_file {path} is not PEM: {error}")
+            })?;
+            if certificates.is_empty() {
+                return Err(format!(
+                    "provider `{name}`: extra_ca_file {path} holds no certificate"
+                ));
+            }
+            for certificate in certificates {
+                builder = builder.add_root_certificate(certificate);
+            }
+        }
+        let client = builder
+            .build()
+            .map_err(|error| format!("provider `{name}`: {}", error_chain(&error)))?;
+        let managed_key = match (policy.auth.mode, &provider.api_key_env) {
+            (AuthMode::Managed, Some(variable)) => {
+                let key = std::env::var(variable).map_err(|_| {
+                    format!(
+                        "provider `{name}`: auth is managed but environment variable {variable} \
+                         (api_key_env) is not set"
+                    )
+                })?;
+                Some(bearer(&key).map_err(|_| {
+                    format!("provider `{name}`: {variable} is not valid header text")
+                })?)
+            }
+            _ => None,
+        };
+        Ok(Self {
+            chat_completions_url: format!(
+                "{}/chat/completions",
+                provider.base_url.get_ref().trim_end_matches('/')
+            ),
+            name,
+            client,
+            managed_key,
+        })
+    }
+
+    /// The provider's key for managed auth, if configured.
+    pub fn managed_key(&self) -> Option<&HeaderValue> {
+        self.managed_key.as_ref()
+    }
+
+    /// A POST to the provider's `/chat/completions`.
+    pub fn chat_completions(&self) -> reqwest::RequestBuilder {
+        self.client.post(&self.chat_completions_url)
+    }
+}
+
+/// Maps a failed upstream send to the client-facing error (502 or 504).
+pub fn send_error(provider: &str, error: &reqwest::Error) -> ApiError {
+    let detail = error_chain(error);
+    if error.is_timeout() {
+        ApiError::gateway_timeout(format!(
+            "Provider `{provider}` did not accept the connection in time: {detail}"
+        ))
+    } else if error.is_connect() {
+        ApiError::bad_gateway(
+            "upstream_unreachable",
+            format!("Provider `{provider}` is unreachable: {detail}"),
+        )
+    } else {
+        ApiError::bad_gateway(
+            "upstream_error",
+            format!("Request to provider `{provider}` failed: {detail}"),
+        )
+    }
+}
