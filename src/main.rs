@@ -70,6 +70,9 @@ struct SimArgs {
     /// Failure mode: honest, cut, stall-first-byte, stall-mid-stream.
     #[arg(long, default_value = "honest")]
     mode: canarygate_proxy::sim::Mode,
+    /// Require this API key (`Authorization: Bearer KEY`) on every request.
+    #[arg(long)]
+    api_key: Option<String>,
     /// Serve HTTPS with this PEM certificate chain (needs --tls-key).
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -161,6 +164,7 @@ fn sim_provider(args: SimArgs) -> anyhow::Result<()> {
         prefill_tps: args.prefill_tps,
         decode_tps: args.decode_tps,
         mode: args.mode,
+        api_key: args.api_key.clone(),
     };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {

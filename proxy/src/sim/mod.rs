@@ -29,6 +29,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use canarygate_policies::sse::encode_data;
 use canarygate_policies::tokens::{content_text, count_chat_messages};
+use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 use crate::error::ApiError;
@@ -81,6 +82,8 @@ pub struct SimConfig {
     pub decode_tps: f64,
     /// Failure mode when a request names none.
     pub mode: Mode,
+    /// When set, requests must carry `Authorization: Bearer <this>`.
+    pub api_key: Option<String>,
 }
 
 impl Default for SimConfig {
@@ -90,6 +93,7 @@ impl Default for SimConfig {
             prefill_tps: 0.0,
             decode_tps: 0.0,
             mode: Mode::Honest,
+            api_key: None,
         }
     }
 }
@@ -190,10 +194,22 @@ impl SimProvider {
         headers: &HeaderMap,
         body: &[u8],
     ) -> Result<Response, ApiError> {
-        if !headers.contains_key(header::AUTHORIZATION) {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .ok_or_else(|| {
+                ApiError::unauthorized("missing_api_key", "You didn't provide an API key.")
+            })?;
+        if self
+            .config
+            .api_key
+            .as_deref()
+            .is_some_and(|key| key != presented)
+        {
             return Err(ApiError::unauthorized(
-                "missing_api_key",
-                "You didn't provide an API key.",
+                "invalid_api_key",
+                "Incorrect API key provided.",
             ));
         }
         let mode = match headers.get(MODE_HEADER) {
@@ -284,11 +300,18 @@ impl SimProvider {
             "usage": answer.usage,
         })
         .to_string();
-        if answer.mode == Mode::Cut {
+        if matches!(answer.mode, Mode::Cut | Mode::StallMidStream) {
+            // Half the body, then a reset (cut) or silence with the connection open (stall).
             let half = Bytes::from(body[..body.len() / 2].to_owned());
-            let chunks: Vec<Result<Bytes, std::io::Error>> =
-                vec![Ok(half), Err(std::io::Error::other("sim: cut mid-body"))];
-            let mut response = Response::new(Body::from_stream(futures_util::stream::iter(chunks)));
+            let mode = answer.mode;
+            let rest = futures_util::stream::once(async move {
+                if mode == Mode::StallMidStream {
+                    std::future::pending::<()>().await;
+                }
+                Err::<Bytes, _>(std::io::Error::other("sim: cut mid-body"))
+            });
+            let body = futures_util::stream::once(async move { Ok(half) }).chain(rest);
+            let mut response = Response::new(Body::from_stream(body));
             response.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/json"),

@@ -107,10 +107,10 @@ pub fn tokenize_keeping_spaces(text: &str) -> Vec<String> {
         tokens.push(text[start..end].to_owned());
         start = end;
     }
-    if start < text.len() {
-        if let Some(last) = tokens.last_mut() {
-            last.push_str(&text[start..]);
-        }
+    if start < text.len()
+        && let Some(last) = tokens.last_mut()
+    {
+        last.push_str(&text[start..]);
     }
     tokens
 }

@@ -1,0 +1,209 @@
+//! Shared helpers for end-to-end tests: real processes on real sockets.
+#![allow(dead_code)] // Each test binary uses a different subset.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Path of the `canarygate` binary under test.
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_canarygate")
+}
+
+/// A child process that is killed when dropped.
+pub struct Running {
+    child: Child,
+    /// Base URL it announced, e.g. `http://127.0.0.1:41234`.
+    pub url: String,
+}
+
+impl Running {
+    /// Starts `canarygate <args>` and waits for its "listening on URL" line.
+    pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Self {
+        let mut command = Command::new(binary());
+        command
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .env("CANARYGATE_LOG", "warn");
+        for (key, value) in envs {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().expect("spawn canarygate");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let line = match lines.next() {
+            Some(Ok(line)) => line,
+            other => {
+                let status = child.wait().ok();
+                panic!("canarygate {args:?} exited before listening: {other:?}, status {status:?}");
+            }
+        };
+        let url = line
+            .rsplit(' ')
+            .next()
+            .filter(|url| url.starts_with("http"))
+            .unwrap_or_else(|| panic!("unexpected first line: {line}"))
+            .to_owned();
+        // Keep draining stdout so the child never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Self { child, url }
+    }
+
+    /// Sends SIGKILL and waits.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_none()
+    }
+
+    /// The OS process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts a simulated provider on a free port with extra arguments.
+pub fn start_sim(extra: &[&str]) -> Running {
+    let mut args = vec!["sim-provider", "--listen", "127.0.0.1:0"];
+    args.extend_from_slice(extra);
+    Running::start(&args, &[])
+}
+
+/// A temporary data directory and policy for one proxy.
+pub struct ProxyDir {
+    /// Holds the files; removed when dropped.
+    pub dir: tempfile::TempDir,
+}
+
+impl ProxyDir {
+    /// A fresh directory.
+    pub fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("tempdir"),
+        }
+    }
+
+    /// Writes `text` as `policy.toml` and returns its path.
+    pub fn policy(&self, text: &str) -> PathBuf {
+        let path = self.dir.path().join("policy.toml");
+        std::fs::write(&path, text).expect("write policy");
+        path
+    }
+
+    /// The data directory path.
+    pub fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+}
+
+/// Starts `canarygate serve` with the default preset pointed at `upstream`.
+pub fn start_proxy(dir: &ProxyDir, upstream: &str) -> Running {
+    let data = dir.data();
+    Running::start(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data",
+            data.to_str().unwrap(),
+            "--upstream",
+            &format!("{upstream}/v1"),
+        ],
+        &[],
+    )
+}
+
+/// Starts `canarygate serve --config <policy>`.
+pub fn start_proxy_with_policy(dir: &ProxyDir, policy: &Path, envs: &[(&str, &str)]) -> Running {
+    let data = dir.data();
+    Running::start(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data",
+            data.to_str().unwrap(),
+            "--config",
+            policy.to_str().unwrap(),
+        ],
+        envs,
+    )
+}
+
+/// An HTTP client with a generous timeout (tests must never hang).
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(0)
+        .build()
+        .expect("client")
+}
+
+/// A chat request body with one user message.
+pub fn chat_body(model: &str, text: &str, stream: bool) -> serde_json::Value {
+    serde_json::json!({
+        "model": model,
+        "stream": stream,
+        "messages": [{"role": "user", "content": text}],
+    })
+}
+
+/// Parses an SSE body into the `data` payloads (simple, for test assertions).
+pub fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|event| {
+            let data: Vec<&str> = event
+                .lines()
+                .filter_map(|line| line.strip_prefix("data: "))
+                .collect();
+            (!data.is_empty()).then(|| data.join("\n"))
+        })
+        .collect()
+}
+
+/// Concatenated `delta.content` of a chat completion stream body.
+pub fn stream_content(body: &str) -> String {
+    sse_data(body)
+        .iter()
+        .filter(|data| *data != "[DONE]")
+        .filter_map(|data| serde_json::from_str::<serde_json::Value>(data).ok())
+        .filter_map(|chunk| {
+            chunk["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect()
+}
+
+/// The workspace root.
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The Python interpreter with the `openai` SDK, installed by `scripts/test.sh`.
+pub fn python() -> PathBuf {
+    if let Ok(path) = std::env::var("CANARYGATE_PYTHON") {
+        return PathBuf::from(path);
+    }
+    let venv = workspace_root().join(".venv/bin/python");
+    assert!(
+        venv.exists(),
+        "{} is missing: run scripts/test.sh (it creates the venv with the openai SDK) \
+         or set CANARYGATE_PYTHON",
+        venv.display()
+    );
+    venv
+}
