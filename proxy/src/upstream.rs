@@ -100,6 +100,14 @@ pub fn send_error(provider: &str, error: &reqwest::Error) -> ApiError {
         ApiError::gateway_timeout(format!(
             "Provider `{provider}` did not accept the connection in time: {detail}"
         ))
+    } else if error.is_connect() && detail.contains("certificate") {
+        ApiError::bad_gateway(
+            "upstream_tls_error",
+            format!(
+                "TLS with provider `{provider}` failed: {detail}. For a private CA, set the \
+                 provider's extra_ca_file."
+            ),
+        )
     } else if error.is_connect() {
         ApiError::bad_gateway(
             "upstream_unreachable",

@@ -1,0 +1,105 @@
+//! The command line itself: `check-config`, argument errors.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+
+#[test]
+fn check_config_accepts_presets_and_reports_file_line_and_problem() {
+    let ok = Command::new(binary())
+        .args(["check-config", "policies/presets/default.toml"])
+        .current_dir(workspace_root())
+        .output()
+        .unwrap();
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains(": ok"));
+
+    let preset = Command::new(binary())
+        .args(["check-config", "preset:default"])
+        .output()
+        .unwrap();
+    assert!(preset.status.success());
+
+    let dir = ProxyDir::new();
+    let path = dir.policy(
+        "[[providers]]\nname = \"p\"\nbase_url = \"http://x\"\ncontext_window = 10\n\n\
+         [[routes]]\nmodel = \"*\"\nprovider = \"q\"\n",
+    );
+    let bad = Command::new(binary())
+        .arg("check-config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        stderr.contains(&format!("{}:8:", path.display())) && stderr.contains("`q`"),
+        "{stderr}"
+    );
+
+    let unknown_field = dir.policy("[limits]\nmax_body_byte = 3\n");
+    let bad = Command::new(binary())
+        .arg("check-config")
+        .arg(&unknown_field)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success());
+    assert!(
+        stderr.contains(":2:") && stderr.contains("max_body_byte"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn serve_refuses_a_second_provider_override_and_a_missing_managed_key() {
+    let dir = ProxyDir::new();
+    let two = dir.policy(
+        "[[providers]]\nname = \"a\"\nbase_url = \"http://x\"\ncontext_window = 10\n\
+         [[providers]]\nname = \"b\"\nbase_url = \"http://y\"\ncontext_window = 10\n\
+         [[routes]]\nmodel = \"*\"\nprovider = \"a\"\n",
+    );
+    let output = Command::new(binary())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            "http://z/v1",
+            "--config",
+        ])
+        .arg(&two)
+        .arg("--data")
+        .arg(dir.data())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("exactly one provider"));
+
+    let managed = dir.policy(&format!(
+        "[auth]\nmode = \"managed\"\nclient_keys = [{{ name = \"c\", sha256 = \"{}\" }}]\n\
+         [[providers]]\nname = \"a\"\nbase_url = \"http://x\"\ncontext_window = 10\n\
+         api_key_env = \"CANARYGATE_TEST_UNSET_KEY\"\n[[routes]]\nmodel = \"*\"\nprovider = \"a\"\n",
+        "0".repeat(64)
+    ));
+    let output = Command::new(binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&managed)
+        .arg("--data")
+        .arg(dir.data())
+        .env_remove("CANARYGATE_TEST_UNSET_KEY")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("CANARYGATE_TEST_UNSET_KEY"),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
