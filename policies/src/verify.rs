@@ -825,13 +825,17 @@ enum EchoMatch {
     Failed(EchoOutcome),
 }
 
-/// Quotes, emphasis and whitespace a model may put around the echo.
+/// Quotes and emphasis a model may put around the echo.
+fn is_quote(c: char) -> bool {
+    matches!(
+        c,
+        '"' | '\'' | '`' | '*' | '_' | '\u{201C}' | '\u{201D}' | '\u{2018}' | '\u{2019}' | '\u{AB}' | '\u{BB}'
+    )
+}
+
+/// Padding before the echo: whitespace and quotes.
 fn is_padding(c: char) -> bool {
-    c.is_whitespace()
-        || matches!(
-            c,
-            '"' | '\'' | '`' | '*' | '>' | '\u{201C}' | '\u{201D}' | '\u{2018}' | '\u{2019}' | '\u{AB}' | '\u{BB}'
-        )
+    c.is_whitespace() || is_quote(c)
 }
 
 /// Separators a model may put between the head and the tail canary.
@@ -846,9 +850,13 @@ fn skip_while(text: &str, from: usize, keep: fn(char) -> bool) -> usize {
         .map_or(text.len(), |(offset, _)| from + offset)
 }
 
-/// Matches the expected echo at the start of `text`.
+/// Matches the expected echo at the start of `text`. The echo is: padding,
+/// the canaries (with separators between them), as many closing quotes as
+/// there were opening ones, spaces or tabs, and at most two line breaks.
+/// Whatever follows is the answer, untouched.
 fn match_echo(text: &str, expected: &[Canary], end: bool) -> EchoMatch {
     let mut index = skip_while(text, 0, is_padding);
+    let opening_quotes = text[..index].chars().filter(|c| is_quote(*c)).count();
     for (position, want) in expected.iter().enumerate() {
         let lost = if position == 0 {
             EchoOutcome::Missing
@@ -883,10 +891,38 @@ fn match_echo(text: &str, expected: &[Canary], end: bool) -> EchoMatch {
             }
         }
     }
-    let echo_end = index;
-    let index = skip_while(text, echo_end, is_padding);
-    if index == text.len() && !end && index - echo_end <= MAX_ECHO_PADDING {
-        return EchoMatch::Pending;
+    // Closing quotes, spaces, up to two line breaks. Each step needs to see
+    // the character after it, so an unfinished tail waits for more text.
+    let mut rest = text[index..].char_indices().peekable();
+    let mut closing = 0;
+    let mut breaks = 0;
+    let mut spaces_done = false;
+    loop {
+        let Some(&(offset, c)) = rest.peek() else {
+            return if end {
+                EchoMatch::Passed(text.len())
+            } else {
+                EchoMatch::Pending
+            };
+        };
+        let take = if closing < opening_quotes && is_quote(c) && !spaces_done {
+            closing += 1;
+            true
+        } else if (c == ' ' || c == '\t') && breaks == 0 {
+            spaces_done = true;
+            true
+        } else if (c == '\r' || c == '\n') && breaks < 2 {
+            if c == '\n' {
+                breaks += 1;
+            }
+            spaces_done = true;
+            true
+        } else {
+            false
+        };
+        if !take || offset > MAX_ECHO_PADDING {
+            return EchoMatch::Passed(index + offset);
+        }
+        rest.next();
     }
-    EchoMatch::Passed(index)
 }
