@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use canarygate_policies::inject::RequestCanaries;
 use canarygate_policies::verify::Facts;
 use canarygate_policies::{
-    Canary, EchoMode, MemoryRegistry, Registration, VerifyConfig, Verifier, inject,
+    Canary, EchoMode, MemoryRegistry, Registration, Verifier, VerifyConfig, inject,
 };
 use serde_json::json;
 
@@ -80,7 +80,8 @@ fn answer() -> String {
 
 /// Feeds the whole answer; returns the bytes released (kept live).
 fn scan(text: &str, registry: &MemoryRegistry, config: &VerifyConfig) -> usize {
-    let mut request = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
+    let mut request =
+        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "hi"}]});
     let canaries = RequestCanaries {
         head: canary(1),
         tail: canary(2),
@@ -146,7 +147,11 @@ fn main() {
     let ratio = (mib / best[2].as_secs_f64()) / base;
     println!(
         "1,000,000 vs 1: {ratio:.3} ({})",
-        if ratio >= 0.9 { "within 10%" } else { "NOT within 10%" }
+        if ratio >= 0.9 {
+            "within 10%"
+        } else {
+            "NOT within 10%"
+        }
     );
 }
 

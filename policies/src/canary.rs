@@ -289,8 +289,8 @@ mod tests {
     #[test]
     fn non_canaries_are_not_matched() {
         for text in [
-            "CG-7KQ4-M2XD-9PTA",        // too short
-            "CG-7KQ4-M2XD-9PTA-WV3U",   // U is not a symbol
+            "CG-7KQ4-M2XD-9PTA",         // too short
+            "CG-7KQ4-M2XD-9PTA-WV3U",    // U is not a symbol
             "CG----7KQ4-M2XD-9PTA-WV3E", // separator run too long
             "the cgi script",
             "",

@@ -110,10 +110,10 @@ pub fn inject(
     canaries: RequestCanaries,
 ) -> Result<Injection, InjectError> {
     let body = request.as_object_mut().ok_or(InjectError::NotAnObject)?;
-    if !body
+    if body
         .get("messages")
         .and_then(Value::as_array)
-        .is_some_and(|messages| !messages.is_empty())
+        .is_none_or(Vec::is_empty)
     {
         return Err(InjectError::NoMessages);
     }
@@ -171,9 +171,7 @@ pub fn inject(
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let mut client_wants_usage = true;
     if stream {
-        let options = body
-            .entry("stream_options")
-            .or_insert_with(|| json!({}));
+        let options = body.entry("stream_options").or_insert_with(|| json!({}));
         if !options.is_object() {
             *options = json!({});
         }
@@ -204,7 +202,10 @@ pub fn inject(
         .iter()
         .rposition(|message| message.get("role").and_then(Value::as_str) == Some("user"))
         .map_or(messages.len(), |index| index + 1);
-    messages.insert(after_last_user, json!({"role": "system", "content": tail_text}));
+    messages.insert(
+        after_last_user,
+        json!({"role": "system", "content": tail_text}),
+    );
     messages.insert(0, json!({"role": "system", "content": head_text}));
     let prompt_tokens_estimate = count_chat_messages(messages);
 
@@ -295,16 +296,26 @@ mod tests {
         inject(&mut body, EchoMode::HeadTail, canaries()).unwrap();
         let mut head_cut = body.clone();
         head_cut["messages"].as_array_mut().unwrap().remove(0);
-        assert_eq!(obedient_echo(&head_cut).unwrap(), canaries().tail.to_string());
+        assert_eq!(
+            obedient_echo(&head_cut).unwrap(),
+            canaries().tail.to_string()
+        );
         let mut tail_cut = body;
         tail_cut["messages"].as_array_mut().unwrap().pop();
-        assert_eq!(obedient_echo(&tail_cut).unwrap(), canaries().head.to_string());
+        assert_eq!(
+            obedient_echo(&tail_cut).unwrap(),
+            canaries().head.to_string()
+        );
     }
 
     #[test]
     fn json_mode_and_tools_are_passive() {
         for (field, value, reason) in [
-            ("response_format", json!({"type": "json_object"}), PassiveReason::JsonMode),
+            (
+                "response_format",
+                json!({"type": "json_object"}),
+                PassiveReason::JsonMode,
+            ),
             ("tools", json!([{"type": "function"}]), PassiveReason::Tools),
         ] {
             let mut body = request();

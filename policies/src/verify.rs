@@ -444,10 +444,14 @@ impl Verifier {
     pub fn observe_ttft(&mut self, ttft_ms: u64) -> bool {
         let mut evidence_min = None;
         let result = match self.max_prefill_rate {
-            None => (Status::Skip, Some("no max_prefill_tokens_per_second for this provider".into())),
-            Some(_) if self.prompt_tokens < self.ttft_min_prompt_tokens => {
-                (Status::Skip, Some("prompt below ttft_min_prompt_tokens".into()))
-            }
+            None => (
+                Status::Skip,
+                Some("no max_prefill_tokens_per_second for this provider".into()),
+            ),
+            Some(_) if self.prompt_tokens < self.ttft_min_prompt_tokens => (
+                Status::Skip,
+                Some("prompt below ttft_min_prompt_tokens".into()),
+            ),
             Some(rate) => {
                 let min_ms = (self.prompt_tokens as f64 / rate * 1000.0).floor() as u64;
                 evidence_min = Some(min_ms);
@@ -668,7 +672,10 @@ impl Verifier {
         let refuted = self.choices.iter().any(|state| {
             matches!(state.echo, EchoState::Done(outcome) if outcome != EchoOutcome::Passed)
         });
-        let undecided = self.choices.iter().any(|state| state.echo == EchoState::Waiting);
+        let undecided = self
+            .choices
+            .iter()
+            .any(|state| state.echo == EchoState::Waiting);
         if stopped_early && undecided && !refuted {
             return skipped(
                 Check::Echo,
@@ -676,7 +683,9 @@ impl Verifier {
                 Evidence::Echo { choices },
             );
         }
-        let failed = choices.iter().position(|outcome| *outcome != EchoOutcome::Passed);
+        let failed = choices
+            .iter()
+            .position(|outcome| *outcome != EchoOutcome::Passed);
         CheckResult {
             check: Check::Echo,
             status: if failed.is_some() {
@@ -738,7 +747,11 @@ impl Verifier {
             return skipped(Check::PromptTokens, "no usage reported", evidence);
         };
         if self.prompt_tokens < self.prompt_tokens_min {
-            return skipped(Check::PromptTokens, "prompt below prompt_tokens_min", evidence);
+            return skipped(
+                Check::PromptTokens,
+                "prompt below prompt_tokens_min",
+                evidence,
+            );
         }
         let (min_allowed, max_allowed) = self.prompt_bounds();
         let fits = reported >= min_allowed && max_allowed.is_none_or(|max| reported <= max);
@@ -768,7 +781,11 @@ impl Verifier {
             problems,
         };
         if stopped_early && problems.is_empty() {
-            return skipped(Check::Finish, "stopped after an earlier failure", evidence(problems));
+            return skipped(
+                Check::Finish,
+                "stopped after an earlier failure",
+                evidence(problems),
+            );
         }
         if !stopped_early {
             if facts.finish_reasons.is_empty() {
@@ -829,7 +846,16 @@ enum EchoMatch {
 fn is_quote(c: char) -> bool {
     matches!(
         c,
-        '"' | '\'' | '`' | '*' | '_' | '\u{201C}' | '\u{201D}' | '\u{2018}' | '\u{2019}' | '\u{AB}' | '\u{BB}'
+        '"' | '\''
+            | '`'
+            | '*'
+            | '_'
+            | '\u{201C}'
+            | '\u{201D}'
+            | '\u{2018}'
+            | '\u{2019}'
+            | '\u{AB}'
+            | '\u{BB}'
     )
 }
 

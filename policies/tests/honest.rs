@@ -75,7 +75,12 @@ fn answer(rng: &mut Rng) -> String {
         0 => SHORT[rng.below(SHORT.len())].to_owned(),
         1 => format!("{} {}", rng.pick(PROSE), rng.pick(PROSE)),
         2 => format!("{}\n\n{}\n", rng.pick(PROSE), rng.pick(CODE)),
-        3 => format!("{} {} and {}.", rng.pick(PROSE), lookalike(rng), lookalike(rng)),
+        3 => format!(
+            "{} {} and {}.",
+            rng.pick(PROSE),
+            lookalike(rng),
+            lookalike(rng)
+        ),
         _ => {
             let mut text = String::new();
             for _ in 0..rng.below(20) {
@@ -100,8 +105,13 @@ fn json_answer(rng: &mut Rng) -> String {
 
 /// How a model may write the echo before the answer.
 fn echoed(rng: &mut Rng, canaries: &[Canary], answer: &str) -> String {
-    let (open, close) = [("", ""), ("\"", "\""), ("`", "`"), ("**", "**"), ("\u{201C}", "\u{201D}")]
-        [rng.below(5)];
+    let (open, close) = [
+        ("", ""),
+        ("\"", "\""),
+        ("`", "`"),
+        ("**", "**"),
+        ("\u{201C}", "\u{201D}"),
+    ][rng.below(5)];
     let between = [" ", ", ", "  "][rng.below(3)];
     let after = ["\n", "\n\n", " ", "\r\n", "\n\r\n"][rng.below(5)];
     let canaries: Vec<String> = canaries
@@ -119,7 +129,9 @@ fn echoed(rng: &mut Rng, canaries: &[Canary], answer: &str) -> String {
 }
 
 fn random_chunks(rng: &mut Rng, text: &str) -> Vec<(u32, String)> {
-    let cuts: Vec<usize> = (0..rng.below(12)).map(|_| rng.below(text.len() + 1)).collect();
+    let cuts: Vec<usize> = (0..rng.below(12))
+        .map(|_| rng.below(text.len() + 1))
+        .collect();
     split_at(text, &cuts)
 }
 
@@ -155,7 +167,12 @@ fn ten_thousand_honest_answers_pass_unchanged() {
         if stream {
             assert!(!verifier.observe_ttft(50 + rng.below(2000) as u64));
         }
-        let run = feed(&mut verifier, &registry, &random_chunks(&mut rng, &text), &honest_facts(&injection, 1));
+        let run = feed(
+            &mut verifier,
+            &registry,
+            &random_chunks(&mut rng, &text),
+            &honest_facts(&injection, 1),
+        );
         let verdict = &run.finished.verdict;
         assert!(verdict.passed(), "request {id}: {text:?}\n{verdict:?}");
         assert_eq!(

@@ -16,7 +16,9 @@ fn exercise(name: &str) -> (bool, String, String, bool, Decision) {
     let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
     let answer = "Buckets hold the entries. Keys are hashed.";
     let chunks = |text: &str| -> Vec<(u32, String)> {
-        text.split_inclusive(' ').map(|w| (0, w.to_owned())).collect()
+        text.split_inclusive(' ')
+            .map(|w| (0, w.to_owned()))
+            .collect()
     };
 
     let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
@@ -28,17 +30,25 @@ fn exercise(name: &str) -> (bool, String, String, bool, Decision) {
     );
     assert!(honest.finished.verdict.passed(), "{name}");
     assert_eq!(
-        honest.finished.verdict.decide(policy.verify.action(), 0, honest.released_before_finish),
+        honest
+            .finished
+            .verdict
+            .decide(policy.verify.action(), 0, honest.released_before_finish),
         Decision::Deliver
     );
 
     let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
-    let failing = feed(&mut verifier, &registry, &chunks(answer), &honest_facts(&injection, 1));
-    let decision = failing.finished.verdict.decide(
-        policy.verify.action(),
-        0,
-        failing.released_before_finish,
+    let failing = feed(
+        &mut verifier,
+        &registry,
+        &chunks(answer),
+        &honest_facts(&injection, 1),
     );
+    let decision =
+        failing
+            .finished
+            .verdict
+            .decide(policy.verify.action(), 0, failing.released_before_finish);
     (
         honest.released_before_finish,
         honest.released[0].clone(),
@@ -113,7 +123,10 @@ fn error_of(verify: &str) -> canarygate_policies::PolicyError {
 fn verify_section_errors_are_located() {
     let fallback = error_of("action = \"fallback\"\n");
     assert_eq!(fallback.position.unwrap().0, 12, "{fallback}");
-    assert!(fallback.message.contains("needs the [local] engine"), "{fallback}");
+    assert!(
+        fallback.message.contains("needs the [local] engine"),
+        "{fallback}"
+    );
 
     let unknown = error_of("eccho = \"head\"\n");
     assert_eq!(unknown.position.unwrap().0, 12, "{unknown}");
@@ -133,7 +146,11 @@ fn verify_section_errors_are_located() {
     let zero = error_of("[verify.max_prefill_tokens_per_second]\nsim = 0.0\n");
     assert!(zero.message.contains("greater than 0"), "{zero}");
 
-    let ok = Policy::from_toml_str(&format!("{BASE}echo = \"head\"\naction = \"retry\"\n"), "t.toml").unwrap();
+    let ok = Policy::from_toml_str(
+        &format!("{BASE}echo = \"head\"\naction = \"retry\"\n"),
+        "t.toml",
+    )
+    .unwrap();
     assert_eq!(ok.verify.echo, EchoMode::Head);
     assert_eq!(ok.verify.action(), Action::Retry);
 }

@@ -31,14 +31,20 @@ fn tricky_text() -> impl Strategy<Value = String> {
 /// One of the ways a model may copy `canary`.
 fn variant(canary: Canary, style: u8, case_bits: u64) -> String {
     let canonical = String::from_utf8(canary.canonical().to_vec()).unwrap();
-    let separators = ["-", " ", "_", ".", "", " - ", "\u{2011}", "\u{2014}", "\u{a0}"];
+    let separators = [
+        "-", " ", "_", ".", "", " - ", "\u{2011}", "\u{2014}", "\u{a0}",
+    ];
     let separator = separators[usize::from(style) % separators.len()];
     let mut out = String::from("CG");
     for (index, symbol) in canonical[2..].chars().enumerate() {
         if index % 4 == 0 {
             out.push_str(separator);
         }
-        out.push(if style % 7 == 3 && symbol == '0' { 'O' } else { symbol });
+        out.push(if style % 7 == 3 && symbol == '0' {
+            'O'
+        } else {
+            symbol
+        });
     }
     out.chars()
         .enumerate()

@@ -18,7 +18,9 @@ fn policy(release: ReleasePolicy, action: Action) -> Policy {
 }
 
 fn words(text: &str) -> Vec<(u32, String)> {
-    text.split_inclusive(' ').map(|w| (0, w.to_owned())).collect()
+    text.split_inclusive(' ')
+        .map(|w| (0, w.to_owned()))
+        .collect()
 }
 
 #[test]
@@ -28,10 +30,18 @@ fn honest_stream_is_released_after_echo_and_stripped() {
     let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
     let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
     let answer = format!("\"{}\"\n\n{ANSWER}", echo_of(&injection));
-    let run = feed(&mut verifier, &registry, &words(&answer), &honest_facts(&injection, 1));
+    let run = feed(
+        &mut verifier,
+        &registry,
+        &words(&answer),
+        &honest_facts(&injection, 1),
+    );
     assert!(run.finished.verdict.passed(), "{:?}", run.finished.verdict);
     assert_eq!(run.released[0], ANSWER);
-    assert!(run.released_before_finish, "echo-first streams before the end");
+    assert!(
+        run.released_before_finish,
+        "echo-first streams before the end"
+    );
     assert_eq!(run.finished.verdict.header_value(), "pass");
 }
 
@@ -42,13 +52,20 @@ fn verdict_first_releases_nothing_before_finish() {
     let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
     let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
     let answer = format!("{} {ANSWER}", echo_of(&injection));
-    let run = feed(&mut verifier, &registry, &words(&answer), &honest_facts(&injection, 1));
+    let run = feed(
+        &mut verifier,
+        &registry,
+        &words(&answer),
+        &honest_facts(&injection, 1),
+    );
     assert!(!run.released_before_finish);
     assert_eq!(run.released[0], ANSWER);
 }
 
 /// Each failure: the answer text, the check expected to fail, the echo outcome.
-fn failing_answers(injection: &canarygate_policies::Injection) -> Vec<(&'static str, String, Check)> {
+fn failing_answers(
+    injection: &canarygate_policies::Injection,
+) -> Vec<(&'static str, String, Check)> {
     let head = injection.echo[0];
     let tail = injection.echo[1];
     let (other_head, other_tail) = other_canaries(3);
@@ -63,7 +80,10 @@ fn failing_answers(injection: &canarygate_policies::Injection) -> Vec<(&'static 
         ),
         (
             "leak mid-answer",
-            format!("{head} {tail}\n{ANSWER} as the user said: cg {} and more", other_tail.to_string().to_lowercase().replace('-', " ")),
+            format!(
+                "{head} {tail}\n{ANSWER} as the user said: cg {} and more",
+                other_tail.to_string().to_lowercase().replace('-', " ")
+            ),
             Check::ForeignCanary,
         ),
         ("cut echo", format!("{head} CG-"), Check::Echo),
@@ -80,17 +100,28 @@ fn no_failing_answer_is_delivered_under_either_release_policy() {
             for (name, answer, check) in failing_answers(&injection) {
                 for chunks in [vec![(0, answer.clone())], words(&answer)] {
                     let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
-                    let run = feed(&mut verifier, &registry, &chunks, &honest_facts(&injection, 1));
+                    let run = feed(
+                        &mut verifier,
+                        &registry,
+                        &chunks,
+                        &honest_facts(&injection, 1),
+                    );
                     let verdict = &run.finished.verdict;
                     assert!(!verdict.passed(), "{name}: {verdict:?}");
-                    assert!(verdict.failed_checks().contains(&check), "{name}: {verdict:?}");
+                    assert!(
+                        verdict.failed_checks().contains(&check),
+                        "{name}: {verdict:?}"
+                    );
                     let released = &run.released[0];
                     if release == ReleasePolicy::VerdictFirst || !stream || check == Check::Echo {
                         assert_eq!(released, "", "{name} ({release:?}, stream {stream})");
                     } else if name == "leak mid-answer" {
                         // Echo-first: what went out precedes the point of detection.
                         let before = format!("{ANSWER} as the user said: ");
-                        assert!(before.starts_with(released.as_str()), "{name}: {released:?}");
+                        assert!(
+                            before.starts_with(released.as_str()),
+                            "{name}: {released:?}"
+                        );
                     }
                     assert_eq!(
                         verdict.decide(Action::Block, 0, run.released_before_finish),
@@ -117,11 +148,18 @@ fn echo_outcomes_name_what_was_lost() {
     ];
     for ((name, answer, _), outcome) in failing_answers(&injection).into_iter().zip(expected) {
         let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
-        let run = feed(&mut verifier, &registry, &[(0, answer)], &honest_facts(&injection, 1));
+        let run = feed(
+            &mut verifier,
+            &registry,
+            &[(0, answer)],
+            &honest_facts(&injection, 1),
+        );
         let echo = run.finished.verdict.result(Check::Echo).unwrap();
         assert_eq!(
             echo.evidence,
-            Evidence::Echo { choices: vec![outcome] },
+            Evidence::Echo {
+                choices: vec![outcome]
+            },
             "{name}"
         );
     }
@@ -134,16 +172,30 @@ fn echo_first_stops_at_the_foreign_canary() {
     let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
     let (foreign, _) = other_canaries(7);
     let before = "First part of the answer. ";
-    let answer = format!("{} {before}{foreign} secret of another customer", echo_of(&injection));
+    let answer = format!(
+        "{} {before}{foreign} secret of another customer",
+        echo_of(&injection)
+    );
     // Every split of the answer into two chunks.
     for cut in 0..=answer.len() {
         let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
-        let run = feed(&mut verifier, &registry, &split_at(&answer, &[cut]), &honest_facts(&injection, 1));
+        let run = feed(
+            &mut verifier,
+            &registry,
+            &split_at(&answer, &[cut]),
+            &honest_facts(&injection, 1),
+        );
         assert!(run.stopped_at.is_some(), "cut {cut}");
-        assert!(before.starts_with(&run.released[0]), "cut {cut}: {:?}", run.released[0]);
+        assert!(
+            before.starts_with(&run.released[0]),
+            "cut {cut}: {:?}",
+            run.released[0]
+        );
         let verdict = &run.finished.verdict;
         assert_eq!(verdict.failed_checks(), [Check::ForeignCanary], "cut {cut}");
-        let Evidence::ForeignCanary { foreign, hits, .. } = &verdict.result(Check::ForeignCanary).unwrap().evidence else {
+        let Evidence::ForeignCanary { foreign, hits, .. } =
+            &verdict.result(Check::ForeignCanary).unwrap().evidence
+        else {
             panic!("evidence");
         };
         assert_eq!(*foreign, 1);
@@ -164,12 +216,20 @@ fn flag_delivers_failing_answers_unchanged_and_marks_them() {
         (replaced.clone(), replaced),
     ] {
         let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
-        let run = feed(&mut verifier, &registry, &words(&answer), &honest_facts(&injection, 1));
+        let run = feed(
+            &mut verifier,
+            &registry,
+            &words(&answer),
+            &honest_facts(&injection, 1),
+        );
         assert_eq!(run.stopped_at, None);
         assert_eq!(run.released[0], delivered);
         let verdict = &run.finished.verdict;
         assert!(!verdict.passed());
-        assert_eq!(verdict.decide(policy.verify.action(), 0, true), Decision::Flag);
+        assert_eq!(
+            verdict.decide(policy.verify.action(), 0, true),
+            Decision::Flag
+        );
         assert!(verdict.header_value().starts_with("fail; checks="));
     }
 }
@@ -193,10 +253,22 @@ fn prompt_tokens_estimate_and_exact() {
     ] {
         let mut verifier = Verifier::new(&injection, &policy.verify, "openai", exact);
         let mut facts = honest_facts(&injection, 1);
-        facts.usage = Some(Usage { prompt_tokens: reported, completion_tokens: Some(20) });
+        facts.usage = Some(Usage {
+            prompt_tokens: reported,
+            completion_tokens: Some(20),
+        });
         let run = feed(&mut verifier, &registry, &[(0, answer.clone())], &facts);
-        let result = run.finished.verdict.result(Check::PromptTokens).unwrap().clone();
-        assert_eq!(result.status == Status::Pass, pass, "{exact:?} {reported}: {result:?}");
+        let result = run
+            .finished
+            .verdict
+            .result(Check::PromptTokens)
+            .unwrap()
+            .clone();
+        assert_eq!(
+            result.status == Status::Pass,
+            pass,
+            "{exact:?} {reported}: {result:?}"
+        );
         assert_eq!(run.released[0] == "ok", pass);
     }
 }
@@ -206,7 +278,8 @@ fn ttft_faster_than_prefill_fails_early() {
     let policy = policy(ReleasePolicy::EchoFirst, Action::Block);
     let registry = registry_with_others(1);
     let big = "word ".repeat(400_000);
-    let request = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": big}]});
+    let request =
+        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": big}]});
     let (_, injection) = prepare(&policy, &registry, request, 1);
     // 400k tokens at 200k tokens/s: at least 2 s.
     let mut slow = Verifier::new(&injection, &policy.verify, "openai", None);
@@ -233,19 +306,38 @@ fn finish_problems() {
     let answer = format!("{} x", echo_of(&injection));
     let cases: Vec<(Facts, Vec<FinishProblem>)> = vec![
         (
-            Facts { finish_reasons: vec![Some("length".into())], usage: Some(Usage { prompt_tokens: injection.prompt_tokens_estimate, completion_tokens: Some(1) }), done_marker: Some(true) },
+            Facts {
+                finish_reasons: vec![Some("length".into())],
+                usage: Some(Usage {
+                    prompt_tokens: injection.prompt_tokens_estimate,
+                    completion_tokens: Some(1),
+                }),
+                done_marker: Some(true),
+            },
             vec![FinishProblem::LengthWithoutOutput(0)],
         ),
         (
-            Facts { finish_reasons: vec![], usage: None, done_marker: Some(true) },
+            Facts {
+                finish_reasons: vec![],
+                usage: None,
+                done_marker: Some(true),
+            },
             vec![FinishProblem::EmptyChoices],
         ),
         (
-            Facts { finish_reasons: vec![Some("stop".into())], usage: None, done_marker: Some(false) },
+            Facts {
+                finish_reasons: vec![Some("stop".into())],
+                usage: None,
+                done_marker: Some(false),
+            },
             vec![FinishProblem::NoDoneMarker],
         ),
         (
-            Facts { finish_reasons: vec![None], usage: None, done_marker: Some(true) },
+            Facts {
+                finish_reasons: vec![None],
+                usage: None,
+                done_marker: Some(true),
+            },
             vec![FinishProblem::NoFinishReason(0)],
         ),
     ];
@@ -253,7 +345,12 @@ fn finish_problems() {
         let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
         let run = feed(&mut verifier, &registry, &[(0, answer.clone())], &facts);
         let result = run.finished.verdict.result(Check::Finish).unwrap();
-        let Evidence::Finish { problems: found, .. } = &result.evidence else { panic!() };
+        let Evidence::Finish {
+            problems: found, ..
+        } = &result.evidence
+        else {
+            panic!()
+        };
         assert_eq!(found, &problems);
         assert_eq!(run.released[0], "");
     }
@@ -262,8 +359,20 @@ fn finish_problems() {
     request["max_tokens"] = json!(2);
     let (_, injection) = prepare(&policy, &registry, request, 2);
     let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
-    let facts = Facts { finish_reasons: vec![Some("length".into())], usage: Some(Usage { prompt_tokens: injection.prompt_tokens_estimate, completion_tokens: Some(2) }), done_marker: None };
-    let run = feed(&mut verifier, &registry, &[(0, format!("{} Hi", echo_of(&injection)))], &facts);
+    let facts = Facts {
+        finish_reasons: vec![Some("length".into())],
+        usage: Some(Usage {
+            prompt_tokens: injection.prompt_tokens_estimate,
+            completion_tokens: Some(2),
+        }),
+        done_marker: None,
+    };
+    let run = feed(
+        &mut verifier,
+        &registry,
+        &[(0, format!("{} Hi", echo_of(&injection)))],
+        &facts,
+    );
     assert!(run.finished.verdict.passed(), "{:?}", run.finished.verdict);
 }
 
@@ -275,14 +384,25 @@ fn several_choices_keep_separate_state() {
     request["n"] = json!(2);
     let (_, injection) = prepare(&policy, &registry, request, 1);
     let echo = echo_of(&injection);
-    let (a, b) = (format!("{echo} first answer"), format!("{echo}\nsecond answer"));
+    let (a, b) = (
+        format!("{echo} first answer"),
+        format!("{echo}\nsecond answer"),
+    );
     let mut chunks = Vec::new();
-    for (wa, wb) in a.split_inclusive(' ').zip(b.split_inclusive(' ').chain(std::iter::repeat(""))) {
+    for (wa, wb) in a
+        .split_inclusive(' ')
+        .zip(b.split_inclusive(' ').chain(std::iter::repeat("")))
+    {
         chunks.push((0, wa.to_owned()));
         chunks.push((1, wb.to_owned()));
     }
     let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
-    let run = feed(&mut verifier, &registry, &chunks, &honest_facts(&injection, 2));
+    let run = feed(
+        &mut verifier,
+        &registry,
+        &chunks,
+        &honest_facts(&injection, 2),
+    );
     assert!(run.finished.verdict.passed(), "{:?}", run.finished.verdict);
     assert_eq!(run.released, ["first answer", "second answer"]);
 
@@ -303,7 +423,12 @@ fn passive_requests_skip_echo_and_say_so() {
     let (_, injection) = prepare(&policy, &registry, request, 1);
     let body = "{\"answer\": 42}";
     let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
-    let run = feed(&mut verifier, &registry, &words(body), &honest_facts(&injection, 1));
+    let run = feed(
+        &mut verifier,
+        &registry,
+        &words(body),
+        &honest_facts(&injection, 1),
+    );
     let verdict = &run.finished.verdict;
     assert!(verdict.passed());
     assert_eq!(verdict.result(Check::Echo).unwrap().status, Status::Skip);
@@ -313,7 +438,12 @@ fn passive_requests_skip_echo_and_say_so() {
     let (foreign, _) = other_canaries(4);
     let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
     let leaked = format!("{{\"answer\": \"{foreign}\"}}");
-    let run = feed(&mut verifier, &registry, &words(&leaked), &honest_facts(&injection, 1));
+    let run = feed(
+        &mut verifier,
+        &registry,
+        &words(&leaked),
+        &honest_facts(&injection, 1),
+    );
     assert_eq!(run.finished.verdict.failed_checks(), [Check::ForeignCanary]);
     assert!(!run.released[0].contains("CG-"));
 }
@@ -324,7 +454,12 @@ fn retry_once_then_block_and_error_body() {
     let registry = registry_with_others(1);
     let (_, injection) = prepare(&policy, &registry, chat_request(false), 1);
     let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
-    let run = feed(&mut verifier, &registry, &[(0, "no echo".into())], &honest_facts(&injection, 1));
+    let run = feed(
+        &mut verifier,
+        &registry,
+        &[(0, "no echo".into())],
+        &honest_facts(&injection, 1),
+    );
     let verdict = &run.finished.verdict;
     assert_eq!(verdict.decide(Action::Retry, 0, false), Decision::Retry);
     assert_eq!(verdict.decide(Action::Retry, 1, false), Decision::Block);
@@ -335,5 +470,8 @@ fn retry_once_then_block_and_error_body() {
     let audit = serde_json::to_value(verdict).unwrap();
     assert_eq!(audit["checks"][0]["check"], "echo");
     assert_eq!(audit["checks"][0]["status"], "fail");
-    assert_eq!(audit["checks"][0]["evidence"]["choices"], json!(["missing"]));
+    assert_eq!(
+        audit["checks"][0]["evidence"]["choices"],
+        json!(["missing"])
+    );
 }
