@@ -17,7 +17,8 @@
 //! Text is held until the echo (the request's canaries at the start of the
 //! reply) is verified, and the echo is removed. Every canary-shaped span is
 //! looked up in the registry: this request's own canaries are removed, any
-//! other live canary fails `foreign_canary`. A span that could still grow
+//! other live canary fails `foreign_canary`, even one of the same session
+//! (clients never see canaries, so no honest prompt can contain one). A span that could still grow
 //! into a canary (at most [`MAX_MATCH_BYTES`](crate::canary::MAX_MATCH_BYTES))
 //! stays held until the next delta decides it, so a canary split across
 //! deltas is never released. Release policy:
