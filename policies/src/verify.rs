@@ -8,8 +8,11 @@
 //! 2. [`Verifier::push`] for every content delta of every choice (a
 //!    non-streamed answer is one push per choice). Each push returns the text
 //!    the client may see now, and whether the proxy must stop;
+//!    Tool-call arguments go to [`Verifier::push_tool_arguments`]: scanned
+//!    the same way, held until the end;
 //! 3. [`Verifier::finish`] with the [`Facts`] of the end of the answer. It
-//!    returns the [`Verdict`] and the last text to release per choice.
+//!    returns the [`Verdict`], the last text to release per choice and the
+//!    verified tool-call arguments.
 //!
 //! Then [`Verdict::decide`] turns the verdict and the policy's [`Action`] into
 //! a [`Decision`].
@@ -29,6 +32,8 @@
 //!   nothing more is released and `stop` is set;
 //! - action `flag` never withholds an answer: text flows once the echo is
 //!   decided, pass or fail, with the echo and own canaries stripped.
+
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
@@ -338,6 +343,20 @@ pub struct Finished {
     pub verdict: Verdict,
     /// Last text to release, per choice index (empty when withheld).
     pub release: Vec<String>,
+    /// Complete, scanned arguments of every tool call fed with
+    /// [`Verifier::push_tool_arguments`] (empty when withheld).
+    pub tool_arguments: Vec<ToolArguments>,
+}
+
+/// The verified `function.arguments` of one tool call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolArguments {
+    /// Choice index.
+    pub choice: u32,
+    /// Index of the tool call in the choice's `tool_calls`.
+    pub tool_call: u32,
+    /// The arguments, own canaries removed.
+    pub arguments: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -377,9 +396,9 @@ pub struct Verifier {
     max_prefill_rate: Option<f64>,
     finish_min_length_tokens: u64,
     choices: Vec<ChoiceState>,
-    foreign: u64,
-    foreign_hits: Vec<ForeignHit>,
-    lookalikes: u64,
+    /// Tool-call arguments by (choice, tool call index): (pending, ready).
+    tool_arguments: BTreeMap<(u32, u32), (String, String)>,
+    findings: Findings,
     unexpected_choice: Option<u32>,
     ttft: Option<CheckResult>,
     failed: bool,
@@ -420,9 +439,8 @@ impl Verifier {
             max_prefill_rate: config.max_prefill_rate(provider),
             finish_min_length_tokens: config.finish_min_length_tokens,
             choices: Vec::new(),
-            foreign: 0,
-            foreign_hits: Vec::new(),
-            lookalikes: 0,
+            tool_arguments: BTreeMap::new(),
+            findings: Findings::default(),
             unexpected_choice: None,
             ttft: None,
             failed: false,
@@ -513,6 +531,41 @@ impl Verifier {
         }
     }
 
+    /// Feeds a fragment of the `function.arguments` of tool call `tool_call`
+    /// in choice `choice`. Arguments are scanned like content but never
+    /// released before [`Verifier::finish`] (a client acts on a tool call only
+    /// once it is complete): the proxy holds tool-call deltas and sends
+    /// [`Finished::tool_arguments`] in their place. Returns true when the
+    /// proxy must stop.
+    pub fn push_tool_arguments(
+        &mut self,
+        choice: u32,
+        tool_call: u32,
+        delta: &str,
+        registry: &dyn CanaryRegistry,
+    ) -> bool {
+        if self.stopped() {
+            return true;
+        }
+        if choice >= self.expected_choices {
+            self.unexpected_choice.get_or_insert(choice);
+            self.failed = true;
+            return self.stopped();
+        }
+        let (pending, ready) = self.tool_arguments.entry((choice, tool_call)).or_default();
+        pending.push_str(delta);
+        self.failed |= scan(
+            pending,
+            ready,
+            false,
+            &self.own,
+            registry,
+            choice,
+            &mut self.findings,
+        );
+        self.stopped()
+    }
+
     /// Ends the answer: decides what is still held, runs the end-of-answer
     /// checks and returns the verdict with the last text per choice.
     pub fn finish(&mut self, facts: &Facts, registry: &dyn CanaryRegistry) -> Finished {
@@ -527,6 +580,17 @@ impl Verifier {
         if !stopped_early {
             for index in 0..self.choices.len() {
                 self.process(index, true, registry);
+            }
+            for (&(choice, _), (pending, ready)) in &mut self.tool_arguments {
+                self.failed |= scan(
+                    pending,
+                    ready,
+                    true,
+                    &self.own,
+                    registry,
+                    choice,
+                    &mut self.findings,
+                );
             }
         }
         let stopped_reason = stopped_early.then(|| "stopped after an earlier failure".to_owned());
@@ -558,7 +622,21 @@ impl Verifier {
         let release = (0..self.choices.len())
             .map(|index| self.take_release(index, true))
             .collect();
-        Finished { verdict, release }
+        let withheld = self.gated && self.failed;
+        let tool_arguments = std::mem::take(&mut self.tool_arguments)
+            .into_iter()
+            .filter(|_| !withheld)
+            .map(|((choice, tool_call), (_, arguments))| ToolArguments {
+                choice,
+                tool_call,
+                arguments,
+            })
+            .collect();
+        Finished {
+            verdict,
+            release,
+            tool_arguments,
+        }
     }
 
     fn ensure_choices(&mut self, count: usize) {
@@ -592,44 +670,16 @@ impl Verifier {
                 }
             }
         }
-        let text = std::mem::take(&mut state.pending);
-        let bytes = text.as_bytes();
-        let mut copied = 0;
-        let mut held = bytes.len();
-        let mut from = 0;
-        while let Some(offset) = memchr::memchr2(b'C', b'c', &bytes[from..]) {
-            let start = from + offset;
-            from = start + 1;
-            match match_at(bytes, start) {
-                Shape::Partial if !end => {
-                    held = start;
-                    break;
-                }
-                Shape::Partial | Shape::NoMatch => {}
-                Shape::Complete { canary, end: stop } => {
-                    if self.own.contains(&canary) {
-                        state.ready.push_str(&text[copied..start]);
-                        copied = stop;
-                        from = stop;
-                    } else if let Some(owner) = registry.owner(&canary) {
-                        self.foreign += 1;
-                        self.failed = true;
-                        if self.foreign_hits.len() < MAX_FOREIGN_EVIDENCE {
-                            self.foreign_hits.push(ForeignHit {
-                                choice: index as u32,
-                                session: owner.session,
-                                request: owner.request,
-                            });
-                        }
-                        from = stop;
-                    } else {
-                        self.lookalikes += 1;
-                    }
-                }
-            }
-        }
-        state.ready.push_str(&text[copied..held]);
-        state.pending = text[held..].to_owned();
+        let found = scan(
+            &mut state.pending,
+            &mut state.ready,
+            end,
+            &self.own,
+            registry,
+            index as u32,
+            &mut self.findings,
+        );
+        self.failed |= found;
         if self.failed && self.gated {
             // Withheld for good: keep nothing that could be released later.
             state.ready.clear();
@@ -700,19 +750,24 @@ impl Verifier {
     }
 
     fn foreign_result(&self) -> CheckResult {
+        let Findings {
+            foreign,
+            hits,
+            lookalikes,
+        } = &self.findings;
         CheckResult {
             check: Check::ForeignCanary,
-            status: if self.foreign > 0 {
+            status: if *foreign > 0 {
                 Status::Fail
             } else {
                 Status::Pass
             },
-            reason: (self.foreign > 0)
-                .then(|| format!("{} canaries of other requests in the answer", self.foreign)),
+            reason: (*foreign > 0)
+                .then(|| format!("{foreign} canaries of other requests in the answer")),
             evidence: Evidence::ForeignCanary {
-                foreign: self.foreign,
-                hits: self.foreign_hits.clone(),
-                lookalikes: self.lookalikes,
+                foreign: *foreign,
+                hits: hits.clone(),
+                lookalikes: *lookalikes,
             },
         }
     }
@@ -823,6 +878,68 @@ impl Verifier {
             evidence: evidence(problems),
         }
     }
+}
+
+/// Foreign canaries and lookalikes seen so far.
+#[derive(Debug, Default)]
+struct Findings {
+    foreign: u64,
+    hits: Vec<ForeignHit>,
+    lookalikes: u64,
+}
+
+/// Moves the decided part of `pending` to `ready`, without own canaries;
+/// keeps in `pending` a suffix that may still grow into a canary (nothing
+/// when `end`). Returns true when a foreign canary was found.
+fn scan(
+    pending: &mut String,
+    ready: &mut String,
+    end: bool,
+    own: &[Canary; 2],
+    registry: &dyn CanaryRegistry,
+    choice: u32,
+    findings: &mut Findings,
+) -> bool {
+    let text = std::mem::take(pending);
+    let bytes = text.as_bytes();
+    let mut foreign = false;
+    let mut copied = 0;
+    let mut held = bytes.len();
+    let mut from = 0;
+    while let Some(offset) = memchr::memchr2(b'C', b'c', &bytes[from..]) {
+        let start = from + offset;
+        from = start + 1;
+        match match_at(bytes, start) {
+            Shape::Partial if !end => {
+                held = start;
+                break;
+            }
+            Shape::Partial | Shape::NoMatch => {}
+            Shape::Complete { canary, end: stop } => {
+                if own.contains(&canary) {
+                    ready.push_str(&text[copied..start]);
+                    copied = stop;
+                    from = stop;
+                } else if let Some(owner) = registry.owner(&canary) {
+                    foreign = true;
+                    findings.foreign += 1;
+                    if findings.hits.len() < MAX_FOREIGN_EVIDENCE {
+                        findings.hits.push(ForeignHit {
+                            choice,
+                            session: owner.session,
+                            request: owner.request,
+                        });
+                    }
+                    from = stop;
+                } else {
+                    findings.lookalikes += 1;
+                }
+            }
+        }
+    }
+    ready.push_str(&text[copied..held]);
+    pending.push_str(&text[held..]);
+    foreign
 }
 
 fn skipped(check: Check, reason: &str, evidence: Evidence) -> CheckResult {

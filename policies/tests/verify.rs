@@ -475,3 +475,45 @@ fn retry_once_then_block_and_error_body() {
         json!(["missing"])
     );
 }
+
+#[test]
+fn tool_call_arguments_are_scanned_and_held_to_the_end() {
+    let policy = policy(ReleasePolicy::EchoFirst, Action::Block);
+    let registry = registry_with_others(5);
+    let mut request = chat_request(true);
+    request["tools"] = json!([{"type": "function", "function": {"name": "lookup"}}]);
+    let (_, injection) = prepare(&policy, &registry, request, 1);
+    assert!(injection.echo.is_empty());
+    let own = injection.canaries.tail;
+
+    // Honest arguments, with the model having copied its own passive marker.
+    let arguments = format!("{{\"query\": \"hash map {own}\"}}");
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    for cut in arguments.as_bytes().chunks(5) {
+        let piece = std::str::from_utf8(cut).unwrap();
+        assert!(!verifier.push_tool_arguments(0, 0, piece, &registry));
+    }
+    let finished = verifier.finish(&honest_facts(&injection, 1), &registry);
+    assert!(finished.verdict.passed(), "{:?}", finished.verdict);
+    assert_eq!(finished.tool_arguments.len(), 1);
+    assert_eq!(
+        finished.tool_arguments[0].arguments,
+        "{\"query\": \"hash map \"}"
+    );
+
+    // A leak into the arguments, split across deltas, withholds them all.
+    let (foreign, _) = other_canaries(1);
+    let leaked = format!("{{\"query\": \"{foreign}\"}}");
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    let mut stopped = false;
+    for cut in leaked.as_bytes().chunks(3) {
+        stopped = verifier.push_tool_arguments(0, 0, std::str::from_utf8(cut).unwrap(), &registry);
+        if stopped {
+            break;
+        }
+    }
+    assert!(stopped);
+    let finished = verifier.finish(&honest_facts(&injection, 1), &registry);
+    assert_eq!(finished.verdict.failed_checks(), [Check::ForeignCanary]);
+    assert!(finished.tool_arguments.is_empty());
+}
