@@ -21,7 +21,9 @@ pub struct Registration {
     pub session: String,
     /// Request id.
     pub request: String,
-    /// Expiry, in milliseconds since the Unix epoch.
+    /// Expiry, in milliseconds since the Unix epoch. Lookups ignore it: an
+    /// entry counts until [`MemoryRegistry::purge_expired`] drops it, so a
+    /// late leak of an expired canary is still caught.
     pub expires_at_ms: u64,
 }
 
