@@ -4,7 +4,7 @@
 //! the policy schema and its validation ([`config`], [`verify_config`]), the
 //! incremental Server-Sent Events parser ([`sse`]), prompt-token estimation
 //! ([`tokens`]), canaries ([`canary`]), placing them into requests
-//! ([`inject`]), the registry of live canaries ([`registry`]) and the
+//! ([`mod@inject`]), the registry of live canaries ([`registry`]) and the
 //! streaming verifier with its verdicts ([`verify`]).
 
 pub mod canary;
