@@ -14,11 +14,17 @@ use std::ops::Range;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::verify_config::VerifyConfig;
+
 /// The preset used when no `--config` is given.
 pub const DEFAULT_PRESET: &str = include_str!("../presets/default.toml");
 
 /// Shipped presets by name, for `--config preset:NAME` and tests.
-pub const PRESETS: &[(&str, &str)] = &[("default", DEFAULT_PRESET)];
+pub const PRESETS: &[(&str, &str)] = &[
+    ("default", DEFAULT_PRESET),
+    ("strict", include_str!("../presets/strict.toml")),
+    ("observe", include_str!("../presets/observe.toml")),
+];
 
 /// Route pattern that matches every model name.
 pub const ANY_MODEL: &str = "*";
@@ -63,6 +69,9 @@ pub struct Policy {
     /// Client model name to provider model, first match wins.
     #[serde(default)]
     pub routes: Vec<RouteConfig>,
+    /// Answer verification: echo, release and failure action.
+    #[serde(default)]
+    pub verify: VerifyConfig,
 }
 
 /// Client authentication mode.
@@ -311,6 +320,8 @@ impl Policy {
                 ));
             }
         }
+
+        self.verify.validate(&names)?;
 
         if self.routes.is_empty() {
             return Err((None, "a policy needs at least one [[routes]] entry".into()));

@@ -1,11 +1,24 @@
 //! canarygate-policies: the pure logic of canarygate.
 //!
 //! Everything here is free of I/O so it can be tested and fuzzed alone:
-//! the policy schema and its validation ([`config`]), the incremental
-//! Server-Sent Events parser ([`sse`]) and prompt-token estimation ([`tokens`]).
+//! the policy schema and its validation ([`config`], [`verify_config`]), the
+//! incremental Server-Sent Events parser ([`sse`]), prompt-token estimation
+//! ([`tokens`]), canaries ([`canary`]), placing them into requests
+//! ([`mod@inject`]), the registry of live canaries ([`registry`]) and the
+//! streaming verifier with its verdicts ([`verify`]).
 
+pub mod canary;
 pub mod config;
+pub mod inject;
+pub mod registry;
 pub mod sse;
 pub mod tokens;
+pub mod verify;
+pub mod verify_config;
 
+pub use canary::{Canary, CanaryKey};
 pub use config::{Policy, PolicyError};
+pub use inject::{Injection, RequestCanaries, inject};
+pub use registry::{CanaryRegistry, MemoryRegistry, Registration};
+pub use verify::{Decision, Facts, Usage, Verdict, Verifier};
+pub use verify_config::{Action, EchoMode, ReleasePolicy, VerifyConfig};

@@ -137,8 +137,10 @@ impl SseParser {
 }
 
 /// Encodes `data` as one SSE event (`data: ...` lines and a blank line).
+/// SSE data cannot carry a carriage return: `\r\n`, `\r` and `\n` all end a
+/// line, so the event decodes with every line break as `\n`.
 pub fn encode_data(data: &str, out: &mut Vec<u8>) {
-    for line in data.split('\n') {
+    for line in data.split("\r\n").flat_map(|part| part.split(['\r', '\n'])) {
         out.extend_from_slice(b"data: ");
         out.extend_from_slice(line.as_bytes());
         out.push(b'\n');

@@ -1,0 +1,1072 @@
+//! The streaming verifier: checks an answer as it arrives and decides what
+//! the client may see.
+//!
+//! One [`Verifier`] per upstream attempt. The proxy feeds it, in order:
+//!
+//! 1. [`Verifier::observe_ttft`] when the first content arrives (or, for a
+//!    non-streamed answer, when the response head arrives);
+//! 2. [`Verifier::push`] for every content delta of every choice (a
+//!    non-streamed answer is one push per choice). Each push returns the text
+//!    the client may see now, and whether the proxy must stop;
+//!    Tool-call arguments go to [`Verifier::push_tool_arguments`]: scanned
+//!    the same way, held until the end;
+//! 3. [`Verifier::finish`] with the [`Facts`] of the end of the answer. It
+//!    returns the [`Verdict`], the last text to release per choice and the
+//!    verified tool-call arguments.
+//!
+//! Then [`Verdict::decide`] turns the verdict and the policy's [`Action`] into
+//! a [`Decision`].
+//!
+//! Text is held until the echo (the request's canaries at the start of the
+//! reply) is verified, and the echo is removed. Every canary-shaped span is
+//! looked up in the registry: this request's own canaries are removed, any
+//! other live canary fails `foreign_canary`, even one of the same session
+//! (clients never see canaries, so no honest prompt can contain one). A span that could still grow
+//! into a canary (at most [`MAX_MATCH_BYTES`](crate::canary::MAX_MATCH_BYTES))
+//! stays held until the next delta decides it, so a canary split across
+//! deltas is never released. Release policy:
+//!
+//! - `verdict-first` (and every non-streamed answer): nothing is released
+//!   before [`Verifier::finish`], and only if the verdict passed;
+//! - `echo-first`: text flows once the choice's echo passed; after a failure
+//!   nothing more is released and `stop` is set;
+//! - action `flag` never withholds an answer: text flows once the echo is
+//!   decided, pass or fail, with the echo and own canaries stripped.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::canary::{Canary, Shape, match_at};
+use crate::inject::{Injection, PassiveReason};
+use crate::registry::CanaryRegistry;
+use crate::verify_config::{Action, ReleasePolicy, VerifyConfig};
+
+/// Most bytes of quotes and whitespace tolerated around the echo.
+const MAX_ECHO_PADDING: usize = 256;
+
+/// Foreign canaries kept as evidence (the count covers all of them).
+const MAX_FOREIGN_EVIDENCE: usize = 16;
+
+/// A check, by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Check {
+    /// The reply opened with the request's canaries.
+    Echo,
+    /// No other request's canary in the answer.
+    ForeignCanary,
+    /// The provider's prompt-token count fits the prompt we sent.
+    PromptTokens,
+    /// The first token did not come sooner than a real prefill allows.
+    Ttft,
+    /// The answer ended like a real one.
+    Finish,
+}
+
+impl Check {
+    /// The check's name as it appears in headers, errors and audit records.
+    pub fn name(self) -> &'static str {
+        match self {
+            Check::Echo => "echo",
+            Check::ForeignCanary => "foreign_canary",
+            Check::PromptTokens => "prompt_tokens",
+            Check::Ttft => "ttft",
+            Check::Finish => "finish",
+        }
+    }
+}
+
+/// Outcome of one check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Ran and passed.
+    Pass,
+    /// Ran and failed.
+    Fail,
+    /// Did not run; the result's `reason` says why.
+    Skip,
+}
+
+/// How one choice's echo went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EchoOutcome {
+    /// Both expected canaries, in order, at the start of the reply.
+    Passed,
+    /// The reply does not start with a canary.
+    Missing,
+    /// The reply starts with the tail canary: the head of the prompt was lost.
+    HeadMissing,
+    /// The head canary is not followed by the tail: the tail was lost.
+    TailMissing,
+    /// The reply starts with a canary that is not this request's.
+    WrongCanary,
+    /// The answer ended inside the echo.
+    Incomplete,
+}
+
+/// Another request's canary found in the answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ForeignHit {
+    /// Choice it appeared in.
+    pub choice: u32,
+    /// Session that owns it.
+    pub session: String,
+    /// Request that owns it.
+    pub request: String,
+}
+
+/// What the finish check found wrong.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishProblem {
+    /// The answer has no choices.
+    EmptyChoices,
+    /// Fewer choices than the request asked for.
+    MissingChoices,
+    /// A delta for a choice index the request did not ask for.
+    UnexpectedChoice(u32),
+    /// A choice without `finish_reason`.
+    NoFinishReason(u32),
+    /// `finish_reason: "length"` with almost no output.
+    LengthWithoutOutput(u32),
+    /// The stream ended without `data: [DONE]`.
+    NoDoneMarker,
+}
+
+/// Numbers and findings behind a check result.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Evidence {
+    /// `echo`: outcome per choice, in choice order.
+    Echo {
+        /// One entry per choice.
+        choices: Vec<EchoOutcome>,
+    },
+    /// `foreign_canary`.
+    ForeignCanary {
+        /// Live canaries of other requests found (all of them).
+        foreign: u64,
+        /// The first few, with owners.
+        hits: Vec<ForeignHit>,
+        /// Canary-shaped spans that are not live canaries (harmless).
+        lookalikes: u64,
+    },
+    /// `prompt_tokens`.
+    PromptTokens {
+        /// `usage.prompt_tokens` from the provider.
+        reported: Option<u64>,
+        /// Our count of the prompt we sent.
+        counted: u64,
+        /// `counted` comes from the provider's tokenizer.
+        exact: bool,
+        /// Smallest acceptable report.
+        min_allowed: u64,
+        /// Largest acceptable report (exact counts only).
+        max_allowed: Option<u64>,
+    },
+    /// `ttft`.
+    Ttft {
+        /// Time to first token, measured by the proxy.
+        ttft_ms: Option<u64>,
+        /// Fastest plausible time for this prompt on this provider.
+        min_plausible_ms: Option<u64>,
+        /// Prompt tokens the bound is computed from.
+        prompt_tokens: u64,
+    },
+    /// `finish`.
+    Finish {
+        /// Choices the answer had.
+        choices: u32,
+        /// Choices the request asked for.
+        expected_choices: u32,
+        /// `usage.completion_tokens`, if reported.
+        completion_tokens: Option<u64>,
+        /// What was wrong (empty when passed).
+        problems: Vec<FinishProblem>,
+    },
+}
+
+/// One check's result, for the verdict and the audit log.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CheckResult {
+    /// Which check.
+    pub check: Check,
+    /// Pass, fail or skip.
+    pub status: Status,
+    /// Why it was skipped, or a one-line account of the failure.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// What the check saw.
+    pub evidence: Evidence,
+}
+
+/// All check results of one answer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Verdict {
+    /// Set when no echo was asked (passive checks only), and why.
+    pub passive: Option<PassiveReason>,
+    /// One result per check, in [`Check`] order.
+    pub checks: Vec<CheckResult>,
+}
+
+/// What the proxy does with an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Send it.
+    Deliver,
+    /// Send it, marked failed in `x-canarygate-verdict`.
+    Flag,
+    /// Discard it and send the request upstream again with fresh canaries.
+    Retry,
+    /// HTTP 502 with [`Verdict::error_body`], or, when bytes already went out
+    /// (echo-first), end the stream with that body as an error event.
+    Block,
+}
+
+/// Error code of a blocked answer.
+pub const ERROR_CODE: &str = "canarygate_verification_failed";
+
+impl Verdict {
+    /// True when no check failed.
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|check| check.status != Status::Fail)
+    }
+
+    /// Names of the failed checks.
+    pub fn failed_checks(&self) -> Vec<Check> {
+        self.checks
+            .iter()
+            .filter(|check| check.status == Status::Fail)
+            .map(|check| check.check)
+            .collect()
+    }
+
+    /// The result of `check`.
+    pub fn result(&self, check: Check) -> Option<&CheckResult> {
+        self.checks.iter().find(|result| result.check == check)
+    }
+
+    /// What to do under `action`. `attempt` counts upstream attempts before
+    /// this one (0 for the first); `released_any` says whether text of this
+    /// answer already reached the client (then it cannot be retried).
+    /// `Fallback` is rejected by policy validation; here it blocks.
+    pub fn decide(&self, action: Action, attempt: u32, released_any: bool) -> Decision {
+        if self.passed() {
+            return Decision::Deliver;
+        }
+        match action {
+            Action::Flag => Decision::Flag,
+            Action::Retry if attempt == 0 && !released_any => Decision::Retry,
+            Action::Retry | Action::Block | Action::Fallback => Decision::Block,
+        }
+    }
+
+    /// Value of the `x-canarygate-verdict` header: `pass`,
+    /// `pass; passive=json_mode`, or `fail; checks=echo,foreign_canary`.
+    pub fn header_value(&self) -> String {
+        if !self.passed() {
+            let names: Vec<_> = self.failed_checks().into_iter().map(Check::name).collect();
+            return format!("fail; checks={}", names.join(","));
+        }
+        match self.passive {
+            Some(reason) => format!("pass; passive={}", passive_name(reason)),
+            None => "pass".to_owned(),
+        }
+    }
+
+    /// OpenAI-style error body of a blocked answer. Names the failed checks,
+    /// never another request's identity or content.
+    pub fn error_body(&self) -> serde_json::Value {
+        let names: Vec<_> = self.failed_checks().into_iter().map(Check::name).collect();
+        serde_json::json!({
+            "error": {
+                "message": format!(
+                    "canarygate could not verify that the provider's answer belongs to this \
+                     request (failed checks: {})",
+                    names.join(", ")
+                ),
+                "type": ERROR_CODE,
+                "code": ERROR_CODE,
+                "failed_checks": names,
+            }
+        })
+    }
+}
+
+fn passive_name(reason: PassiveReason) -> &'static str {
+    match reason {
+        PassiveReason::EchoOff => "echo_off",
+        PassiveReason::JsonMode => "json_mode",
+        PassiveReason::Tools => "tools",
+    }
+}
+
+/// Usage figures reported by the provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// `usage.prompt_tokens`.
+    pub prompt_tokens: u64,
+    /// `usage.completion_tokens`, if present.
+    pub completion_tokens: Option<u64>,
+}
+
+/// How the answer ended, as the proxy saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Facts {
+    /// `finish_reason` per choice index; the length is the number of choices
+    /// the answer had (highest index seen + 1 for streams).
+    pub finish_reasons: Vec<Option<String>>,
+    /// The provider's usage, if it sent any.
+    pub usage: Option<Usage>,
+    /// Streams: whether `data: [DONE]` arrived. `None` for non-streamed answers.
+    pub done_marker: Option<bool>,
+}
+
+/// Text the client may see now.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Step {
+    /// Verified text of the pushed choice, echo and own canaries removed.
+    /// Often empty while text is held.
+    pub release: String,
+    /// A check failed and the policy withholds the answer: stop reading
+    /// upstream, call [`Verifier::finish`], and act on its verdict.
+    pub stop: bool,
+}
+
+/// End of verification.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    /// All check results.
+    pub verdict: Verdict,
+    /// Last text to release, per choice index (empty when withheld).
+    pub release: Vec<String>,
+    /// Complete, scanned arguments of every tool call fed with
+    /// [`Verifier::push_tool_arguments`] (empty when withheld).
+    pub tool_arguments: Vec<ToolArguments>,
+}
+
+/// The verified `function.arguments` of one tool call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ToolArguments {
+    /// Choice index.
+    pub choice: u32,
+    /// Index of the tool call in the choice's `tool_calls`.
+    pub tool_call: u32,
+    /// The arguments, own canaries removed.
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum EchoState {
+    Waiting,
+    Done(EchoOutcome),
+    NotExpected,
+}
+
+#[derive(Debug)]
+struct ChoiceState {
+    /// Received text not yet scanned to a decision (held).
+    pending: String,
+    /// Scanned, cleaned text not yet released.
+    ready: String,
+    echo: EchoState,
+}
+
+/// Streaming verifier of one upstream answer (see the module docs).
+#[derive(Debug)]
+pub struct Verifier {
+    own: [Canary; 2],
+    echo: Vec<Canary>,
+    passive: Option<PassiveReason>,
+    release: ReleasePolicy,
+    /// The action withholds failed answers (anything but `flag`).
+    gated: bool,
+    expected_choices: u32,
+    client_max_tokens: Option<u64>,
+    prompt_tokens: u64,
+    exact_prompt_tokens: bool,
+    estimate_min_ratio: f64,
+    exact_tolerance: f64,
+    exact_slack_tokens: u64,
+    prompt_tokens_min: u64,
+    ttft_min_prompt_tokens: u64,
+    max_prefill_rate: Option<f64>,
+    finish_min_length_tokens: u64,
+    choices: Vec<ChoiceState>,
+    /// Tool-call arguments by (choice, tool call index): (pending, ready).
+    tool_arguments: BTreeMap<(u32, u32), (String, String)>,
+    findings: Findings,
+    unexpected_choice: Option<u32>,
+    ttft: Option<CheckResult>,
+    failed: bool,
+    released_any: bool,
+}
+
+impl Verifier {
+    /// A verifier for the answer to the request `injection` describes, under
+    /// `config`, served by `provider`. `exact_prompt_tokens` is the prompt's
+    /// token count by the provider's own tokenizer, when the proxy has it;
+    /// otherwise the injection's estimate is used with a loose tolerance.
+    pub fn new(
+        injection: &Injection,
+        config: &VerifyConfig,
+        provider: &str,
+        exact_prompt_tokens: Option<u64>,
+    ) -> Self {
+        let release = if injection.stream {
+            config.release
+        } else {
+            ReleasePolicy::VerdictFirst
+        };
+        Self {
+            own: [injection.canaries.head, injection.canaries.tail],
+            echo: injection.echo.clone(),
+            passive: injection.passive,
+            release,
+            gated: config.action() != Action::Flag,
+            expected_choices: injection.choices.max(1),
+            client_max_tokens: injection.client_max_tokens,
+            prompt_tokens: exact_prompt_tokens.unwrap_or(injection.prompt_tokens_estimate),
+            exact_prompt_tokens: exact_prompt_tokens.is_some(),
+            estimate_min_ratio: *config.estimate_min_ratio.get_ref(),
+            exact_tolerance: *config.exact_tolerance.get_ref(),
+            exact_slack_tokens: config.exact_slack_tokens,
+            prompt_tokens_min: config.prompt_tokens_min,
+            ttft_min_prompt_tokens: config.ttft_min_prompt_tokens,
+            max_prefill_rate: config.max_prefill_rate(provider),
+            finish_min_length_tokens: config.finish_min_length_tokens,
+            choices: Vec::new(),
+            tool_arguments: BTreeMap::new(),
+            findings: Findings::default(),
+            unexpected_choice: None,
+            ttft: None,
+            failed: false,
+            released_any: false,
+        }
+    }
+
+    /// True once any text was released to the client.
+    pub fn released_any(&self) -> bool {
+        self.released_any
+    }
+
+    /// True when a failure was seen and the policy withholds the answer.
+    pub fn stopped(&self) -> bool {
+        self.failed && self.gated
+    }
+
+    /// Records the time to first token. Returns true when the proxy must
+    /// stop (the ttft check failed and the policy withholds failed answers).
+    pub fn observe_ttft(&mut self, ttft_ms: u64) -> bool {
+        let mut evidence_min = None;
+        let result = match self.max_prefill_rate {
+            None => (
+                Status::Skip,
+                Some("no max_prefill_tokens_per_second for this provider".into()),
+            ),
+            Some(_) if self.prompt_tokens < self.ttft_min_prompt_tokens => (
+                Status::Skip,
+                Some("prompt below ttft_min_prompt_tokens".into()),
+            ),
+            Some(rate) => {
+                let min_ms = (self.prompt_tokens as f64 / rate * 1000.0).floor() as u64;
+                evidence_min = Some(min_ms);
+                if ttft_ms < min_ms {
+                    (
+                        Status::Fail,
+                        Some(format!(
+                            "first token after {ttft_ms} ms; prefilling {} tokens takes at least {min_ms} ms",
+                            self.prompt_tokens
+                        )),
+                    )
+                } else {
+                    (Status::Pass, None)
+                }
+            }
+        };
+        if result.0 == Status::Fail {
+            self.failed = true;
+        }
+        self.ttft = Some(CheckResult {
+            check: Check::Ttft,
+            status: result.0,
+            reason: result.1,
+            evidence: Evidence::Ttft {
+                ttft_ms: Some(ttft_ms),
+                min_plausible_ms: evidence_min,
+                prompt_tokens: self.prompt_tokens,
+            },
+        });
+        self.stopped()
+    }
+
+    /// Feeds a content delta of choice `choice`; returns what the client may
+    /// see now (see [`Step`]).
+    pub fn push(&mut self, choice: u32, delta: &str, registry: &dyn CanaryRegistry) -> Step {
+        if self.stopped() {
+            return Step {
+                release: String::new(),
+                stop: true,
+            };
+        }
+        if choice >= self.expected_choices {
+            self.unexpected_choice.get_or_insert(choice);
+            self.failed = true;
+            return Step {
+                release: String::new(),
+                stop: self.stopped(),
+            };
+        }
+        let index = choice as usize;
+        self.ensure_choices(index + 1);
+        self.choices[index].pending.push_str(delta);
+        self.process(index, false, registry);
+        let release = self.take_release(index, false);
+        Step {
+            release,
+            stop: self.stopped(),
+        }
+    }
+
+    /// Feeds a fragment of the `function.arguments` of tool call `tool_call`
+    /// in choice `choice`. Arguments are scanned like content but never
+    /// released before [`Verifier::finish`] (a client acts on a tool call only
+    /// once it is complete): the proxy holds tool-call deltas and sends
+    /// [`Finished::tool_arguments`] in their place. Returns true when the
+    /// proxy must stop.
+    pub fn push_tool_arguments(
+        &mut self,
+        choice: u32,
+        tool_call: u32,
+        delta: &str,
+        registry: &dyn CanaryRegistry,
+    ) -> bool {
+        if self.stopped() {
+            return true;
+        }
+        if choice >= self.expected_choices {
+            self.unexpected_choice.get_or_insert(choice);
+            self.failed = true;
+            return self.stopped();
+        }
+        let (pending, ready) = self.tool_arguments.entry((choice, tool_call)).or_default();
+        pending.push_str(delta);
+        self.failed |= scan(
+            pending,
+            ready,
+            false,
+            &self.own,
+            registry,
+            choice,
+            &mut self.findings,
+        );
+        self.stopped()
+    }
+
+    /// Ends the answer: decides what is still held, runs the end-of-answer
+    /// checks and returns the verdict with the last text per choice.
+    pub fn finish(&mut self, facts: &Facts, registry: &dyn CanaryRegistry) -> Finished {
+        let stopped_early = self.stopped();
+        let seen = facts
+            .finish_reasons
+            .len()
+            .min(self.expected_choices as usize)
+            .max(self.choices.len())
+            .max(1);
+        self.ensure_choices(seen);
+        if !stopped_early {
+            for index in 0..self.choices.len() {
+                self.process(index, true, registry);
+            }
+            for (&(choice, _), (pending, ready)) in &mut self.tool_arguments {
+                self.failed |= scan(
+                    pending,
+                    ready,
+                    true,
+                    &self.own,
+                    registry,
+                    choice,
+                    &mut self.findings,
+                );
+            }
+        }
+        let stopped_reason = stopped_early.then(|| "stopped after an earlier failure".to_owned());
+
+        let mut checks = vec![self.echo_result(stopped_early), self.foreign_result()];
+        checks.push(match &stopped_reason {
+            Some(reason) => skipped(Check::PromptTokens, reason, self.prompt_evidence(None)),
+            None => self.prompt_tokens_result(facts.usage),
+        });
+        checks.push(self.ttft.clone().unwrap_or_else(|| {
+            skipped(
+                Check::Ttft,
+                "time to first token not measured",
+                Evidence::Ttft {
+                    ttft_ms: None,
+                    min_plausible_ms: None,
+                    prompt_tokens: self.prompt_tokens,
+                },
+            )
+        }));
+        checks.push(self.finish_result(facts, stopped_early));
+        let verdict = Verdict {
+            passive: self.passive,
+            checks,
+        };
+        if !verdict.passed() {
+            self.failed = true;
+        }
+        let release = (0..self.choices.len())
+            .map(|index| self.take_release(index, true))
+            .collect();
+        let withheld = self.gated && self.failed;
+        let tool_arguments = std::mem::take(&mut self.tool_arguments)
+            .into_iter()
+            .filter(|_| !withheld)
+            .map(|((choice, tool_call), (_, arguments))| ToolArguments {
+                choice,
+                tool_call,
+                arguments,
+            })
+            .collect();
+        Finished {
+            verdict,
+            release,
+            tool_arguments,
+        }
+    }
+
+    fn ensure_choices(&mut self, count: usize) {
+        while self.choices.len() < count {
+            let echo = if self.echo.is_empty() {
+                EchoState::NotExpected
+            } else {
+                EchoState::Waiting
+            };
+            self.choices.push(ChoiceState {
+                pending: String::new(),
+                ready: String::new(),
+                echo,
+            });
+        }
+    }
+
+    /// Decides as much of choice `index`'s pending text as possible.
+    fn process(&mut self, index: usize, end: bool, registry: &dyn CanaryRegistry) {
+        let state = &mut self.choices[index];
+        if state.echo == EchoState::Waiting {
+            match match_echo(&state.pending, &self.echo, end) {
+                EchoMatch::Pending => return,
+                EchoMatch::Passed(len) => {
+                    state.pending.drain(..len);
+                    state.echo = EchoState::Done(EchoOutcome::Passed);
+                }
+                EchoMatch::Failed(outcome) => {
+                    state.echo = EchoState::Done(outcome);
+                    self.failed = true;
+                }
+            }
+        }
+        let found = scan(
+            &mut state.pending,
+            &mut state.ready,
+            end,
+            &self.own,
+            registry,
+            index as u32,
+            &mut self.findings,
+        );
+        self.failed |= found;
+        if self.failed && self.gated {
+            // Withheld for good: keep nothing that could be released later.
+            state.ready.clear();
+        }
+    }
+
+    /// Takes choice `index`'s ready text if the policy lets it out now.
+    fn take_release(&mut self, index: usize, at_finish: bool) -> String {
+        let state = &mut self.choices[index];
+        let withheld = self.gated && self.failed;
+        let allowed = state.echo != EchoState::Waiting
+            && (at_finish || self.release == ReleasePolicy::EchoFirst);
+        if withheld || !allowed {
+            return String::new();
+        }
+        let text = std::mem::take(&mut state.ready);
+        self.released_any |= !text.is_empty();
+        text
+    }
+
+    fn echo_result(&self, stopped_early: bool) -> CheckResult {
+        let choices: Vec<_> = self
+            .choices
+            .iter()
+            .map(|state| match state.echo {
+                EchoState::Done(outcome) => outcome,
+                // Only reachable when stopped early for another reason.
+                EchoState::Waiting => EchoOutcome::Incomplete,
+                EchoState::NotExpected => EchoOutcome::Passed,
+            })
+            .collect();
+        if let Some(reason) = self.passive {
+            return skipped(
+                Check::Echo,
+                &format!("passive request: {}", passive_name(reason)),
+                Evidence::Echo {
+                    choices: Vec::new(),
+                },
+            );
+        }
+        let refuted = self.choices.iter().any(|state| {
+            matches!(state.echo, EchoState::Done(outcome) if outcome != EchoOutcome::Passed)
+        });
+        let undecided = self
+            .choices
+            .iter()
+            .any(|state| state.echo == EchoState::Waiting);
+        if stopped_early && undecided && !refuted {
+            return skipped(
+                Check::Echo,
+                "stopped after an earlier failure",
+                Evidence::Echo { choices },
+            );
+        }
+        let failed = choices
+            .iter()
+            .position(|outcome| *outcome != EchoOutcome::Passed);
+        CheckResult {
+            check: Check::Echo,
+            status: if failed.is_some() {
+                Status::Fail
+            } else {
+                Status::Pass
+            },
+            reason: failed.map(|index| format!("choice {index}: {:?}", choices[index])),
+            evidence: Evidence::Echo { choices },
+        }
+    }
+
+    fn foreign_result(&self) -> CheckResult {
+        let Findings {
+            foreign,
+            hits,
+            lookalikes,
+        } = &self.findings;
+        CheckResult {
+            check: Check::ForeignCanary,
+            status: if *foreign > 0 {
+                Status::Fail
+            } else {
+                Status::Pass
+            },
+            reason: (*foreign > 0)
+                .then(|| format!("{foreign} canaries of other requests in the answer")),
+            evidence: Evidence::ForeignCanary {
+                foreign: *foreign,
+                hits: hits.clone(),
+                lookalikes: *lookalikes,
+            },
+        }
+    }
+
+    fn prompt_bounds(&self) -> (u64, Option<u64>) {
+        let counted = self.prompt_tokens as f64;
+        if self.exact_prompt_tokens {
+            let slack = counted * self.exact_tolerance + self.exact_slack_tokens as f64;
+            (
+                (counted - slack).max(0.0).floor() as u64,
+                Some((counted + slack).ceil() as u64),
+            )
+        } else {
+            ((counted * self.estimate_min_ratio).floor() as u64, None)
+        }
+    }
+
+    fn prompt_evidence(&self, reported: Option<u64>) -> Evidence {
+        let (min_allowed, max_allowed) = self.prompt_bounds();
+        Evidence::PromptTokens {
+            reported,
+            counted: self.prompt_tokens,
+            exact: self.exact_prompt_tokens,
+            min_allowed,
+            max_allowed,
+        }
+    }
+
+    fn prompt_tokens_result(&self, usage: Option<Usage>) -> CheckResult {
+        let reported = usage.map(|usage| usage.prompt_tokens);
+        let evidence = self.prompt_evidence(reported);
+        let Some(reported) = reported else {
+            return skipped(Check::PromptTokens, "no usage reported", evidence);
+        };
+        if self.prompt_tokens < self.prompt_tokens_min {
+            return skipped(
+                Check::PromptTokens,
+                "prompt below prompt_tokens_min",
+                evidence,
+            );
+        }
+        let (min_allowed, max_allowed) = self.prompt_bounds();
+        let fits = reported >= min_allowed && max_allowed.is_none_or(|max| reported <= max);
+        CheckResult {
+            check: Check::PromptTokens,
+            status: if fits { Status::Pass } else { Status::Fail },
+            reason: (!fits).then(|| {
+                format!(
+                    "provider reported {reported} prompt tokens for a prompt of {} tokens",
+                    self.prompt_tokens
+                )
+            }),
+            evidence,
+        }
+    }
+
+    fn finish_result(&self, facts: &Facts, stopped_early: bool) -> CheckResult {
+        let completion_tokens = facts.usage.and_then(|usage| usage.completion_tokens);
+        let mut problems = Vec::new();
+        if let Some(index) = self.unexpected_choice {
+            problems.push(FinishProblem::UnexpectedChoice(index));
+        }
+        let evidence = |problems| Evidence::Finish {
+            choices: facts.finish_reasons.len() as u32,
+            expected_choices: self.expected_choices,
+            completion_tokens,
+            problems,
+        };
+        if stopped_early && problems.is_empty() {
+            return skipped(
+                Check::Finish,
+                "stopped after an earlier failure",
+                evidence(problems),
+            );
+        }
+        if !stopped_early {
+            if facts.finish_reasons.is_empty() {
+                problems.push(FinishProblem::EmptyChoices);
+            } else if facts.finish_reasons.len() < self.expected_choices as usize {
+                problems.push(FinishProblem::MissingChoices);
+            }
+            // Fewer output tokens than this on a length finish is an abort,
+            // unless the client itself asked for so few.
+            let floor = self
+                .finish_min_length_tokens
+                .min(self.client_max_tokens.unwrap_or(u64::MAX));
+            for (index, reason) in facts.finish_reasons.iter().enumerate() {
+                match reason.as_deref() {
+                    None | Some("") => problems.push(FinishProblem::NoFinishReason(index as u32)),
+                    Some("length") if completion_tokens.is_some_and(|tokens| tokens < floor) => {
+                        problems.push(FinishProblem::LengthWithoutOutput(index as u32));
+                    }
+                    Some(_) => {}
+                }
+            }
+            if facts.done_marker == Some(false) {
+                problems.push(FinishProblem::NoDoneMarker);
+            }
+        }
+        CheckResult {
+            check: Check::Finish,
+            status: if problems.is_empty() {
+                Status::Pass
+            } else {
+                Status::Fail
+            },
+            reason: problems.first().map(|problem| format!("{problem:?}")),
+            evidence: evidence(problems),
+        }
+    }
+}
+
+/// Foreign canaries and lookalikes seen so far.
+#[derive(Debug, Default)]
+struct Findings {
+    foreign: u64,
+    hits: Vec<ForeignHit>,
+    lookalikes: u64,
+}
+
+/// Moves the decided part of `pending` to `ready`, without own canaries;
+/// keeps in `pending` a suffix that may still grow into a canary (nothing
+/// when `end`). Returns true when a foreign canary was found.
+fn scan(
+    pending: &mut String,
+    ready: &mut String,
+    end: bool,
+    own: &[Canary; 2],
+    registry: &dyn CanaryRegistry,
+    choice: u32,
+    findings: &mut Findings,
+) -> bool {
+    let text = std::mem::take(pending);
+    let bytes = text.as_bytes();
+    let mut foreign = false;
+    let mut copied = 0;
+    let mut held = bytes.len();
+    let mut from = 0;
+    while let Some(offset) = memchr::memchr2(b'C', b'c', &bytes[from..]) {
+        let start = from + offset;
+        from = start + 1;
+        match match_at(bytes, start) {
+            Shape::Partial if !end => {
+                held = start;
+                break;
+            }
+            Shape::Partial | Shape::NoMatch => {}
+            Shape::Complete { canary, end: stop } => {
+                if own.contains(&canary) {
+                    ready.push_str(&text[copied..start]);
+                    copied = stop;
+                    from = stop;
+                } else if let Some(owner) = registry.owner(&canary) {
+                    foreign = true;
+                    findings.foreign += 1;
+                    if findings.hits.len() < MAX_FOREIGN_EVIDENCE {
+                        findings.hits.push(ForeignHit {
+                            choice,
+                            session: owner.session,
+                            request: owner.request,
+                        });
+                    }
+                    from = stop;
+                } else {
+                    findings.lookalikes += 1;
+                }
+            }
+        }
+    }
+    ready.push_str(&text[copied..held]);
+    pending.push_str(&text[held..]);
+    foreign
+}
+
+fn skipped(check: Check, reason: &str, evidence: Evidence) -> CheckResult {
+    CheckResult {
+        check,
+        status: Status::Skip,
+        reason: Some(reason.to_owned()),
+        evidence,
+    }
+}
+
+enum EchoMatch {
+    /// Not decided yet: hold everything.
+    Pending,
+    /// The echo and the padding after it take this many bytes.
+    Passed(usize),
+    /// Refuted.
+    Failed(EchoOutcome),
+}
+
+/// Quotes and emphasis a model may put around the echo.
+fn is_quote(c: char) -> bool {
+    matches!(
+        c,
+        '"' | '\''
+            | '`'
+            | '*'
+            | '_'
+            | '\u{201C}'
+            | '\u{201D}'
+            | '\u{2018}'
+            | '\u{2019}'
+            | '\u{AB}'
+            | '\u{BB}'
+    )
+}
+
+/// Padding before the echo: whitespace and quotes.
+fn is_padding(c: char) -> bool {
+    c.is_whitespace() || is_quote(c)
+}
+
+/// Separators a model may put between the head and the tail canary.
+fn is_between(c: char) -> bool {
+    is_padding(c) || matches!(c, ',' | ';' | '|' | '/' | '+')
+}
+
+fn skip_while(text: &str, from: usize, keep: fn(char) -> bool) -> usize {
+    text[from..]
+        .char_indices()
+        .find(|(_, c)| !keep(*c))
+        .map_or(text.len(), |(offset, _)| from + offset)
+}
+
+/// Matches the expected echo at the start of `text`. The echo is: padding,
+/// the canaries (with separators between them), as many closing quotes as
+/// there were opening ones, spaces or tabs, and at most two line breaks.
+/// Whatever follows is the answer, untouched.
+fn match_echo(text: &str, expected: &[Canary], end: bool) -> EchoMatch {
+    let mut index = skip_while(text, 0, is_padding);
+    let opening_quotes = text[..index].chars().filter(|c| is_quote(*c)).count();
+    for (position, want) in expected.iter().enumerate() {
+        let lost = if position == 0 {
+            EchoOutcome::Missing
+        } else {
+            index = skip_while(text, index, is_between);
+            EchoOutcome::TailMissing
+        };
+        if index > MAX_ECHO_PADDING * (position + 1) {
+            return EchoMatch::Failed(lost);
+        }
+        if index == text.len() {
+            return if end {
+                EchoMatch::Failed(lost)
+            } else {
+                EchoMatch::Pending
+            };
+        }
+        match match_at(text.as_bytes(), index) {
+            Shape::Partial if end => return EchoMatch::Failed(EchoOutcome::Incomplete),
+            Shape::Partial => return EchoMatch::Pending,
+            Shape::NoMatch => return EchoMatch::Failed(lost),
+            Shape::Complete { canary, end: stop } => {
+                if canary == *want {
+                    index = stop;
+                } else if position == 0 && expected.get(1) == Some(&canary) {
+                    return EchoMatch::Failed(EchoOutcome::HeadMissing);
+                } else if position > 0 || expected.contains(&canary) {
+                    return EchoMatch::Failed(lost);
+                } else {
+                    return EchoMatch::Failed(EchoOutcome::WrongCanary);
+                }
+            }
+        }
+    }
+    // Closing quotes, spaces, up to two line breaks. Each step needs to see
+    // the character after it, so an unfinished tail waits for more text.
+    let mut rest = text[index..].char_indices().peekable();
+    let mut closing = 0;
+    let mut breaks = 0;
+    let mut spaces_done = false;
+    loop {
+        let Some(&(offset, c)) = rest.peek() else {
+            return if end {
+                EchoMatch::Passed(text.len())
+            } else {
+                EchoMatch::Pending
+            };
+        };
+        let take = if closing < opening_quotes && is_quote(c) && !spaces_done {
+            closing += 1;
+            true
+        } else if (c == ' ' || c == '\t') && breaks == 0 {
+            spaces_done = true;
+            true
+        } else if (c == '\r' || c == '\n') && breaks < 2 {
+            if c == '\n' {
+                breaks += 1;
+            }
+            spaces_done = true;
+            true
+        } else {
+            false
+        };
+        if !take || offset > MAX_ECHO_PADDING {
+            return EchoMatch::Passed(index + offset);
+        }
+        rest.next();
+    }
+}

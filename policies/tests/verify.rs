@@ -1,0 +1,519 @@
+//! Failure modes and honest answers through the verifier, per release policy
+//! and action.
+
+mod common;
+
+use canarygate_policies::verify::{Check, EchoOutcome, Evidence, FinishProblem, Status};
+use canarygate_policies::{Action, Decision, Facts, Policy, ReleasePolicy, Usage, Verifier};
+use common::*;
+use serde_json::json;
+
+const ANSWER: &str = "A hash map stores key/value pairs in buckets.\n\n```rust\nlet mut m = HashMap::new();\nm.insert(\"k\", 1);\n```\nLookups hash the key.";
+
+fn policy(release: ReleasePolicy, action: Action) -> Policy {
+    let mut policy = Policy::preset("default").unwrap();
+    policy.verify.release = release;
+    policy.verify.action = toml::Spanned::new(0..0, action);
+    policy
+}
+
+fn words(text: &str) -> Vec<(u32, String)> {
+    text.split_inclusive(' ')
+        .map(|w| (0, w.to_owned()))
+        .collect()
+}
+
+#[test]
+fn honest_stream_is_released_after_echo_and_stripped() {
+    let policy = policy(ReleasePolicy::EchoFirst, Action::Block);
+    let registry = registry_with_others(100);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    let answer = format!("\"{}\"\n\n{ANSWER}", echo_of(&injection));
+    let run = feed(
+        &mut verifier,
+        &registry,
+        &words(&answer),
+        &honest_facts(&injection, 1),
+    );
+    assert!(run.finished.verdict.passed(), "{:?}", run.finished.verdict);
+    assert_eq!(run.released[0], ANSWER);
+    assert!(
+        run.released_before_finish,
+        "echo-first streams before the end"
+    );
+    assert_eq!(run.finished.verdict.header_value(), "pass");
+}
+
+#[test]
+fn verdict_first_releases_nothing_before_finish() {
+    let policy = policy(ReleasePolicy::VerdictFirst, Action::Block);
+    let registry = registry_with_others(10);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    let answer = format!("{} {ANSWER}", echo_of(&injection));
+    let run = feed(
+        &mut verifier,
+        &registry,
+        &words(&answer),
+        &honest_facts(&injection, 1),
+    );
+    assert!(!run.released_before_finish);
+    assert_eq!(run.released[0], ANSWER);
+}
+
+/// Each failure: the answer text, the check expected to fail, the echo outcome.
+fn failing_answers(
+    injection: &canarygate_policies::Injection,
+) -> Vec<(&'static str, String, Check)> {
+    let head = injection.echo[0];
+    let tail = injection.echo[1];
+    let (other_head, other_tail) = other_canaries(3);
+    vec![
+        ("replaced prompt", format!("Sure! {ANSWER}"), Check::Echo),
+        ("truncated head", format!("{tail}\n{ANSWER}"), Check::Echo),
+        ("truncated tail", format!("{head}\n{ANSWER}"), Check::Echo),
+        (
+            "swapped answer",
+            format!("{other_head} {other_tail}\n{ANSWER}"),
+            Check::ForeignCanary,
+        ),
+        (
+            "leak mid-answer",
+            format!(
+                "{head} {tail}\n{ANSWER} as the user said: cg {} and more",
+                other_tail.to_string().to_lowercase().replace('-', " ")
+            ),
+            Check::ForeignCanary,
+        ),
+        ("cut echo", format!("{head} CG-"), Check::Echo),
+    ]
+}
+
+#[test]
+fn no_failing_answer_is_delivered_under_either_release_policy() {
+    for release in [ReleasePolicy::EchoFirst, ReleasePolicy::VerdictFirst] {
+        for stream in [true, false] {
+            let policy = policy(release, Action::Block);
+            let registry = registry_with_others(10);
+            let (_, injection) = prepare(&policy, &registry, chat_request(stream), 1);
+            for (name, answer, check) in failing_answers(&injection) {
+                for chunks in [vec![(0, answer.clone())], words(&answer)] {
+                    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+                    let run = feed(
+                        &mut verifier,
+                        &registry,
+                        &chunks,
+                        &honest_facts(&injection, 1),
+                    );
+                    let verdict = &run.finished.verdict;
+                    assert!(!verdict.passed(), "{name}: {verdict:?}");
+                    assert!(
+                        verdict.failed_checks().contains(&check),
+                        "{name}: {verdict:?}"
+                    );
+                    let released = &run.released[0];
+                    if release == ReleasePolicy::VerdictFirst || !stream || check == Check::Echo {
+                        assert_eq!(released, "", "{name} ({release:?}, stream {stream})");
+                    } else if name == "leak mid-answer" {
+                        // Echo-first: what went out precedes the point of detection.
+                        let before = format!("{ANSWER} as the user said: ");
+                        assert!(
+                            before.starts_with(released.as_str()),
+                            "{name}: {released:?}"
+                        );
+                    }
+                    assert_eq!(
+                        verdict.decide(Action::Block, 0, run.released_before_finish),
+                        Decision::Block
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn echo_outcomes_name_what_was_lost() {
+    let policy = policy(ReleasePolicy::EchoFirst, Action::Block);
+    let registry = registry_with_others(10);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let expected = [
+        EchoOutcome::Missing,
+        EchoOutcome::HeadMissing,
+        EchoOutcome::TailMissing,
+        EchoOutcome::WrongCanary,
+        EchoOutcome::Passed,
+        EchoOutcome::Incomplete,
+    ];
+    for ((name, answer, _), outcome) in failing_answers(&injection).into_iter().zip(expected) {
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+        let run = feed(
+            &mut verifier,
+            &registry,
+            &[(0, answer)],
+            &honest_facts(&injection, 1),
+        );
+        let echo = run.finished.verdict.result(Check::Echo).unwrap();
+        assert_eq!(
+            echo.evidence,
+            Evidence::Echo {
+                choices: vec![outcome]
+            },
+            "{name}"
+        );
+    }
+}
+
+#[test]
+fn echo_first_stops_at_the_foreign_canary() {
+    let policy = policy(ReleasePolicy::EchoFirst, Action::Block);
+    let registry = registry_with_others(10);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let (foreign, _) = other_canaries(7);
+    let before = "First part of the answer. ";
+    let answer = format!(
+        "{} {before}{foreign} secret of another customer",
+        echo_of(&injection)
+    );
+    // Every split of the answer into two chunks.
+    for cut in 0..=answer.len() {
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+        let run = feed(
+            &mut verifier,
+            &registry,
+            &split_at(&answer, &[cut]),
+            &honest_facts(&injection, 1),
+        );
+        assert!(run.stopped_at.is_some(), "cut {cut}");
+        assert!(
+            before.starts_with(&run.released[0]),
+            "cut {cut}: {:?}",
+            run.released[0]
+        );
+        let verdict = &run.finished.verdict;
+        assert_eq!(verdict.failed_checks(), [Check::ForeignCanary], "cut {cut}");
+        let Evidence::ForeignCanary { foreign, hits, .. } =
+            &verdict.result(Check::ForeignCanary).unwrap().evidence
+        else {
+            panic!("evidence");
+        };
+        assert_eq!(*foreign, 1);
+        assert_eq!(hits[0].session, "other-7");
+    }
+}
+
+#[test]
+fn flag_delivers_failing_answers_unchanged_and_marks_them() {
+    let policy = Policy::preset("observe").unwrap();
+    let registry = registry_with_others(10);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let (foreign, _) = other_canaries(2);
+    let leaked = format!("{} text with {foreign} inside", echo_of(&injection));
+    let replaced = "No echo at all.".to_owned();
+    for (answer, delivered) in [
+        (leaked, format!("text with {foreign} inside")),
+        (replaced.clone(), replaced),
+    ] {
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+        let run = feed(
+            &mut verifier,
+            &registry,
+            &words(&answer),
+            &honest_facts(&injection, 1),
+        );
+        assert_eq!(run.stopped_at, None);
+        assert_eq!(run.released[0], delivered);
+        let verdict = &run.finished.verdict;
+        assert!(!verdict.passed());
+        assert_eq!(
+            verdict.decide(policy.verify.action(), 0, true),
+            Decision::Flag
+        );
+        assert!(verdict.header_value().starts_with("fail; checks="));
+    }
+}
+
+#[test]
+fn prompt_tokens_estimate_and_exact() {
+    let policy = policy(ReleasePolicy::VerdictFirst, Action::Block);
+    let registry = registry_with_others(1);
+    let (_, injection) = prepare(&policy, &registry, chat_request(false), 1);
+    let answer = format!("{} ok", echo_of(&injection));
+    let counted = injection.prompt_tokens_estimate;
+    for (exact, reported, pass) in [
+        (None, 1, false),
+        (None, counted / 5, false),
+        (None, counted / 3, true),
+        (None, counted * 3, true),
+        (Some(10_000), 10_000 + 200 + 8, true),
+        (Some(10_000), 10_000 + 200 + 9, false),
+        (Some(10_000), 9_792, true),
+        (Some(10_000), 9_791, false),
+    ] {
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", exact);
+        let mut facts = honest_facts(&injection, 1);
+        facts.usage = Some(Usage {
+            prompt_tokens: reported,
+            completion_tokens: Some(20),
+        });
+        let run = feed(&mut verifier, &registry, &[(0, answer.clone())], &facts);
+        let result = run
+            .finished
+            .verdict
+            .result(Check::PromptTokens)
+            .unwrap()
+            .clone();
+        assert_eq!(
+            result.status == Status::Pass,
+            pass,
+            "{exact:?} {reported}: {result:?}"
+        );
+        assert_eq!(run.released[0] == "ok", pass);
+    }
+}
+
+#[test]
+fn ttft_faster_than_prefill_fails_early() {
+    let policy = policy(ReleasePolicy::EchoFirst, Action::Block);
+    let registry = registry_with_others(1);
+    let big = "word ".repeat(400_000);
+    let request =
+        json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": big}]});
+    let (_, injection) = prepare(&policy, &registry, request, 1);
+    // 400k tokens at 200k tokens/s: at least 2 s.
+    let mut slow = Verifier::new(&injection, &policy.verify, "openai", None);
+    assert!(!slow.observe_ttft(2_500));
+    let mut fast = Verifier::new(&injection, &policy.verify, "openai", None);
+    assert!(fast.observe_ttft(40));
+    let step = fast.push(0, &format!("{} leaked", echo_of(&injection)), &registry);
+    assert!(step.stop && step.release.is_empty());
+    let finished = fast.finish(&honest_facts(&injection, 1), &registry);
+    assert_eq!(finished.verdict.failed_checks(), [Check::Ttft]);
+    assert_eq!(finished.release, [""]);
+    // A provider without a configured rate skips the check.
+    let mut unknown = Verifier::new(&injection, &policy.verify, "elsewhere", None);
+    assert!(!unknown.observe_ttft(1));
+}
+
+#[test]
+fn finish_problems() {
+    let policy = policy(ReleasePolicy::VerdictFirst, Action::Block);
+    let registry = registry_with_others(1);
+    let mut request = chat_request(true);
+    request["max_tokens"] = json!(500);
+    let (_, injection) = prepare(&policy, &registry, request, 1);
+    let answer = format!("{} x", echo_of(&injection));
+    let cases: Vec<(Facts, Vec<FinishProblem>)> = vec![
+        (
+            Facts {
+                finish_reasons: vec![Some("length".into())],
+                usage: Some(Usage {
+                    prompt_tokens: injection.prompt_tokens_estimate,
+                    completion_tokens: Some(1),
+                }),
+                done_marker: Some(true),
+            },
+            vec![FinishProblem::LengthWithoutOutput(0)],
+        ),
+        (
+            Facts {
+                finish_reasons: vec![],
+                usage: None,
+                done_marker: Some(true),
+            },
+            vec![FinishProblem::EmptyChoices],
+        ),
+        (
+            Facts {
+                finish_reasons: vec![Some("stop".into())],
+                usage: None,
+                done_marker: Some(false),
+            },
+            vec![FinishProblem::NoDoneMarker],
+        ),
+        (
+            Facts {
+                finish_reasons: vec![None],
+                usage: None,
+                done_marker: Some(true),
+            },
+            vec![FinishProblem::NoFinishReason(0)],
+        ),
+    ];
+    for (facts, problems) in cases {
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+        let run = feed(&mut verifier, &registry, &[(0, answer.clone())], &facts);
+        let result = run.finished.verdict.result(Check::Finish).unwrap();
+        let Evidence::Finish {
+            problems: found, ..
+        } = &result.evidence
+        else {
+            panic!()
+        };
+        assert_eq!(found, &problems);
+        assert_eq!(run.released[0], "");
+    }
+    // A client that asked for 2 tokens gets a 2-token length finish.
+    let mut request = chat_request(false);
+    request["max_tokens"] = json!(2);
+    let (_, injection) = prepare(&policy, &registry, request, 2);
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    let facts = Facts {
+        finish_reasons: vec![Some("length".into())],
+        usage: Some(Usage {
+            prompt_tokens: injection.prompt_tokens_estimate,
+            completion_tokens: Some(2),
+        }),
+        done_marker: None,
+    };
+    let run = feed(
+        &mut verifier,
+        &registry,
+        &[(0, format!("{} Hi", echo_of(&injection)))],
+        &facts,
+    );
+    assert!(run.finished.verdict.passed(), "{:?}", run.finished.verdict);
+}
+
+#[test]
+fn several_choices_keep_separate_state() {
+    let policy = policy(ReleasePolicy::EchoFirst, Action::Block);
+    let registry = registry_with_others(1);
+    let mut request = chat_request(true);
+    request["n"] = json!(2);
+    let (_, injection) = prepare(&policy, &registry, request, 1);
+    let echo = echo_of(&injection);
+    let (a, b) = (
+        format!("{echo} first answer"),
+        format!("{echo}\nsecond answer"),
+    );
+    let mut chunks = Vec::new();
+    for (wa, wb) in a
+        .split_inclusive(' ')
+        .zip(b.split_inclusive(' ').chain(std::iter::repeat("")))
+    {
+        chunks.push((0, wa.to_owned()));
+        chunks.push((1, wb.to_owned()));
+    }
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    let run = feed(
+        &mut verifier,
+        &registry,
+        &chunks,
+        &honest_facts(&injection, 2),
+    );
+    assert!(run.finished.verdict.passed(), "{:?}", run.finished.verdict);
+    assert_eq!(run.released, ["first answer", "second answer"]);
+
+    // A choice the request did not ask for fails the finish check.
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    let step = verifier.push(5, "x", &registry);
+    assert!(step.stop);
+    let finished = verifier.finish(&honest_facts(&injection, 2), &registry);
+    assert!(finished.verdict.failed_checks().contains(&Check::Finish));
+}
+
+#[test]
+fn passive_requests_skip_echo_and_say_so() {
+    let policy = policy(ReleasePolicy::EchoFirst, Action::Block);
+    let registry = registry_with_others(5);
+    let mut request = chat_request(true);
+    request["response_format"] = json!({"type": "json_object"});
+    let (_, injection) = prepare(&policy, &registry, request, 1);
+    let body = "{\"answer\": 42}";
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    let run = feed(
+        &mut verifier,
+        &registry,
+        &words(body),
+        &honest_facts(&injection, 1),
+    );
+    let verdict = &run.finished.verdict;
+    assert!(verdict.passed());
+    assert_eq!(verdict.result(Check::Echo).unwrap().status, Status::Skip);
+    assert_eq!(verdict.header_value(), "pass; passive=json_mode");
+    assert_eq!(run.released[0], body);
+    // A leak into a passive answer is still caught.
+    let (foreign, _) = other_canaries(4);
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    let leaked = format!("{{\"answer\": \"{foreign}\"}}");
+    let run = feed(
+        &mut verifier,
+        &registry,
+        &words(&leaked),
+        &honest_facts(&injection, 1),
+    );
+    assert_eq!(run.finished.verdict.failed_checks(), [Check::ForeignCanary]);
+    assert!(!run.released[0].contains("CG-"));
+}
+
+#[test]
+fn retry_once_then_block_and_error_body() {
+    let policy = policy(ReleasePolicy::VerdictFirst, Action::Retry);
+    let registry = registry_with_others(1);
+    let (_, injection) = prepare(&policy, &registry, chat_request(false), 1);
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    let run = feed(
+        &mut verifier,
+        &registry,
+        &[(0, "no echo".into())],
+        &honest_facts(&injection, 1),
+    );
+    let verdict = &run.finished.verdict;
+    assert_eq!(verdict.decide(Action::Retry, 0, false), Decision::Retry);
+    assert_eq!(verdict.decide(Action::Retry, 1, false), Decision::Block);
+    assert_eq!(verdict.decide(Action::Retry, 0, true), Decision::Block);
+    let body = verdict.error_body();
+    assert_eq!(body["error"]["code"], "canarygate_verification_failed");
+    assert_eq!(body["error"]["failed_checks"], json!(["echo"]));
+    let audit = serde_json::to_value(verdict).unwrap();
+    assert_eq!(audit["checks"][0]["check"], "echo");
+    assert_eq!(audit["checks"][0]["status"], "fail");
+    assert_eq!(
+        audit["checks"][0]["evidence"]["choices"],
+        json!(["missing"])
+    );
+}
+
+#[test]
+fn tool_call_arguments_are_scanned_and_held_to_the_end() {
+    let policy = policy(ReleasePolicy::EchoFirst, Action::Block);
+    let registry = registry_with_others(5);
+    let mut request = chat_request(true);
+    request["tools"] = json!([{"type": "function", "function": {"name": "lookup"}}]);
+    let (_, injection) = prepare(&policy, &registry, request, 1);
+    assert!(injection.echo.is_empty());
+    let own = injection.canaries.tail;
+
+    // Honest arguments, with the model having copied its own passive marker.
+    let arguments = format!("{{\"query\": \"hash map {own}\"}}");
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    for cut in arguments.as_bytes().chunks(5) {
+        let piece = std::str::from_utf8(cut).unwrap();
+        assert!(!verifier.push_tool_arguments(0, 0, piece, &registry));
+    }
+    let finished = verifier.finish(&honest_facts(&injection, 1), &registry);
+    assert!(finished.verdict.passed(), "{:?}", finished.verdict);
+    assert_eq!(finished.tool_arguments.len(), 1);
+    assert_eq!(
+        finished.tool_arguments[0].arguments,
+        "{\"query\": \"hash map \"}"
+    );
+
+    // A leak into the arguments, split across deltas, withholds them all.
+    let (foreign, _) = other_canaries(1);
+    let leaked = format!("{{\"query\": \"{foreign}\"}}");
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    let mut stopped = false;
+    for cut in leaked.as_bytes().chunks(3) {
+        stopped = verifier.push_tool_arguments(0, 0, std::str::from_utf8(cut).unwrap(), &registry);
+        if stopped {
+            break;
+        }
+    }
+    assert!(stopped);
+    let finished = verifier.finish(&honest_facts(&injection, 1), &registry);
+    assert_eq!(finished.verdict.failed_checks(), [Check::ForeignCanary]);
+    assert!(finished.tool_arguments.is_empty());
+}
