@@ -38,7 +38,7 @@ async fn assert_openai_error(response: reqwest::Response, status: u16, code: &st
 async fn non_streaming_matches_a_direct_call() {
     let sim = start_sim(&[]);
     let dir = ProxyDir::new();
-    let proxy = start_proxy(&dir, &sim.url);
+    let proxy = start_plain_proxy(&dir, &sim.url);
     let client = client();
     let body = json!({
         "model": "sim-model",
@@ -93,7 +93,7 @@ async fn non_streaming_matches_a_direct_call() {
 async fn streaming_matches_a_direct_call_event_for_event() {
     let sim = start_sim(&[]);
     let dir = ProxyDir::new();
-    let proxy = start_proxy(&dir, &sim.url);
+    let proxy = start_plain_proxy(&dir, &sim.url);
     let client = client();
     let body = json!({
         "model": "sim-model",
@@ -331,7 +331,7 @@ provider = "sim"
 
 #[tokio::test]
 async fn provider_errors_pass_through_in_openai_format() {
-    let sim = start_sim(&["--context-window", "50", "--api-key", "sk-right"]);
+    let sim = start_sim(&["--context-window", "400", "--api-key", "sk-right"]);
     let dir = ProxyDir::new();
     let proxy = start_proxy(&dir, &sim.url);
     let client = client();
@@ -340,7 +340,7 @@ async fn provider_errors_pass_through_in_openai_format() {
     let too_long = client
         .post(&url)
         .bearer_auth("sk-right")
-        .json(&chat_body("m", &"many words here ".repeat(20), true))
+        .json(&chat_body("m", &"many words here ".repeat(150), true))
         .send()
         .await
         .unwrap();
@@ -349,7 +349,7 @@ async fn provider_errors_pass_through_in_openai_format() {
         body["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("maximum context length is 50")
+            .contains("maximum context length is 400")
     );
 
     // Passthrough auth: the client's key reaches the provider, which judges it.

@@ -59,6 +59,9 @@ pub enum Action {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct VerifyConfig {
+    /// `false` turns canarygate into a plain proxy: no canaries, no checks.
+    /// For measuring overhead and for debugging; default `true`.
+    pub enabled: bool,
     /// `"head+tail"` (default), `"head"` or `"off"`.
     pub echo: EchoMode,
     /// `"echo-first"` (default) or `"verdict-first"`.
@@ -91,6 +94,7 @@ pub struct VerifyConfig {
 impl Default for VerifyConfig {
     fn default() -> Self {
         Self {
+            enabled: true,
             echo: EchoMode::default(),
             release: ReleasePolicy::default(),
             action: Spanned::new(0..0, Action::Block),

@@ -15,5 +15,6 @@ pub mod server;
 pub mod sim;
 pub mod tls;
 pub mod upstream;
+mod verified;
 
 pub use server::{ServeOptions, Server};

@@ -42,6 +42,14 @@ pub fn load_or_create(path: &Path) -> std::io::Result<[u8; SECRET_LEN]> {
     }
 }
 
+/// A sub-key of `secret` for one `purpose`, so each use has its own key.
+pub fn derive(secret: &[u8; SECRET_LEN], purpose: &str) -> [u8; 32] {
+    use hmac::{Hmac, Mac};
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
+    mac.update(purpose.as_bytes());
+    mac.finalize().into_bytes().into()
+}
+
 fn parse(text: &str) -> Option<[u8; SECRET_LEN]> {
     let bytes = hex::decode(text).ok()?;
     bytes.try_into().ok()

@@ -13,6 +13,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use canarygate_policies::config::Policy;
+use canarygate_policies::registry::MemoryRegistry;
 use futures_util::StreamExt;
 use serde_json::json;
 use tokio::net::TcpListener;
@@ -32,6 +33,9 @@ pub const REQUEST_ID_HEADER: &str = "x-canarygate-request-id";
 /// Response header carrying the caller's session id.
 pub const SESSION_ID_HEADER: &str = "x-canarygate-session";
 
+/// Response header carrying the verification verdict.
+pub const VERDICT_HEADER: &str = "x-canarygate-verdict";
+
 /// Request headers forwarded to the provider besides `Authorization`.
 const FORWARDED_HEADERS: [&str; 3] = ["openai-organization", "openai-project", "openai-beta"];
 
@@ -49,12 +53,14 @@ pub struct ServeOptions {
 }
 
 /// Shared state of every request handler.
-struct AppState {
-    policy: Policy,
+pub(crate) struct AppState {
+    pub(crate) policy: Policy,
     upstreams: Vec<Upstream>,
     auth: Authenticator,
     metrics: Arc<Metrics>,
     slots: Arc<Semaphore>,
+    /// Every live canary of this process.
+    pub(crate) registry: Arc<MemoryRegistry>,
 }
 
 /// A bound, not yet running server.
@@ -72,7 +78,13 @@ impl Server {
         let listener = TcpListener::bind(options.listen)
             .await
             .map_err(|error| format!("cannot listen on {}: {error}", options.listen))?;
+        let registry = Arc::new(MemoryRegistry::new(&crate::secret::derive(
+            &secret,
+            "canary-registry",
+        )));
+        spawn_registry_sweeper(Arc::downgrade(&registry));
         let state = Arc::new(AppState {
+            registry,
             auth: Authenticator::new(&options.policy.auth, secret),
             slots: Arc::new(Semaphore::new(
                 options.policy.limits.max_concurrent_requests,
@@ -101,6 +113,20 @@ impl Server {
             .with_graceful_shutdown(shutdown)
             .await
     }
+}
+
+/// Drops expired canaries once a minute, until the registry is gone.
+fn spawn_registry_sweeper(registry: std::sync::Weak<MemoryRegistry>) {
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(Duration::from_secs(60));
+        loop {
+            ticks.tick().await;
+            let Some(registry) = registry.upgrade() else {
+                return;
+            };
+            registry.purge_expired(crate::verified::now_ms());
+        }
+    });
 }
 
 fn router(state: Arc<AppState>) -> Router {
@@ -203,7 +229,7 @@ async fn chat_completions(
 
 async fn serve_chat(
     state: &AppState,
-    _request_id: &RequestId,
+    request_id: &RequestId,
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, ApiError> {
@@ -222,97 +248,204 @@ async fn serve_chat(
         .policy
         .route(&request.model)
         .ok_or_else(|| ApiError::model_not_found(&request.model))?;
-    let upstream = &state.upstreams[route.provider_index];
-
-    // Forward the client's bytes untouched unless the model name changes.
-    let upstream_body = if route.upstream_model == request.model {
-        bytes
-    } else {
+    let renamed = route.upstream_model != request.model;
+    if renamed {
         request.body["model"] = json!(route.upstream_model);
+    }
+    let exchange = Exchange {
+        session_header: HeaderValue::from_str(&caller.session_id)
+            .map_err(|_| ApiError::internal("session id is not header text"))?,
+        state,
+        upstream: &state.upstreams[route.provider_index],
+        caller,
+        request_id: request_id.0.clone(),
+        client_headers: headers,
+    };
+
+    if state.policy.verify.enabled {
+        return crate::verified::serve(&exchange, request, clock, permit).await;
+    }
+
+    // Plain proxy: forward the client's bytes untouched unless the model name changes.
+    let upstream_body = if renamed {
         Bytes::from(serde_json::to_vec(&request.body).map_err(|error| {
             ApiError::internal(format!("re-encoding the request failed: {error}"))
         })?)
+    } else {
+        bytes
     };
-
-    let authorization = match upstream.managed_key() {
-        Some(key) => key.clone(),
-        None => caller.passthrough_authorization()?,
-    };
-    let mut outgoing = upstream
-        .chat_completions()
-        .header(header::AUTHORIZATION, authorization)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(upstream_body);
-    for name in FORWARDED_HEADERS {
-        if let Some(value) = headers.get(name) {
-            outgoing = outgoing.header(name, value);
-        }
-    }
-    if request.stream {
-        outgoing = outgoing.header(header::ACCEPT, "text/event-stream");
-    }
-
-    let first_byte_timeout = Duration::from_millis(limits.first_byte_timeout_ms);
-    let idle_timeout = Duration::from_millis(limits.idle_timeout_ms);
-    let response = match clock
-        .wait(tokio::time::timeout(first_byte_timeout, outgoing.send()))
-        .await
-    {
-        Err(_) => {
-            return Err(ApiError::gateway_timeout(format!(
-                "Provider `{}` sent no response within {} ms (limits.first_byte_timeout_ms).",
-                upstream.name, limits.first_byte_timeout_ms
-            )));
-        }
-        Ok(Err(error)) => return Err(send_error(&upstream.name, &error)),
-        Ok(Ok(response)) => response,
-    };
-
+    let response = exchange
+        .send(&mut clock, upstream_body, request.stream)
+        .await?;
     let status = response.status();
-    let session = HeaderValue::from_str(&caller.session_id)
-        .map_err(|_| ApiError::internal("session id is not header text"))?;
-    let is_event_stream = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.starts_with("text/event-stream"));
+    if status.is_success() && request.stream && is_event_stream(&response) {
+        let stream = relay_sse(
+            response,
+            exchange.upstream.name.clone(),
+            exchange.idle_timeout(),
+            clock,
+        )
+        .map(move |chunk| {
+            let _held_until_stream_ends = &permit;
+            chunk
+        });
+        return Ok(exchange.event_stream_response(Body::from_stream(stream), None));
+    }
 
-    if status.is_success() && request.stream && is_event_stream {
-        let stream =
-            relay_sse(response, upstream.name.clone(), idle_timeout, clock).map(move |chunk| {
-                let _held_until_stream_ends = &permit;
-                chunk
-            });
-        let mut response = Response::new(Body::from_stream(stream));
+    let body = read_upstream_body(
+        &mut clock,
+        response,
+        &exchange.upstream.name,
+        exchange.idle_timeout(),
+    )
+    .await?;
+    if !status.is_success() {
+        return Ok(exchange.upstream_error_response(status, body));
+    }
+    Ok(exchange.json_response(status, Body::from(body), None))
+}
+
+/// One chat request on its way to a provider: what both the plain and the
+/// verified path need.
+pub(crate) struct Exchange<'a> {
+    pub(crate) state: &'a AppState,
+    pub(crate) upstream: &'a Upstream,
+    pub(crate) caller: crate::identity::Caller,
+    pub(crate) request_id: Arc<str>,
+    client_headers: &'a HeaderMap,
+    session_header: HeaderValue,
+}
+
+impl Exchange<'_> {
+    /// The policy's idle timeout between upstream chunks.
+    pub(crate) fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.state.policy.limits.idle_timeout_ms)
+    }
+
+    /// Sends `body` to the provider and waits (at most the first-byte
+    /// timeout) for the response head.
+    pub(crate) async fn send(
+        &self,
+        clock: &mut RequestClock,
+        body: Bytes,
+        stream: bool,
+    ) -> Result<reqwest::Response, ApiError> {
+        let upstream = self.upstream;
+        let authorization = match upstream.managed_key() {
+            Some(key) => key.clone(),
+            None => self.caller.passthrough_authorization()?,
+        };
+        let mut outgoing = upstream
+            .chat_completions()
+            .header(header::AUTHORIZATION, authorization)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body);
+        for name in FORWARDED_HEADERS {
+            if let Some(value) = self.client_headers.get(name) {
+                outgoing = outgoing.header(name, value);
+            }
+        }
+        if stream {
+            outgoing = outgoing.header(header::ACCEPT, "text/event-stream");
+        }
+        let limit_ms = self.state.policy.limits.first_byte_timeout_ms;
+        match clock
+            .wait(tokio::time::timeout(
+                Duration::from_millis(limit_ms),
+                outgoing.send(),
+            ))
+            .await
+        {
+            Err(_) => Err(ApiError::gateway_timeout(format!(
+                "Provider `{}` sent no response within {limit_ms} ms (limits.first_byte_timeout_ms).",
+                upstream.name
+            ))),
+            Ok(Err(error)) => Err(send_error(&upstream.name, &error)),
+            Ok(Ok(response)) => Ok(response),
+        }
+    }
+
+    /// A JSON response carrying the session (and verdict, when known) headers.
+    pub(crate) fn json_response(
+        &self,
+        status: StatusCode,
+        body: Body,
+        verdict: Option<&str>,
+    ) -> Response {
+        let mut response = Response::new(body);
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        self.tag(&mut response, verdict);
+        response
+    }
+
+    /// A `text/event-stream` response carrying the session (and verdict) headers.
+    pub(crate) fn event_stream_response(&self, body: Body, verdict: Option<&str>) -> Response {
+        let mut response = Response::new(body);
         let headers = response.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/event-stream"),
         );
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        headers.insert(HeaderName::from_static(SESSION_ID_HEADER), session);
-        return Ok(response);
+        self.tag(&mut response, verdict);
+        response
     }
 
-    let body = read_upstream_body(&mut clock, response, &upstream.name, idle_timeout).await?;
-    if !status.is_success() {
-        return Ok(upstream_error_response(
-            status,
-            &upstream.name,
-            body,
-            session,
-        ));
+    /// `error` as a response carrying the session header.
+    pub(crate) fn error_response(&self, error: ApiError, verdict: Option<&str>) -> Response {
+        let mut response = error.into_response();
+        self.tag(&mut response, verdict);
+        response
     }
-    let mut response = Response::new(Body::from(body));
-    *response.status_mut() = status;
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert(HeaderName::from_static(SESSION_ID_HEADER), session);
-    drop(permit);
-    Ok(response)
+
+    fn tag(&self, response: &mut Response, verdict: Option<&str>) {
+        let headers = response.headers_mut();
+        headers.insert(
+            HeaderName::from_static(SESSION_ID_HEADER),
+            self.session_header.clone(),
+        );
+        if let Some(value) = verdict.and_then(|v| HeaderValue::from_str(v).ok()) {
+            headers.insert(HeaderName::from_static(VERDICT_HEADER), value);
+        }
+    }
+
+    /// Passes a provider error through when it is in OpenAI's format, and wraps it otherwise.
+    pub(crate) fn upstream_error_response(&self, status: StatusCode, body: Bytes) -> Response {
+        let is_openai_error = serde_json::from_slice::<serde_json::Value>(&body)
+            .is_ok_and(|value| value.get("error").is_some_and(serde_json::Value::is_object));
+        let body = if is_openai_error {
+            body
+        } else {
+            let excerpt: String = String::from_utf8_lossy(&body).chars().take(200).collect();
+            Bytes::from(
+                crate::error::error_body(
+                    &format!(
+                        "Provider `{}` answered HTTP {}: {excerpt}",
+                        self.upstream.name,
+                        status.as_u16()
+                    ),
+                    "upstream_error",
+                    "upstream_http_error",
+                    None,
+                )
+                .to_string(),
+            )
+        };
+        self.json_response(status, Body::from(body), None)
+    }
+}
+
+/// Whether the provider answered with an SSE stream.
+pub(crate) fn is_event_stream(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("text/event-stream"))
 }
 
 /// Reads the request body, refusing anything over `limit` bytes.
@@ -342,7 +475,7 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
 }
 
 /// Reads a whole (non-streamed) upstream body with the idle timeout between chunks.
-async fn read_upstream_body(
+pub(crate) async fn read_upstream_body(
     clock: &mut RequestClock,
     response: reqwest::Response,
     provider: &str,
@@ -383,41 +516,4 @@ async fn read_upstream_body(
             }
         }
     }
-}
-
-/// Passes a provider error through when it is in OpenAI's format, and wraps it otherwise.
-fn upstream_error_response(
-    status: StatusCode,
-    provider: &str,
-    body: Bytes,
-    session: HeaderValue,
-) -> Response {
-    let is_openai_error = serde_json::from_slice::<serde_json::Value>(&body)
-        .is_ok_and(|value| value.get("error").is_some_and(serde_json::Value::is_object));
-    let body = if is_openai_error {
-        body
-    } else {
-        let excerpt: String = String::from_utf8_lossy(&body).chars().take(200).collect();
-        Bytes::from(
-            crate::error::error_body(
-                &format!(
-                    "Provider `{provider}` answered HTTP {}: {excerpt}",
-                    status.as_u16()
-                ),
-                "upstream_error",
-                "upstream_http_error",
-                None,
-            )
-            .to_string(),
-        )
-    };
-    let mut response = Response::new(Body::from(body));
-    *response.status_mut() = status;
-    let headers = response.headers_mut();
-    headers.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    headers.insert(HeaderName::from_static(SESSION_ID_HEADER), session);
-    response
 }

@@ -207,3 +207,23 @@ pub fn python() -> PathBuf {
     );
     venv
 }
+
+/// Starts `canarygate serve` as a plain proxy (`[verify] enabled = false`) to `upstream`.
+pub fn start_plain_proxy(dir: &ProxyDir, upstream: &str) -> Running {
+    let policy = dir.policy(&format!(
+        r#"
+[[providers]]
+name = "sim"
+base_url = "{upstream}/v1"
+context_window = 128000
+
+[[routes]]
+model = "*"
+provider = "sim"
+
+[verify]
+enabled = false
+"#
+    ));
+    start_proxy_with_policy(dir, &policy, &[])
+}

@@ -13,7 +13,7 @@ from openai import OpenAI
 base_url, model, unknown_model = sys.argv[1:4]
 client = OpenAI(base_url=base_url, api_key="sk-sdk-test", max_retries=0, timeout=30)
 messages = [
-    {"role": "system", "content": 'Begin your reply with "SDK-OK"'},
+    {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "Name the planets"},
 ]
 result = {}
@@ -27,6 +27,7 @@ result["plain"] = {
     "completion_tokens": completion.usage.completion_tokens,
     "request_id": raw.headers.get("x-canarygate-request-id"),
     "session": raw.headers.get("x-canarygate-session"),
+    "verdict": raw.headers.get("x-canarygate-verdict"),
 }
 
 stream = client.chat.completions.create(

@@ -46,10 +46,18 @@ const BODY_TOKENS: std::ops::Range<usize> = 12..40;
 
 /// Writes the reply to `context`, at most `max_tokens` tokens long.
 pub fn generate(context: &[Segment], max_tokens: Option<u64>) -> Reply {
-    let prefix = context
-        .iter()
-        .rev()
-        .find_map(|segment| instructed_prefix(&segment.text));
+    let quoted = |phrase: &str| {
+        context
+            .iter()
+            .find_map(|segment| quoted_after(&segment.text, phrase))
+    };
+    let prefix = match (
+        quoted(BEGIN_INSTRUCTION),
+        quoted(canarygate_policies::inject::TAIL_PHRASE),
+    ) {
+        (Some(head), Some(tail)) => Some(format!("{head} {tail}")),
+        (head, tail) => head.or(tail).map(str::to_owned),
+    };
     let subject = context
         .iter()
         .rev()
@@ -59,7 +67,7 @@ pub fn generate(context: &[Segment], max_tokens: Option<u64>) -> Reply {
     let words: Vec<&str> = pieces(subject).collect();
     let body_len = BODY_TOKENS.start + (fnv1a(context) % BODY_TOKENS.len() as u64) as usize;
     let mut text = String::new();
-    if let Some(prefix) = prefix {
+    if let Some(prefix) = &prefix {
         text.push_str(prefix);
         text.push(' ');
     }
@@ -90,9 +98,9 @@ pub fn generate(context: &[Segment], max_tokens: Option<u64>) -> Reply {
     }
 }
 
-/// The `<text>` of a `Begin your reply with "<text>"` instruction in `text`.
-fn instructed_prefix(text: &str) -> Option<&str> {
-    let start = text.rfind(BEGIN_INSTRUCTION)? + BEGIN_INSTRUCTION.len();
+/// The `<text>` of `<phrase><text>"` in `text`.
+fn quoted_after<'a>(text: &'a str, phrase: &str) -> Option<&'a str> {
+    let start = text.find(phrase)? + phrase.len();
     let length = text[start..].find('"')?;
     Some(&text[start..start + length]).filter(|prefix| !prefix.is_empty())
 }

@@ -1,0 +1,732 @@
+//! The verified path: canaries in, verdict out.
+//!
+//! Per upstream attempt: mint two canaries, place them in the request
+//! ([`canarygate_policies::inject`]), register them, send, feed every piece of
+//! the answer to a [`Verifier`], and act on its verdict (deliver, flag, retry
+//! once, block).
+//!
+//! Streams are driven by the handler until the first verified byte can go out
+//! (`echo-first`) or until the verdict (`verdict-first`): so a failed echo, or
+//! any failure under verdict-first, is answered with a plain HTTP 502 and no
+//! byte of the suspect answer. After that the rest is relayed from the
+//! response body, chunk by chunk, and a later failure ends the stream with an
+//! explicit error event. The client's chunks are rebuilt from the verified
+//! text (the echo and our canaries removed), keeping the provider's `id`,
+//! `created` and `model`.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::http::StatusCode;
+use axum::response::Response;
+use canarygate_policies::inject::{InjectError, Injection, RequestCanaries, inject};
+use canarygate_policies::registry::{MemoryRegistry, Registration};
+use canarygate_policies::sse::{SseEvent, SseParser, encode_data};
+use canarygate_policies::verify::{Decision, Facts, Usage, Verdict, Verifier};
+use canarygate_policies::verify_config::{Action, ReleasePolicy, VerifyConfig};
+use futures_util::{Stream, StreamExt};
+use serde_json::{Map, Value, json};
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::clock::RequestClock;
+use crate::error::{ApiError, error_body, error_chain};
+use crate::relay::STREAM_INTERRUPTED;
+use crate::request::ChatRequest;
+use crate::server::{Exchange, is_event_stream, read_upstream_body};
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_millis() as u64)
+}
+
+/// `x-canarygate-verdict` of a stream whose verdict comes after the head;
+/// the final verdict is then sent as the SSE comment `: x-canarygate-verdict ...`
+/// just before `[DONE]`.
+const VERDICT_PENDING: &str = "pending; release=echo-first";
+
+/// What one request holds for its whole life, across attempts.
+struct Held {
+    clock: RequestClock,
+    /// The concurrency slot, released when the request (or its stream) ends.
+    _permit: OwnedSemaphorePermit,
+}
+
+/// Serves one chat request on the verified path.
+pub(crate) async fn serve(
+    exchange: &Exchange<'_>,
+    request: ChatRequest,
+    clock: RequestClock,
+    permit: OwnedSemaphorePermit,
+) -> Result<Response, ApiError> {
+    let config = &exchange.state.policy.verify;
+    let mut held = Held {
+        clock,
+        _permit: permit,
+    };
+    for attempt in 0..2 {
+        let mut body = request.body.clone();
+        let canaries = RequestCanaries::mint()
+            .map_err(|error| ApiError::internal(format!("no OS randomness: {error}")))?;
+        let injection = inject(&mut body, config.echo, canaries).map_err(inject_error)?;
+        register(exchange, &injection, config);
+        let bytes = Bytes::from(serde_json::to_vec(&body).map_err(|error| {
+            ApiError::internal(format!("re-encoding the request failed: {error}"))
+        })?);
+        let verifier = Verifier::new(&injection, config, &exchange.upstream.name, None);
+        let sent_at = Instant::now();
+        let response = exchange
+            .send(&mut held.clock, bytes, injection.stream)
+            .await?;
+        let status = response.status();
+        if !status.is_success() {
+            let body = read_upstream_body(
+                &mut held.clock,
+                response,
+                &exchange.upstream.name,
+                exchange.idle_timeout(),
+            )
+            .await?;
+            return Ok(exchange.upstream_error_response(status, body));
+        }
+        let attempt_state = Attempt {
+            injection,
+            verifier,
+            sent_at,
+            attempt,
+        };
+        if attempt_state.injection.stream && is_event_stream(&response) {
+            let stream = VerifiedStream::new(exchange, response, attempt_state, held);
+            match stream.drive_to_release().await {
+                Driven::Retry(returned) => held = returned,
+                Driven::Blocked(verdict) => return Ok(blocked(exchange, &verdict)),
+                Driven::Failed(error) => return Ok(exchange.error_response(error, None)),
+                Driven::Stream(stream, verdict) => {
+                    return Ok(exchange.event_stream_response(stream.into_body(), Some(&verdict)));
+                }
+            }
+        } else {
+            if let Some(response) =
+                complete(exchange, response, attempt_state, &mut held.clock).await?
+            {
+                return Ok(response);
+            }
+        }
+        tracing::warn!(
+            request_id = %exchange.request_id,
+            "verification failed; retrying upstream once with fresh canaries"
+        );
+    }
+    Err(ApiError::internal(
+        "verification retry loop ended without a decision",
+    ))
+}
+
+/// One upstream attempt's verification state.
+struct Attempt {
+    injection: Injection,
+    verifier: Verifier,
+    sent_at: Instant,
+    /// Attempts before this one.
+    attempt: u32,
+}
+
+fn inject_error(error: InjectError) -> ApiError {
+    match error {
+        InjectError::BadChoiceCount => ApiError::invalid_param("n", error.to_string()),
+        InjectError::NotAnObject | InjectError::NoMessages => {
+            ApiError::invalid_param("messages", error.to_string())
+        }
+    }
+}
+
+/// Registers both canaries of `injection` as this request's.
+fn register(exchange: &Exchange<'_>, injection: &Injection, config: &VerifyConfig) {
+    let expires_at_ms = now_ms().saturating_add(config.canary_ttl_secs.saturating_mul(1000));
+    for canary in [injection.canaries.head, injection.canaries.tail] {
+        exchange.state.registry.insert(
+            &canary,
+            Registration {
+                session: exchange.caller.session_id.clone(),
+                request: exchange.request_id.to_string(),
+                expires_at_ms,
+            },
+        );
+    }
+}
+
+fn elapsed_ms(since: Instant) -> u64 {
+    since.elapsed().as_millis().try_into().unwrap_or(u64::MAX)
+}
+
+fn usage_of(value: &Value) -> Option<Usage> {
+    let usage = value.get("usage")?;
+    Some(Usage {
+        prompt_tokens: usage.get("prompt_tokens")?.as_u64()?,
+        completion_tokens: usage.get("completion_tokens").and_then(Value::as_u64),
+    })
+}
+
+fn blocked(exchange: &Exchange<'_>, verdict: &Verdict) -> Response {
+    tracing::warn!(
+        request_id = %exchange.request_id,
+        provider = %exchange.upstream.name,
+        verdict = %verdict.header_value(),
+        "answer blocked"
+    );
+    exchange.json_response(
+        StatusCode::BAD_GATEWAY,
+        Body::from(verdict.error_body().to_string()),
+        Some(&verdict.header_value()),
+    )
+}
+
+/// A non-streamed answer: read whole, verify, rewrite. `None` means retry.
+async fn complete(
+    exchange: &Exchange<'_>,
+    response: reqwest::Response,
+    mut attempt: Attempt,
+    clock: &mut RequestClock,
+) -> Result<Option<Response>, ApiError> {
+    let registry = &*exchange.state.registry;
+    let stop = attempt.verifier.observe_ttft(elapsed_ms(attempt.sent_at));
+    let status = response.status();
+    let bytes = read_upstream_body(
+        clock,
+        response,
+        &exchange.upstream.name,
+        exchange.idle_timeout(),
+    )
+    .await?;
+    let mut answer: Value = serde_json::from_slice(&bytes).map_err(|error| {
+        ApiError::bad_gateway(
+            "upstream_invalid_json",
+            format!(
+                "Provider `{}` answered with invalid JSON: {error}",
+                exchange.upstream.name
+            ),
+        )
+    })?;
+
+    let mut finish_reasons = Vec::new();
+    if !stop && let Some(choices) = answer.get("choices").and_then(Value::as_array) {
+        for (position, choice) in choices.iter().enumerate() {
+            let index = choice_index(choice, position);
+            let message = &choice["message"];
+            if let Some(content) = message.get("content").and_then(Value::as_str) {
+                attempt.verifier.push(index, content, registry);
+            }
+            if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
+                for (call_index, call) in calls.iter().enumerate() {
+                    if let Some(arguments) =
+                        call.pointer("/function/arguments").and_then(Value::as_str)
+                    {
+                        attempt.verifier.push_tool_arguments(
+                            index,
+                            call_index as u32,
+                            arguments,
+                            registry,
+                        );
+                    }
+                }
+            }
+            set_reason(&mut finish_reasons, index, choice.get("finish_reason"));
+        }
+    }
+    let finished = attempt.verifier.finish(
+        &Facts {
+            finish_reasons,
+            usage: usage_of(&answer),
+            done_marker: None,
+        },
+        registry,
+    );
+    let verdict = &finished.verdict;
+    let config = &exchange.state.policy.verify;
+    match verdict.decide(config.action(), attempt.attempt, false) {
+        Decision::Retry => Ok(None),
+        Decision::Block => Ok(Some(blocked(exchange, verdict))),
+        Decision::Deliver | Decision::Flag => {
+            if let Some(choices) = answer.get_mut("choices").and_then(Value::as_array_mut) {
+                for (position, choice) in choices.iter_mut().enumerate() {
+                    let index = choice_index(choice, position) as usize;
+                    let message = &mut choice["message"];
+                    if message.get("content").is_some_and(Value::is_string) {
+                        message["content"] =
+                            Value::String(finished.release.get(index).cloned().unwrap_or_default());
+                    }
+                }
+            }
+            for tool in &finished.tool_arguments {
+                let pointer = format!(
+                    "/choices/{}/message/tool_calls/{}/function/arguments",
+                    tool.choice, tool.tool_call
+                );
+                if let Some(slot) = answer.pointer_mut(&pointer) {
+                    *slot = Value::String(tool.arguments.clone());
+                }
+            }
+            Ok(Some(exchange.json_response(
+                status,
+                Body::from(answer.to_string()),
+                Some(&verdict.header_value()),
+            )))
+        }
+    }
+}
+
+fn choice_index(choice: &Value, position: usize) -> u32 {
+    choice
+        .get("index")
+        .and_then(Value::as_u64)
+        .unwrap_or(position as u64)
+        .min(u64::from(u32::MAX)) as u32
+}
+
+fn set_reason(reasons: &mut Vec<Option<String>>, index: u32, reason: Option<&Value>) {
+    let index = index as usize;
+    if reasons.len() <= index {
+        reasons.resize(index + 1, None);
+    }
+    if let Some(reason) = reason.and_then(Value::as_str) {
+        reasons[index] = Some(reason.to_owned());
+    }
+}
+
+/// Result of driving a stream before answering the client.
+enum Driven {
+    /// The verdict failed before anything was released and the policy retries.
+    Retry(Held),
+    /// The verdict failed before anything was released: HTTP 502.
+    Blocked(Verdict),
+    /// The provider failed before anything was released.
+    Failed(ApiError),
+    /// Answer 200 and relay the rest; the string is the verdict header.
+    Stream(Box<VerifiedStream>, String),
+}
+
+/// How a verified stream ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Delivered (possibly flagged), ending in `[DONE]`.
+    Delivered,
+    /// Failed verification with this decision (block or retry).
+    Failed(Decision),
+    /// The provider failed, stalled or closed early.
+    Interrupted,
+}
+
+type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+/// Identity of a tool call, from its first delta.
+#[derive(Debug, Default)]
+struct ToolCallHead {
+    id: Option<Value>,
+    kind: Option<Value>,
+    name: Option<Value>,
+}
+
+/// A verified SSE relay (see the module docs).
+struct VerifiedStream {
+    upstream: ByteStream,
+    parser: SseParser,
+    attempt: Attempt,
+    release: ReleasePolicy,
+    action: Action,
+    provider: String,
+    idle_timeout: Duration,
+    registry: Arc<MemoryRegistry>,
+    /// `id`, `object`, `created`, `model`, `system_fingerprint` of upstream chunks.
+    template: Map<String, Value>,
+    finish_reasons: Vec<Option<String>>,
+    usage: Option<Value>,
+    tool_calls: BTreeMap<(u32, u32), ToolCallHead>,
+    /// Choices whose first chunk (with `role`) went out.
+    role_sent: Vec<bool>,
+    ttft_seen: bool,
+    /// Bytes ready for the client.
+    out: Vec<u8>,
+    /// Whether any byte was handed to the client.
+    committed: bool,
+    end: Option<End>,
+    verdict: Option<Verdict>,
+    interruption: Option<String>,
+    held: Held,
+    last_yield: Option<Instant>,
+}
+
+impl VerifiedStream {
+    fn new(
+        exchange: &Exchange<'_>,
+        response: reqwest::Response,
+        attempt: Attempt,
+        held: Held,
+    ) -> Self {
+        let config = &exchange.state.policy.verify;
+        Self {
+            upstream: Box::pin(response.bytes_stream()),
+            parser: SseParser::new(),
+            attempt,
+            release: config.release,
+            action: config.action(),
+            provider: exchange.upstream.name.clone(),
+            idle_timeout: exchange.idle_timeout(),
+            registry: exchange.state.registry.clone(),
+            template: Map::new(),
+            finish_reasons: Vec::new(),
+            usage: None,
+            tool_calls: BTreeMap::new(),
+            role_sent: Vec::new(),
+            ttft_seen: false,
+            out: Vec::new(),
+            committed: false,
+            end: None,
+            verdict: None,
+            interruption: None,
+            held,
+            last_yield: None,
+        }
+    }
+
+    /// Reads upstream until the client can be answered: the first released
+    /// bytes (echo-first), or the end (verdict-first, or any failure).
+    async fn drive_to_release(mut self) -> Driven {
+        while self.end.is_none()
+            && (self.release == ReleasePolicy::VerdictFirst || self.out.is_empty())
+        {
+            self.advance().await;
+        }
+        if self.out.is_empty() {
+            match self.end {
+                Some(End::Failed(Decision::Retry)) => return Driven::Retry(self.held),
+                Some(End::Failed(_)) => {
+                    if let Some(verdict) = self.verdict.take() {
+                        return Driven::Blocked(verdict);
+                    }
+                }
+                Some(End::Interrupted) => {
+                    let detail = self.interruption.take().unwrap_or_default();
+                    return Driven::Failed(ApiError::bad_gateway(
+                        STREAM_INTERRUPTED,
+                        format!("Provider `{}` {detail}; no answer.", self.provider),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        let header = match (&self.verdict, self.end) {
+            (Some(verdict), Some(_)) => verdict.header_value(),
+            _ => VERDICT_PENDING.to_owned(),
+        };
+        Driven::Stream(Box::new(self), header)
+    }
+
+    /// The response body: what is ready now, then the rest as it is verified.
+    fn into_body(self: Box<Self>) -> Body {
+        Body::from_stream(futures_util::stream::unfold(
+            self,
+            |mut stream| async move {
+                let chunk = stream.next_chunk().await?;
+                Some((Ok::<_, Infallible>(chunk), stream))
+            },
+        ))
+    }
+
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        if let Some(yielded) = self.last_yield.take() {
+            // Between our yield and this poll the client connection was writing.
+            self.held.clock.add_waiting(yielded.elapsed());
+        }
+        while self.out.is_empty() && self.end.is_none() {
+            self.advance().await;
+        }
+        if self.out.is_empty() {
+            return None;
+        }
+        self.committed = true;
+        self.last_yield = Some(Instant::now());
+        Some(Bytes::from(std::mem::take(&mut self.out)))
+    }
+
+    /// One upstream read and everything it completes.
+    async fn advance(&mut self) {
+        let next = self
+            .held
+            .clock
+            .wait(tokio::time::timeout(
+                self.idle_timeout,
+                self.upstream.next(),
+            ))
+            .await;
+        match next {
+            Err(_) => self.interrupt(format!(
+                "sent nothing for {} ms (limits.idle_timeout_ms)",
+                self.idle_timeout.as_millis()
+            )),
+            Ok(None) => {
+                let detail = if self.parser.finish() {
+                    "closed the stream in the middle of an event"
+                } else {
+                    "closed the stream without sending [DONE]"
+                };
+                self.interrupt(detail.to_owned());
+            }
+            Ok(Some(Err(error))) => {
+                self.interrupt(format!("stream failed: {}", error_chain(&error)))
+            }
+            Ok(Some(Ok(bytes))) => {
+                let mut events = Vec::new();
+                self.parser.feed(&bytes, &mut events);
+                for event in events {
+                    if self.end.is_some() {
+                        break;
+                    }
+                    self.on_event(&event);
+                }
+            }
+        }
+    }
+
+    fn on_event(&mut self, event: &SseEvent) {
+        if event.is_done() {
+            self.finalize(Some(true));
+            return;
+        }
+        let chunk: Value = match serde_json::from_str(&event.data) {
+            Ok(chunk) => chunk,
+            Err(_) => return self.interrupt("sent an event that is not JSON".into()),
+        };
+        if let Some(error) = chunk.get("error") {
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("no message");
+            return self.interrupt(format!("sent an error mid-stream: {message}"));
+        }
+        if self.template.is_empty() {
+            for field in ["id", "object", "created", "model", "system_fingerprint"] {
+                if let Some(value) = chunk.get(field) {
+                    self.template.insert(field.to_owned(), value.clone());
+                }
+            }
+        }
+        if chunk.get("usage").is_some_and(Value::is_object) {
+            self.usage = Some(chunk["usage"].clone());
+        }
+        let Some(choices) = chunk.get("choices").and_then(Value::as_array) else {
+            return;
+        };
+        let registry = self.registry.clone();
+        for (position, choice) in choices.iter().enumerate() {
+            let index = choice_index(choice, position);
+            let delta = &choice["delta"];
+            if let Some(content) = delta.get("content").and_then(Value::as_str)
+                && !content.is_empty()
+            {
+                if !self.ttft_seen {
+                    self.ttft_seen = true;
+                    let ttft = elapsed_ms(self.attempt.sent_at);
+                    if self.attempt.verifier.observe_ttft(ttft) {
+                        return self.finalize(None);
+                    }
+                }
+                let step = self.attempt.verifier.push(index, content, &*registry);
+                if !step.release.is_empty() {
+                    self.emit_content(index, &step.release);
+                }
+                if step.stop {
+                    return self.finalize(None);
+                }
+            }
+            if let Some(calls) = delta.get("tool_calls").and_then(Value::as_array) {
+                for (call_position, call) in calls.iter().enumerate() {
+                    let call_index = choice_index(call, call_position);
+                    let head = self.tool_calls.entry((index, call_index)).or_default();
+                    for (slot, pointer) in [
+                        (&mut head.id, "/id"),
+                        (&mut head.kind, "/type"),
+                        (&mut head.name, "/function/name"),
+                    ] {
+                        if let Some(value) = call.pointer(pointer).filter(|v| !v.is_null()) {
+                            *slot = Some(value.clone());
+                        }
+                    }
+                    if let Some(fragment) =
+                        call.pointer("/function/arguments").and_then(Value::as_str)
+                    {
+                        let stop = self
+                            .attempt
+                            .verifier
+                            .push_tool_arguments(index, call_index, fragment, &*registry);
+                        if stop {
+                            return self.finalize(None);
+                        }
+                    }
+                }
+            }
+            set_reason(&mut self.finish_reasons, index, choice.get("finish_reason"));
+        }
+    }
+
+    /// Ends verification. `done`: whether `[DONE]` arrived (`None` when we
+    /// stopped reading ourselves).
+    fn finalize(&mut self, done: Option<bool>) {
+        let registry = self.registry.clone();
+        let finished = self.attempt.verifier.finish(
+            &Facts {
+                finish_reasons: self.finish_reasons.clone(),
+                usage: self
+                    .usage
+                    .as_ref()
+                    .and_then(|usage| usage_of(&json!({"usage": usage}))),
+                done_marker: done,
+            },
+            &*registry,
+        );
+        let released =
+            self.committed || !self.out.is_empty() || self.attempt.verifier.released_any();
+        let decision = finished
+            .verdict
+            .decide(self.action, self.attempt.attempt, released);
+        match decision {
+            Decision::Deliver | Decision::Flag => {
+                for (index, text) in finished.release.iter().enumerate() {
+                    if !text.is_empty() {
+                        self.emit_content(index as u32, text);
+                    }
+                }
+                for tool in &finished.tool_arguments {
+                    self.emit_tool_call(tool.choice, tool.tool_call, &tool.arguments);
+                }
+                for index in 0..self.finish_reasons.len() {
+                    let reason = self.finish_reasons[index].clone();
+                    let mut delta = Map::new();
+                    self.take_role(index as u32, &mut delta);
+                    self.emit_choices(json!([{
+                        "index": index, "delta": delta, "logprobs": null, "finish_reason": reason,
+                    }]));
+                }
+                if self.attempt.injection.client_wants_usage
+                    && let Some(usage) = self.usage.clone()
+                {
+                    let mut chunk = self.chunk_base();
+                    chunk.insert("choices".into(), json!([]));
+                    chunk.insert("usage".into(), usage);
+                    encode_data(&Value::Object(chunk).to_string(), &mut self.out);
+                }
+                self.out.extend_from_slice(b": x-canarygate-verdict ");
+                self.out
+                    .extend_from_slice(finished.verdict.header_value().as_bytes());
+                self.out.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+                self.end = Some(End::Delivered);
+            }
+            Decision::Retry | Decision::Block => {
+                if released {
+                    encode_data(&finished.verdict.error_body().to_string(), &mut self.out);
+                    self.end = Some(End::Failed(Decision::Block));
+                } else {
+                    self.end = Some(End::Failed(decision));
+                }
+            }
+        }
+        self.verdict = Some(finished.verdict);
+    }
+
+    /// The provider broke the stream: record the verdict, end with an error.
+    fn interrupt(&mut self, detail: String) {
+        tracing::warn!(provider = %self.provider, "stream interrupted: {detail}");
+        let registry = self.registry.clone();
+        let finished = self.attempt.verifier.finish(
+            &Facts {
+                finish_reasons: self.finish_reasons.clone(),
+                usage: self
+                    .usage
+                    .as_ref()
+                    .and_then(|usage| usage_of(&json!({"usage": usage}))),
+                done_marker: Some(false),
+            },
+            &*registry,
+        );
+        self.verdict = Some(finished.verdict);
+        if self.committed || !self.out.is_empty() {
+            let message = format!(
+                "Provider `{}` {detail}; the answer is incomplete.",
+                self.provider
+            );
+            encode_data(
+                &error_body(&message, "upstream_error", STREAM_INTERRUPTED, None).to_string(),
+                &mut self.out,
+            );
+        }
+        self.interruption = Some(detail);
+        self.end = Some(End::Interrupted);
+    }
+
+    fn chunk_base(&self) -> Map<String, Value> {
+        let mut chunk = self.template.clone();
+        chunk
+            .entry("object")
+            .or_insert_with(|| json!("chat.completion.chunk"));
+        chunk
+    }
+
+    fn emit_choices(&mut self, choices: Value) {
+        let mut chunk = self.chunk_base();
+        chunk.insert("choices".into(), choices);
+        encode_data(&Value::Object(chunk).to_string(), &mut self.out);
+    }
+
+    /// Adds `role` to the first delta of a choice.
+    fn take_role(&mut self, index: u32, delta: &mut Map<String, Value>) {
+        let index = index as usize;
+        if self.role_sent.len() <= index {
+            self.role_sent.resize(index + 1, false);
+        }
+        if !self.role_sent[index] {
+            self.role_sent[index] = true;
+            delta.insert("role".into(), json!("assistant"));
+        }
+    }
+
+    fn emit_content(&mut self, index: u32, text: &str) {
+        let mut delta = Map::new();
+        self.take_role(index, &mut delta);
+        delta.insert("content".into(), json!(text));
+        self.emit_choices(json!([{
+            "index": index, "delta": delta, "logprobs": null, "finish_reason": null,
+        }]));
+    }
+
+    fn emit_tool_call(&mut self, index: u32, call_index: u32, arguments: &str) {
+        let head = self
+            .tool_calls
+            .remove(&(index, call_index))
+            .unwrap_or_default();
+        let mut call = Map::new();
+        call.insert("index".into(), json!(call_index));
+        if let Some(id) = head.id {
+            call.insert("id".into(), id);
+        }
+        call.insert(
+            "type".into(),
+            head.kind.unwrap_or_else(|| json!("function")),
+        );
+        let mut function = Map::new();
+        if let Some(name) = head.name {
+            function.insert("name".into(), name);
+        }
+        function.insert("arguments".into(), json!(arguments));
+        call.insert("function".into(), Value::Object(function));
+        let mut delta = Map::new();
+        self.take_role(index, &mut delta);
+        delta.insert("tool_calls".into(), json!([call]));
+        self.emit_choices(json!([{
+            "index": index, "delta": delta, "logprobs": null, "finish_reason": null,
+        }]));
+    }
+}
