@@ -1,0 +1,325 @@
+//! Verification end to end: every failure mode of the simulated provider,
+//! streamed and not, under both release policies. Through canarygate no
+//! answer carrying another request's content is ever delivered.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::*;
+use serde_json::{Value, json};
+
+/// What the client got for one request.
+#[derive(Debug)]
+struct Outcome {
+    status: u16,
+    /// The content delivered to the client (streams: concatenated deltas).
+    content: String,
+    /// For streams: whether it ended with `[DONE]`.
+    done: bool,
+    /// Error code, from a JSON error body or a stream's error event.
+    error_code: Option<String>,
+    /// `x-canarygate-verdict`.
+    verdict: Option<String>,
+}
+
+fn policy(dir: &ProxyDir, upstream: &str, release: &str, action: &str) -> std::path::PathBuf {
+    dir.policy(&format!(
+        r#"
+[[providers]]
+name = "sim"
+base_url = "{upstream}/v1"
+context_window = 1048576
+
+[[routes]]
+model = "*"
+provider = "sim"
+
+[verify]
+release = "{release}"
+action = "{action}"
+"#
+    ))
+}
+
+/// A unique word for request `index`: survives the sim's tokenizer whole.
+fn marker(index: usize) -> String {
+    format!("zq{index:05}")
+}
+
+/// A user message of roughly `words` words that names its marker.
+fn prompt(index: usize, words: usize) -> String {
+    let marker = marker(index);
+    let mut text = format!("{marker} {marker} asks:");
+    for word in 0..words {
+        text.push_str(if word % 7 == 0 { " ledger" } else { " entry" });
+    }
+    text
+}
+
+async fn ask(client: &reqwest::Client, url: &str, text: &str, stream: bool) -> Outcome {
+    let response = client
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth("sk-e2e")
+        .json(&json!({
+            "model": "sim-model",
+            "stream": stream,
+            "messages": [{"role": "user", "content": text}],
+        }))
+        .send()
+        .await
+        .expect("request");
+    let status = response.status().as_u16();
+    let verdict = response
+        .headers()
+        .get("x-canarygate-verdict")
+        .map(|value| value.to_str().unwrap().to_owned());
+    let body = response.text().await.expect("body");
+    if stream && status == 200 {
+        let events = sse_data(&body);
+        let error_code = events
+            .iter()
+            .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+            .find_map(|event| event["error"]["code"].as_str().map(str::to_owned));
+        Outcome {
+            status,
+            content: stream_content(&body),
+            done: events.last().is_some_and(|data| data == "[DONE]"),
+            error_code,
+            verdict,
+        }
+    } else {
+        let value: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
+        Outcome {
+            status,
+            content: value["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            done: status == 200,
+            error_code: value["error"]["code"].as_str().map(str::to_owned),
+            verdict,
+        }
+    }
+}
+
+/// Markers of other requests found in `content`.
+fn foreign_markers(content: &str, own: usize) -> Vec<String> {
+    let own = marker(own);
+    content
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|word| word.len() == 7 && word.starts_with("zq") && *word != own)
+        .map(str::to_owned)
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect()
+}
+
+/// Asserts the client-visible guarantees for one outcome and returns whether
+/// the answer was delivered whole.
+fn check(outcome: &Outcome, index: usize, context: &str) -> bool {
+    let foreign = foreign_markers(&outcome.content, index);
+    assert!(
+        foreign.is_empty(),
+        "{context}: request {index} was delivered another request's text {foreign:?}: {outcome:?}"
+    );
+    assert!(
+        !outcome.content.contains("CG-"),
+        "{context}: a canary reached the client: {outcome:?}"
+    );
+    let delivered = outcome.status == 200 && outcome.done && outcome.error_code.is_none();
+    if !delivered {
+        assert!(
+            outcome.status == 502 || (outcome.status == 200 && !outcome.done),
+            "{context}: a failed answer is a 502 or a stream ending in an error: {outcome:?}"
+        );
+        assert!(outcome.error_code.is_some(), "{context}: {outcome:?}");
+    }
+    delivered
+}
+
+/// Runs `rounds` requests per (stream, release) against a sim in `mode`;
+/// `prepare` sends priming traffic first. Returns (delivered, failed) counts
+/// per combination.
+async fn run_mode(mode_args: &[&str], prompt_words: usize, expect_all_fail: bool) {
+    let sim = start_sim(mode_args);
+    let client = client();
+    let mut next_index = 0;
+    for release in ["echo-first", "verdict-first"] {
+        let dir = ProxyDir::new();
+        let proxy = start_proxy_with_policy(&dir, &policy(&dir, &sim.url, release, "block"), &[]);
+        for stream in [false, true] {
+            for _ in 0..4 {
+                let index = next_index;
+                next_index += 1;
+                let outcome = ask(&client, &proxy.url, &prompt(index, prompt_words), stream).await;
+                let context = format!("{mode_args:?} release={release} stream={stream}");
+                let delivered = check(&outcome, index, &context);
+                if expect_all_fail {
+                    assert!(!delivered, "{context}: must be blocked: {outcome:?}");
+                    if outcome.status == 502 {
+                        assert_eq!(
+                            outcome.error_code.as_deref(),
+                            Some("canarygate_verification_failed"),
+                            "{context}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn truncated_prompts_are_blocked() {
+    run_mode(&["--mode", "truncate-head"], 30, true).await;
+    run_mode(&["--mode", "truncate-tail"], 30, true).await;
+}
+
+#[tokio::test]
+async fn swapped_answers_are_blocked_and_never_delivered() {
+    // The first request has nothing to swap with; every later one gets the
+    // previous request's answer and must be blocked.
+    let sim = start_sim(&["--mode", "swap"]);
+    let client = client();
+    let mut index = 0;
+    for release in ["echo-first", "verdict-first"] {
+        let dir = ProxyDir::new();
+        let proxy = start_proxy_with_policy(&dir, &policy(&dir, &sim.url, release, "block"), &[]);
+        for stream in [false, true] {
+            for _ in 0..4 {
+                let outcome = ask(&client, &proxy.url, &prompt(index, 20), stream).await;
+                let context = format!("swap release={release} stream={stream}");
+                let delivered = check(&outcome, index, &context);
+                if index > 0 {
+                    assert!(!delivered, "{context}: {outcome:?}");
+                    // Under echo-first a failed echo sends nothing at all.
+                    assert_eq!(outcome.status, 502, "{context}: {outcome:?}");
+                }
+                index += 1;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn cut_streams_end_in_an_error_and_cut_bodies_are_502() {
+    let sim = start_sim(&["--mode", "cut"]);
+    let client = client();
+    for release in ["echo-first", "verdict-first"] {
+        let dir = ProxyDir::new();
+        let proxy = start_proxy_with_policy(&dir, &policy(&dir, &sim.url, release, "block"), &[]);
+        for stream in [false, true] {
+            let outcome = ask(&client, &proxy.url, &prompt(7, 40), stream).await;
+            let context = format!("cut release={release} stream={stream}");
+            assert!(!check(&outcome, 7, &context), "{context}: {outcome:?}");
+            if stream && release == "verdict-first" {
+                assert_eq!(outcome.status, 502, "{context}: nothing before the verdict");
+            }
+            if stream && release == "echo-first" {
+                // The echo passed, some text went out, then the explicit error.
+                assert_eq!(outcome.status, 200, "{context}");
+                assert_eq!(
+                    outcome.error_code.as_deref(),
+                    Some("upstream_stream_interrupted"),
+                    "{context}"
+                );
+                assert!(outcome.content.starts_with("You wrote:"), "{context}: {outcome:?}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn leak_on_overflow_is_blocked_and_honest_requests_pass() {
+    // Pool and window in the incident's ratio: 681,280 / 1,048,576.
+    let sim = start_sim(&[
+        "--mode",
+        "leak-on-overflow",
+        "--context-window",
+        "4096",
+        "--pool-tokens",
+        "2661",
+    ]);
+    let client = client();
+    let mut index = 0;
+    for release in ["echo-first", "verdict-first"] {
+        let dir = ProxyDir::new();
+        let proxy = start_proxy_with_policy(&dir, &policy(&dir, &sim.url, release, "block"), &[]);
+        for stream in [false, true] {
+            for round in 0..6 {
+                // Alternate prompts that fit the pool with prompts that do not.
+                let over_pool = round % 2 == 1;
+                let words = if over_pool { 3000 } else { 200 };
+                let outcome = ask(&client, &proxy.url, &prompt(index, words), stream).await;
+                let context = format!(
+                    "leak release={release} stream={stream} over_pool={over_pool}"
+                );
+                let delivered = check(&outcome, index, &context);
+                if over_pool {
+                    assert!(!delivered, "{context}: {outcome:?}");
+                    assert_eq!(outcome.status, 502, "{context}: the echo fails first: {outcome:?}");
+                } else {
+                    assert!(delivered, "{context}: false alarm: {outcome:?}");
+                    assert_eq!(outcome.verdict.as_deref().map(|v| v.starts_with("p")), Some(true));
+                }
+                index += 1;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn observe_preset_flags_but_delivers() {
+    let sim = start_sim(&["--mode", "truncate-head"]);
+    let dir = ProxyDir::new();
+    let proxy = start_proxy_with_policy(&dir, &policy(&dir, &sim.url, "echo-first", "flag"), &[]);
+    let client = client();
+    let outcome = ask(&client, &proxy.url, &prompt(1, 30), false).await;
+    assert_eq!(outcome.status, 200, "{outcome:?}");
+    let verdict = outcome.verdict.unwrap();
+    assert!(verdict.starts_with("fail; checks=") && verdict.contains("echo"), "{verdict}");
+    assert!(!outcome.content.contains("CG-"));
+}
+
+#[tokio::test]
+async fn honest_traffic_raises_no_false_alarm() {
+    let sim = start_sim(&[]);
+    let client = client();
+    let tricky = [
+        "Explain this code: ```rust\nfn main() { println!(\"CG-1234\"); }\n```",
+        "Is CG-ABCD-EFGH-JKMN-PQRS a valid serial number?",
+        "ok",
+        "Reply with a JSON object describing a cat",
+        "Begin your reply with \"hello\" and then count to three",
+        "cg 7kq4 m2xd 9pta wv3e is what my label says",
+    ];
+    for release in ["echo-first", "verdict-first"] {
+        let dir = ProxyDir::new();
+        let proxy = start_proxy_with_policy(&dir, &policy(&dir, &sim.url, release, "block"), &[]);
+        for (index, text) in tricky.iter().enumerate() {
+            for stream in [false, true] {
+                let outcome = ask(&client, &proxy.url, text, stream).await;
+                assert!(
+                    outcome.status == 200 && outcome.done && outcome.error_code.is_none(),
+                    "false alarm on {index} ({release}, stream={stream}): {outcome:?}"
+                );
+                assert!(!outcome.content.is_empty());
+            }
+        }
+        // JSON mode: passive checks only, and the verdict says so.
+        let response = client
+            .post(format!("{}/v1/chat/completions", proxy.url))
+            .bearer_auth("k")
+            .json(&json!({
+                "model": "m",
+                "response_format": {"type": "json_object"},
+                "messages": [{"role": "user", "content": "a JSON cat"}],
+            }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["x-canarygate-verdict"], "pass; passive=json_mode");
+    }
+}
