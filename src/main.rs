@@ -30,6 +30,12 @@ enum Command {
     HashKey,
     /// Run the simulated OpenAI-compatible provider (tests, benchmarks, demos).
     SimProvider(SimArgs),
+    /// Replay the KV-pool leak incident against a simulated provider, direct and through canarygate.
+    Demo {
+        /// Print the numbers as one JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// The bundled local prefill/decode engine.
     Engine {
         #[command(subcommand)]
@@ -98,6 +104,7 @@ fn main() -> ExitCode {
         }),
         Command::HashKey => hash_key(),
         Command::SimProvider(args) => sim_provider(args),
+        Command::Demo { json } => demo(json),
         Command::Engine { command } => canarygate_engine::cli::run(command).map_err(|e| anyhow!(e)),
     };
     match result {
@@ -186,7 +193,22 @@ fn sim_provider(args: SimArgs) -> anyhow::Result<()> {
     })
 }
 
+fn demo(json: bool) -> anyhow::Result<()> {
+    let report = runtime()?
+        .block_on(canarygate_proxy::demo::run(
+            &canarygate_proxy::demo::DemoOptions::default(),
+        ))
+        .map_err(|e| anyhow!(e))?;
+    if json {
+        println!("{}", report.json());
+    } else {
+        print!("{}", report.table());
+    }
+    Ok(())
+}
+
 fn hash_key() -> anyhow::Result<()> {
+
     let mut key = String::new();
     std::io::stdin()
         .read_line(&mut key)

@@ -5,6 +5,7 @@
 //! benchmarks and the demo run against.
 
 pub mod clock;
+pub mod demo;
 pub mod error;
 pub mod identity;
 pub mod metrics;

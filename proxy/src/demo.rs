@@ -1,0 +1,368 @@
+//! `canarygate demo`: the incident replay, on embedded defaults.
+//!
+//! Starts, in this process, a simulated provider in `leak-on-overflow` mode
+//! (its KV pool and advertised window scaled down in the incident's ratio,
+//! 681,280 / 1,048,576) and a canarygate with the default policy in front of
+//! it. Then many concurrent sessions send prompts on both sides of the pool
+//! size, first straight to the provider, then through canarygate, and the
+//! demo counts what each client received.
+//!
+//! Every prompt carries a word unique to its request (`rq00042`). An answer
+//! that contains another request's word is a leak: the client got someone
+//! else's text.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use canarygate_policies::config::Policy;
+use futures_util::StreamExt;
+use serde::Serialize;
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+use crate::server::{ServeOptions, Server};
+use crate::sim::{Mode, SimConfig};
+
+/// The advertised window of the simulated provider, in tokens.
+pub const DEMO_WINDOW_TOKENS: u64 = 8192;
+
+/// Prompt sizes within this many tokens of the pool size are moved below it.
+const BOUNDARY_MARGIN: usize = 256;
+
+
+/// Settings of one demo run.
+#[derive(Debug, Clone)]
+pub struct DemoOptions {
+    /// Concurrent client sessions.
+    pub sessions: usize,
+    /// Requests per session.
+    pub requests_per_session: usize,
+    /// Requests in flight at once.
+    pub concurrency: usize,
+}
+
+impl Default for DemoOptions {
+    fn default() -> Self {
+        Self {
+            sessions: 48,
+            requests_per_session: 4,
+            concurrency: 16,
+        }
+    }
+}
+
+/// What the clients received, direct and through canarygate.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DemoReport {
+    /// Requests sent in each phase.
+    pub requests: usize,
+    /// Prompts larger than the provider's KV pool (but inside its window).
+    pub over_pool_requests: usize,
+    /// Direct: answers with HTTP 200.
+    pub direct_delivered: usize,
+    /// Direct: answers with HTTP 200 that carried another request's text.
+    pub direct_leaks_delivered: usize,
+    /// Through canarygate: answers with HTTP 200.
+    pub proxied_delivered: usize,
+    /// Through canarygate: answers with HTTP 200 that carried another request's text.
+    pub proxied_leaks_delivered: usize,
+    /// Through canarygate: answers blocked by verification.
+    pub proxied_blocked: usize,
+    /// Through canarygate: honest answers (prompt within the pool) that were blocked.
+    pub false_positives: usize,
+    /// Advertised window of the simulated provider, in tokens.
+    pub window_tokens: u64,
+    /// Its KV pool, in tokens.
+    pub pool_tokens: u64,
+    /// Wall time of the whole run, in seconds.
+    pub seconds: f64,
+}
+
+/// One request of the replay.
+#[derive(Debug, Clone)]
+struct Job {
+    index: usize,
+    session: usize,
+    words: usize,
+}
+
+impl Job {
+    fn marker(&self) -> String {
+        marker(self.index)
+    }
+
+    fn prompt(&self) -> String {
+        let marker = self.marker();
+        let mut text = format!("{marker} private notes of session {}:", self.session);
+        let filler = ["invoice", "total", "customer", "ledger", "balance", "due"];
+        for word in 0..self.words {
+            text.push(' ');
+            text.push_str(filler[(word + self.index) % filler.len()]);
+        }
+        text
+    }
+}
+
+fn marker(index: usize) -> String {
+    format!("rq{index:05}")
+}
+
+/// Whether `content` holds the marker of any request other than `own`.
+fn carries_foreign_text(content: &str, own: &str) -> bool {
+    content
+        .split(|c: char| !c.is_alphanumeric())
+        .any(|word| word.len() == 7 && word.starts_with("rq") && word != own)
+}
+
+/// Runs the replay and returns its report.
+pub async fn run(options: &DemoOptions) -> Result<DemoReport, String> {
+    let started = Instant::now();
+    let sim_config = SimConfig {
+        context_window: DEMO_WINDOW_TOKENS,
+        mode: Mode::LeakOnOverflow,
+        ..SimConfig::default()
+    };
+    let pool_tokens = sim_config.prefill_pool_tokens();
+    let sim_addr = spawn_sim(sim_config).await?;
+
+    let data_dir = scratch_dir()?;
+    let mut policy = Policy::preset("default").map_err(|error| error.to_string())?;
+    policy.override_upstream(&format!("http://{sim_addr}/v1"))?;
+    let server = Server::bind(ServeOptions {
+        policy,
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        data_dir: data_dir.path.clone(),
+    })
+    .await?;
+    let proxy_addr = server.local_addr().map_err(|error| error.to_string())?;
+    tokio::spawn(server.run(std::future::pending()));
+
+    // Prompt sizes sweep 5%..95% of the window: about a third land over the pool.
+    let total = options.sessions * options.requests_per_session;
+    let jobs: Vec<Job> = (0..total)
+        .map(|index| {
+            let spread = (index * 7919) % total;
+            let fraction = 0.05 + 0.90 * spread as f64 / total.max(2) as f64;
+            let mut words = (fraction * DEMO_WINDOW_TOKENS as f64) as usize;
+            // Keep clear of the pool boundary, where canarygate's own
+            // instructions (a few dozen tokens) could tip a prompt over.
+            let pool = pool_tokens as usize;
+            if (pool.saturating_sub(BOUNDARY_MARGIN)..pool + BOUNDARY_MARGIN).contains(&words) {
+                words = pool.saturating_sub(BOUNDARY_MARGIN);
+            }
+            Job {
+                index,
+                session: index % options.sessions,
+                words,
+            }
+        })
+        .collect();
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .map_err(|error| error.to_string())?;
+
+    let mut report = DemoReport {
+        requests: total,
+        window_tokens: DEMO_WINDOW_TOKENS,
+        pool_tokens,
+        ..DemoReport::default()
+    };
+    let direct = run_phase(&client, sim_addr, &jobs, options.concurrency).await?;
+    let proxied = run_phase(&client, proxy_addr, &jobs, options.concurrency).await?;
+    for (job, (direct, proxied)) in jobs.iter().zip(direct.iter().zip(&proxied)) {
+        let own = job.marker();
+        let over_pool = job.words > pool_tokens as usize;
+        report.over_pool_requests += usize::from(over_pool);
+        if direct.status == 200 {
+            report.direct_delivered += 1;
+            report.direct_leaks_delivered += usize::from(carries_foreign_text(&direct.content, &own));
+        }
+        if proxied.status == 200 {
+            report.proxied_delivered += 1;
+            report.proxied_leaks_delivered +=
+                usize::from(carries_foreign_text(&proxied.content, &own));
+        } else if proxied.code.as_deref() == Some("canarygate_verification_failed") {
+            report.proxied_blocked += 1;
+            report.false_positives += usize::from(!over_pool);
+        }
+    }
+    report.seconds = started.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// What one client saw.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    content: String,
+    code: Option<String>,
+}
+
+async fn run_phase(
+    client: &reqwest::Client,
+    target: SocketAddr,
+    jobs: &[Job],
+    concurrency: usize,
+) -> Result<Vec<Answer>, String> {
+    let slots = Arc::new(Semaphore::new(concurrency.max(1)));
+    let url = format!("http://{target}/v1/chat/completions");
+    let mut tasks = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let permit = slots.clone().acquire_owned().await.map_err(|e| e.to_string())?;
+        let client = client.clone();
+        let url = url.clone();
+        let job = job.clone();
+        tasks.push(tokio::spawn(async move {
+            let _permit = permit;
+            ask(&client, &url, &job).await
+        }));
+    }
+    let mut answers = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        answers.push(task.await.map_err(|error| error.to_string())??);
+    }
+    Ok(answers)
+}
+
+async fn ask(client: &reqwest::Client, url: &str, job: &Job) -> Result<Answer, String> {
+    // Odd requests stream, even ones do not: both paths are exercised.
+    let stream = job.index % 2 == 1;
+    let response = client
+        .post(url)
+        .bearer_auth(format!("sk-demo-session-{}", job.session))
+        .json(&json!({
+            "model": "sim-model",
+            "stream": stream,
+            "messages": [{"role": "user", "content": job.prompt()}],
+        }))
+        .send()
+        .await
+        .map_err(|error| format!("demo request failed: {error}"))?;
+    let status = response.status().as_u16();
+    if stream && status == 200 {
+        let mut body = response.bytes_stream();
+        let mut parser = canarygate_policies::sse::SseParser::new();
+        let mut events = Vec::new();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|error| error.to_string())?;
+            parser.feed(&chunk, &mut events);
+        }
+        let mut content = String::new();
+        let mut code = None;
+        for event in events.iter().filter(|event| !event.is_done()) {
+            let Ok(value) = serde_json::from_str::<Value>(&event.data) else {
+                continue;
+            };
+            if let Some(error_code) = value.pointer("/error/code").and_then(Value::as_str) {
+                code = Some(error_code.to_owned());
+            }
+            if let Some(text) = value.pointer("/choices/0/delta/content").and_then(Value::as_str) {
+                content.push_str(text);
+            }
+        }
+        // A stream that ended in an error event was not delivered whole.
+        let status = if code.is_some() { 502 } else { 200 };
+        return Ok(Answer {
+            status,
+            content,
+            code,
+        });
+    }
+    let value: Value = response.json().await.unwrap_or(Value::Null);
+    Ok(Answer {
+        status,
+        content: value
+            .pointer("/choices/0/message/content")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned(),
+        code: value
+            .pointer("/error/code")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+    })
+}
+
+async fn spawn_sim(config: SimConfig) -> Result<SocketAddr, String> {
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .map_err(|error| format!("cannot start the simulated provider: {error}"))?;
+    let addr = listener.local_addr().map_err(|error| error.to_string())?;
+    tokio::spawn(crate::sim::serve(
+        listener,
+        config,
+        None,
+        std::future::pending(),
+    ));
+    Ok(addr)
+}
+
+/// A temporary data directory, removed when dropped.
+struct ScratchDir {
+    path: PathBuf,
+}
+
+fn scratch_dir() -> Result<ScratchDir, String> {
+    let path = std::env::temp_dir().join(format!(
+        "canarygate-demo-{}-{}",
+        std::process::id(),
+        crate::verified::now_ms()
+    ));
+    std::fs::create_dir_all(&path)
+        .map_err(|error| format!("cannot create {}: {error}", path.display()))?;
+    Ok(ScratchDir { path })
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+impl DemoReport {
+    /// The human-readable table.
+    pub fn table(&self) -> String {
+        let ratio = self.pool_tokens as f64 / self.window_tokens as f64;
+        format!(
+            "canarygate demo: replay of the KV-pool leak (SGLang #30233)\n\
+             simulated provider: advertised window {} tokens, KV pool {} tokens ({ratio:.4} of the window, as in the incident)\n\
+             {} requests per phase from concurrent sessions; {} prompts larger than the pool\n\
+             \n\
+             {:<44}{:>10}{:>22}\n\
+             {:<44}{:>10}{:>22}\n\
+             {:<44}{:>10}{:>22}\n\
+             {:<44}{:>10}{:>22}\n\
+             {:<44}{:>10}{:>22}\n\
+             \n\
+             finished in {:.1} s\n",
+            self.window_tokens,
+            self.pool_tokens,
+            self.requests,
+            self.over_pool_requests,
+            "",
+            "direct",
+            "through canarygate",
+            "responses",
+            self.requests,
+            self.requests,
+            "delivered with HTTP 200",
+            self.direct_delivered,
+            self.proxied_delivered,
+            "  of which leaked another request's text",
+            self.direct_leaks_delivered,
+            self.proxied_leaks_delivered,
+            "blocked by verification (false alarms)",
+            "-",
+            format!("{} ({})", self.proxied_blocked, self.false_positives),
+            self.seconds,
+        )
+    }
+
+    /// The same numbers as one JSON object.
+    pub fn json(&self) -> Value {
+        serde_json::to_value(self).expect("a report of numbers always serialises")
+    }
+}
