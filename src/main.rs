@@ -73,9 +73,17 @@ struct SimArgs {
     /// Decode speed, tokens per second (0: instant).
     #[arg(long, default_value_t = 0.0)]
     decode_tps: f64,
-    /// Failure mode: honest, cut, stall-first-byte, stall-mid-stream.
+    /// Failure mode: honest, leak-on-overflow, truncate-head, truncate-tail, swap, cut,
+    /// stall-first-byte, stall-mid-stream.
     #[arg(long, default_value = "honest")]
     mode: canarygate_proxy::sim::Mode,
+    /// Prefill KV pool in tokens; in leak-on-overflow, longer prompts are answered from
+    /// stale KV. Default: the context window times 681,280 / 1,048,576 (the incident's).
+    #[arg(long)]
+    pool_tokens: Option<u64>,
+    /// Positions per page of the shared KV pool.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    page_tokens: u32,
     /// Require this API key (`Authorization: Bearer KEY`) on every request.
     #[arg(long)]
     api_key: Option<String>,
@@ -172,6 +180,8 @@ fn sim_provider(args: SimArgs) -> anyhow::Result<()> {
         decode_tps: args.decode_tps,
         mode: args.mode,
         api_key: args.api_key.clone(),
+        pool_tokens: args.pool_tokens,
+        page_tokens: args.page_tokens,
     };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => {

@@ -10,21 +10,45 @@
 //!
 //! Failure modes ([`Mode`]) are chosen with `--mode` or, per request, with the
 //! test-only header `x-sim-mode`. What the model sees is decided in one place,
-//! [`SimProvider::visible_context`]: the seam where a shared paged KV pool
-//! plugs in.
+//! [`SimProvider::visible_context`], and what it sees is read from a paged KV
+//! pool shared by all requests ([`pool`]).
+//!
+//! # The leak of SGLang issue #30233 (`leak-on-overflow`)
+//!
+//! Two capacities, as in the incident: the advertised context window
+//! (`context_window`) and the smaller prefill KV pool (`pool_tokens`). The
+//! shared KV pool the model reads from (the decode side) is sized for the
+//! window, and every request's prompt is written into it; freed pages keep
+//! their content. In `leak-on-overflow` a prompt over `pool_tokens` (but within
+//! the window) is "rejected" the way SGLang did it: the prompt is replaced by a
+//! one-token placeholder and the error is set aside, never answered. The
+//! decode side still reserves pages for the full prompt, prefill writes one
+//! position, and the model reads the whole reservation: the placeholder, then
+//! stale positions of earlier requests, most recent first. The reply obeys
+//! the stale canary instructions and restates another request's text, with
+//! HTTP 200, `usage.prompt_tokens: 1`, and no prefill delay. Other modes serve
+//! such a prompt correctly.
+//!
+//! # Ground truth for tests and demos
+//!
+//! Each chat response carries [`CONTEXT_HEADER`] (`own`, `stale`, `swapped`,
+//! `truncated`) and, when the context came from other requests,
+//! [`CONTEXT_FROM_HEADER`] with their response ids. `GET /sim/stats` counts
+//! them. A real provider sends nothing like it; the proxy does not forward it.
 
 pub mod model;
+pub mod pool;
 
 use std::convert::Infallible;
 use std::str::FromStr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use canarygate_policies::sse::encode_data;
@@ -34,9 +58,23 @@ use serde_json::{Value, json};
 
 use crate::error::ApiError;
 use model::{Reply, Segment, generate};
+use pool::{KvPool, Position, prompt_positions};
 
 /// Per-request override of the failure mode (tests only).
 pub const MODE_HEADER: &str = "x-sim-mode";
+
+/// Response header saying where the model's context came from: `own`,
+/// `stale` (KV pool pages of earlier requests), `swapped` (another request's
+/// context) or `truncated` (part of its own). Ground truth for tests.
+pub const CONTEXT_HEADER: &str = "x-sim-context";
+
+/// Response header listing, comma-separated, the response ids of the other
+/// requests whose context this response was generated from.
+pub const CONTEXT_FROM_HEADER: &str = "x-sim-context-from";
+
+/// Prefill pool size per advertised context token in the incident:
+/// 681,280 / 1,048,576. The default of [`SimConfig::pool_tokens`].
+pub const INCIDENT_POOL_RATIO: (u64, u64) = (681_280, 1_048_576);
 
 /// How the simulated provider misbehaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -51,23 +89,68 @@ pub enum Mode {
     StallFirstByte,
     /// Streams the first tokens, then goes silent with the connection open.
     StallMidStream,
+    /// SGLang issue #30233: a prompt over the prefill pool (within the
+    /// window) is answered from stale KV pages of earlier requests, with
+    /// HTTP 200 and `prompt_tokens: 1` (see the module docs).
+    LeakOnOverflow,
+    /// Silently drops the first third of the messages (at least one, never
+    /// all): the head canary message is lost. Usage reports the tokens kept.
+    TruncateHead,
+    /// Silently drops the last third of the messages (at least one, never
+    /// all): the tail canary message is lost. Usage reports the tokens kept.
+    TruncateTail,
+    /// Answers from the most recent other request's context (its canaries,
+    /// its text), reporting this request's own usage.
+    Swap,
+}
+
+impl Mode {
+    /// Every mode, in the order of [`Mode::name`]'s documentation.
+    pub const ALL: [Self; 8] = [
+        Self::Honest,
+        Self::LeakOnOverflow,
+        Self::TruncateHead,
+        Self::TruncateTail,
+        Self::Swap,
+        Self::Cut,
+        Self::StallFirstByte,
+        Self::StallMidStream,
+    ];
+
+    /// The name used by `--mode` and `x-sim-mode`: `honest`,
+    /// `leak-on-overflow`, `truncate-head`, `truncate-tail`, `swap`, `cut`,
+    /// `stall-first-byte`, `stall-mid-stream`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Honest => "honest",
+            Self::LeakOnOverflow => "leak-on-overflow",
+            Self::TruncateHead => "truncate-head",
+            Self::TruncateTail => "truncate-tail",
+            Self::Swap => "swap",
+            Self::Cut => "cut",
+            Self::StallFirstByte => "stall-first-byte",
+            Self::StallMidStream => "stall-mid-stream",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl FromStr for Mode {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        Ok(match text {
-            "honest" => Self::Honest,
-            "cut" => Self::Cut,
-            "stall-first-byte" => Self::StallFirstByte,
-            "stall-mid-stream" => Self::StallMidStream,
-            other => {
-                return Err(format!(
-                    "unknown sim mode `{other}` (honest, cut, stall-first-byte, stall-mid-stream)"
-                ));
-            }
-        })
+        Self::ALL
+            .into_iter()
+            .find(|mode| mode.name() == text)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|mode| mode.name()).collect();
+                format!("unknown sim mode `{text}` ({})", names.join(", "))
+            })
     }
 }
 
@@ -84,6 +167,23 @@ pub struct SimConfig {
     pub mode: Mode,
     /// When set, requests must carry `Authorization: Bearer <this>`.
     pub api_key: Option<String>,
+    /// Prefill KV pool capacity in tokens: in `leak-on-overflow`, longer
+    /// prompts are replaced by a placeholder. `None`: the window times
+    /// [`INCIDENT_POOL_RATIO`].
+    pub pool_tokens: Option<u64>,
+    /// Positions per page of the shared KV pool (0 is taken as 1).
+    pub page_tokens: u32,
+}
+
+impl SimConfig {
+    /// The prefill pool capacity in effect ([`SimConfig::pool_tokens`]).
+    pub fn prefill_pool_tokens(&self) -> u64 {
+        self.pool_tokens.unwrap_or_else(|| {
+            let (part, whole) = INCIDENT_POOL_RATIO;
+            u64::try_from(u128::from(self.context_window) * u128::from(part) / u128::from(whole))
+                .unwrap_or(u64::MAX)
+        })
+    }
 }
 
 impl Default for SimConfig {
@@ -94,6 +194,8 @@ impl Default for SimConfig {
             decode_tps: 0.0,
             mode: Mode::Honest,
             api_key: None,
+            pool_tokens: None,
+            page_tokens: 16,
         }
     }
 }
@@ -105,6 +207,14 @@ struct Stats {
     completed: AtomicU64,
     cancelled: AtomicU64,
     rejected: AtomicU64,
+    /// Responses generated from other requests' context (stale or swapped).
+    leaked: AtomicU64,
+    /// Prompts replaced by a one-token placeholder (`leak-on-overflow`).
+    placeholder_substitutions: AtomicU64,
+    /// Prompts silently truncated.
+    truncated: AtomicU64,
+    /// Responses generated from another request's context (`swap`).
+    swapped: AtomicU64,
 }
 
 /// The simulated provider's state.
@@ -112,11 +222,44 @@ pub struct SimProvider {
     config: SimConfig,
     stats: Stats,
     next_id: AtomicU64,
+    /// The shared paged KV pool, sized for the context window.
+    pool: Mutex<KvPool>,
+    /// The most recent request's id and own context, for `swap`.
+    last_context: Mutex<Option<(u64, Arc<Vec<Segment>>)>>,
+}
+
+/// Where the model's context came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Source {
+    /// The request's own messages.
+    Own,
+    /// Stale KV pool positions written by these requests.
+    Stale(Vec<u64>),
+    /// This other request's context.
+    Swapped(u64),
+    /// Part of the request's own messages.
+    Truncated,
+}
+
+/// What the model sees for one request, and what the provider reports.
+#[derive(Debug)]
+struct Visible {
+    context: Vec<Segment>,
+    /// Prompt tokens prefilled and reported in `usage`.
+    prompt_tokens: u64,
+    source: Source,
+}
+
+/// The response id of request `number`.
+fn response_id(number: u64) -> String {
+    format!("chatcmpl-sim-{number}")
 }
 
 /// A routed simulated provider, ready for `axum::serve` or [`crate::tls::serve_tls`].
 pub fn router(config: SimConfig) -> Router {
     let sim = Arc::new(SimProvider {
+        pool: Mutex::new(KvPool::new(config.context_window, config.page_tokens)),
+        last_context: Mutex::new(None),
         config,
         stats: Stats::default(),
         next_id: AtomicU64::new(1),
@@ -136,11 +279,22 @@ async fn models() -> impl IntoResponse {
 
 async fn stats(State(sim): State<Arc<SimProvider>>) -> impl IntoResponse {
     let stats = &sim.stats;
+    let (pages, page_tokens) = {
+        let pool = sim.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        (pool.pages(), pool.page_tokens())
+    };
     axum::Json(json!({
         "requests": stats.requests.load(Ordering::Relaxed),
         "completed": stats.completed.load(Ordering::Relaxed),
         "cancelled": stats.cancelled.load(Ordering::Relaxed),
         "rejected": stats.rejected.load(Ordering::Relaxed),
+        "leaked": stats.leaked.load(Ordering::Relaxed),
+        "placeholder_substitutions": stats.placeholder_substitutions.load(Ordering::Relaxed),
+        "truncated": stats.truncated.load(Ordering::Relaxed),
+        "swapped": stats.swapped.load(Ordering::Relaxed),
+        "context_window": sim.config.context_window,
+        "prefill_pool_tokens": sim.config.prefill_pool_tokens(),
+        "kv_pool": {"pages": pages, "page_tokens": page_tokens},
     }))
 }
 
@@ -239,18 +393,17 @@ impl SimProvider {
         if mode == Mode::StallFirstByte {
             std::future::pending::<()>().await;
         }
-        let context = self.visible_context(&request.messages);
-        let reply = generate(&context, request.max_tokens);
+        let number = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let visible = self.visible_context(number, mode, &request.messages, prompt_tokens)?;
+        let reply = generate(&visible.context, request.max_tokens);
+        let prompt_tokens = visible.prompt_tokens;
         let usage = json!({
             "prompt_tokens": prompt_tokens,
             "completion_tokens": reply.tokens.len(),
             "total_tokens": prompt_tokens + reply.tokens.len() as u64,
         });
         let answer = Answer {
-            id: format!(
-                "chatcmpl-sim-{}",
-                self.next_id.fetch_add(1, Ordering::Relaxed)
-            ),
+            id: response_id(number),
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
@@ -261,26 +414,130 @@ impl SimProvider {
             prefill: delay(prompt_tokens as f64, self.config.prefill_tps),
             per_token: delay(1.0, self.config.decode_tps),
         };
-        if request.stream {
-            Ok(self.clone().stream(answer, request.include_usage))
+        let (label, from) = match &visible.source {
+            Source::Own => ("own", Vec::new()),
+            Source::Truncated => ("truncated", Vec::new()),
+            Source::Stale(writers) => ("stale", writers.clone()),
+            Source::Swapped(other) => ("swapped", vec![*other]),
+        };
+        let mut response = if request.stream {
+            self.clone().stream(answer, request.include_usage)
         } else {
-            Ok(self.complete(answer).await)
+            self.complete(answer).await
+        };
+        let headers = response.headers_mut();
+        headers.insert(
+            HeaderName::from_static(CONTEXT_HEADER),
+            HeaderValue::from_static(label),
+        );
+        if !from.is_empty() {
+            let ids: Vec<String> = from.into_iter().map(response_id).collect();
+            if let Ok(value) = HeaderValue::from_str(&ids.join(",")) {
+                headers.insert(HeaderName::from_static(CONTEXT_FROM_HEADER), value);
+            }
         }
+        Ok(response)
     }
 
-    /// What the model sees. Honest: the request's own messages.
-    fn visible_context(&self, messages: &[Value]) -> Vec<Segment> {
-        messages
-            .iter()
-            .map(|message| Segment {
-                role: message["role"].as_str().unwrap_or("user").to_owned(),
-                text: message
-                    .get("content")
-                    .map(content_text)
-                    .unwrap_or_default()
-                    .into_owned(),
-            })
-            .collect()
+    /// What the model sees for request `number` in `mode`, read from the
+    /// shared KV pool (see the module docs), and the prompt tokens reported.
+    fn visible_context(
+        &self,
+        number: u64,
+        mode: Mode,
+        messages: &[Value],
+        prompt_tokens: u64,
+    ) -> Result<Visible, ApiError> {
+        let own = Arc::new(segments(messages));
+        let previous = self
+            .last_context
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace((number, own.clone()));
+        let visible = match mode {
+            Mode::LeakOnOverflow if prompt_tokens > self.config.prefill_pool_tokens() => {
+                // SGLang's "rejection": a one-token placeholder replaces the
+                // prompt and the error goes to a side field nobody reads.
+                let to_finish = format!(
+                    "prompt of {prompt_tokens} tokens exceeds the prefill KV pool of {} tokens",
+                    self.config.prefill_pool_tokens()
+                );
+                tracing::debug!(%to_finish, "sim: prompt replaced by a one-token placeholder");
+                self.stats
+                    .placeholder_substitutions
+                    .fetch_add(1, Ordering::Relaxed);
+                // Decode reserves for the full prompt; prefill writes one.
+                let read = self.run_in_pool(number, prompt_tokens, &[Position::Control])?;
+                Visible {
+                    context: read.context,
+                    prompt_tokens: 1,
+                    source: Source::Stale(read.other_writers),
+                }
+            }
+            Mode::TruncateHead | Mode::TruncateTail => {
+                let drop = (messages.len() / 3)
+                    .max(1)
+                    .min(messages.len().saturating_sub(1));
+                let kept = if mode == Mode::TruncateHead {
+                    &messages[drop..]
+                } else {
+                    &messages[..messages.len() - drop]
+                };
+                let mut visible = self.honest(number, kept)?;
+                if drop > 0 {
+                    visible.source = Source::Truncated;
+                }
+                visible
+            }
+            Mode::Swap => match previous {
+                Some((other, context)) => Visible {
+                    context: context.as_ref().clone(),
+                    prompt_tokens,
+                    source: Source::Swapped(other),
+                },
+                None => self.honest(number, messages)?,
+            },
+            _ => self.honest(number, messages)?,
+        };
+        match &visible.source {
+            Source::Stale(writers) if !writers.is_empty() => {
+                self.stats.leaked.fetch_add(1, Ordering::Relaxed);
+            }
+            Source::Swapped(_) => {
+                self.stats.leaked.fetch_add(1, Ordering::Relaxed);
+                self.stats.swapped.fetch_add(1, Ordering::Relaxed);
+            }
+            Source::Truncated => {
+                self.stats.truncated.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        Ok(visible)
+    }
+
+    /// Writes `messages` into the pool and reads them back.
+    fn honest(&self, number: u64, messages: &[Value]) -> Result<Visible, ApiError> {
+        let positions = prompt_positions(messages);
+        let prompt_tokens = positions.len() as u64;
+        let read = self.run_in_pool(number, prompt_tokens, &positions)?;
+        Ok(Visible {
+            context: read.context,
+            prompt_tokens,
+            source: Source::Own,
+        })
+    }
+
+    fn run_in_pool(
+        &self,
+        number: u64,
+        reserved: u64,
+        written: &[Position],
+    ) -> Result<pool::ReadBack, ApiError> {
+        self.pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .run(number, reserved, written)
+            .ok_or_else(|| ApiError::internal("sim: the KV pool has too few free pages"))
     }
 
     async fn complete(&self, answer: Answer) -> Response {
@@ -331,7 +588,7 @@ impl SimProvider {
             };
             if send_stream(&answer, include_usage, &sender).await.is_ok() {
                 guard.finished = true;
-                if answer.mode == Mode::Honest {
+                if !matches!(answer.mode, Mode::Cut | Mode::StallMidStream) {
                     self.stats.completed.fetch_add(1, Ordering::Relaxed);
                 }
             }
@@ -347,6 +604,21 @@ impl SimProvider {
         );
         response
     }
+}
+
+/// The request's own messages as the model would see them.
+fn segments(messages: &[Value]) -> Vec<Segment> {
+    messages
+        .iter()
+        .map(|message| Segment {
+            role: message["role"].as_str().unwrap_or("user").to_owned(),
+            text: message
+                .get("content")
+                .map(content_text)
+                .unwrap_or_default()
+                .into_owned(),
+        })
+        .collect()
 }
 
 fn delay(amount: f64, rate: f64) -> Duration {

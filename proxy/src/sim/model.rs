@@ -1,20 +1,23 @@
 //! The simulated provider's deterministic "model".
 //!
 //! It reads a sequence of [`Segment`]s (what is in its context, role by role)
-//! and writes a reply:
-//! 1. if the context holds the instruction `Begin your reply with "<text>"`,
-//!    the reply opens with `<text>` exactly (the last such instruction wins);
-//! 2. then it restates the last user segment that is not an instruction,
-//!    cycling through its words, for a length derived from the context.
+//! and writes a reply. It is the obedient model of
+//! [`canarygate_policies::inject`], applied to what it sees rather than to a
+//! request:
+//! 1. head = the text quoted after [`ECHO_PHRASE`] in the first segment that
+//!    has it; tail = the text quoted after [`TAIL_PHRASE`] in the first
+//!    segment that has it. The reply opens with `head tail`, or with
+//!    whichever of the two exists, then a space;
+//! 2. then it restates the *subject*, the last user segment that holds
+//!    neither instruction, cycling through its whitespace-separated words, for
+//!    a length in words derived from the context.
 //!
 //! The same context always gives the same reply, and a reply shows what the
 //! model could see: a context filled with someone else's text gives an answer
 //! about someone else's text, which is what the leak failure mode needs.
 
+use canarygate_policies::inject::{ECHO_PHRASE, TAIL_PHRASE};
 use canarygate_policies::tokens::pieces;
-
-/// The instruction the model follows.
-pub const BEGIN_INSTRUCTION: &str = "Begin your reply with \"";
 
 /// One message-sized piece of context.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,29 +49,22 @@ const BODY_TOKENS: std::ops::Range<usize> = 12..40;
 
 /// Writes the reply to `context`, at most `max_tokens` tokens long.
 pub fn generate(context: &[Segment], max_tokens: Option<u64>) -> Reply {
-    let quoted = |phrase: &str| {
-        context
-            .iter()
-            .find_map(|segment| quoted_after(&segment.text, phrase))
-    };
-    let prefix = match (
-        quoted(BEGIN_INSTRUCTION),
-        quoted(canarygate_policies::inject::TAIL_PHRASE),
-    ) {
-        (Some(head), Some(tail)) => Some(format!("{head} {tail}")),
-        (head, tail) => head.or(tail).map(str::to_owned),
-    };
+    let prefix = obedient_prefix(context);
     let subject = context
         .iter()
         .rev()
-        .find(|segment| segment.role == "user" && !segment.text.contains(BEGIN_INSTRUCTION))
+        .find(|segment| {
+            segment.role == "user"
+                && !segment.text.contains(ECHO_PHRASE)
+                && !segment.text.contains(TAIL_PHRASE)
+        })
         .map_or("", |segment| segment.text.as_str());
 
-    let words: Vec<&str> = pieces(subject).collect();
+    let words: Vec<&str> = subject.split_whitespace().collect();
     let body_len = BODY_TOKENS.start + (fnv1a(context) % BODY_TOKENS.len() as u64) as usize;
     let mut text = String::new();
-    if let Some(prefix) = &prefix {
-        text.push_str(prefix);
+    if let Some(prefix) = prefix {
+        text.push_str(&prefix);
         text.push(' ');
     }
     text.push_str("You wrote:");
@@ -98,11 +94,25 @@ pub fn generate(context: &[Segment], max_tokens: Option<u64>) -> Reply {
     }
 }
 
-/// The `<text>` of `<phrase><text>"` in `text`.
+/// What an obedient model opens its reply with in `context`: `head tail`,
+/// `head`, `tail`, or nothing (see the module docs).
+pub fn obedient_prefix(context: &[Segment]) -> Option<String> {
+    let first_quoted = |phrase: &str| {
+        context
+            .iter()
+            .find_map(|segment| quoted_after(&segment.text, phrase))
+    };
+    match (first_quoted(ECHO_PHRASE), first_quoted(TAIL_PHRASE)) {
+        (Some(head), Some(tail)) => Some(format!("{head} {tail}")),
+        (head, tail) => head.or(tail).map(str::to_owned),
+    }
+}
+
+/// The non-empty text between the first `phrase` in `text` and the next `"`.
 fn quoted_after<'a>(text: &'a str, phrase: &str) -> Option<&'a str> {
     let start = text.find(phrase)? + phrase.len();
     let length = text[start..].find('"')?;
-    Some(&text[start..start + length]).filter(|prefix| !prefix.is_empty())
+    Some(&text[start..start + length]).filter(|quoted| !quoted.is_empty())
 }
 
 /// Splits `text` into tokens that each carry their leading whitespace, so
@@ -163,6 +173,68 @@ mod tests {
         );
         assert_eq!(reply.finish_reason, "stop");
         assert_eq!(generate(&context, None), reply, "deterministic");
+    }
+
+    #[test]
+    fn echoes_head_and_tail_of_injected_request() {
+        use canarygate_policies::canary::Canary;
+        use canarygate_policies::inject::{RequestCanaries, inject};
+        use canarygate_policies::verify_config::EchoMode;
+
+        let canaries = RequestCanaries {
+            head: Canary::from_random([7; 10]),
+            tail: Canary::from_random([9; 10]),
+        };
+        let mut body = serde_json::json!({"model": "m", "messages": [
+            {"role": "user", "content": "Plan the harbour survey"}
+        ]});
+        inject(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        let context: Vec<Segment> = body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|message| {
+                segment(
+                    message["role"].as_str().unwrap(),
+                    message["content"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        let text = generate(&context, None).text();
+        let expected = format!(
+            "{} {} You wrote: Plan the harbour survey",
+            canaries.head, canaries.tail
+        );
+        assert!(text.starts_with(&expected), "{text}");
+
+        // Head lost: the tail alone. Tail lost: the head alone.
+        let tail_only = generate(&context[1..], None).text();
+        assert!(
+            tail_only.starts_with(&format!("{} You wrote:", canaries.tail)),
+            "{tail_only}"
+        );
+        let head_only = generate(&context[..2], None).text();
+        assert!(
+            head_only.starts_with(&format!("{} You wrote:", canaries.head)),
+            "{head_only}"
+        );
+    }
+
+    #[test]
+    fn first_instruction_wins_and_unterminated_ones_are_ignored() {
+        let context = [
+            segment("system", "Begin your reply with \"never closed"),
+            segment("system", "Begin your reply with \"A1\" please."),
+            segment("system", "Begin your reply with \"B2\" please."),
+            segment("user", "hello"),
+        ];
+        assert_eq!(obedient_prefix(&context).as_deref(), Some("A1"));
+        assert!(
+            generate(&context, None)
+                .text()
+                .starts_with("A1 You wrote: hello")
+        );
+        assert_eq!(obedient_prefix(&[segment("user", "hi")]), None);
     }
 
     #[test]
