@@ -97,14 +97,20 @@ struct SimArgs {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The demo's in-process proxy would log every block it is there to show.
+    let default_log = match cli.command {
+        Command::Demo { .. } => "error",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("CANARYGATE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_log)),
         )
         .init();
+
     let result = match cli.command {
         Command::Serve(args) => serve(args),
         Command::CheckConfig { file } => load_policy(Some(&file)).map(|_| {
@@ -218,7 +224,6 @@ fn demo(json: bool) -> anyhow::Result<()> {
 }
 
 fn hash_key() -> anyhow::Result<()> {
-
     let mut key = String::new();
     std::io::stdin()
         .read_line(&mut key)

@@ -31,7 +31,6 @@ pub const DEMO_WINDOW_TOKENS: u64 = 8192;
 /// Prompt sizes within this many tokens of the pool size are moved below it.
 const BOUNDARY_MARGIN: usize = 256;
 
-
 /// Settings of one demo run.
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
@@ -99,8 +98,14 @@ impl Job {
         let filler = ["invoice", "total", "customer", "ledger", "balance", "due"];
         for word in 0..self.words {
             text.push(' ');
-            text.push_str(filler[(word + self.index) % filler.len()]);
+            // The marker recurs, so any stretch of this prompt shows whose it is.
+            if word % 8 == 7 {
+                text.push_str(&marker);
+            } else {
+                text.push_str(filler[(word + self.index) % filler.len()]);
+            }
         }
+
         text
     }
 }
@@ -178,7 +183,8 @@ pub async fn run(options: &DemoOptions) -> Result<DemoReport, String> {
         report.over_pool_requests += usize::from(over_pool);
         if direct.status == 200 {
             report.direct_delivered += 1;
-            report.direct_leaks_delivered += usize::from(carries_foreign_text(&direct.content, &own));
+            report.direct_leaks_delivered +=
+                usize::from(carries_foreign_text(&direct.content, &own));
         }
         if proxied.status == 200 {
             report.proxied_delivered += 1;
@@ -211,7 +217,11 @@ async fn run_phase(
     let url = format!("http://{target}/v1/chat/completions");
     let mut tasks = Vec::with_capacity(jobs.len());
     for job in jobs {
-        let permit = slots.clone().acquire_owned().await.map_err(|e| e.to_string())?;
+        let permit = slots
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|e| e.to_string())?;
         let client = client.clone();
         let url = url.clone();
         let job = job.clone();
@@ -259,7 +269,10 @@ async fn ask(client: &reqwest::Client, url: &str, job: &Job) -> Result<Answer, S
             if let Some(error_code) = value.pointer("/error/code").and_then(Value::as_str) {
                 code = Some(error_code.to_owned());
             }
-            if let Some(text) = value.pointer("/choices/0/delta/content").and_then(Value::as_str) {
+            if let Some(text) = value
+                .pointer("/choices/0/delta/content")
+                .and_then(Value::as_str)
+            {
                 content.push_str(text);
             }
         }
