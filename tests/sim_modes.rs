@@ -50,10 +50,10 @@ impl Outcome {
     }
 }
 
-/// Posts `body` to the sim, with `x-sim-mode: mode` when given.
-async fn send(sim: &Running, body: &Value, mode: Option<&str>) -> Outcome {
+/// Posts `body` to the sim at `url`, with `x-sim-mode: mode` when given.
+async fn send(url: &str, body: &Value, mode: Option<&str>) -> Outcome {
     let mut request = client()
-        .post(format!("{}/v1/chat/completions", sim.url))
+        .post(format!("{url}/v1/chat/completions"))
         .bearer_auth("sk-test")
         .json(body);
     if let Some(mode) = mode {
@@ -175,7 +175,7 @@ async fn honest_model_opens_with_head_and_tail_canaries() {
     let sim = start_sim(&[]);
     for stream in [false, true] {
         let request = Injected::new("Plan the harbour survey for Tuesday", stream);
-        let outcome = send(&sim, &request.body, None).await;
+        let outcome = send(&sim.url, &request.body, None).await;
         assert_eq!(outcome.status, 200);
         let expected = format!(
             "{} You wrote: Plan the harbour survey for Tuesday",
@@ -221,7 +221,7 @@ async fn leak_on_overflow_answers_over_pool_prompts_from_earlier_requests() {
     let mut earlier_ids = HashSet::new();
     for (index, secret) in secrets.iter().enumerate() {
         let request = Injected::new(secret, index % 2 == 1);
-        let outcome = send(&sim, &request.body, None).await;
+        let outcome = send(&sim.url, &request.body, None).await;
         assert_eq!(outcome.status, 200);
         assert!(
             outcome.content.starts_with(&request.echo()),
@@ -242,7 +242,7 @@ async fn leak_on_overflow_answers_over_pool_prompts_from_earlier_requests() {
             "over the pool, within the window: {}",
             over.prompt_tokens()
         );
-        let outcome = send(&sim, &over.body, None).await;
+        let outcome = send(&sim.url, &over.body, None).await;
         assert_eq!(outcome.status, 200, "{:?}", outcome.error);
         assert_eq!(outcome.usage["prompt_tokens"], 1);
         assert_eq!(outcome.finish_reason, "stop");
@@ -275,7 +275,7 @@ async fn leak_on_overflow_answers_over_pool_prompts_from_earlier_requests() {
 
     // The same long prompt, served honestly, does pay for its prefill.
     let over = Injected::new(&long_text("Quarterly plan of Fennimore", 640), false);
-    let honest = send(&sim, &over.body, Some("honest")).await;
+    let honest = send(&sim.url, &over.body, Some("honest")).await;
     assert_eq!(honest.status, 200);
     assert!(
         honest.content.starts_with(&over.echo()),
@@ -291,7 +291,7 @@ async fn leak_on_overflow_answers_over_pool_prompts_from_earlier_requests() {
 
     // Over the advertised window: a real error.
     let huge = Injected::new(&long_text("too long", 1100), false);
-    let rejected = send(&sim, &huge.body, None).await;
+    let rejected = send(&sim.url, &huge.body, None).await;
     assert_eq!(rejected.status, 400);
     assert_eq!(rejected.error["error"]["code"], "context_length_exceeded");
 
@@ -302,11 +302,79 @@ async fn leak_on_overflow_answers_over_pool_prompts_from_earlier_requests() {
     assert_eq!(stats["prefill_pool_tokens"], 665, "{stats}");
 }
 
+/// The demo's traffic: concurrent sessions on both sides of the pool.
+#[tokio::test]
+async fn leak_on_overflow_under_concurrency_leaks_whole_canary_pairs() {
+    let sim = start_sim(&[
+        "--mode",
+        "leak-on-overflow",
+        "--context-window",
+        "1024",
+        "--pool-tokens",
+        "665",
+    ]);
+    let opener = Injected::new("Opening session of Ingleby", false);
+    assert_eq!(send(&sim.url, &opener.body, None).await.status, 200);
+
+    let mut tasks = Vec::new();
+    for index in 0..24 {
+        let over = index % 3 == 0;
+        let text = if over {
+            long_text(&format!("Long session {index}"), 640)
+        } else {
+            format!("Short session {index} about Juniper")
+        };
+        let request = Injected::new(&text, index % 2 == 0);
+        let url = sim.url.clone();
+        tasks.push(tokio::spawn(async move {
+            let outcome = send(&url, &request.body, None).await;
+            (over, request, outcome)
+        }));
+    }
+    let mut results = Vec::new();
+    for task in tasks {
+        results.push(task.await.expect("task"));
+    }
+    let mut pairs: Vec<(Canary, Canary)> = vec![(opener.canaries.head, opener.canaries.tail)];
+    pairs.extend(
+        results
+            .iter()
+            .filter(|(over, _, _)| !over)
+            .map(|(_, request, _)| (request.canaries.head, request.canaries.tail)),
+    );
+    let mut leaks = 0;
+    for (over, request, outcome) in &results {
+        assert_eq!(outcome.status, 200);
+        assert!(outcome.done);
+        if *over {
+            leaks += 1;
+            assert_eq!(outcome.usage["prompt_tokens"], 1);
+            assert!(!request.appears_in(&outcome.content), "{}", outcome.content);
+            let echoed = outcome.opening_canaries();
+            assert_eq!(echoed.len(), 2, "{}", outcome.content);
+            assert!(
+                pairs.contains(&(echoed[0], echoed[1])),
+                "both canaries of one short request: {}",
+                outcome.content
+            );
+        } else {
+            assert!(
+                outcome.content.starts_with(&request.echo()),
+                "short requests are served honestly: {}",
+                outcome.content
+            );
+        }
+    }
+    let stats = stats(&sim).await;
+    assert_eq!(stats["leaked"], leaks, "{stats}");
+    assert_eq!(stats["placeholder_substitutions"], leaks, "{stats}");
+}
+
 #[tokio::test]
 async fn leak_on_overflow_on_a_fresh_pool_leaks_nothing() {
     let sim = start_sim(&["--context-window", "1024", "--pool-tokens", "665"]);
     let over = Injected::new(&long_text("alone", 700), false);
-    let outcome = send(&sim, &over.body, Some("leak-on-overflow")).await;
+    let outcome = send(&sim.url, &over.body, Some("leak-on-overflow")).await;
     assert_eq!(outcome.status, 200);
     assert_eq!(outcome.usage["prompt_tokens"], 1);
     assert!(outcome.opening_canaries().is_empty(), "{}", outcome.content);
@@ -329,7 +397,7 @@ async fn truncation_loses_the_head_or_the_tail_canary() {
         let request = Injected::new("Summarise the tide tables", stream);
         let messages = request.messages();
 
-        let head_cut = send(&sim, &request.body, Some("truncate-head")).await;
+        let head_cut = send(&sim.url, &request.body, Some("truncate-head")).await;
         assert_eq!(head_cut.status, 200);
         let expected = format!(
             "{} You wrote: Summarise the tide tables",
@@ -351,7 +419,7 @@ async fn truncation_loses_the_head_or_the_tail_canary() {
         );
         assert_eq!(head_cut.header("x-sim-context"), "truncated");
 
-        let tail_cut = send(&sim, &request.body, Some("truncate-tail")).await;
+        let tail_cut = send(&sim.url, &request.body, Some("truncate-tail")).await;
         assert_eq!(tail_cut.status, 200);
         let expected = format!(
             "{} You wrote: Summarise the tide tables",
@@ -385,7 +453,7 @@ async fn truncation_loses_the_head_or_the_tail_canary() {
         false,
     );
     assert_eq!(request.messages().len(), 6);
-    let outcome = send(&sim, &request.body, Some("truncate-head")).await;
+    let outcome = send(&sim.url, &request.body, Some("truncate-head")).await;
     assert_eq!(
         outcome.usage["prompt_tokens"],
         count_chat_messages(&request.messages()[2..])
@@ -400,7 +468,7 @@ async fn truncation_loses_the_head_or_the_tail_canary() {
 
     // A lone message is never dropped.
     let alone = json!({"model": "m", "messages": [{"role": "user", "content": "just me"}]});
-    let outcome = send(&sim, &alone, Some("truncate-tail")).await;
+    let outcome = send(&sim.url, &alone, Some("truncate-tail")).await;
     assert!(
         outcome.content.starts_with("You wrote: just me"),
         "{}",
@@ -418,7 +486,7 @@ async fn swap_answers_with_the_previous_requests_context() {
     let sim = start_sim(&["--mode", "swap"]);
     // The very first request has nobody to swap with.
     let first = Injected::new("Ledger of Halvorsen holdings", false);
-    let outcome = send(&sim, &first.body, None).await;
+    let outcome = send(&sim.url, &first.body, None).await;
     assert!(
         outcome.content.starts_with(&first.echo()),
         "{}",
@@ -430,7 +498,7 @@ async fn swap_answers_with_the_previous_requests_context() {
     for (index, stream) in [false, true].into_iter().enumerate() {
         let text = format!("Itinerary number {index} of Okonkwo");
         let request = Injected::new(&text, stream);
-        let outcome = send(&sim, &request.body, None).await;
+        let outcome = send(&sim.url, &request.body, None).await;
         assert_eq!(outcome.status, 200);
         let (other, other_text, other_id) = &previous;
         let expected = format!("{} You wrote: {other_text}", other.echo());
@@ -456,7 +524,7 @@ async fn swap_answers_with_the_previous_requests_context() {
 async fn cut_ends_without_done_or_a_complete_body() {
     let sim = start_sim(&[]);
     let request = Injected::new("tell me a long story about the sea", true);
-    let outcome = send(&sim, &request.body, Some("cut")).await;
+    let outcome = send(&sim.url, &request.body, Some("cut")).await;
     assert_eq!(outcome.status, 200);
     assert!(!outcome.done, "no [DONE] after a cut");
     let head = request.canaries.head.to_string();
@@ -492,7 +560,7 @@ async fn cut_ends_without_done_or_a_complete_body() {
 async fn unknown_modes_are_refused() {
     let sim = start_sim(&[]);
     let body = chat_body("m", "hi", false);
-    let outcome = send(&sim, &body, Some("leak-sometimes")).await;
+    let outcome = send(&sim.url, &body, Some("leak-sometimes")).await;
     assert_eq!(outcome.status, 400);
     assert_eq!(outcome.error["error"]["code"], "invalid_sim_mode");
     let message = outcome.error["error"]["message"].as_str().unwrap_or("");
