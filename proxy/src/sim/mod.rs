@@ -10,7 +10,7 @@
 //!
 //! Failure modes ([`Mode`]) are chosen with `--mode` or, per request, with the
 //! test-only header `x-sim-mode`. What the model sees is decided in one place,
-//! [`SimProvider::visible_context`], and what it sees is read from a paged KV
+//! `SimProvider::visible_context`, and what it sees is read from a paged KV
 //! pool shared by all requests ([`pool`]).
 //!
 //! # The leak of SGLang issue #30233 (`leak-on-overflow`)
@@ -100,7 +100,8 @@ pub enum Mode {
     /// all): the tail canary message is lost. Usage reports the tokens kept.
     TruncateTail,
     /// Answers from the most recent other request's context (its canaries,
-    /// its text), reporting this request's own usage.
+    /// its text), reporting this request's own usage. The very first request
+    /// has nobody to swap with and is answered honestly.
     Swap,
 }
 
@@ -489,14 +490,15 @@ impl SimProvider {
                 }
                 visible
             }
-            Mode::Swap => match previous {
-                Some((other, context)) => Visible {
-                    context: context.as_ref().clone(),
-                    prompt_tokens,
-                    source: Source::Swapped(other),
-                },
-                None => self.honest(number, messages)?,
-            },
+            Mode::Swap => {
+                // The request is processed; the replies cross.
+                let mut visible = self.honest(number, messages)?;
+                if let Some((other, context)) = previous {
+                    visible.context = context.as_ref().clone();
+                    visible.source = Source::Swapped(other);
+                }
+                visible
+            }
             _ => self.honest(number, messages)?,
         };
         match &visible.source {
@@ -750,5 +752,39 @@ pub async fn serve(
                 .with_graceful_shutdown(shutdown)
                 .await
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mode_names_round_trip() {
+        for mode in Mode::ALL {
+            assert_eq!(mode.name().parse::<Mode>(), Ok(mode));
+            assert_eq!(mode.to_string(), mode.name());
+        }
+        let error = "leaky".parse::<Mode>().unwrap_err();
+        assert!(error.contains("leak-on-overflow, truncate-head"), "{error}");
+    }
+
+    #[test]
+    fn default_prefill_pool_follows_the_incident_ratio() {
+        let config = SimConfig {
+            context_window: 1_048_576,
+            ..SimConfig::default()
+        };
+        assert_eq!(config.prefill_pool_tokens(), 681_280);
+        let config = SimConfig {
+            context_window: u64::MAX,
+            ..SimConfig::default()
+        };
+        assert!(config.prefill_pool_tokens() < u64::MAX);
+        let config = SimConfig {
+            pool_tokens: Some(665),
+            ..SimConfig::default()
+        };
+        assert_eq!(config.prefill_pool_tokens(), 665);
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! It reads a sequence of [`Segment`]s (what is in its context, role by role)
 //! and writes a reply. It is the obedient model of
-//! [`canarygate_policies::inject`], applied to what it sees rather than to a
+//! [`mod@canarygate_policies::inject`], applied to what it sees rather than to a
 //! request:
 //! 1. head = the text quoted after [`ECHO_PHRASE`] in the first segment that
 //!    has it; tail = the text quoted after [`TAIL_PHRASE`] in the first

@@ -180,23 +180,26 @@ impl KvPool {
                     context.extend(current.take());
                     continue;
                 };
+                let Position::Message { role, opens, text } = &slot.position else {
+                    context.extend(current.take());
+                    continue;
+                };
+                // Control positions carry no data: only message positions
+                // count as reading another request.
                 if slot.writer != reader {
                     others.insert(slot.writer);
                 }
-                match &slot.position {
-                    Position::Control => context.extend(current.take()),
-                    Position::Message { role, opens, text } => match &mut current {
-                        Some(segment) if !opens && segment.role == **role => {
-                            segment.text.push_str(text);
-                        }
-                        _ => {
-                            context.extend(current.take());
-                            current = Some(Segment {
-                                role: role.to_string(),
-                                text: text.to_string(),
-                            });
-                        }
-                    },
+                match &mut current {
+                    Some(segment) if !opens && segment.role == **role => {
+                        segment.text.push_str(text);
+                    }
+                    _ => {
+                        context.extend(current.take());
+                        current = Some(Segment {
+                            role: role.to_string(),
+                            text: text.to_string(),
+                        });
+                    }
                 }
             }
         }
