@@ -480,6 +480,8 @@ async fn upstream_down_is_502() {
     }
 }
 
+/// Short timeouts; `[verify] enabled = false`, so these tests see the
+/// transport alone (verification of broken streams: tests/verification_e2e.rs).
 fn timeout_policy(dir: &ProxyDir, upstream: &str) -> std::path::PathBuf {
     dir.policy(&format!(
         r#"
@@ -495,6 +497,9 @@ context_window = 4096
 [[routes]]
 model = "*"
 provider = "sim"
+
+[verify]
+enabled = false
 "#
     ))
 }
@@ -566,7 +571,7 @@ fn assert_stream_ends_with_interruption(body: &str) {
 async fn upstream_cut_mid_answer_is_an_error_never_a_clean_end() {
     let sim = start_sim(&["--mode", "cut"]);
     let dir = ProxyDir::new();
-    let proxy = start_proxy(&dir, &sim.url);
+    let proxy = start_plain_proxy(&dir, &sim.url);
     let client = client();
     let response = client
         .post(format!("{}/v1/chat/completions", proxy.url))
