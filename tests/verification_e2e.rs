@@ -372,3 +372,98 @@ async fn stalled_streams_end_in_an_error_under_verification() {
         }
     }
 }
+
+/// `canarygate serve --config preset:NAME --upstream URL`, as a user starts it.
+fn start_preset(dir: &ProxyDir, preset: &str, upstream: &str) -> Running {
+    let data = dir.data();
+    Running::start(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data",
+            data.to_str().unwrap(),
+            "--config",
+            &format!("preset:{preset}"),
+            "--upstream",
+            &format!("{upstream}/v1"),
+        ],
+        &[],
+    )
+}
+
+#[tokio::test]
+async fn shipped_presets_behave_as_documented() {
+    let truncating = start_sim(&["--mode", "truncate-head"]);
+    let honest = start_sim(&[]);
+    let client = client();
+    for (preset, expect_delivered_failure) in
+        [("default", false), ("strict", false), ("observe", true)]
+    {
+        let dir = ProxyDir::new();
+        let proxy = start_preset(&dir, preset, &truncating.url);
+        for stream in [false, true] {
+            let outcome = ask(&client, &proxy.url, &prompt(11, 30), stream).await;
+            let context = format!("preset {preset} stream={stream}");
+            let delivered = check(&outcome, 11, &context);
+            assert_eq!(
+                delivered, expect_delivered_failure,
+                "{context}: {outcome:?}"
+            );
+            if preset == "observe" {
+                // Flag only: the answer arrives, marked.
+                let verdict = outcome.verdict.as_deref().unwrap_or_default();
+                if stream {
+                    assert_eq!(verdict, "pending; release=echo-first", "{context}");
+                } else {
+                    assert!(
+                        verdict.starts_with("fail; checks=echo"),
+                        "{context}: {verdict}"
+                    );
+                }
+            } else {
+                assert_eq!(outcome.status, 502, "{context}: {outcome:?}");
+            }
+        }
+        let dir = ProxyDir::new();
+        let proxy = start_preset(&dir, preset, &honest.url);
+        for stream in [false, true] {
+            let outcome = ask(&client, &proxy.url, &prompt(12, 30), stream).await;
+            assert!(
+                check(&outcome, 12, preset),
+                "preset {preset} false alarm: {outcome:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn retry_action_sends_once_more_with_fresh_canaries_then_blocks() {
+    let sim = start_sim(&["--mode", "truncate-tail"]);
+    let dir = ProxyDir::new();
+    let proxy =
+        start_proxy_with_policy(&dir, &policy(&dir, &sim.url, "verdict-first", "retry"), &[]);
+    let client = client();
+    let stats = |client: reqwest::Client, url: String| async move {
+        let stats: Value = client
+            .get(format!("{url}/sim/stats"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        stats["requests"].as_u64().unwrap()
+    };
+    for stream in [false, true] {
+        let before = stats(client.clone(), sim.url.clone()).await;
+        let outcome = ask(&client, &proxy.url, &prompt(21, 30), stream).await;
+        assert_eq!(outcome.status, 502, "{outcome:?}");
+        assert_eq!(
+            outcome.error_code.as_deref(),
+            Some("canarygate_verification_failed")
+        );
+        let after = stats(client.clone(), sim.url.clone()).await;
+        assert_eq!(after - before, 2, "one retry, stream={stream}");
+    }
+}
