@@ -693,3 +693,77 @@ async fn five_hundred_concurrent_streams_without_cross_talk() {
         assert!(!foreign, "cross-talk in {index}: {content}");
     }
 }
+
+#[tokio::test]
+async fn over_the_concurrency_limit_is_429_and_the_others_complete() {
+    // 20 tokens/s: each answer takes a second or more, so two stay in flight.
+    let sim = start_sim(&["--decode-tps", "20"]);
+    let dir = ProxyDir::new();
+    let policy = dir.policy(&format!(
+        r#"
+[limits]
+max_concurrent_requests = 2
+
+[[providers]]
+name = "sim"
+base_url = "{}/v1"
+context_window = 4096
+
+[[routes]]
+model = "*"
+provider = "sim"
+
+# Response heads arrive at once without verification, so both streams are
+# surely still running when the third request comes.
+[verify]
+enabled = false
+"#,
+
+        sim.url
+    ));
+    let proxy = start_proxy_with_policy(&dir, &policy, &[]);
+    let client = client();
+    let url = format!("{}/v1/chat/completions", proxy.url);
+    let mut slow = Vec::new();
+    for index in 0..2 {
+        let response = client
+            .post(&url)
+            .bearer_auth("k")
+            .json(&chat_body("m", &format!("slow answer {index}"), true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        slow.push(response);
+    }
+    let refused = client
+        .post(&url)
+        .bearer_auth("k")
+        .json(&chat_body("m", "one too many", false))
+        .send()
+        .await
+        .unwrap();
+    let body = assert_openai_error(refused, 429, "too_many_concurrent_requests").await;
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("2 concurrent")
+    );
+    for response in slow {
+        let body = response.text().await.unwrap();
+        assert!(
+            sse_data(&body).last().is_some_and(|d| d == "[DONE]"),
+            "{body}"
+        );
+    }
+    // Slots are released when streams end.
+    let after = client
+        .post(&url)
+        .bearer_auth("k")
+        .json(&chat_body("m", "now there is room", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(after.status(), 200);
+}
