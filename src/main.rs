@@ -19,6 +19,8 @@ enum Command {
         #[command(subcommand)]
         command: canarygate_engine::cli::EngineCommand,
     },
+    /// Read, verify, export, review and prune the audit log.
+    Audit(canarygate_proxy::audit::cli::AuditArgs),
 }
 
 fn main() -> ExitCode {
@@ -26,6 +28,9 @@ fn main() -> ExitCode {
     let result: anyhow::Result<()> = match cli.command {
         Command::Engine { command } => {
             canarygate_engine::cli::run(command).map_err(|error| anyhow::anyhow!(error))
+        }
+        Command::Audit(args) => {
+            canarygate_proxy::audit::cli::run(args).map_err(|error| anyhow::anyhow!(error))
         }
     };
     match result {
