@@ -1,1 +1,134 @@
-fn main() {}
+//! Durable audit appends per second: 1 and 64 concurrent writers, group
+//! commit against one commit per record, measured in the same run on the same
+//! disk. Every append is fsync'd before it returns in both modes.
+//!
+//! `cargo bench -p canarygate-proxy --bench audit_append [-- SECONDS]`
+//! (default 3 s per case). Set `CANARYGATE_BENCH_DIR` to measure another disk.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use canarygate_proxy::audit::{
+    Action, AuditLog, AuditOptions, CheckRecord, CheckResult, CommitMode, Latency, NewRecord,
+    Outcome, RequestRecord, Route, Verdict, sha256_hex,
+};
+
+fn record(n: u64) -> RequestRecord {
+    RequestRecord {
+        request_id: format!("01JBENCH{n:018}"),
+        started_at_ms: 1_764_504_000_000 + n,
+        session: "ab".repeat(32),
+        credential: Some("cd".repeat(32)),
+        provider: "openai".into(),
+        model: "gpt-4o-mini".into(),
+        route: Route::Upstream,
+        prompt_tokens_ours: Some(1234),
+        prompt_tokens_provider: Some(1230),
+        canary_ids: vec!["c1".into(), "c2".into()],
+        checks: ["echo", "foreign_canary", "prompt_tokens", "ttft", "finish"]
+            .iter()
+            .map(|name| CheckRecord {
+                name: (*name).into(),
+                result: CheckResult::Pass,
+                evidence: serde_json::json!({"observed": 1230, "expected": 1234}),
+            })
+            .collect(),
+        verdict: Verdict::Pass,
+        action: Action::Forward,
+        outcome: Outcome::Complete,
+        latency: Latency {
+            ttfb_ms: Some(420),
+            total_ms: 2100,
+            overhead_ms: 2,
+        },
+        bytes_in: 5000,
+        bytes_out: 2000,
+        request_sha256: sha256_hex(b"request"),
+        response_sha256: sha256_hex(b"response"),
+    }
+}
+
+fn measure(base: &std::path::Path, mode: CommitMode, writers: u64, seconds: f64) -> f64 {
+    let dir = tempfile::tempdir_in(base).expect("temporary directory");
+    let options = AuditOptions {
+        commit: mode,
+        ..AuditOptions::default()
+    };
+    let log = AuditLog::open(dir.path(), options).expect("open audit log");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs_f64(seconds);
+    runtime.block_on(async {
+        let tasks: Vec<_> = (0..writers)
+            .map(|writer| {
+                let (log, done) = (log.clone(), Arc::clone(&done));
+                tokio::spawn(async move {
+                    let mut n = writer << 32;
+                    while Instant::now() < deadline {
+                        let new = NewRecord {
+                            record: record(n),
+                            sample: None,
+                        };
+                        log.append(new).await.expect("append");
+                        done.fetch_add(1, Ordering::Relaxed);
+                        n += 1;
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("writer task");
+        }
+    });
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+fn main() {
+    let seconds = std::env::args()
+        .skip(1)
+        .find_map(|arg| arg.parse::<f64>().ok())
+        .unwrap_or(3.0);
+    let base = std::env::var_os("CANARYGATE_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
+    std::fs::create_dir_all(&base).expect("bench directory");
+    println!(
+        "durable audit appends/s in {} ({seconds} s per case)",
+        base.display()
+    );
+    println!("{:<12} {:>8} {:>14}", "commit", "writers", "appends/s");
+    let mut results = Vec::new();
+    for writers in [1, 64] {
+        for (name, mode) in [
+            ("per-record", CommitMode::PerRecord),
+            ("group", CommitMode::Group),
+        ] {
+            let rate = measure(&base, mode, writers, seconds);
+            println!("{name:<12} {writers:>8} {rate:>14.0}");
+            results.push((writers, mode, rate));
+        }
+    }
+    let rate = |writers, mode| {
+        results
+            .iter()
+            .find(|(w, m, _)| *w == writers && *m == mode)
+            .map(|(_, _, r)| *r)
+            .expect("measured")
+    };
+    println!(
+        "group / per-record: {:.2}x with 1 writer, {:.2}x with 64 writers",
+        rate(1, CommitMode::Group) / rate(1, CommitMode::PerRecord),
+        rate(64, CommitMode::Group) / rate(64, CommitMode::PerRecord)
+    );
+    println!(
+        "group, 64 writers / 1 writer: {:.2}x",
+        rate(64, CommitMode::Group) / rate(1, CommitMode::Group)
+    );
+}
