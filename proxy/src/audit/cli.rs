@@ -263,7 +263,10 @@ fn tail(dir: &Path, n: usize, follow: bool, out: &mut dyn Write) -> Result<(), A
         next = raw.key + 1;
         line(out, format_args!("{}", summary(&raw.parse()?)))?;
     }
-    while follow {
+    if !follow {
+        return Ok(());
+    }
+    loop {
         out.flush()
             .map_err(|error| AuditError::Io(format!("cannot write output: {error}")))?;
         std::thread::sleep(Duration::from_millis(200));
@@ -273,7 +276,6 @@ fn tail(dir: &Path, n: usize, follow: bool, out: &mut dyn Write) -> Result<(), A
             line(out, format_args!("{}", summary(&raw.parse()?)))?;
         }
     }
-    Ok(())
 }
 
 fn read_sample(

@@ -154,13 +154,13 @@ impl AuditLog {
             }
             None => None,
         };
-        let entry = Entry::Request(RequestEntry {
+        let entry = Entry::Request(Box::new(RequestEntry {
             record: new.record,
             sample: sample.as_ref().map(|stored| SampleRef {
                 encrypted: self.inner.options.sample_key.is_some(),
                 sha256: sha256_hex(stored),
             }),
-        });
+        }));
         match self.submit(WriteOp::Append { entry, sample }).await? {
             WriteOutcome::Appended(id) => Ok(id),
             other => Err(unexpected(other)),

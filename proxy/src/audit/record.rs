@@ -227,7 +227,7 @@ pub struct CheckpointEntry {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Entry {
     /// One proxied request.
-    Request(RequestEntry),
+    Request(Box<RequestEntry>),
     /// A spot-check review.
     Review(ReviewEntry),
     /// A prune checkpoint.

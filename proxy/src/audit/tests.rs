@@ -28,7 +28,7 @@ pub(crate) fn request(log: &AuditLog, n: u64, failed: bool) -> RequestRecord {
         credential: Some(log.secrets().hash_credential(API_KEY)),
         provider: "sim".into(),
         model: "small".into(),
-        route: if n % 5 == 0 {
+        route: if n.is_multiple_of(5) {
             Route::Local
         } else {
             Route::Upstream
@@ -94,7 +94,7 @@ fn fill(log: &AuditLog, count: u64, first: u64) -> Vec<RecordId> {
                 let log = log.clone();
                 tokio::spawn(async move {
                     let record = request(&log, n, n % 10 == 3);
-                    let sample = (n % 3 == 0).then(|| sample(n));
+                    let sample = (n.is_multiple_of(3)).then(|| sample(n));
                     log.append(NewRecord { record, sample }).await.unwrap()
                 })
             })
@@ -696,7 +696,7 @@ fn crash_child() {
                     let serial = round * 1_000_000_000 + task * 1_000_000 + n;
                     let record = request(&log, serial, false);
                     let request_id = record.request_id.clone();
-                    let sample = (n % 4 == 0).then(|| sample(serial));
+                    let sample = (n.is_multiple_of(4)).then(|| sample(serial));
                     let id = log.append(NewRecord { record, sample }).await.unwrap();
                     acks.send(format!("acked {id} {request_id}")).unwrap();
                 }
