@@ -2,6 +2,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -90,6 +91,7 @@ struct Inner {
     store: Arc<dyn Store>,
     secrets: Secrets,
     options: AuditOptions,
+    commits: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -125,9 +127,11 @@ impl AuditLog {
         let (sender, receiver) = mpsc::channel(QUEUE);
         let writer_store = Arc::clone(&store);
         let commit = options.commit;
+        let commits = Arc::new(AtomicU64::new(0));
+        let writer_commits = Arc::clone(&commits);
         std::thread::Builder::new()
             .name("audit-writer".into())
-            .spawn(move || run_writer(writer_store.as_ref(), receiver, commit))
+            .spawn(move || run_writer(writer_store.as_ref(), receiver, commit, &writer_commits))
             .map_err(|error| AuditError::Io(format!("cannot start the audit writer: {error}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -135,6 +139,7 @@ impl AuditLog {
                 store,
                 secrets,
                 options,
+                commits,
             }),
         })
     }
@@ -214,6 +219,12 @@ impl AuditLog {
         self.inner.options.sample_rate
     }
 
+    /// Transactions committed so far by this log's writer (for metrics: with
+    /// group commit this grows slower than the number of appends).
+    pub fn commit_count(&self) -> u64 {
+        self.inner.commits.load(Ordering::Relaxed)
+    }
+
     async fn submit(&self, op: WriteOp) -> Result<WriteOutcome, AuditError> {
         let (reply, answer) = oneshot::channel();
         self.inner
@@ -236,7 +247,12 @@ fn unexpected(outcome: WriteOutcome) -> AuditError {
     AuditError::Storage(format!("unexpected write outcome {outcome:?}"))
 }
 
-fn run_writer(store: &dyn Store, mut receiver: mpsc::Receiver<Pending>, commit: CommitMode) {
+fn run_writer(
+    store: &dyn Store,
+    mut receiver: mpsc::Receiver<Pending>,
+    commit: CommitMode,
+    commits: &AtomicU64,
+) {
     let limit = match commit {
         CommitMode::Group => MAX_BATCH,
         CommitMode::PerRecord => 1,
@@ -257,6 +273,7 @@ fn run_writer(store: &dyn Store, mut receiver: mpsc::Receiver<Pending>, commit: 
         }
         match store.write(&ops) {
             Ok(outcomes) => {
+                commits.fetch_add(1, Ordering::Relaxed);
                 for (reply, outcome) in replies.drain(..).zip(outcomes) {
                     let _ = reply.send(Ok(outcome));
                 }

@@ -11,8 +11,8 @@
 use std::path::Path;
 
 use redb::{
-    ConcurrencyMode, Database, DatabaseError, ReadTransaction, ReadableDatabase, ReadableTable,
-    TableDefinition,
+    ConcurrencyMode, Database, DatabaseError, Durability, ReadTransaction, ReadableDatabase,
+    ReadableTable, TableDefinition,
 };
 use serde::{Deserialize, Serialize};
 
@@ -207,7 +207,10 @@ impl Store for RedbStore {
         let Self::Writable(db) = self else {
             return Err(AuditError::Storage("the store was opened read-only".into()));
         };
-        let txn = db.begin_write().map_err(storage)?;
+        let mut txn = db.begin_write().map_err(storage)?;
+        // redb's default, made explicit: the commit is fsync'd before it returns.
+        txn.set_durability(Durability::Immediate)
+            .map_err(|error| AuditError::Storage(error.to_string()))?;
         let mut outcomes = Vec::with_capacity(ops.len());
         {
             let mut tables = Tables {
@@ -222,7 +225,6 @@ impl Store for RedbStore {
                 outcomes.push(tables.apply(op)?);
             }
         }
-        // Durability::Immediate (redb's default): fsync'd when this returns.
         txn.commit().map_err(storage)?;
         Ok(outcomes)
     }

@@ -167,6 +167,30 @@ fn concurrent_appends_get_consecutive_ids_and_verify() {
 }
 
 #[test]
+fn group_commit_shares_transactions_and_per_record_does_not() {
+    for (mode, shares) in [(CommitMode::Group, true), (CommitMode::PerRecord, false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let options = AuditOptions {
+            commit: mode,
+            ..AuditOptions::default()
+        };
+        let log = AuditLog::open(dir.path(), options).unwrap();
+        let before = log.commit_count();
+        fill(&log, 200, 0);
+        let commits = log.commit_count() - before;
+        if shares {
+            assert!(
+                commits < 200,
+                "{mode:?}: {commits} commits for 200 concurrent appends"
+            );
+        } else {
+            assert_eq!(commits, 200, "{mode:?}");
+        }
+        assert_eq!(verify(dir.path()), Ok(200));
+    }
+}
+
+#[test]
 fn flipped_byte_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
