@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use canarygate_proxy::audit::{
     Action, AuditLog, AuditOptions, Latency, NewRecord, Outcome, RequestRecord, Route, STORE_FILE,
-    Verdict, sha256_hex,
+    Sample, Verdict, sha256_hex,
 };
 
 fn record(request_id: String) -> RequestRecord {
@@ -101,12 +101,22 @@ async fn verify_fails_naming_a_record_changed_in_the_raw_file() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tail_and_verify_run_while_another_process_appends() {
+async fn tail_verify_and_review_run_while_another_process_appends() {
     let dir = tempfile::tempdir().unwrap();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     for n in 0..10 {
         append(&log, format!("warm-{n}")).await;
     }
+    let sampled = log
+        .append(NewRecord {
+            record: record("sampled-request".into()),
+            sample: Some(Sample {
+                request_text: "question".into(),
+                response_text: "answer".into(),
+            }),
+        })
+        .await
+        .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let written = Arc::new(AtomicU64::new(10));
     let writer = {
@@ -157,8 +167,25 @@ async fn tail_and_verify_run_while_another_process_appends() {
         assert_eq!(text(&tail.stdout).lines().count(), 3);
     }
 
+    // A second process appends a review while this one keeps appending: the
+    // chain must not fork.
+    let data = dir.path().to_owned();
+    let id = sampled.to_string();
+    let mark = tokio::task::spawn_blocking(move || {
+        canarygate(
+            &data,
+            &["spot-check", "--mark", &id, "ok", "--note", "fine"],
+        )
+    })
+    .await
+    .unwrap();
+    assert!(mark.status.success(), "{}", text(&mark.stderr));
+    assert!(text(&mark.stdout).contains(&format!("record {sampled} marked ok")));
+
     stop.store(true, Ordering::Relaxed);
     writer.await.unwrap();
+    let verify = canarygate(dir.path(), &["verify"]);
+    assert!(verify.status.success(), "{}", text(&verify.stderr));
     append(&log, "the-marker-request".into()).await;
     let stdout = follower.stdout.take().unwrap();
     let seen = tokio::task::spawn_blocking(move || {
