@@ -155,7 +155,7 @@ pub fn run_with(
         }
         AuditCommand::SpotCheck { mark: None, .. } => spot_check(dir, key_env, input, out),
         AuditCommand::Prune { before } => {
-            let before = time(&Some(before.clone()))?.expect("given");
+            let before = parse_time(before, now).map_err(AuditError::InvalidArgument)?;
             let store = RedbStore::open_writable(dir)?;
             // Pruning a broken chain would destroy the evidence of the break.
             verify_chain(store.read()?.as_ref())?;

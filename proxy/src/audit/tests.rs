@@ -306,6 +306,13 @@ fn changed_or_deleted_sample_is_named() {
         .sampled_ids()
         .unwrap();
     let id = sampled[1];
+    let original = RedbStore::open_read_only(dir.path())
+        .unwrap()
+        .read()
+        .unwrap()
+        .sample(id)
+        .unwrap()
+        .unwrap();
     let store = RedbStore::open_writable(dir.path()).unwrap();
     let RedbStore::Writable(db) = &store else {
         unreachable!()
@@ -334,6 +341,25 @@ fn changed_or_deleted_sample_is_named() {
         error
             .to_string()
             .contains(&format!("record {id}: its sample was deleted")),
+        "{error}"
+    );
+    // A sample slipped in for a record that was not sampled is caught too.
+    let txn = db.begin_write().unwrap();
+    txn.open_table(SAMPLES)
+        .unwrap()
+        .insert(id, original.as_slice())
+        .unwrap();
+    let unsampled = (1..=10).find(|id| !sampled.contains(id)).unwrap();
+    txn.open_table(SAMPLES)
+        .unwrap()
+        .insert(unsampled, b"\0{}".as_slice())
+        .unwrap();
+    txn.commit().unwrap();
+    let error = verify(dir.path()).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("record {unsampled}: a sample was added")),
         "{error}"
     );
 }

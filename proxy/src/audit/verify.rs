@@ -65,29 +65,32 @@ pub(crate) fn verify_chain(view: &dyn ReadView) -> Result<VerifyReport, AuditErr
                 ));
             }
             let stored_sample = view.sample(key)?;
-            match (&record.entry, stored_sample) {
-                (Entry::Request(request), Some(sample)) => match &request.sample {
-                    Some(reference) if reference.sha256 == sha256_hex(&sample) => {}
-                    Some(_) => return tampered(format!("record {key}: its sample was changed")),
-                    None => {
+            match &record.entry {
+                Entry::Request(request) => match (&request.sample, stored_sample) {
+                    (Some(listed), Some(sample)) if listed.sha256 == sha256_hex(&sample) => {}
+                    (Some(_), Some(_)) => {
+                        return tampered(format!("record {key}: its sample was changed"));
+                    }
+                    (Some(_), None) => {
+                        return tampered(format!("record {key}: its sample was deleted"));
+                    }
+                    (None, Some(_)) => {
                         return tampered(format!(
                             "record {key}: a sample was added that the record does not list"
                         ));
                     }
+                    (None, None) => {}
                 },
-                (Entry::Request(request), None) if request.sample.is_some() => {
-                    return tampered(format!("record {key}: its sample was deleted"));
-                }
-                (_, Some(_)) if !matches!(record.entry, Entry::Request(_)) => {
+                _ if stored_sample.is_some() => {
                     return tampered(format!("record {key}: has a sample but is not a request"));
                 }
-                (Entry::Checkpoint(point), _) => {
+                Entry::Checkpoint(point) => {
                     let hash = parse_hash(&point.first_kept_prev_hash).ok_or_else(|| {
                         AuditError::Tampered(format!("record {key}: checkpoint hash is malformed"))
                     })?;
                     checkpoint = Some((point.first_kept_id, hash));
                 }
-                _ => {}
+                Entry::Review(_) => {}
             }
             prev = raw.hash;
             expected = key + 1;
