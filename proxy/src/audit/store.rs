@@ -220,6 +220,7 @@ impl Store for RedbStore {
                 canaries: txn.open_table(CANARIES).map_err(storage)?,
                 probes: txn.open_table(PROBES).map_err(storage)?,
                 meta: txn.open_table(META).map_err(storage)?,
+                head: None,
             };
             for op in ops {
                 outcomes.push(tables.apply(op)?);
@@ -246,6 +247,9 @@ struct Tables<'txn> {
     canaries: redb::Table<'txn, &'static [u8], &'static [u8]>,
     probes: redb::Table<'txn, &'static str, &'static [u8]>,
     meta: redb::Table<'txn, &'static str, &'static [u8]>,
+    /// Next id, its `prev_hash` and the last record's time, once known in
+    /// this transaction (saves re-reading the record just appended).
+    head: Option<(RecordId, [u8; 32], u64)>,
 }
 
 impl Tables<'_> {
@@ -296,6 +300,9 @@ impl Tables<'_> {
 
     /// The id and hash the next record chains onto.
     fn head(&self) -> Result<(RecordId, [u8; 32], u64), AuditError> {
+        if let Some(head) = self.head {
+            return Ok(head);
+        }
         match self.records.last().map_err(storage)? {
             Some((key, value)) => {
                 let raw = RawRecord::from_stored(key.value(), value.value())?;
@@ -319,8 +326,9 @@ impl Tables<'_> {
             recorded_at_ms: now_ms().max(last_ms),
             entry: entry.clone(),
         };
-        let (value, _) = seal(&record)?;
+        let (value, hash) = seal(&record)?;
         self.records.insert(id, value.as_slice()).map_err(storage)?;
+        self.head = Some((id + 1, hash, record.recorded_at_ms));
         if let Some(sample) = sample {
             self.samples.insert(id, sample).map_err(storage)?;
         }
