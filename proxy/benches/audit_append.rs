@@ -3,7 +3,8 @@
 //! disk. Every append is fsync'd before it returns in both modes.
 //!
 //! `cargo bench -p canarygate-proxy --bench audit_append [-- SECONDS]`
-//! (default 3 s per case). Set `CANARYGATE_BENCH_DIR` to measure another disk.
+//! (default 2 s per case, three interleaved rounds, medians). Set
+//! `CANARYGATE_BENCH_DIR` to measure another disk.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -94,41 +95,48 @@ fn main() {
     let seconds = std::env::args()
         .skip(1)
         .find_map(|arg| arg.parse::<f64>().ok())
-        .unwrap_or(3.0);
+        .unwrap_or(2.0);
     let base = std::env::var_os("CANARYGATE_BENCH_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
     std::fs::create_dir_all(&base).expect("bench directory");
+    let cases = [
+        ("per-record", CommitMode::PerRecord, 1),
+        ("group", CommitMode::Group, 1),
+        ("per-record", CommitMode::PerRecord, 64),
+        ("group", CommitMode::Group, 64),
+    ];
+    // fsync latency on shared disks drifts: interleave the cases over several
+    // rounds and report each case's median.
+    const ROUNDS: usize = 3;
     println!(
-        "durable audit appends/s in {} ({seconds} s per case)",
+        "durable audit appends/s in {} (median of {ROUNDS} rounds of {seconds} s per case)",
         base.display()
     );
-    println!("{:<12} {:>8} {:>14}", "commit", "writers", "appends/s");
-    let mut results = Vec::new();
-    for writers in [1, 64] {
-        for (name, mode) in [
-            ("per-record", CommitMode::PerRecord),
-            ("group", CommitMode::Group),
-        ] {
-            let rate = measure(&base, mode, writers, seconds);
-            println!("{name:<12} {writers:>8} {rate:>14.0}");
-            results.push((writers, mode, rate));
+    let mut samples = vec![Vec::new(); cases.len()];
+    for _ in 0..ROUNDS {
+        for (index, (_, mode, writers)) in cases.iter().enumerate() {
+            samples[index].push(measure(&base, *mode, *writers, seconds));
         }
     }
-    let rate = |writers, mode| {
-        results
-            .iter()
-            .find(|(w, m, _)| *w == writers && *m == mode)
-            .map(|(_, _, r)| *r)
-            .expect("measured")
-    };
+    let medians: Vec<f64> = samples
+        .iter_mut()
+        .map(|rates| {
+            rates.sort_by(f64::total_cmp);
+            rates[rates.len() / 2]
+        })
+        .collect();
+    println!("{:<12} {:>8} {:>14}", "commit", "writers", "appends/s");
+    for ((name, _, writers), rate) in cases.iter().zip(&medians) {
+        println!("{name:<12} {writers:>8} {rate:>14.0}");
+    }
     println!(
         "group / per-record: {:.2}x with 1 writer, {:.2}x with 64 writers",
-        rate(1, CommitMode::Group) / rate(1, CommitMode::PerRecord),
-        rate(64, CommitMode::Group) / rate(64, CommitMode::PerRecord)
+        medians[1] / medians[0],
+        medians[3] / medians[2]
     );
     println!(
         "group, 64 writers / 1 writer: {:.2}x",
-        rate(64, CommitMode::Group) / rate(1, CommitMode::Group)
+        medians[3] / medians[1]
     );
 }

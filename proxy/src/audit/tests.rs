@@ -850,3 +850,30 @@ fn store_survives_sigkill_under_load() {
         drop(log);
     }
 }
+
+#[test]
+fn options_from_policy_require_the_named_key_to_be_set() {
+    let policy = |audit: &str| {
+        let text = format!(
+            "{audit}\n[[providers]]\nname = \"sim\"\nbase_url = \"http://127.0.0.1:9/v1\"\n\
+             context_window = 1000\n[[routes]]\nmodel = \"*\"\nprovider = \"sim\"\n"
+        );
+        canarygate_policies::Policy::from_toml_str(&text, "test.toml").unwrap()
+    };
+    let plain = AuditOptions::from_policy(&policy("[audit]\nsample_rate = 0.25\n").audit).unwrap();
+    assert_eq!(plain.sample_rate, 0.25);
+    assert!(plain.sample_key.is_none());
+
+    let var = "CANARYGATE_TEST_KEY_FROM_POLICY";
+    let keyed = policy(&format!("[audit]\nencryption_key_env = \"{var}\"\n"));
+    let error = AuditOptions::from_policy(&keyed.audit).unwrap_err();
+    assert!(error.to_string().contains("not set"), "{error}");
+    // SAFETY: set_var is unsafe in edition 2024; this variable is unique to this test.
+    unsafe { std::env::set_var(var, "not a key") };
+    let error = AuditOptions::from_policy(&keyed.audit).unwrap_err();
+    assert!(error.to_string().contains(var), "{error}");
+    unsafe { std::env::set_var(var, "ab".repeat(32)) };
+    let options = AuditOptions::from_policy(&keyed.audit).unwrap();
+    assert!(options.sample_key.is_some());
+    assert_eq!(options.sample_rate, DEFAULT_SAMPLE_RATE);
+}
