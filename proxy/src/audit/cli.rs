@@ -82,10 +82,29 @@ pub enum AuditCommand {
 }
 
 /// Runs an `audit` command on standard input and output.
+///
+/// redb documents that reading a file altered behind its back may panic. A
+/// tamper-checking tool must answer such a file with an error, so a panic
+/// while the command runs is caught and reported as a damaged store.
 pub fn run(args: AuditArgs) -> Result<(), AuditError> {
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();
-    run_with(args, &mut stdin.lock(), &mut stdout.lock())
+    let quiet_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        run_with(args, &mut stdin.lock(), &mut stdout.lock())
+    }));
+    std::panic::set_hook(quiet_hook);
+    outcome.unwrap_or_else(|payload| {
+        let detail = payload
+            .downcast_ref::<&str>()
+            .map(|text| (*text).to_owned())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown failure".into());
+        Err(AuditError::Corrupt(format!(
+            "the store file is damaged and cannot be read ({detail})"
+        )))
+    })
 }
 
 /// Runs an `audit` command with the given input and output.
