@@ -109,7 +109,9 @@ impl std::fmt::Debug for AuditLog {
 
 impl AuditLog {
     /// Opens (creating when missing) `dir/canarygate.redb` and `dir/secret.key`,
-    /// repairs the store after a crash, and starts the writer thread.
+    /// checks every page of the store (repairing it after a crash; a damaged
+    /// file is an error), and starts the writer thread. Blocking; it reads the
+    /// whole store.
     pub fn open(dir: &Path, options: AuditOptions) -> Result<Self, AuditError> {
         if !(0.0..=1.0).contains(&options.sample_rate) {
             return Err(AuditError::InvalidArgument(format!(
@@ -117,7 +119,7 @@ impl AuditLog {
                 options.sample_rate
             )));
         }
-        let store: Arc<dyn Store> = Arc::new(RedbStore::open_writable(dir)?);
+        let store: Arc<dyn Store> = Arc::new(RedbStore::open_writable_with(dir, true)?);
         let secrets = Secrets::load_or_create(dir)?;
         if options.sample_key.is_none() && options.sample_rate > 0.0 {
             tracing::warn!(

@@ -150,6 +150,13 @@ fn builder() -> redb::Builder {
 impl RedbStore {
     /// Opens (creating when missing) the store for writing, repairing it after a crash.
     pub(crate) fn open_writable(dir: &Path) -> Result<Self, AuditError> {
+        Self::open_writable_with(dir, false)
+    }
+
+    /// Like [`Self::open_writable`], but with `verify_pages` redb checks the
+    /// checksum of every page first, so a file damaged outside redb is an
+    /// error rather than a possible panic later. Reads the whole file.
+    pub(crate) fn open_writable_with(dir: &Path, verify_pages: bool) -> Result<Self, AuditError> {
         std::fs::create_dir_all(dir).map_err(|error| {
             AuditError::Io(format!(
                 "cannot create data directory {}: {error}",
@@ -158,6 +165,7 @@ impl RedbStore {
         })?;
         let path = dir.join(STORE_FILE);
         let db = builder()
+            .set_check_integrity_on_open(verify_pages)
             .create(&path)
             .map_err(|error| open_error(&path, error))?;
         let txn = db.begin_write().map_err(storage)?;
