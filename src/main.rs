@@ -41,6 +41,8 @@ enum Command {
         #[command(subcommand)]
         command: canarygate_engine::cli::EngineCommand,
     },
+    /// Read, verify, export, review and prune the audit log.
+    Audit(canarygate_proxy::audit::cli::AuditArgs),
 }
 
 #[derive(Debug, Args)]
@@ -120,6 +122,9 @@ fn main() -> ExitCode {
         Command::SimProvider(args) => sim_provider(args),
         Command::Demo { json } => demo(json),
         Command::Engine { command } => canarygate_engine::cli::run(command).map_err(|e| anyhow!(e)),
+        Command::Audit(args) => {
+            canarygate_proxy::audit::cli::run(args).map_err(|error| anyhow::anyhow!(error))
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -718,7 +718,6 @@ provider = "sim"
 [verify]
 enabled = false
 "#,
-
         sim.url
     ));
     let proxy = start_proxy_with_policy(&dir, &policy, &[]);

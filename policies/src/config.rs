@@ -72,6 +72,33 @@ pub struct Policy {
     /// Answer verification: echo, release and failure action.
     #[serde(default)]
     pub verify: VerifyConfig,
+    /// Audit sampling and encryption of samples.
+    #[serde(default)]
+    pub audit: AuditConfig,
+}
+
+/// Sample rate of `[audit]` when none is given (2%).
+pub const DEFAULT_AUDIT_SAMPLE_RATE: f64 = 0.02;
+
+/// `[audit]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuditConfig {
+    /// Share of passing requests whose text is kept for spot-checks, 0.0 to
+    /// 1.0. Failed verdicts are always kept.
+    pub sample_rate: Spanned<f64>,
+    /// Environment variable holding the 32-byte key (64 hex characters or
+    /// base64) that encrypts samples at rest. Unset: samples are stored in clear.
+    pub encryption_key_env: Option<Spanned<String>>,
+}
+
+impl Default for AuditConfig {
+    fn default() -> Self {
+        Self {
+            sample_rate: Spanned::new(0..0, DEFAULT_AUDIT_SAMPLE_RATE),
+            encryption_key_env: None,
+        }
+    }
 }
 
 /// Client authentication mode.
@@ -280,6 +307,29 @@ impl Policy {
         ] {
             if value == 0 {
                 return Err((None, format!("{name} must be greater than 0")));
+            }
+        }
+
+        let audit = &self.audit;
+        if !(0.0..=1.0).contains(audit.sample_rate.get_ref()) {
+            return Err((
+                Some(audit.sample_rate.span()),
+                "audit.sample_rate must be between 0.0 and 1.0".into(),
+            ));
+        }
+        if let Some(var) = &audit.encryption_key_env {
+            let name = var.get_ref();
+            if name.is_empty()
+                || name.starts_with(|c: char| c.is_ascii_digit())
+                || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+            {
+                return Err((
+                    Some(var.span()),
+                    format!(
+                        "audit.encryption_key_env `{name}` is not an environment variable name \
+                         (letters, digits and _)"
+                    ),
+                ));
             }
         }
 
@@ -508,6 +558,26 @@ provider = "sim"
             "mode = \"managed\"\nclient_keys = [{ name = \"cron\", sha256 = \"ABC\" }]",
         );
         assert!(error_of(&bad_hash).message.contains("64 lowercase hex"));
+    }
+
+    #[test]
+    fn audit_section_defaults_and_validates() {
+        let policy = Policy::from_toml_str(MINIMAL, "test.toml").unwrap();
+        assert_eq!(
+            *policy.audit.sample_rate.get_ref(),
+            DEFAULT_AUDIT_SAMPLE_RATE
+        );
+        assert!(policy.audit.encryption_key_env.is_none());
+        let text =
+            format!("[audit]\nsample_rate = 0.5\nencryption_key_env = \"CG_AUDIT_KEY\"\n{MINIMAL}");
+        let policy = Policy::from_toml_str(&text, "test.toml").unwrap();
+        assert_eq!(*policy.audit.sample_rate.get_ref(), 0.5);
+        let error = error_of(&text.replace("0.5", "1.5"));
+        assert_eq!(error.position.unwrap().0, 2, "{error}");
+        let error = error_of(&text.replace("CG_AUDIT_KEY", "not a name"));
+        assert_eq!(error.position.unwrap().0, 3, "{error}");
+        let error = error_of(&text.replace("sample_rate", "sample_rat"));
+        assert!(error.message.contains("sample_rat"), "{error}");
     }
 
     #[test]

@@ -28,7 +28,11 @@ use crate::sim::{Mode, SimConfig};
 /// The advertised window of the simulated provider, in tokens.
 pub const DEMO_WINDOW_TOKENS: u64 = 8192;
 
+/// Prefill speed of the simulated provider, tokens per second.
+pub const DEMO_PREFILL_TOKENS_PER_SECOND: f64 = 50_000.0;
+
 /// Prompt sizes within this many tokens of the pool size are moved below it.
+
 const BOUNDARY_MARGIN: usize = 256;
 
 /// Settings of one demo run.
@@ -127,6 +131,9 @@ pub async fn run(options: &DemoOptions) -> Result<DemoReport, String> {
     let sim_config = SimConfig {
         context_window: DEMO_WINDOW_TOKENS,
         mode: Mode::LeakOnOverflow,
+        // A real prefill takes time: the default policy's ttft check expects
+        // no provider to prefill faster than 200,000 tokens/s.
+        prefill_tps: DEMO_PREFILL_TOKENS_PER_SECOND,
         ..SimConfig::default()
     };
     let pool_tokens = sim_config.prefill_pool_tokens();

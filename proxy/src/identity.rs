@@ -11,7 +11,6 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::error::ApiError;
-use crate::secret::SECRET_LEN;
 
 /// Request header a client may set to split one credential into sessions.
 pub const SESSION_HEADER: &str = "x-canarygate-session";
@@ -52,12 +51,12 @@ pub struct Authenticator {
     mode: AuthMode,
     /// Managed keys: (name, SHA-256 of the key).
     client_keys: Vec<(String, [u8; 32])>,
-    secret: [u8; SECRET_LEN],
+    secret: [u8; 32],
 }
 
 impl Authenticator {
     /// Builds the authenticator; `config` has been validated by the policy loader.
-    pub fn new(config: &AuthConfig, secret: [u8; SECRET_LEN]) -> Self {
+    pub fn new(config: &AuthConfig, secret: [u8; 32]) -> Self {
         let client_keys = config
             .client_keys
             .iter()

@@ -4,6 +4,7 @@
 //! OpenAI-compatible provider (`canarygate sim-provider`) that tests,
 //! benchmarks and the demo run against.
 
+pub mod audit;
 pub mod clock;
 pub mod demo;
 pub mod error;
@@ -11,10 +12,10 @@ pub mod identity;
 pub mod metrics;
 pub mod relay;
 pub mod request;
-pub mod secret;
 pub mod server;
 pub mod sim;
 pub mod tls;
+mod trail;
 pub mod upstream;
 mod verified;
 

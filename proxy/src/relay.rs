@@ -1,4 +1,5 @@
-//! Streaming relay: upstream SSE in, client SSE out, one event at a time.
+//! Plain streaming relay (`[verify] enabled = false`): upstream SSE in,
+//! client SSE out, one event at a time.
 //!
 //! The relay pulls from the provider only when the client's connection asks for
 //! more (hyper polls the body stream when its write buffer has room), so a slow
@@ -8,82 +9,86 @@
 //!
 //! A stream never ends in a way that looks clean unless the provider sent
 //! `[DONE]`: a failure, a timeout or an early close ends it with an explicit
-//! error event in OpenAI's format.
+//! error event in OpenAI's format. The last bytes go out only once the audit
+//! record is durable.
 
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
+use axum::body::Body;
 use bytes::Bytes;
 use canarygate_policies::sse::{SseEvent, SseParser, encode_data};
 use futures_util::{Stream, StreamExt};
+use tokio::sync::OwnedSemaphorePermit;
 
-use crate::clock::RequestClock;
+use crate::audit::{Action, Outcome};
 use crate::error::{error_body, error_chain};
+use crate::trail::Trail;
 
 /// Error code of the event that ends an interrupted stream.
 pub const STREAM_INTERRUPTED: &str = "upstream_stream_interrupted";
 
 type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
 
-/// How a relayed stream ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StreamEnd {
-    /// The provider sent `[DONE]`.
-    Done,
-    /// The provider failed, stalled or closed early; the client got an error event.
-    Interrupted,
-}
-
-struct Relay {
+/// An upstream SSE stream on its way to the client.
+pub(crate) struct Relay {
     upstream: ByteStream,
     parser: SseParser,
     events: Vec<SseEvent>,
     idle_timeout: Duration,
     provider: String,
-    clock: RequestClock,
-    last_yield: Option<Instant>,
-    end: Option<StreamEnd>,
+    /// The last bytes: `[DONE]` or the error event.
+    tail: Option<Vec<u8>>,
+    interrupted: bool,
+    _permit: OwnedSemaphorePermit,
 }
 
-/// Relays the SSE body of `response` to the client.
-pub fn relay_sse(
+/// Relays the SSE body of `response`; the permit is held until it ends.
+pub(crate) fn relay_sse(
     response: reqwest::Response,
     provider: String,
     idle_timeout: Duration,
-    clock: RequestClock,
-) -> impl Stream<Item = Result<Bytes, Infallible>> + Send {
-    let relay = Relay {
+    permit: OwnedSemaphorePermit,
+) -> Relay {
+    Relay {
         upstream: Box::pin(response.bytes_stream()),
         parser: SseParser::new(),
         events: Vec::new(),
         idle_timeout,
         provider,
-        clock,
-        last_yield: None,
-        end: None,
-    };
-    futures_util::stream::unfold(relay, |mut relay| async move {
-        if relay.end.is_some() {
-            return None;
-        }
-        let chunk = relay.next_chunk().await;
-        Some((Ok(chunk), relay))
-    })
+        tail: None,
+        interrupted: false,
+        _permit: permit,
+    }
+}
+
+/// The relay with the request's trail, as a response body.
+struct RelayBody {
+    relay: Relay,
+    trail: Option<Trail>,
+    last_yield: Option<Instant>,
 }
 
 impl Relay {
-    /// Reads upstream until at least one event is ready (or the stream ends)
-    /// and returns the bytes to send.
-    async fn next_chunk(&mut self) -> Bytes {
-        let resumed = Instant::now();
-        if let Some(yielded) = self.last_yield {
-            // Between our yield and this poll the client connection was writing.
-            self.clock.add_waiting(resumed - yielded);
-        }
+    /// The response body; `trail` records the request when the stream ends.
+    pub(crate) fn into_body(self: Box<Self>, trail: Trail) -> Body {
+        let body = RelayBody {
+            relay: *self,
+            trail: Some(trail),
+            last_yield: None,
+        };
+        Body::from_stream(futures_util::stream::unfold(body, |mut body| async move {
+            let chunk = body.next_chunk().await?;
+            Some((Ok::<_, Infallible>(chunk), body))
+        }))
+    }
+
+    /// Reads upstream until at least one event is ready or the stream ends.
+    async fn read(&mut self, trail: &mut Trail) -> Vec<u8> {
         let mut out = Vec::new();
-        while out.is_empty() && self.end.is_none() {
-            let next = self
+        while out.is_empty() && self.tail.is_none() {
+            let next = trail
                 .clock
                 .wait(tokio::time::timeout(
                     self.idle_timeout,
@@ -91,30 +96,26 @@ impl Relay {
                 ))
                 .await;
             match next {
-                Err(_) => self.interrupt(
-                    &mut out,
-                    &format!(
-                        "no data for {} ms (limits.idle_timeout_ms)",
-                        self.idle_timeout.as_millis()
-                    ),
-                ),
+                Err(_) => self.interrupt(&format!(
+                    "sent nothing for {} ms (limits.idle_timeout_ms)",
+                    self.idle_timeout.as_millis()
+                )),
                 Ok(None) => {
                     let detail = if self.parser.finish() {
                         "closed the stream in the middle of an event"
                     } else {
                         "closed the stream without sending [DONE]"
                     };
-                    self.interrupt(&mut out, detail);
+                    self.interrupt(detail);
                 }
                 Ok(Some(Err(error))) => {
-                    self.interrupt(&mut out, &format!("stream failed: {}", error_chain(&error)))
+                    self.interrupt(&format!("stream failed: {}", error_chain(&error)))
                 }
                 Ok(Some(Ok(bytes))) => {
                     self.parser.feed(&bytes, &mut self.events);
                     for event in self.events.drain(..) {
                         if event.is_done() {
-                            out.extend_from_slice(b"data: [DONE]\n\n");
-                            self.end = Some(StreamEnd::Done);
+                            self.tail = Some(b"data: [DONE]\n\n".to_vec());
                             break;
                         }
                         if let Some(name) = &event.event {
@@ -127,20 +128,76 @@ impl Relay {
                 }
             }
         }
-        self.last_yield = Some(Instant::now());
-        Bytes::from(out)
+        out
     }
 
-    fn interrupt(&mut self, out: &mut Vec<u8>, detail: &str) {
+    fn interrupt(&mut self, detail: &str) {
         let message = format!(
             "Provider `{}` {detail}; the answer is incomplete.",
             self.provider
         );
         tracing::warn!(provider = %self.provider, "stream interrupted: {detail}");
+        let mut tail = Vec::new();
         encode_data(
             &error_body(&message, "upstream_error", STREAM_INTERRUPTED, None).to_string(),
-            out,
+            &mut tail,
         );
-        self.end = Some(StreamEnd::Interrupted);
+        self.tail = Some(tail);
+        self.interrupted = true;
+    }
+}
+
+impl RelayBody {
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        let trail = self.trail.as_mut()?;
+        if let Some(yielded) = self.last_yield.take() {
+            // Between our yield and this poll the client connection was writing.
+            trail.clock.add_waiting(yielded.elapsed());
+        }
+        if self.relay.tail.is_none() {
+            let out = self.relay.read(trail).await;
+            if !out.is_empty() {
+                trail.sent(&out);
+                self.last_yield = Some(Instant::now());
+                return Some(Bytes::from(out));
+            }
+        }
+        // The end: record, durably, then send the last bytes.
+        let mut trail = self.trail.take()?;
+        let tail = self.relay.tail.take().unwrap_or_default();
+        trail.sent(&tail);
+        let outcome = if self.relay.interrupted {
+            Outcome::InterruptedByUpstream
+        } else {
+            Outcome::Complete
+        };
+        match trail.commit(outcome, Action::Forward).await {
+            Ok(()) => Some(Bytes::from(tail)),
+            Err(error) => {
+                tracing::error!("audit append failed: {error}; the stream ends in an error");
+                let mut bytes = Vec::new();
+                encode_data(
+                    &crate::verified::audit_failure_body().to_string(),
+                    &mut bytes,
+                );
+                Some(Bytes::from(bytes))
+            }
+        }
+    }
+}
+
+impl Drop for RelayBody {
+    fn drop(&mut self) {
+        // The client went away before the end: record the request as interrupted.
+        if let Some(trail) = self.trail.take() {
+            tokio::spawn(async move {
+                if let Err(error) = trail
+                    .commit(Outcome::InterruptedByClient, Action::Forward)
+                    .await
+                {
+                    tracing::error!("audit append of an interrupted stream failed: {error}");
+                }
+            });
+        }
     }
 }

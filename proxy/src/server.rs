@@ -13,18 +13,20 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use canarygate_policies::config::Policy;
-use canarygate_policies::registry::MemoryRegistry;
+use canarygate_policies::registry::{MemoryRegistry, Registration};
 use futures_util::StreamExt;
 use serde_json::json;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::audit::{AuditLog, AuditOptions};
 use crate::clock::RequestClock;
 use crate::error::{ApiError, error_chain};
 use crate::identity::Authenticator;
 use crate::metrics::Metrics;
 use crate::relay::relay_sse;
 use crate::request::ChatRequest;
+use crate::trail::Trail;
 use crate::upstream::{Upstream, build_upstreams, send_error};
 
 /// Response header carrying the id of the request (also in the audit log).
@@ -48,7 +50,7 @@ pub struct ServeOptions {
     pub policy: Policy,
     /// Where to listen.
     pub listen: SocketAddr,
-    /// The data directory (secret key, later the audit log).
+    /// The data directory: per-install secret and audit store.
     pub data_dir: PathBuf,
 }
 
@@ -61,6 +63,8 @@ pub(crate) struct AppState {
     slots: Arc<Semaphore>,
     /// Every live canary of this process.
     pub(crate) registry: Arc<MemoryRegistry>,
+    /// The durable audit store (records, persisted canaries).
+    pub(crate) audit: AuditLog,
 }
 
 /// A bound, not yet running server.
@@ -72,20 +76,37 @@ pub struct Server {
 impl Server {
     /// Loads secrets, builds provider clients and binds the listener.
     pub async fn bind(options: ServeOptions) -> Result<Self, String> {
-        let secret = crate::secret::load_or_create(&options.data_dir.join("secret.key"))
-            .map_err(|error| format!("data dir {}: {error}", options.data_dir.display()))?;
         let upstreams = build_upstreams(&options.policy)?;
+        let audit = open_audit_log(&options).await?;
+        let secrets = audit.secrets().clone();
+        let registry = Arc::new(MemoryRegistry::new(&secrets.secret("canary")));
+        let live = audit
+            .live_canaries(crate::verified::now_ms())
+            .map_err(|error| format!("audit store: {error}"))?;
+        if !live.is_empty() {
+            tracing::info!(
+                canaries = live.len(),
+                "restored live canaries of requests still in flight before the restart"
+            );
+        }
+        for entry in live {
+            registry.restore(
+                entry.key,
+                Registration {
+                    session: entry.session,
+                    request: entry.request_id,
+                    expires_at_ms: entry.expires_at_ms,
+                },
+            );
+        }
+        spawn_registry_sweeper(Arc::downgrade(&registry), audit.clone());
         let listener = TcpListener::bind(options.listen)
             .await
             .map_err(|error| format!("cannot listen on {}: {error}", options.listen))?;
-        let registry = Arc::new(MemoryRegistry::new(&crate::secret::derive(
-            &secret,
-            "canary-registry",
-        )));
-        spawn_registry_sweeper(Arc::downgrade(&registry));
         let state = Arc::new(AppState {
             registry,
-            auth: Authenticator::new(&options.policy.auth, secret),
+            audit,
+            auth: Authenticator::new(&options.policy.auth, secrets.secret("session")),
             slots: Arc::new(Semaphore::new(
                 options.policy.limits.max_concurrent_requests,
             )),
@@ -115,8 +136,24 @@ impl Server {
     }
 }
 
-/// Drops expired canaries once a minute, until the registry is gone.
-fn spawn_registry_sweeper(registry: std::sync::Weak<MemoryRegistry>) {
+/// Opens the audit store of the data directory (blocking: it checks the file).
+async fn open_audit_log(options: &ServeOptions) -> Result<AuditLog, String> {
+    let audit_options = AuditOptions::from_policy(&options.policy.audit)
+        .map_err(|error| format!("[audit]: {error}"))?;
+    let dir = options.data_dir.clone();
+    std::fs::create_dir_all(&dir)
+        .map_err(|error| format!("cannot create data dir {}: {error}", dir.display()))?;
+    tokio::task::spawn_blocking(move || {
+        AuditLog::open(&dir, audit_options)
+            .map_err(|error| format!("audit store in {}: {error}", dir.display()))
+    })
+    .await
+    .map_err(|error| format!("opening the audit store failed: {error}"))?
+}
+
+/// Drops expired canaries, in memory and in the store, once a minute, until
+/// the registry is gone.
+fn spawn_registry_sweeper(registry: std::sync::Weak<MemoryRegistry>, audit: AuditLog) {
     tokio::spawn(async move {
         let mut ticks = tokio::time::interval(Duration::from_secs(60));
         loop {
@@ -124,7 +161,12 @@ fn spawn_registry_sweeper(registry: std::sync::Weak<MemoryRegistry>) {
             let Some(registry) = registry.upgrade() else {
                 return;
             };
-            registry.purge_expired(crate::verified::now_ms());
+            let now = crate::verified::now_ms();
+            registry.purge_expired(now);
+            drop(registry);
+            if let Err(error) = audit.sweep_canaries(now).await {
+                tracing::warn!("sweeping expired canaries from the audit store: {error}");
+            }
         }
     });
 }
@@ -214,8 +256,13 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match serve_chat(&state, &request_id, &headers, body).await {
-        Ok(response) => response,
+    let mut trail = Trail::start(state.audit.clone(), &request_id.0, state.metrics.clone());
+    let response = match serve_chat(&state, &request_id, &headers, body, &mut trail).await {
+        Ok(Served::Stream(mut head, body)) => {
+            *head.body_mut() = body.into_body(trail);
+            return head;
+        }
+        Ok(Served::Whole(response)) => response,
         Err(error) => {
             if error.status.is_server_error() {
                 tracing::warn!(request_id = %request_id.0, "{error}");
@@ -223,6 +270,58 @@ async fn chat_completions(
                 tracing::debug!(request_id = %request_id.0, "{error}");
             }
             error.into_response()
+        }
+    };
+    record_whole(trail, response).await
+}
+
+/// Appends the audit record of a request answered with one whole response,
+/// then returns that response; if the record cannot be made durable, the
+/// answer is withheld.
+async fn record_whole(mut trail: Trail, response: Response) -> Response {
+    let (parts, body) = response.into_parts();
+    // Whole responses are built from bytes in memory: collecting cannot fail or block.
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
+    trail.sent(&bytes);
+    let (outcome, action) = trail.conclude(parts.status);
+    match trail.commit(outcome, action).await {
+        Ok(()) => Response::from_parts(parts, Body::from(bytes)),
+        Err(error) => {
+            tracing::error!("audit append failed: {error}; the answer is withheld");
+            let body = crate::verified::audit_failure_body().to_string();
+            let mut response = (StatusCode::INTERNAL_SERVER_ERROR, body).into_response();
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            response
+        }
+    }
+}
+
+/// What the chat path produced.
+pub(crate) enum Served {
+    /// A whole response: an answer or an error.
+    Whole(Response),
+    /// A stream: its head now; its body takes the trail, to record the end.
+    Stream(Response, StreamBody),
+}
+
+/// The body of a streamed answer.
+pub(crate) enum StreamBody {
+    /// Relayed as is (`[verify] enabled = false`).
+    Plain(Box<crate::relay::Relay>),
+    /// Verified as it streams.
+    Verified(Box<crate::verified::VerifiedStream>),
+}
+
+impl StreamBody {
+    fn into_body(self, trail: Trail) -> Body {
+        match self {
+            StreamBody::Plain(relay) => relay.into_body(trail),
+            StreamBody::Verified(stream) => crate::verified::streaming_body(stream, trail),
         }
     }
 }
@@ -232,22 +331,27 @@ async fn serve_chat(
     request_id: &RequestId,
     headers: &HeaderMap,
     body: Body,
-) -> Result<Response, ApiError> {
+    trail: &mut Trail,
+) -> Result<Served, ApiError> {
     let limits = &state.policy.limits;
     let permit = state
         .slots
         .clone()
         .try_acquire_owned()
         .map_err(|_| ApiError::overloaded(limits.max_concurrent_requests))?;
-    let mut clock = RequestClock::start(state.metrics.clone());
 
     let caller = state.auth.authenticate(headers)?;
+    trail.session = Some(caller.session_id.clone());
+    trail.credential = Some(caller.credential_hash.clone());
     let bytes = read_body(headers, body, limits.max_body_bytes).await?;
+    trail.request_body(&bytes);
     let mut request = ChatRequest::parse(&bytes)?;
+    trail.model = Some(request.model.clone());
     let route = state
         .policy
         .route(&request.model)
         .ok_or_else(|| ApiError::model_not_found(&request.model))?;
+    trail.provider = Some(route.provider.to_owned());
     let renamed = route.upstream_model != request.model;
     if renamed {
         request.body["model"] = json!(route.upstream_model);
@@ -263,10 +367,13 @@ async fn serve_chat(
     };
 
     if state.policy.verify.enabled {
-        return crate::verified::serve(&exchange, request, clock, permit).await;
+        return crate::verified::serve(&exchange, request, trail, permit).await;
     }
 
     // Plain proxy: forward the client's bytes untouched unless the model name changes.
+    trail.prompt_tokens_ours = Some(canarygate_policies::tokens::count_chat_messages(
+        request.messages(),
+    ));
     let upstream_body = if renamed {
         Bytes::from(serde_json::to_vec(&request.body).map_err(|error| {
             ApiError::internal(format!("re-encoding the request failed: {error}"))
@@ -274,35 +381,46 @@ async fn serve_chat(
     } else {
         bytes
     };
+    let sent_at = std::time::Instant::now();
     let response = exchange
-        .send(&mut clock, upstream_body, request.stream)
+        .send(&mut trail.clock, upstream_body, request.stream)
         .await?;
+    trail.ttfb_ms = Some(sent_at.elapsed().as_millis() as u64);
+    trail.upstream_answered = true;
     let status = response.status();
     if status.is_success() && request.stream && is_event_stream(&response) {
-        let stream = relay_sse(
+        let relay = relay_sse(
             response,
             exchange.upstream.name.clone(),
             exchange.idle_timeout(),
-            clock,
-        )
-        .map(move |chunk| {
-            let _held_until_stream_ends = &permit;
-            chunk
-        });
-        return Ok(exchange.event_stream_response(Body::from_stream(stream), None));
+            permit,
+        );
+        let head = exchange.event_stream_response(Body::empty(), None);
+        return Ok(Served::Stream(head, StreamBody::Plain(Box::new(relay))));
     }
 
     let body = read_upstream_body(
-        &mut clock,
+        &mut trail.clock,
         response,
         &exchange.upstream.name,
         exchange.idle_timeout(),
     )
     .await?;
     if !status.is_success() {
-        return Ok(exchange.upstream_error_response(status, body));
+        return Ok(Served::Whole(
+            exchange.upstream_error_response(status, body),
+        ));
     }
-    Ok(exchange.json_response(status, Body::from(body), None))
+    if let Ok(answer) = serde_json::from_slice::<serde_json::Value>(&body) {
+        trail.prompt_tokens_provider = answer
+            .pointer("/usage/prompt_tokens")
+            .and_then(serde_json::Value::as_u64);
+    }
+    Ok(Served::Whole(exchange.json_response(
+        status,
+        Body::from(body),
+        None,
+    )))
 }
 
 /// One chat request on its way to a provider: what both the plain and the

@@ -32,11 +32,13 @@ use futures_util::{Stream, StreamExt};
 use serde_json::{Map, Value, json};
 use tokio::sync::OwnedSemaphorePermit;
 
+use crate::audit::{Action as AuditAction, CanaryEntry, Outcome};
 use crate::clock::RequestClock;
 use crate::error::{ApiError, error_body, error_chain};
 use crate::relay::STREAM_INTERRUPTED;
 use crate::request::ChatRequest;
-use crate::server::{Exchange, is_event_stream, read_upstream_body};
+use crate::server::{Exchange, Served, StreamBody, is_event_stream, read_upstream_body};
+use crate::trail::Trail;
 
 /// Milliseconds since the Unix epoch.
 pub(crate) fn now_ms() -> u64 {
@@ -50,49 +52,44 @@ pub(crate) fn now_ms() -> u64 {
 /// just before `[DONE]`.
 const VERDICT_PENDING: &str = "pending; release=echo-first";
 
-/// What one request holds for its whole life, across attempts.
-struct Held {
-    clock: RequestClock,
-    /// The concurrency slot, released when the request (or its stream) ends.
-    _permit: OwnedSemaphorePermit,
-}
-
 /// Serves one chat request on the verified path.
 pub(crate) async fn serve(
     exchange: &Exchange<'_>,
     request: ChatRequest,
-    clock: RequestClock,
+    trail: &mut Trail,
     permit: OwnedSemaphorePermit,
-) -> Result<Response, ApiError> {
+) -> Result<Served, ApiError> {
     let config = &exchange.state.policy.verify;
-    let mut held = Held {
-        clock,
-        _permit: permit,
-    };
+    let mut permit = Some(permit);
     for attempt in 0..2 {
         let mut body = request.body.clone();
         let canaries = RequestCanaries::mint()
             .map_err(|error| ApiError::internal(format!("no OS randomness: {error}")))?;
         let injection = inject(&mut body, config.echo, canaries).map_err(inject_error)?;
-        register(exchange, &injection, config);
+        register(exchange, &injection, config, trail);
+        trail.prompt_tokens_ours = Some(injection.prompt_tokens_estimate);
         let bytes = Bytes::from(serde_json::to_vec(&body).map_err(|error| {
             ApiError::internal(format!("re-encoding the request failed: {error}"))
         })?);
         let verifier = Verifier::new(&injection, config, &exchange.upstream.name, None);
         let sent_at = Instant::now();
         let response = exchange
-            .send(&mut held.clock, bytes, injection.stream)
+            .send(&mut trail.clock, bytes, injection.stream)
             .await?;
+        trail.ttfb_ms = Some(elapsed_ms(sent_at));
+        trail.upstream_answered = true;
         let status = response.status();
         if !status.is_success() {
             let body = read_upstream_body(
-                &mut held.clock,
+                &mut trail.clock,
                 response,
                 &exchange.upstream.name,
                 exchange.idle_timeout(),
             )
             .await?;
-            return Ok(exchange.upstream_error_response(status, body));
+            return Ok(Served::Whole(
+                exchange.upstream_error_response(status, body),
+            ));
         }
         let attempt_state = Attempt {
             injection,
@@ -101,21 +98,30 @@ pub(crate) async fn serve(
             attempt,
         };
         if attempt_state.injection.stream && is_event_stream(&response) {
-            let stream = VerifiedStream::new(exchange, response, attempt_state, held);
-            match stream.drive_to_release().await {
-                Driven::Retry(returned) => held = returned,
-                Driven::Blocked(verdict) => return Ok(blocked(exchange, &verdict)),
-                Driven::Failed(error) => return Ok(exchange.error_response(error, None)),
-                Driven::Stream(stream, verdict) => {
-                    return Ok(exchange.event_stream_response(stream.into_body(), Some(&verdict)));
+            let mut stream = VerifiedStream::new(exchange, response, attempt_state);
+            let driven = stream.drive_to_release(&mut trail.clock).await;
+            if let Some(verdict) = &stream.verdict {
+                trail.verdict(verdict);
+            }
+            trail.prompt_tokens_provider = stream.provider_prompt_tokens();
+            match driven {
+                Driven::Retry => {}
+                Driven::Blocked => {
+                    let verdict = stream.verdict.as_ref().expect("a block has a verdict");
+                    return Ok(Served::Whole(blocked(exchange, verdict)));
+                }
+                Driven::Failed(error) => {
+                    trail.outcome = Some(Outcome::InterruptedByUpstream);
+                    return Ok(Served::Whole(exchange.error_response(error, None)));
+                }
+                Driven::Stream(verdict) => {
+                    stream.permit = permit.take();
+                    let head = exchange.event_stream_response(Body::empty(), Some(&verdict));
+                    return Ok(Served::Stream(head, StreamBody::Verified(Box::new(stream))));
                 }
             }
-        } else {
-            if let Some(response) =
-                complete(exchange, response, attempt_state, &mut held.clock).await?
-            {
-                return Ok(response);
-            }
+        } else if let Some(response) = complete(exchange, response, attempt_state, trail).await? {
+            return Ok(Served::Whole(response));
         }
         tracing::warn!(
             request_id = %exchange.request_id,
@@ -145,19 +151,40 @@ fn inject_error(error: InjectError) -> ApiError {
     }
 }
 
-/// Registers both canaries of `injection` as this request's.
-fn register(exchange: &Exchange<'_>, injection: &Injection, config: &VerifyConfig) {
+/// Registers both canaries of `injection` as this request's: in memory at
+/// once, and in the audit store with the next group commit (not awaited: a
+/// crash in the next few milliseconds forgets them; the record's canary ids
+/// still name them).
+fn register(
+    exchange: &Exchange<'_>,
+    injection: &Injection,
+    config: &VerifyConfig,
+    trail: &mut Trail,
+) {
+    let state = exchange.state;
     let expires_at_ms = now_ms().saturating_add(config.canary_ttl_secs.saturating_mul(1000));
+    let mut entries = Vec::with_capacity(2);
     for canary in [injection.canaries.head, injection.canaries.tail] {
-        exchange.state.registry.insert(
-            &canary,
-            Registration {
-                session: exchange.caller.session_id.clone(),
-                request: exchange.request_id.to_string(),
-                expires_at_ms,
-            },
-        );
+        let registration = Registration {
+            session: exchange.caller.session_id.clone(),
+            request: exchange.request_id.to_string(),
+            expires_at_ms,
+        };
+        let key = state.registry.insert(&canary, registration);
+        trail.canary_ids.push(hex::encode(key.0));
+        entries.push(CanaryEntry {
+            key,
+            session: exchange.caller.session_id.clone(),
+            request_id: exchange.request_id.to_string(),
+            expires_at_ms,
+        });
     }
+    let audit = state.audit.clone();
+    tokio::spawn(async move {
+        if let Err(error) = audit.register_canaries(entries).await {
+            tracing::warn!("persisting canaries: {error}");
+        }
+    });
 }
 
 fn elapsed_ms(since: Instant) -> u64 {
@@ -191,13 +218,13 @@ async fn complete(
     exchange: &Exchange<'_>,
     response: reqwest::Response,
     mut attempt: Attempt,
-    clock: &mut RequestClock,
+    trail: &mut Trail,
 ) -> Result<Option<Response>, ApiError> {
     let registry = &*exchange.state.registry;
     let stop = attempt.verifier.observe_ttft(elapsed_ms(attempt.sent_at));
     let status = response.status();
     let bytes = read_upstream_body(
-        clock,
+        &mut trail.clock,
         response,
         &exchange.upstream.name,
         exchange.idle_timeout(),
@@ -247,6 +274,8 @@ async fn complete(
         registry,
     );
     let verdict = &finished.verdict;
+    trail.verdict(verdict);
+    trail.prompt_tokens_provider = usage_of(&answer).map(|usage| usage.prompt_tokens);
     let config = &exchange.state.policy.verify;
     match verdict.decide(config.action(), attempt.attempt, false) {
         Decision::Retry => Ok(None),
@@ -301,13 +330,13 @@ fn set_reason(reasons: &mut Vec<Option<String>>, index: u32, reason: Option<&Val
 /// Result of driving a stream before answering the client.
 enum Driven {
     /// The verdict failed before anything was released and the policy retries.
-    Retry(Held),
+    Retry,
     /// The verdict failed before anything was released: HTTP 502.
-    Blocked(Verdict),
+    Blocked,
     /// The provider failed before anything was released.
     Failed(ApiError),
     /// Answer 200 and relay the rest; the string is the verdict header.
-    Stream(Box<VerifiedStream>, String),
+    Stream(String),
 }
 
 /// How a verified stream ended.
@@ -332,7 +361,7 @@ struct ToolCallHead {
 }
 
 /// A verified SSE relay (see the module docs).
-struct VerifiedStream {
+pub(crate) struct VerifiedStream {
     upstream: ByteStream,
     parser: SseParser,
     attempt: Attempt,
@@ -353,20 +382,18 @@ struct VerifiedStream {
     out: Vec<u8>,
     /// Whether any byte was handed to the client.
     committed: bool,
+    /// The last bytes of the stream (`[DONE]` or an error event), sent only
+    /// once the audit record is durable.
+    tail: Option<Vec<u8>>,
     end: Option<End>,
     verdict: Option<Verdict>,
     interruption: Option<String>,
-    held: Held,
-    last_yield: Option<Instant>,
+    /// The concurrency slot, released when the stream ends.
+    permit: Option<OwnedSemaphorePermit>,
 }
 
 impl VerifiedStream {
-    fn new(
-        exchange: &Exchange<'_>,
-        response: reqwest::Response,
-        attempt: Attempt,
-        held: Held,
-    ) -> Self {
+    fn new(exchange: &Exchange<'_>, response: reqwest::Response, attempt: Attempt) -> Self {
         let config = &exchange.state.policy.verify;
         Self {
             upstream: Box::pin(response.bytes_stream()),
@@ -385,30 +412,26 @@ impl VerifiedStream {
             ttft_seen: false,
             out: Vec::new(),
             committed: false,
+            tail: None,
             end: None,
             verdict: None,
             interruption: None,
-            held,
-            last_yield: None,
+            permit: None,
         }
     }
 
     /// Reads upstream until the client can be answered: the first released
     /// bytes (echo-first), or the end (verdict-first, or any failure).
-    async fn drive_to_release(mut self) -> Driven {
+    async fn drive_to_release(&mut self, clock: &mut RequestClock) -> Driven {
         while self.end.is_none()
             && (self.release == ReleasePolicy::VerdictFirst || self.out.is_empty())
         {
-            self.advance().await;
+            self.advance(clock).await;
         }
-        if self.out.is_empty() {
+        if self.out.is_empty() && self.tail.is_none() {
             match self.end {
-                Some(End::Failed(Decision::Retry)) => return Driven::Retry(self.held),
-                Some(End::Failed(_)) => {
-                    if let Some(verdict) = self.verdict.take() {
-                        return Driven::Blocked(verdict);
-                    }
-                }
+                Some(End::Failed(Decision::Retry)) => return Driven::Retry,
+                Some(End::Failed(_)) if self.verdict.is_some() => return Driven::Blocked,
                 Some(End::Interrupted) => {
                     let detail = self.interruption.take().unwrap_or_default();
                     return Driven::Failed(ApiError::bad_gateway(
@@ -423,41 +446,37 @@ impl VerifiedStream {
             (Some(verdict), Some(_)) => verdict.header_value(),
             _ => VERDICT_PENDING.to_owned(),
         };
-        Driven::Stream(Box::new(self), header)
+        Driven::Stream(header)
     }
 
-    /// The response body: what is ready now, then the rest as it is verified.
-    fn into_body(self: Box<Self>) -> Body {
-        Body::from_stream(futures_util::stream::unfold(
-            self,
-            |mut stream| async move {
-                let chunk = stream.next_chunk().await?;
-                Some((Ok::<_, Infallible>(chunk), stream))
-            },
-        ))
+    /// The provider's `usage.prompt_tokens`, once its usage chunk arrived.
+    fn provider_prompt_tokens(&self) -> Option<u64> {
+        self.usage
+            .as_ref()
+            .and_then(|usage| usage.get("prompt_tokens"))
+            .and_then(Value::as_u64)
     }
 
-    async fn next_chunk(&mut self) -> Option<Bytes> {
-        if let Some(yielded) = self.last_yield.take() {
-            // Between our yield and this poll the client connection was writing.
-            self.held.clock.add_waiting(yielded.elapsed());
+    /// How the exchange ended, for the audit record.
+    fn conclusion(&self) -> (Outcome, AuditAction) {
+        match self.end {
+            Some(End::Delivered) => {
+                let flagged = self.verdict.as_ref().is_some_and(|v| !v.passed());
+                let action = if flagged {
+                    AuditAction::Flag
+                } else {
+                    AuditAction::Forward
+                };
+                (Outcome::Complete, action)
+            }
+            Some(End::Failed(_)) => (Outcome::Complete, AuditAction::Block),
+            Some(End::Interrupted) | None => (Outcome::InterruptedByUpstream, AuditAction::Forward),
         }
-        while self.out.is_empty() && self.end.is_none() {
-            self.advance().await;
-        }
-        if self.out.is_empty() {
-            return None;
-        }
-        self.committed = true;
-        self.last_yield = Some(Instant::now());
-        Some(Bytes::from(std::mem::take(&mut self.out)))
     }
 
     /// One upstream read and everything it completes.
-    async fn advance(&mut self) {
-        let next = self
-            .held
-            .clock
+    async fn advance(&mut self, clock: &mut RequestClock) {
+        let next = clock
             .wait(tokio::time::timeout(
                 self.idle_timeout,
                 self.upstream.next(),
@@ -619,15 +638,17 @@ impl VerifiedStream {
                     chunk.insert("usage".into(), usage);
                     encode_data(&Value::Object(chunk).to_string(), &mut self.out);
                 }
-                self.out.extend_from_slice(b": x-canarygate-verdict ");
-                self.out
-                    .extend_from_slice(finished.verdict.header_value().as_bytes());
-                self.out.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+                let mut tail = b": x-canarygate-verdict ".to_vec();
+                tail.extend_from_slice(finished.verdict.header_value().as_bytes());
+                tail.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+                self.tail = Some(tail);
                 self.end = Some(End::Delivered);
             }
             Decision::Retry | Decision::Block => {
                 if released {
-                    encode_data(&finished.verdict.error_body().to_string(), &mut self.out);
+                    let mut tail = Vec::new();
+                    encode_data(&finished.verdict.error_body().to_string(), &mut tail);
+                    self.tail = Some(tail);
                     self.end = Some(End::Failed(Decision::Block));
                 } else {
                     self.end = Some(End::Failed(decision));
@@ -658,10 +679,12 @@ impl VerifiedStream {
                 "Provider `{}` {detail}; the answer is incomplete.",
                 self.provider
             );
+            let mut tail = Vec::new();
             encode_data(
                 &error_body(&message, "upstream_error", STREAM_INTERRUPTED, None).to_string(),
-                &mut self.out,
+                &mut tail,
             );
+            self.tail = Some(tail);
         }
         self.interruption = Some(detail);
         self.end = Some(End::Interrupted);
@@ -729,4 +752,99 @@ impl VerifiedStream {
             "index": index, "delta": delta, "logprobs": null, "finish_reason": null,
         }]));
     }
+}
+
+/// The body of a verified stream: released text as it is verified, then the
+/// last bytes once the audit record is durable.
+struct StreamingBody {
+    stream: Box<VerifiedStream>,
+    trail: Option<Trail>,
+    last_yield: Option<Instant>,
+}
+
+/// Turns a verified stream into the response body; `trail` records the
+/// request when the stream ends.
+pub(crate) fn streaming_body(stream: Box<VerifiedStream>, trail: Trail) -> Body {
+    let body = StreamingBody {
+        stream,
+        trail: Some(trail),
+        last_yield: None,
+    };
+    Body::from_stream(futures_util::stream::unfold(body, |mut body| async move {
+        let chunk = body.next_chunk().await?;
+        Some((Ok::<_, Infallible>(chunk), body))
+    }))
+}
+
+impl StreamingBody {
+    async fn next_chunk(&mut self) -> Option<Bytes> {
+        let trail = self.trail.as_mut()?;
+        if let Some(yielded) = self.last_yield.take() {
+            // Between our yield and this poll the client connection was writing.
+            trail.clock.add_waiting(yielded.elapsed());
+        }
+        let stream = &mut self.stream;
+        loop {
+            if !stream.out.is_empty() {
+                let bytes = std::mem::take(&mut stream.out);
+                trail.sent(&bytes);
+                stream.committed = true;
+                self.last_yield = Some(Instant::now());
+                return Some(Bytes::from(bytes));
+            }
+            if stream.end.is_some() {
+                break;
+            }
+            stream.advance(&mut trail.clock).await;
+        }
+        // The end: record, durably, then send the last bytes.
+        let mut trail = self.trail.take()?;
+        if let Some(verdict) = &stream.verdict {
+            trail.verdict(verdict);
+        }
+        trail.prompt_tokens_provider = stream.provider_prompt_tokens();
+        let tail = stream.tail.take().unwrap_or_default();
+        trail.sent(&tail);
+        let (outcome, action) = stream.conclusion();
+        match trail.commit(outcome, action).await {
+            Ok(()) if tail.is_empty() => None,
+            Ok(()) => Some(Bytes::from(tail)),
+            Err(error) => {
+                tracing::error!("audit append failed: {error}; the stream ends in an error");
+                let mut bytes = Vec::new();
+                encode_data(&audit_failure_body().to_string(), &mut bytes);
+                Some(Bytes::from(bytes))
+            }
+        }
+    }
+}
+
+impl Drop for StreamingBody {
+    fn drop(&mut self) {
+        // The client went away before the end: record the request as interrupted.
+        if let Some(mut trail) = self.trail.take() {
+            if let Some(verdict) = &self.stream.verdict {
+                trail.verdict(verdict);
+            }
+            trail.prompt_tokens_provider = self.stream.provider_prompt_tokens();
+            tokio::spawn(async move {
+                if let Err(error) = trail
+                    .commit(Outcome::InterruptedByClient, AuditAction::Forward)
+                    .await
+                {
+                    tracing::error!("audit append of an interrupted stream failed: {error}");
+                }
+            });
+        }
+    }
+}
+
+/// The error a client gets when its answer could not be recorded.
+pub(crate) fn audit_failure_body() -> Value {
+    error_body(
+        "canarygate could not record this request in its audit log, so the answer is withheld.",
+        "server_error",
+        "audit_log_unavailable",
+        None,
+    )
 }
