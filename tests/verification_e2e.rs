@@ -467,3 +467,40 @@ async fn retry_action_sends_once_more_with_fresh_canaries_then_blocks() {
         assert_eq!(after - before, 2, "one retry, stream={stream}");
     }
 }
+
+#[tokio::test]
+async fn canaries_in_flight_survive_a_restart() {
+    // A pool of 665 tokens in a 1,024-token window: prompts of ~300 words
+    // fit, prompts of ~800 words are answered from stale pages.
+    let sim = start_sim(&[
+        "--mode",
+        "leak-on-overflow",
+        "--context-window",
+        "1024",
+        "--pool-tokens",
+        "665",
+    ]);
+    let client = client();
+    let dir = ProxyDir::new();
+    let path = policy(&dir, &sim.url, "verdict-first", "block");
+
+    // Before the restart: an honest request whose canaries stay in the pool.
+    let mut first = start_proxy_with_policy(&dir, &path, &[]);
+    let outcome = ask(&client, &first.url, &prompt(31, 300), false).await;
+    assert!(check(&outcome, 31, "before restart"), "{outcome:?}");
+    // Canaries are persisted with the next group commit; the record is
+    // durable before the answer, so by now both are on disk.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    first.kill();
+
+    // After: an over-pool request gets the stale pages of the first request,
+    // canaries included. They are recognised as another request's.
+    let second = start_proxy_with_policy(&dir, &path, &[]);
+    let outcome = ask(&client, &second.url, &prompt(32, 800), false).await;
+    assert!(!check(&outcome, 32, "after restart"), "{outcome:?}");
+    let verdict = outcome.verdict.unwrap_or_default();
+    assert!(
+        verdict.contains("foreign_canary"),
+        "the first process's canaries are still known after the restart: {verdict}"
+    );
+}
