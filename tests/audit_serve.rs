@@ -243,3 +243,264 @@ async fn acknowledged_answers_survive_sigkill_under_load() {
         acknowledged.len()
     );
 }
+
+/// A policy routing model `honest` to `honest`, `truncating` to `truncating`
+/// and `slow` to `slow` (three simulated providers), verification as in the
+/// default preset.
+fn three_provider_policy(dir: &ProxyDir, honest: &str, truncating: &str, slow: &str) -> PathBuf {
+    let mut text = String::new();
+    for (name, url) in [("honest", honest), ("truncating", truncating), ("slow", slow)] {
+        text.push_str(&format!(
+            "[[providers]]\nname = \"{name}\"\nbase_url = \"{url}/v1\"\ncontext_window = 128000\n\n\
+             [[routes]]\nmodel = \"{name}\"\nprovider = \"{name}\"\n\n"
+        ));
+    }
+    text.push_str(
+        "[verify]\necho = \"head+tail\"\nrelease = \"echo-first\"\naction = \"block\"\n\
+         estimate_min_ratio = 0.25\nttft_min_prompt_tokens = 4096\n",
+    );
+    dir.policy(&text)
+}
+
+/// What the client got back from one request.
+struct Answer {
+    status: u16,
+    request_id: String,
+    session: String,
+    body: Vec<u8>,
+}
+
+async fn send(client: &reqwest::Client, url: &str, model: &str, stream: bool) -> Answer {
+    let response = client
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(API_KEY)
+        .header("x-canarygate-session", "nightly-report")
+        .json(&json!({
+            "model": model,
+            "stream": stream,
+            "messages": [{"role": "user", "content": "List three facts about the ledger of the day."}],
+        }))
+        .send()
+        .await
+        .expect("request");
+    let header = |name: &str| {
+        response.headers()[name]
+            .to_str()
+            .expect("header text")
+            .to_owned()
+    };
+    let (request_id, session) = (header("x-canarygate-request-id"), header("x-canarygate-session"));
+    let status = response.status().as_u16();
+    let body = response.bytes().await.expect("body").to_vec();
+    Answer {
+        status,
+        request_id,
+        session,
+        body,
+    }
+}
+
+/// The client's API key; it must not appear anywhere in the data directory.
+const API_KEY: &str = "sk-audit-serve-7f3a9c1e5b";
+
+/// Whether `haystack` holds a canary value (`CG-` and four letters or digits
+/// and a dash, in any case), raw or in JSON.
+fn holds_canary_value(haystack: &[u8]) -> bool {
+    haystack.windows(8).any(|window| {
+        window[..3].eq_ignore_ascii_case(b"CG-")
+            && window[3..7].iter().all(u8::is_ascii_alphanumeric)
+            && window[7] == b'-'
+    })
+}
+
+/// Asserts the fields every verified, forwarded, complete record carries.
+fn assert_verified_record(record: &Value, answer: &Answer, model: &str) {
+    assert_eq!(record["request_id"], answer.request_id.as_str(), "{record}");
+    assert_eq!(record["session"], answer.session.as_str(), "{record}");
+    assert_eq!(record["provider"], model, "{record}");
+    assert_eq!(record["model"], model, "{record}");
+    assert_eq!(record["route"], "upstream", "{record}");
+    assert!(record["prompt_tokens_ours"].as_u64().unwrap() > 0, "{record}");
+    assert!(
+        record["prompt_tokens_provider"].as_u64().unwrap() > 0,
+        "{record}"
+    );
+    let canaries = record["canary_ids"].as_array().expect("canary_ids");
+    assert_eq!(canaries.len(), 2, "head and tail canaries: {record}");
+    for id in canaries {
+        let id = id.as_str().unwrap();
+        assert!(
+            !id.is_empty() && id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "canary id {id}"
+        );
+    }
+    let checks: HashMap<&str, &str> = record["checks"]
+        .as_array()
+        .expect("checks")
+        .iter()
+        .map(|check| {
+            (
+                check["name"].as_str().unwrap(),
+                check["result"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let names: HashSet<&str> = checks.keys().copied().collect();
+    assert_eq!(
+        names,
+        HashSet::from(["echo", "foreign_canary", "prompt_tokens", "ttft", "finish"]),
+        "{record}"
+    );
+    assert_eq!(checks["echo"], "pass", "{record}");
+    assert_eq!(checks["foreign_canary"], "pass", "{record}");
+    assert_eq!(checks["finish"], "pass", "{record}");
+    assert!(checks.values().all(|r| ["pass", "skip"].contains(r)), "{record}");
+    assert_eq!(record["verdict"], "pass", "{record}");
+    assert_eq!(record["action"], "forward", "{record}");
+    assert_eq!(record["outcome"], "complete", "{record}");
+    assert_eq!(
+        record["bytes_out"].as_u64().unwrap(),
+        answer.body.len() as u64,
+        "{record}"
+    );
+    assert!(!answer.body.is_empty());
+    assert_eq!(
+        record["response_sha256"],
+        sha256_hex(&answer.body).as_str(),
+        "response_sha256 is the hash of the bytes the client received: {record}"
+    );
+    let latency = &record["latency"];
+    assert!(latency["ttfb_ms"].is_u64(), "{record}");
+    assert!(latency["total_ms"].is_u64(), "{record}");
+    assert!(latency["overhead_ms"].is_u64(), "{record}");
+    assert!(
+        latency["total_ms"].as_u64() >= latency["ttfb_ms"].as_u64(),
+        "{record}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_carry_what_the_client_saw() {
+    // The scanner below finds canary values in both spellings.
+    assert!(holds_canary_value(b"{\"x\":\"CG-7KQ4-M2XD-9PTA-WV3E\"}"));
+    assert!(holds_canary_value(b"cg-7kq4-m2xd"));
+    assert!(!holds_canary_value(b"CG-12 and ledger-entry"));
+    let honest = start_sim(&[]);
+    let truncating = start_sim(&["--mode", "truncate-head"]);
+    let slow = start_sim(&["--decode-tps", "20"]);
+    let dir = ProxyDir::new();
+    let data = dir.data();
+    let policy = three_provider_policy(&dir, &honest.url, &truncating.url, &slow.url);
+    let proxy = start_proxy_with_policy(&dir, &policy, &[]);
+    let client = client();
+
+    let whole = send(&client, &proxy.url, "honest", false).await;
+    assert_eq!(whole.status, 200, "{}", text(&whole.body));
+    let streamed = send(&client, &proxy.url, "honest", true).await;
+    assert_eq!(streamed.status, 200);
+    assert!(text(&streamed.body).trim_end().ends_with("data: [DONE]"));
+    assert_eq!(whole.session, streamed.session, "same key and label, same session");
+
+    // Blocked: the provider dropped the head of the prompt, so the echo fails.
+    let blocked = send(&client, &proxy.url, "truncating", false).await;
+    assert_eq!(blocked.status, 502, "{}", text(&blocked.body));
+
+    // A client that leaves mid-stream.
+    let response = client
+        .post(format!("{}/v1/chat/completions", proxy.url))
+        .bearer_auth(API_KEY)
+        .json(&json!({
+            "model": "slow",
+            "stream": true,
+            "messages": [{"role": "user", "content": "Restate this slowly: ".to_owned() + &"ledger entry ".repeat(60)}],
+        }))
+        .send()
+        .await
+        .expect("slow request");
+    assert_eq!(response.status(), 200);
+    let left_id = response.headers()["x-canarygate-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let mut response = response;
+    let first = tokio::time::timeout(Duration::from_secs(20), response.chunk())
+        .await
+        .expect("first chunk in time")
+        .expect("first chunk")
+        .expect("stream not over yet");
+    assert!(!first.is_empty());
+    drop(response); // the client goes away mid-stream
+
+    // The interrupted record is appended from a guard once the body is dropped.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let records = loop {
+        let records = requests_by_id(&data);
+        if records.contains_key(&left_id) || Instant::now() > deadline {
+            break records;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let left = records
+        .get(&left_id)
+        .unwrap_or_else(|| panic!("no record for the client that left ({left_id})"));
+    assert_eq!(left["outcome"], "interrupted_by_client", "{left}");
+    assert_eq!(left["provider"], "slow", "{left}");
+    assert_eq!(left["request_id"], left_id.as_str(), "{left}");
+    assert!(left["bytes_out"].as_u64().unwrap() > 0, "{left}");
+
+    assert_verified_record(&records[&whole.request_id], &whole, "honest");
+    assert_verified_record(&records[&streamed.request_id], &streamed, "honest");
+
+    let record = &records[&blocked.request_id];
+    assert_eq!(record["request_id"], blocked.request_id.as_str(), "{record}");
+    assert_eq!(record["verdict"], "fail", "{record}");
+    assert_eq!(record["action"], "block", "{record}");
+    assert!(
+        record["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|check| check["name"] == "echo" && check["result"] == "fail"),
+        "{record}"
+    );
+    assert!(record["sample"].is_object(), "failed verdicts are sampled: {record}");
+    assert_eq!(
+        record["response_sha256"],
+        sha256_hex(&blocked.body).as_str(),
+        "{record}"
+    );
+    // `audit show` prints the record and its sample text, with no canary value.
+    let show = audit(&data, &["show", &record["id"].to_string()]);
+    assert!(show.status.success(), "{}", text(&show.stderr));
+    let shown = text(&show.stdout);
+    assert!(shown.contains(&blocked.request_id), "{shown}");
+    assert!(shown.contains("--- request text ---"), "{shown}");
+    assert!(shown.contains("--- response text ---"), "{shown}");
+    assert!(shown.contains("List three facts"), "{shown}");
+    assert!(!holds_canary_value(shown.as_bytes()), "{shown}");
+
+    let exported = text(&audit(&data, &["export"]).stdout);
+    assert!(!holds_canary_value(exported.as_bytes()), "{exported}");
+    assert_verifies(&data);
+
+    // Nothing under the data directory holds the client's key or a canary value,
+    // while serve runs and after it stopped.
+    drop(proxy);
+    let mut scanned = 0;
+    for entry in std::fs::read_dir(&data).expect("data dir") {
+        let path = entry.expect("entry").path();
+        let bytes = std::fs::read(&path).expect("read data file");
+        scanned += bytes.len();
+        assert!(
+            !bytes.windows(API_KEY.len()).any(|w| w == API_KEY.as_bytes()),
+            "{} holds the client API key",
+            path.display()
+        );
+        assert!(
+            !holds_canary_value(&bytes),
+            "{} holds a canary value",
+            path.display()
+        );
+    }
+    assert!(scanned > 0, "the data directory holds the store");
+}
