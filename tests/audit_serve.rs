@@ -504,3 +504,67 @@ async fn records_carry_what_the_client_saw() {
     }
     assert!(scanned > 0, "the data directory holds the store");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spot_check_walkthrough_runs() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let log = work.path().join("walkthrough.log");
+    let script = common::workspace_root().join("examples/spot-check/walkthrough.sh");
+    let mut child = Command::new("bash")
+        .arg(&script)
+        .env("CANARYGATE_BIN", env!("CARGO_BIN_EXE_canarygate"))
+        .env("WORK_DIR", work.path().join("run"))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::fs::File::create(&log).expect("log file"))
+        .stderr(std::fs::File::create(work.path().join("stderr.log")).expect("log file"))
+        .spawn()
+        .expect("run walkthrough.sh");
+    // Bounded wait: the script takes a few seconds.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("walkthrough.sh still running after 90 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let out = std::fs::read_to_string(&log).expect("log");
+    let err = std::fs::read_to_string(work.path().join("stderr.log")).unwrap_or_default();
+    assert!(status.success(), "walkthrough failed ({status}):\n{out}\n{err}");
+
+    let count = |needle: &str| out.matches(needle).count();
+    assert_eq!(count("status 200 request cg-"), 3, "{out}");
+    assert_eq!(count("status 502 request cg-"), 1, "{out}");
+    assert!(out.contains("4 records exported"), "{out}");
+    assert!(out.contains("ok: 4 records verified"), "{out}");
+    assert_eq!(count(" pass cg-"), 3, "unreviewed list: {out}");
+    assert_eq!(count(" fail cg-"), 1, "unreviewed list: {out}");
+    assert_eq!(count(" marked ok: review record "), 3, "{out}");
+    assert_eq!(count(" marked bad: review record "), 1, "{out}");
+    assert!(out.contains("unreviewed samples left: 0"), "{out}");
+    assert!(out.contains("ok: 8 records verified"), "{out}");
+    assert!(out.contains("requests: 4 (4 sampled)"), "{out}");
+    assert!(out.contains("review: bad 1, ok 3"), "{out}");
+    assert!(out.contains("verdict: fail 1, pass 3"), "{out}");
+    assert!(!holds_canary_value(out.as_bytes()), "samples shown are redacted: {out}");
+
+    // The script stopped what it started: the proxy no longer answers.
+    assert!(out.contains("stopped 3 processes"), "{out}");
+    let proxy = out
+        .lines()
+        .find_map(|line| line.strip_prefix("proxy: "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("proxy URL line");
+    let gone = client()
+        .get(format!("{proxy}/healthz"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the proxy still runs after the script ended");
+    // Its data directory holds the chain the script built, reviews included.
+    assert!(assert_verifies(&work.path().join("run/data")).starts_with("ok: 8 records verified"));
+}
