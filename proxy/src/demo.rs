@@ -32,7 +32,6 @@ pub const DEMO_WINDOW_TOKENS: u64 = 8192;
 pub const DEMO_PREFILL_TOKENS_PER_SECOND: f64 = 50_000.0;
 
 /// Prompt sizes within this many tokens of the pool size are moved below it.
-
 const BOUNDARY_MARGIN: usize = 256;
 
 /// Settings of one demo run.

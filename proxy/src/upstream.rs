@@ -12,7 +12,8 @@ use crate::identity::bearer;
 pub struct Upstream {
     /// Provider name from the policy.
     pub name: String,
-    chat_completions_url: String,
+    /// Parsed once: parsing a URL per request is measurable in a profile.
+    chat_completions_url: reqwest::Url,
     client: reqwest::Client,
     /// Provider key from `api_key_env`, attached in managed auth.
     managed_key: Option<HeaderValue>,
@@ -54,6 +55,12 @@ impl Upstream {
                 builder = builder.add_root_certificate(certificate);
             }
         }
+        let url = format!(
+            "{}/chat/completions",
+            provider.base_url.get_ref().trim_end_matches('/')
+        );
+        let chat_completions_url = reqwest::Url::parse(&url)
+            .map_err(|error| format!("provider `{name}`: base_url gives `{url}`: {error}"))?;
         let client = builder
             .build()
             .map_err(|error| format!("provider `{name}`: {}", error_chain(&error)))?;
@@ -72,10 +79,7 @@ impl Upstream {
             _ => None,
         };
         Ok(Self {
-            chat_completions_url: format!(
-                "{}/chat/completions",
-                provider.base_url.get_ref().trim_end_matches('/')
-            ),
+            chat_completions_url,
             name,
             client,
             managed_key,
@@ -89,7 +93,7 @@ impl Upstream {
 
     /// A POST to the provider's `/chat/completions`.
     pub fn chat_completions(&self) -> reqwest::RequestBuilder {
-        self.client.post(&self.chat_completions_url)
+        self.client.post(self.chat_completions_url.clone())
     }
 }
 

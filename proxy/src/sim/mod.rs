@@ -543,8 +543,7 @@ impl SimProvider {
     }
 
     async fn complete(&self, answer: Answer) -> Response {
-        tokio::time::sleep(answer.prefill + answer.per_token * answer.reply.tokens.len() as u32)
-            .await;
+        pace(answer.prefill + answer.per_token * answer.reply.tokens.len() as u32).await;
         let body = json!({
             "id": answer.id,
             "object": "chat.completion",
@@ -686,14 +685,14 @@ async fn send_stream(answer: &Answer, include_usage: bool, sender: &Sender) -> R
             .to_string(),
     )
     .await?;
-    tokio::time::sleep(answer.prefill).await;
+    pace(answer.prefill).await;
     let tokens = &answer.reply.tokens;
     let cut_at = match answer.mode {
         Mode::Cut | Mode::StallMidStream => tokens.len() / 2,
         _ => tokens.len(),
     };
     for token in &tokens[..cut_at] {
-        tokio::time::sleep(answer.per_token).await;
+        pace(answer.per_token).await;
         send(
             sender,
             &answer.chunk(json!({"content": token}), None).to_string(),
@@ -786,5 +785,14 @@ mod tests {
             ..SimConfig::default()
         };
         assert_eq!(config.prefill_pool_tokens(), 665);
+    }
+}
+
+/// Waits `duration`; returns at once for zero. (A zero `tokio::time::sleep`
+/// still waits for the next timer tick, up to a millisecond, which would make
+/// an "instant" provider pace every token.)
+async fn pace(duration: Duration) {
+    if !duration.is_zero() {
+        tokio::time::sleep(duration).await;
     }
 }
