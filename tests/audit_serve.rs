@@ -56,7 +56,10 @@ fn requests_by_id(data: &Path) -> HashMap<String, Value> {
     let mut by_id = HashMap::new();
     for record in export(data) {
         if record["kind"] == "request" {
-            let id = record["request_id"].as_str().expect("request_id").to_owned();
+            let id = record["request_id"]
+                .as_str()
+                .expect("request_id")
+                .to_owned();
             assert!(
                 by_id.insert(id.clone(), record).is_none(),
                 "request id {id} recorded twice"
@@ -128,7 +131,7 @@ async fn one_request(
             "max_tokens": 24,
             "messages": [{"role": "user", "content": format!("task {task} request {n}: summarise the ledger entries of the day")}],
         }));
-    if task % 3 == 0 {
+    if task.is_multiple_of(3) {
         request = request.header("x-canarygate-session", format!("job-{task}"));
     }
     let response = request.send().await.ok()?;
@@ -249,7 +252,11 @@ async fn acknowledged_answers_survive_sigkill_under_load() {
 /// default preset.
 fn three_provider_policy(dir: &ProxyDir, honest: &str, truncating: &str, slow: &str) -> PathBuf {
     let mut text = String::new();
-    for (name, url) in [("honest", honest), ("truncating", truncating), ("slow", slow)] {
+    for (name, url) in [
+        ("honest", honest),
+        ("truncating", truncating),
+        ("slow", slow),
+    ] {
         text.push_str(&format!(
             "[[providers]]\nname = \"{name}\"\nbase_url = \"{url}/v1\"\ncontext_window = 128000\n\n\
              [[routes]]\nmodel = \"{name}\"\nprovider = \"{name}\"\n\n"
@@ -289,7 +296,10 @@ async fn send(client: &reqwest::Client, url: &str, model: &str, stream: bool) ->
             .expect("header text")
             .to_owned()
     };
-    let (request_id, session) = (header("x-canarygate-request-id"), header("x-canarygate-session"));
+    let (request_id, session) = (
+        header("x-canarygate-request-id"),
+        header("x-canarygate-session"),
+    );
     let status = response.status().as_u16();
     let body = response.bytes().await.expect("body").to_vec();
     Answer {
@@ -320,7 +330,10 @@ fn assert_verified_record(record: &Value, answer: &Answer, model: &str) {
     assert_eq!(record["provider"], model, "{record}");
     assert_eq!(record["model"], model, "{record}");
     assert_eq!(record["route"], "upstream", "{record}");
-    assert!(record["prompt_tokens_ours"].as_u64().unwrap() > 0, "{record}");
+    assert!(
+        record["prompt_tokens_ours"].as_u64().unwrap() > 0,
+        "{record}"
+    );
     assert!(
         record["prompt_tokens_provider"].as_u64().unwrap() > 0,
         "{record}"
@@ -354,7 +367,10 @@ fn assert_verified_record(record: &Value, answer: &Answer, model: &str) {
     assert_eq!(checks["echo"], "pass", "{record}");
     assert_eq!(checks["foreign_canary"], "pass", "{record}");
     assert_eq!(checks["finish"], "pass", "{record}");
-    assert!(checks.values().all(|r| ["pass", "skip"].contains(r)), "{record}");
+    assert!(
+        checks.values().all(|r| ["pass", "skip"].contains(r)),
+        "{record}"
+    );
     assert_eq!(record["verdict"], "pass", "{record}");
     assert_eq!(record["action"], "forward", "{record}");
     assert_eq!(record["outcome"], "complete", "{record}");
@@ -399,7 +415,10 @@ async fn records_carry_what_the_client_saw() {
     let streamed = send(&client, &proxy.url, "honest", true).await;
     assert_eq!(streamed.status, 200);
     assert!(text(&streamed.body).trim_end().ends_with("data: [DONE]"));
-    assert_eq!(whole.session, streamed.session, "same key and label, same session");
+    assert_eq!(
+        whole.session, streamed.session,
+        "same key and label, same session"
+    );
 
     // Blocked: the provider dropped the head of the prompt, so the echo fails.
     let blocked = send(&client, &proxy.url, "truncating", false).await;
@@ -452,7 +471,11 @@ async fn records_carry_what_the_client_saw() {
     assert_verified_record(&records[&streamed.request_id], &streamed, "honest");
 
     let record = &records[&blocked.request_id];
-    assert_eq!(record["request_id"], blocked.request_id.as_str(), "{record}");
+    assert_eq!(
+        record["request_id"],
+        blocked.request_id.as_str(),
+        "{record}"
+    );
     assert_eq!(record["verdict"], "fail", "{record}");
     assert_eq!(record["action"], "block", "{record}");
     assert!(
@@ -463,7 +486,10 @@ async fn records_carry_what_the_client_saw() {
             .any(|check| check["name"] == "echo" && check["result"] == "fail"),
         "{record}"
     );
-    assert!(record["sample"].is_object(), "failed verdicts are sampled: {record}");
+    assert!(
+        record["sample"].is_object(),
+        "failed verdicts are sampled: {record}"
+    );
     assert_eq!(
         record["response_sha256"],
         sha256_hex(&blocked.body).as_str(),
@@ -492,7 +518,9 @@ async fn records_carry_what_the_client_saw() {
         let bytes = std::fs::read(&path).expect("read data file");
         scanned += bytes.len();
         assert!(
-            !bytes.windows(API_KEY.len()).any(|w| w == API_KEY.as_bytes()),
+            !bytes
+                .windows(API_KEY.len())
+                .any(|w| w == API_KEY.as_bytes()),
             "{} holds the client API key",
             path.display()
         );
@@ -534,7 +562,10 @@ async fn spot_check_walkthrough_runs() {
     };
     let out = std::fs::read_to_string(&log).expect("log");
     let err = std::fs::read_to_string(work.path().join("stderr.log")).unwrap_or_default();
-    assert!(status.success(), "walkthrough failed ({status}):\n{out}\n{err}");
+    assert!(
+        status.success(),
+        "walkthrough failed ({status}):\n{out}\n{err}"
+    );
 
     let count = |needle: &str| out.matches(needle).count();
     assert_eq!(count("status 200 request cg-"), 3, "{out}");
@@ -550,7 +581,10 @@ async fn spot_check_walkthrough_runs() {
     assert!(out.contains("requests: 4 (4 sampled)"), "{out}");
     assert!(out.contains("review: bad 1, ok 3"), "{out}");
     assert!(out.contains("verdict: fail 1, pass 3"), "{out}");
-    assert!(!holds_canary_value(out.as_bytes()), "samples shown are redacted: {out}");
+    assert!(
+        !holds_canary_value(out.as_bytes()),
+        "samples shown are redacted: {out}"
+    );
 
     // The script stopped what it started: the proxy no longer answers.
     assert!(out.contains("stopped 3 processes"), "{out}");
