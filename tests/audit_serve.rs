@@ -602,3 +602,64 @@ async fn spot_check_walkthrough_runs() {
     // Its data directory holds the chain the script built, reviews included.
     assert!(assert_verifies(&work.path().join("run/data")).starts_with("ok: 8 records verified"));
 }
+
+/// Number of `request` records in the log.
+fn request_count(data: &Path) -> usize {
+    export(data)
+        .iter()
+        .filter(|record| record["kind"] == "request")
+        .count()
+}
+
+/// A client that gives up before the provider's first byte (here: a slow
+/// prefill) leaves no answer to record, but the request must still be
+/// recorded, whole or streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_abandoned_before_the_answer_are_recorded() {
+    // 600 prompt tokens at 200 tokens/s: the first byte comes after ~3 s.
+    let sim = start_sim(&["--prefill-tps", "200"]);
+    let dir = ProxyDir::new();
+    let data = dir.data();
+    let proxy = start_proxy(&dir, &sim.url);
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(500))
+        .build()
+        .expect("client");
+    for stream in [false, true] {
+        let before = request_count(&data);
+        let result = impatient
+            .post(format!("{}/v1/chat/completions", proxy.url))
+            .bearer_auth(API_KEY)
+            .json(&json!({
+                "model": "sim-model",
+                "stream": stream,
+                "messages": [{"role": "user", "content": "ledger entry ".repeat(300)}],
+            }))
+            .send()
+            .await;
+        assert!(
+            result.is_err(),
+            "the client gave up before the answer (stream={stream})"
+        );
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while request_count(&data) == before && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            request_count(&data),
+            before + 1,
+            "abandoned request (stream={stream}) has no record"
+        );
+        let records = export(&data);
+        let last = records.last().expect("a record");
+        assert_eq!(last["outcome"], "interrupted_by_client", "{last}");
+        assert_eq!(last["bytes_out"], 0, "{last}");
+        assert_eq!(last["verdict"], "unchecked", "{last}");
+        assert_eq!(last["action"], "forward", "{last}");
+        if !stream {
+            // (A stream's response head comes before the prefill, so it has a ttfb.)
+            assert!(last["latency"]["ttfb_ms"].is_null(), "{last}");
+        }
+    }
+    assert_verifies(&data);
+}
