@@ -112,8 +112,8 @@ impl Rng {
     }
 }
 
-/// One chat request of the load; `Some(request_id)` when the client received
-/// a complete answer (a 200 JSON body with choices, or a stream ending in
+/// One chat request of the load; `Some((request_id, SHA-256 of the body))`
+/// when the client received a complete answer (a 200 JSON body with choices, or a stream ending in
 /// `data: [DONE]`), `None` for anything else (the server was killed).
 async fn one_request(
     client: &reqwest::Client,
@@ -121,7 +121,7 @@ async fn one_request(
     task: usize,
     n: usize,
     stream: bool,
-) -> Option<String> {
+) -> Option<(String, String)> {
     let mut request = client
         .post(format!("{url}/v1/chat/completions"))
         .bearer_auth("sk-crash-test")
@@ -144,7 +144,8 @@ async fn one_request(
         .to_str()
         .ok()?
         .to_owned();
-    let body = response.text().await.ok()?;
+    let body = response.bytes().await.ok()?;
+    let body = String::from_utf8(body.to_vec()).ok()?;
     let complete = if stream {
         body.trim_end().ends_with("data: [DONE]")
     } else {
@@ -152,7 +153,7 @@ async fn one_request(
             .ok()
             .is_some_and(|answer| answer["choices"][0]["message"]["content"].is_string())
     };
-    complete.then_some(request_id)
+    complete.then(|| (request_id, sha256_hex(body.as_bytes())))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -166,7 +167,8 @@ async fn acknowledged_answers_survive_sigkill_under_load() {
     let client = client();
     let mut rng = Rng::seeded();
     let seed = rng.0;
-    let mut acknowledged: Vec<String> = Vec::new();
+    // (request id, SHA-256 of the body the client received)
+    let mut acknowledged: Vec<(String, String)> = Vec::new();
     let mut incomplete = 0;
     for round in 0..ROUNDS {
         // Starts cleanly on the data dir the previous round's SIGKILL left behind.
@@ -217,12 +219,13 @@ async fn acknowledged_answers_survive_sigkill_under_load() {
         // The CLI opens the store left by SIGKILL (repairing it) and the chain holds.
         assert_verifies(&data);
         let records = requests_by_id(&data);
-        for id in &acknowledged {
+        for (id, sha256) in &acknowledged {
             let record = records.get(id).unwrap_or_else(|| {
                 panic!("round {round} (seed {seed}): answered request {id} has no record")
             });
             assert_eq!(record["outcome"], "complete", "{record}");
             assert_eq!(record["verdict"], "pass", "{record}");
+            assert_eq!(record["response_sha256"], sha256.as_str(), "{record}");
         }
         eprintln!(
             "round {round}: SIGKILL after {delay} ms, {round_done} complete answers, \
@@ -230,7 +233,7 @@ async fn acknowledged_answers_survive_sigkill_under_load() {
             records.len()
         );
     }
-    let unique: HashSet<_> = acknowledged.iter().collect();
+    let unique: HashSet<_> = acknowledged.iter().map(|(id, _)| id).collect();
     assert_eq!(unique.len(), acknowledged.len(), "request ids repeat");
     // A last clean start after the final kill, and the chain still verifies.
     let proxy = start_proxy(&dir, &sim.url);
