@@ -326,6 +326,23 @@ fn holds_canary_value(haystack: &[u8]) -> bool {
     })
 }
 
+/// Every file under `dir`, at any depth.
+fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    let mut dirs = vec![dir.to_owned()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read dir") {
+            let path = entry.expect("dir entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
 /// Asserts the fields every verified, forwarded, complete record carries.
 fn assert_verified_record(record: &Value, answer: &Answer, model: &str) {
     assert_eq!(record["request_id"], answer.request_id.as_str(), "{record}");
@@ -516,8 +533,7 @@ async fn records_carry_what_the_client_saw() {
     // while serve runs and after it stopped.
     drop(proxy);
     let mut scanned = 0;
-    for entry in std::fs::read_dir(&data).expect("data dir") {
-        let path = entry.expect("entry").path();
+    for path in files_under(&data) {
         let bytes = std::fs::read(&path).expect("read data file");
         scanned += bytes.len();
         assert!(
