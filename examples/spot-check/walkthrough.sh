@@ -43,7 +43,7 @@ start() {
   local pid="$!" url=""
   pids+=("$pid")
   for _ in $(seq 1 100); do
-    url="$(grep -o 'http://[0-9.:]*' "$work/$name.out" 2>/dev/null | head -n 1 || true)"
+    url="$(grep -o -m 1 'http://[0-9.:]*' "$work/$name.out" 2>/dev/null || true)"
     [ -n "$url" ] && break
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.1
@@ -97,7 +97,7 @@ ask() { # ask MODEL STREAM TEXT: prints the HTTP status and the request id
     -H 'Content-Type: application/json' -H 'x-canarygate-session: walkthrough' \
     -d "$body" "$proxy/v1/chat/completions" >"$work/last-status"
   local id
-  id="$(tr -d '\r' <"$work/last-headers" | sed -n 's/^x-canarygate-request-id: //Ip')"
+  id="$(tr -d '\r' <"$work/last-headers" | awk 'tolower($1) == "x-canarygate-request-id:" { print $2 }')"
   echo "status $(cat "$work/last-status") request $id ($1, stream=$2)"
 }
 ask small-model false "Summarise yesterday's deploy log in one line."
@@ -133,7 +133,8 @@ audit tail -n 10
 step "6. look at each sample and record a review (non-interactive)"
 while read -r id verdict request_id; do
   [ -n "$id" ] || continue
-  audit show "$id" | sed -n '/^--- response text ---$/,$p' | head -n 5
+  # The start of the sample's response text (awk reads all of it: no SIGPIPE).
+  audit show "$id" | awk '/^--- response text ---$/ { on = 1 } on && shown < 5 { print; shown++ }'
   if [ "$verdict" = fail ]; then
     audit spot-check --mark "$id" bad --note "blocked by the proxy: the answer does not fit the prompt ($request_id)"
   else
