@@ -170,9 +170,15 @@ async fn acknowledged_answers_survive_sigkill_under_load() {
     // (request id, SHA-256 of the body the client received)
     let mut acknowledged: Vec<(String, String)> = Vec::new();
     let mut incomplete = 0;
+    // Odd rounds restart serve right after the kill, so serve itself opens
+    // (and repairs) the file SIGKILL left; even rounds let the CLI open it first.
+    let mut restarted: Option<Running> = None;
     for round in 0..ROUNDS {
         // Starts cleanly on the data dir the previous round's SIGKILL left behind.
-        let mut proxy = start_proxy(&dir, &sim.url);
+        let mut proxy = match restarted.take() {
+            Some(proxy) => proxy,
+            None => start_proxy(&dir, &sim.url),
+        };
         assert_healthy(&client, &proxy).await;
         let stop = Arc::new(AtomicBool::new(false));
         let tasks: Vec<_> = (0..TASKS)
@@ -216,7 +222,13 @@ async fn acknowledged_answers_survive_sigkill_under_load() {
             round_done > 0,
             "round {round} (seed {seed}, kill after {delay} ms): no answer completed"
         );
-        // The CLI opens the store left by SIGKILL (repairing it) and the chain holds.
+        if round % 2 == 1 {
+            let proxy = start_proxy(&dir, &sim.url);
+            assert_healthy(&client, &proxy).await;
+            restarted = Some(proxy);
+        }
+        // The store left by SIGKILL opens (the CLI repairs it unless serve
+        // already did, and reads it alongside serve) and the chain holds.
         assert_verifies(&data);
         let records = requests_by_id(&data);
         for (id, sha256) in &acknowledged {
@@ -235,8 +247,10 @@ async fn acknowledged_answers_survive_sigkill_under_load() {
     }
     let unique: HashSet<_> = acknowledged.iter().map(|(id, _)| id).collect();
     assert_eq!(unique.len(), acknowledged.len(), "request ids repeat");
-    // A last clean start after the final kill, and the chain still verifies.
-    let proxy = start_proxy(&dir, &sim.url);
+    // The restart after the final kill serves, and the chain still verifies.
+    let proxy = restarted
+        .take()
+        .unwrap_or_else(|| start_proxy(&dir, &sim.url));
     assert_healthy(&client, &proxy).await;
     assert!(
         one_request(&client, &proxy.url, 1, 0, true).await.is_some(),
