@@ -6,6 +6,8 @@
 //!   received in full has its durable record, across SIGKILLs and restarts.
 //! - `records_carry_what_the_client_saw`: field by field, for a verified
 //!   non-stream answer, a stream, a blocked answer and a client that left.
+//! - `requests_abandoned_before_the_answer_are_recorded`: a client that gives
+//!   up while the provider is still prefilling still leaves a record.
 //! - `spot_check_walkthrough_runs`: `examples/spot-check/walkthrough.sh`.
 
 mod common;
