@@ -26,7 +26,7 @@ use crate::identity::Authenticator;
 use crate::metrics::Metrics;
 use crate::relay::relay_sse;
 use crate::request::ChatRequest;
-use crate::trail::Trail;
+use crate::trail::{PendingTrail, Trail};
 use crate::upstream::{Upstream, build_upstreams, send_error};
 
 /// Response header carrying the id of the request (also in the audit log).
@@ -256,10 +256,15 @@ async fn chat_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let mut trail = Trail::start(state.audit.clone(), &request_id.0, state.metrics.clone());
-    let response = match serve_chat(&state, &request_id, &headers, body, &mut trail).await {
+    // Recorded even when the client leaves before the answer (the guard's Drop).
+    let mut trail = PendingTrail::new(Trail::start(
+        state.audit.clone(),
+        &request_id.0,
+        state.metrics.clone(),
+    ));
+    let response = match serve_chat(&state, &request_id, &headers, body, trail.get()).await {
         Ok(Served::Stream(mut head, body)) => {
-            *head.body_mut() = body.into_body(trail);
+            *head.body_mut() = body.into_body(trail.take());
             return head;
         }
         Ok(Served::Whole(response)) => response,
@@ -272,7 +277,7 @@ async fn chat_completions(
             error.into_response()
         }
     };
-    record_whole(trail, response).await
+    record_whole(trail.take(), response).await
 }
 
 /// Appends the audit record of a request answered with one whole response,

@@ -188,6 +188,54 @@ impl Trail {
     }
 }
 
+/// Holds a request's [`Trail`] while the handler works on it. When the
+/// handler is dropped before the trail is handed on (the client went away
+/// while the provider was still thinking, so hyper cancelled the handler),
+/// the request is still recorded, as interrupted by the client.
+pub(crate) struct PendingTrail(Option<Trail>);
+
+impl PendingTrail {
+    /// Guards `trail`.
+    pub(crate) fn new(trail: Trail) -> Self {
+        Self(Some(trail))
+    }
+
+    /// The guarded trail.
+    pub(crate) fn get(&mut self) -> &mut Trail {
+        self.0.as_mut().expect("the trail is guarded until taken")
+    }
+
+    /// Hands the trail on; whoever takes it records the request.
+    pub(crate) fn take(mut self) -> Trail {
+        self.0.take().expect("the trail is guarded until taken")
+    }
+}
+
+impl Drop for PendingTrail {
+    fn drop(&mut self) {
+        let Some(trail) = self.0.take() else {
+            return;
+        };
+        let failed = trail
+            .verdict
+            .as_ref()
+            .is_some_and(|verdict| !verdict.passed());
+        // Nothing reached the client; a failed answer would not have either.
+        let action = if failed {
+            Action::Block
+        } else {
+            Action::Forward
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                if let Err(error) = trail.commit(Outcome::InterruptedByClient, action).await {
+                    tracing::error!("audit append of an abandoned request failed: {error}");
+                }
+            });
+        }
+    }
+}
+
 /// `text` with every canary-shaped span replaced by [`REDACTED`].
 fn redact(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
