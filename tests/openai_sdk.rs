@@ -58,7 +58,11 @@ upstream_model = "sim-model"
     );
     assert!(!content.contains("CG-"), "{content}");
     assert_eq!(plain["verdict"], "pass");
-    assert_eq!(plain["finish_reason"], "length");
+    // The reply's length depends on the (random) canaries in the context.
+    assert!(
+        plain["finish_reason"] == "length" || plain["finish_reason"] == "stop",
+        "{plain}"
+    );
 
     assert!(plain["prompt_tokens"].as_u64().unwrap() > 10);
     assert!(plain["request_id"].as_str().unwrap().starts_with("cg-"));

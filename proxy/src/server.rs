@@ -12,6 +12,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use canarygate_policies::config::Policy;
 use canarygate_policies::registry::{MemoryRegistry, Registration};
 use futures_util::StreamExt;
@@ -130,7 +131,11 @@ impl Server {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        axum::serve(self.listener, self.router)
+        // No Nagle: a streamed token must leave at once, not wait for an ACK.
+        let listener = self.listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        axum::serve(listener, self.router)
             .with_graceful_shutdown(shutdown)
             .await
     }

@@ -42,6 +42,8 @@ pub async fn serve_tls(listener: TcpListener, router: Router, config: ServerConf
                 continue;
             }
         };
+        // No Nagle: streamed tokens leave at once.
+        let _ = stream.set_nodelay(true);
         let acceptor = acceptor.clone();
         let service = TowerToHyperService::new(router.clone());
         tokio::spawn(async move {

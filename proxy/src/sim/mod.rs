@@ -747,6 +747,9 @@ pub async fn serve(
             Ok(())
         }
         None => {
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             axum::serve(listener, router)
                 .with_graceful_shutdown(shutdown)
                 .await
