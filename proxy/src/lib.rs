@@ -1,22 +1,24 @@
 //! canarygate-proxy: the verifying reverse proxy and the simulated provider.
 //!
-//! [`server`] is the proxy (`canarygate serve`); [`sim`] is the simulated
-//! OpenAI-compatible provider (`canarygate sim-provider`) that tests,
-//! benchmarks and the demo run against.
+//! [`Server`] is the proxy (`canarygate serve`): it authenticates the caller,
+//! places canaries in the request, forwards it, verifies the answer as it
+//! streams and records the request in the [`audit`] log. [`sim`] is the
+//! simulated OpenAI-compatible provider (`canarygate sim-provider`) that
+//! tests, benchmarks and the [`demo`] run against.
 
 pub mod audit;
-pub mod clock;
+mod clock;
 pub mod demo;
-pub mod error;
+mod error;
 pub mod identity;
-pub mod metrics;
-pub mod relay;
-pub mod request;
+mod metrics;
+mod relay;
+mod request;
 pub mod server;
 pub mod sim;
 pub mod tls;
 mod trail;
-pub mod upstream;
+mod upstream;
 mod verified;
 
 pub use server::{ServeOptions, Server};
