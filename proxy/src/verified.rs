@@ -26,7 +26,7 @@ use axum::response::Response;
 use canarygate_policies::inject::{InjectError, Injection, RequestCanaries, inject};
 use canarygate_policies::registry::{MemoryRegistry, Registration};
 use canarygate_policies::sse::{SseEvent, SseParser, encode_data};
-use canarygate_policies::verify::{Decision, Facts, Usage, Verdict, Verifier};
+use canarygate_policies::verify::{Decision, Facts, Finished, Usage, Verdict, Verifier};
 use canarygate_policies::verify_config::{Action, ReleasePolicy, VerifyConfig};
 use futures_util::{Stream, StreamExt};
 use serde_json::{Map, Value, json};
@@ -100,10 +100,7 @@ pub(crate) async fn serve(
         if attempt_state.injection.stream && is_event_stream(&response) {
             let mut stream = VerifiedStream::new(exchange, response, attempt_state);
             let driven = stream.drive_to_release(&mut trail.clock).await;
-            if let Some(verdict) = &stream.verdict {
-                trail.verdict(verdict);
-            }
-            trail.prompt_tokens_provider = stream.provider_prompt_tokens();
+            stream.fill(trail);
             match driven {
                 Driven::Retry => {}
                 Driven::Blocked => {
@@ -595,18 +592,7 @@ impl VerifiedStream {
     /// Ends verification. `done`: whether `[DONE]` arrived (`None` when we
     /// stopped reading ourselves).
     fn finalize(&mut self, done: Option<bool>) {
-        let registry = self.registry.clone();
-        let finished = self.attempt.verifier.finish(
-            &Facts {
-                finish_reasons: self.finish_reasons.clone(),
-                usage: self
-                    .usage
-                    .as_ref()
-                    .and_then(|usage| usage_of(&json!({"usage": usage}))),
-                done_marker: done,
-            },
-            &*registry,
-        );
+        let finished = self.finish_verifier(done);
         let released =
             self.committed || !self.out.is_empty() || self.attempt.verifier.released_any();
         let decision = finished
@@ -658,21 +644,31 @@ impl VerifiedStream {
         self.verdict = Some(finished.verdict);
     }
 
+    /// Runs the verifier's end-of-answer checks on what the stream showed.
+    fn finish_verifier(&mut self, done: Option<bool>) -> Finished {
+        let facts = Facts {
+            finish_reasons: self.finish_reasons.clone(),
+            usage: self
+                .usage
+                .as_ref()
+                .and_then(|usage| usage_of(&json!({ "usage": usage }))),
+            done_marker: done,
+        };
+        self.attempt.verifier.finish(&facts, &*self.registry)
+    }
+
+    /// Copies what the stream learnt (verdict, provider usage) into `trail`.
+    fn fill(&self, trail: &mut Trail) {
+        if let Some(verdict) = &self.verdict {
+            trail.verdict(verdict);
+        }
+        trail.prompt_tokens_provider = self.provider_prompt_tokens();
+    }
+
     /// The provider broke the stream: record the verdict, end with an error.
     fn interrupt(&mut self, detail: String) {
         tracing::warn!(provider = %self.provider, "stream interrupted: {detail}");
-        let registry = self.registry.clone();
-        let finished = self.attempt.verifier.finish(
-            &Facts {
-                finish_reasons: self.finish_reasons.clone(),
-                usage: self
-                    .usage
-                    .as_ref()
-                    .and_then(|usage| usage_of(&json!({"usage": usage}))),
-                done_marker: Some(false),
-            },
-            &*registry,
-        );
+        let finished = self.finish_verifier(Some(false));
         self.verdict = Some(finished.verdict);
         if self.committed || !self.out.is_empty() {
             let message = format!(
@@ -799,10 +795,7 @@ impl StreamingBody {
         }
         // The end: record, durably, then send the last bytes.
         let mut trail = self.trail.take()?;
-        if let Some(verdict) = &stream.verdict {
-            trail.verdict(verdict);
-        }
-        trail.prompt_tokens_provider = stream.provider_prompt_tokens();
+        stream.fill(&mut trail);
         let tail = stream.tail.take().unwrap_or_default();
         trail.sent(&tail);
         let (outcome, action) = stream.conclusion();
@@ -823,10 +816,7 @@ impl Drop for StreamingBody {
     fn drop(&mut self) {
         // The client went away before the end: record the request as interrupted.
         if let Some(mut trail) = self.trail.take() {
-            if let Some(verdict) = &self.stream.verdict {
-                trail.verdict(verdict);
-            }
-            trail.prompt_tokens_provider = self.stream.provider_prompt_tokens();
+            self.stream.fill(&mut trail);
             tokio::spawn(async move {
                 if let Err(error) = trail
                     .commit(Outcome::InterruptedByClient, AuditAction::Forward)
