@@ -91,6 +91,10 @@ fn check_against_reference(spec: TinyModel, config: impl Fn(&Path) -> EngineConf
         })
         .collect();
     let completions: Vec<Completion> = generations.into_iter().map(|g| g.wait().unwrap()).collect();
+    assert!(
+        completions.iter().any(|c| c.token_ids.len() == steps),
+        "every request stopped early; the comparison would cover too few decode steps"
+    );
     for (p, c) in prompts.iter().zip(&completions) {
         let reference = reference_logits(dir.path(), spec.architecture, p, c.logits.len());
         assert!(!c.logits.is_empty());
