@@ -25,12 +25,26 @@ fn generate_json(dir: &Path) -> Value {
     let out = canarygate()
         .args(["engine", "generate", "--model"])
         .arg(dir)
-        .args(["--prompt", "hello canary", "--max-tokens", "8", "--greedy", "--json"])
+        .args([
+            "--prompt",
+            "hello canary",
+            "--max-tokens",
+            "8",
+            "--greedy",
+            "--json",
+        ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("KV pool holds"), "capacity not printed: {stderr}");
+    assert!(
+        stderr.contains("KV pool holds"),
+        "capacity not printed: {stderr}"
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -68,7 +82,15 @@ impl Drop for Server {
 
 fn start_server(model: &Path) -> (Server, String) {
     let mut child = canarygate()
-        .args(["engine", "serve", "--listen", "127.0.0.1:0", "--max-context", "64", "--model"])
+        .args([
+            "engine",
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--max-context",
+            "64",
+            "--model",
+        ])
         .arg(model)
         .stderr(Stdio::piped())
         .spawn()
@@ -103,30 +125,47 @@ async fn serve_chat_completions_stream_and_context_errors() {
     assert!((1..=6).contains(&completion_tokens));
     // The chat template of the tiny model: bos + header + "hi" + eot + assistant header.
     assert_eq!(json["usage"]["prompt_tokens"], 25);
-    let content = json["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let content = json["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
 
     let mut stream_body = body.clone();
     stream_body["stream"] = Value::Bool(true);
     let response = client.post(&url).json(&stream_body).send().await.unwrap();
     assert_eq!(response.status(), 200);
     let text = response.text().await.unwrap();
-    let events: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    let events: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
     assert_eq!(events.last(), Some(&"[DONE]"));
     let streamed: String = events[..events.len() - 1]
         .iter()
         .map(|e| serde_json::from_str::<Value>(e).unwrap())
-        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
         .collect();
-    assert_eq!(streamed, content, "stream and non-stream differ for greedy decoding");
+    assert_eq!(
+        streamed, content,
+        "stream and non-stream differ for greedy decoding"
+    );
 
     let long = "x".repeat(80);
-    let over = serde_json::json!({"messages": [{"role": "user", "content": long}], "max_tokens": 4});
+    let over =
+        serde_json::json!({"messages": [{"role": "user", "content": long}], "max_tokens": 4});
     let response = client.post(&url).json(&over).send().await.unwrap();
     assert_eq!(response.status(), 400);
     let json: Value = response.json().await.unwrap();
     assert_eq!(json["error"]["code"], "context_length_exceeded");
     let message = json["error"]["message"].as_str().unwrap();
-    assert!(message.contains("64") && message.contains("107"), "{message}");
+    assert!(
+        message.contains("64") && message.contains("107"),
+        "{message}"
+    );
 
     let response = client.post(&url).body("not json").send().await.unwrap();
     assert_eq!(response.status(), 400);

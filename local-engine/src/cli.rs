@@ -114,7 +114,13 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 pub fn run(command: EngineCommand) -> Result<(), BoxError> {
     match command {
         EngineCommand::InitTiny { dir, seed } => {
-            write_tiny_model(&dir, &TinyModel { seed, ..TinyModel::default() })?;
+            write_tiny_model(
+                &dir,
+                &TinyModel {
+                    seed,
+                    ..TinyModel::default()
+                },
+            )?;
             eprintln!("wrote a random tiny Llama model to {}", dir.display());
             Ok(())
         }
@@ -127,7 +133,10 @@ pub fn run(command: EngineCommand) -> Result<(), BoxError> {
             let runtime = tokio::runtime::Runtime::new()?;
             runtime.block_on(async move {
                 let listener = tokio::net::TcpListener::bind(&listen).await?;
-                eprintln!("canarygate engine: listening on http://{}", listener.local_addr()?);
+                eprintln!(
+                    "canarygate engine: listening on http://{}",
+                    listener.local_addr()?
+                );
                 crate::serve(handle, name, listener).await
             })?;
             Ok(())

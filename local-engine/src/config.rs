@@ -99,8 +99,7 @@ impl ModelConfig {
     pub fn from_file(path: &Path) -> Result<Self, EngineError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| EngineError::Model(format!("cannot read {}: {e}", path.display())))?;
-        Self::from_json(&text)
-            .map_err(|e| EngineError::Model(format!("{}: {e}", path.display())))
+        Self::from_json(&text).map_err(|e| EngineError::Model(format!("{}: {e}", path.display())))
     }
 
     /// Parses and validates the text of a `config.json`.
@@ -108,10 +107,12 @@ impl ModelConfig {
         let raw: RawConfig = serde_json::from_str(text).map_err(|e| e.to_string())?;
         let architecture = architecture(&raw)?;
         if raw.num_attention_heads == 0 || raw.hidden_size == 0 || raw.num_hidden_layers == 0 {
-            return Err("hidden_size, num_attention_heads and num_hidden_layers must be > 0".into());
+            return Err(
+                "hidden_size, num_attention_heads and num_hidden_layers must be > 0".into(),
+            );
         }
         let num_kv_heads = raw.num_key_value_heads.unwrap_or(raw.num_attention_heads);
-        if num_kv_heads == 0 || raw.num_attention_heads % num_kv_heads != 0 {
+        if num_kv_heads == 0 || !raw.num_attention_heads.is_multiple_of(num_kv_heads) {
             return Err(format!(
                 "num_attention_heads ({}) must be a multiple of num_key_value_heads ({num_kv_heads})",
                 raw.num_attention_heads
@@ -120,7 +121,7 @@ impl ModelConfig {
         let head_dim = raw
             .head_dim
             .unwrap_or(raw.hidden_size / raw.num_attention_heads);
-        if head_dim == 0 || head_dim % 2 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(format!("head_dim must be even and > 0, got {head_dim}"));
         }
         let (rope_theta, rope_scaling) = rope(&raw)?;
@@ -209,7 +210,11 @@ fn rope(raw: &RawConfig) -> Result<(f32, Option<Llama3Scaling>), String> {
     let params = raw.rope_parameters.as_ref().or(raw.rope_scaling.as_ref());
     let theta = raw
         .rope_theta
-        .or_else(|| params.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64))
+        .or_else(|| {
+            params
+                .and_then(|p| p.get("rope_theta"))
+                .and_then(Value::as_f64)
+        })
         .unwrap_or(10_000.0);
     let Some(params) = params.filter(|p| !p.is_null()) else {
         return Ok((theta as f32, None));
@@ -236,7 +241,10 @@ fn rope(raw: &RawConfig) -> Result<(f32, Option<Llama3Scaling>), String> {
                     as usize,
             };
             if scaling.high_freq_factor <= scaling.low_freq_factor || scaling.factor <= 0.0 {
-                return Err("llama3 rope scaling needs high_freq_factor > low_freq_factor and factor > 0".into());
+                return Err(
+                    "llama3 rope scaling needs high_freq_factor > low_freq_factor and factor > 0"
+                        .into(),
+                );
             }
             Ok((theta as f32, Some(scaling)))
         }
@@ -300,8 +308,10 @@ mod tests {
 
     #[test]
     fn unknown_architecture_and_rope_type_are_clear_errors() {
-        let err = ModelConfig::from_json(&format!(r#"{{"architectures": ["GPT2LMHeadModel"], {BASE}}}"#))
-            .unwrap_err();
+        let err = ModelConfig::from_json(&format!(
+            r#"{{"architectures": ["GPT2LMHeadModel"], {BASE}}}"#
+        ))
+        .unwrap_err();
         assert!(err.contains("unsupported architecture"), "{err}");
         let err = ModelConfig::from_json(&format!(
             r#"{{"model_type": "qwen2", {BASE}, "rope_scaling": {{"type": "yarn", "factor": 4.0}}}}"#

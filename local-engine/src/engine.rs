@@ -15,9 +15,9 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
-use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -220,12 +220,19 @@ impl Generation {
         let (mut token_ids, mut text, mut logits) = (Vec::new(), String::new(), Vec::new());
         for event in self {
             match event {
-                Event::Token { id, text: t, logits: l } => {
+                Event::Token {
+                    id,
+                    text: t,
+                    logits: l,
+                } => {
                     token_ids.push(id);
                     text.push_str(&t);
                     logits.extend(l);
                 }
-                Event::Done { finish_reason, usage } => {
+                Event::Done {
+                    finish_reason,
+                    usage,
+                } => {
                     return Ok(Completion {
                         token_ids,
                         text,
@@ -369,7 +376,9 @@ fn start(config: EngineConfig, fault: Option<TransferFault>) -> Result<EngineHan
     let template = ChatTemplate::load(dir)?;
     let (device, dtype) = device(config.device)?;
     if config.max_batch == 0 || config.prefill_chunk == 0 {
-        return Err(EngineError::Config("max_batch and prefill_chunk must be > 0".into()));
+        return Err(EngineError::Config(
+            "max_batch and prefill_chunk must be > 0".into(),
+        ));
     }
     let pool = KvPool::new(
         config.kv_budget_bytes,
@@ -390,7 +399,13 @@ fn start(config: EngineConfig, fault: Option<TransferFault>) -> Result<EngineHan
             config.max_context,
         )?,
     };
-    let model = Model::load(&model_config, &files, capacity.context_window, dtype, &device)?;
+    let model = Model::load(
+        &model_config,
+        &files,
+        capacity.context_window,
+        dtype,
+        &device,
+    )?;
     let mut eos = model_config.eos_token_ids.clone();
     if eos.is_empty() {
         eos = generation_config_eos(dir);
@@ -416,12 +431,18 @@ fn start(config: EngineConfig, fault: Option<TransferFault>) -> Result<EngineHan
     };
     let prefill = {
         let shared = shared.clone();
-        spawn("cg-prefill", Box::new(move || prefill_worker(&shared, jobs_rx, transfer_tx)))?
+        spawn(
+            "cg-prefill",
+            Box::new(move || prefill_worker(&shared, jobs_rx, transfer_tx)),
+        )?
     };
     let decode = {
         let shared = shared.clone();
         let requeue = jobs_tx.clone();
-        spawn("cg-decode", Box::new(move || decode_worker(&shared, transfer_rx, requeue)))?
+        spawn(
+            "cg-decode",
+            Box::new(move || decode_worker(&shared, transfer_rx, requeue)),
+        )?
     };
     Ok(EngineHandle {
         shared,
@@ -439,7 +460,11 @@ fn generation_config_eos(dir: &Path) -> Vec<u32> {
     };
     let json: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
     match json.get("eos_token_id") {
-        Some(serde_json::Value::Array(ids)) => ids.iter().filter_map(|v| v.as_u64()).map(|v| v as u32).collect(),
+        Some(serde_json::Value::Array(ids)) => ids
+            .iter()
+            .filter_map(|v| v.as_u64())
+            .map(|v| v as u32)
+            .collect(),
         Some(v) => v.as_u64().map(|v| vec![v as u32]).unwrap_or_default(),
         None => Vec::new(),
     }
@@ -503,7 +528,10 @@ impl EngineHandle {
                 "token id {bad} is outside the vocabulary ({vocab} ids)"
             )));
         }
-        request.sampling.validate().map_err(AdmissionError::Invalid)?;
+        request
+            .sampling
+            .validate()
+            .map_err(AdmissionError::Invalid)?;
         let limit = self.capacity.context_window;
         let max_tokens = match request.max_tokens {
             Some(0) => return Err(AdmissionError::Invalid("max_tokens must be > 0".into())),
@@ -537,7 +565,9 @@ impl EngineHandle {
             emitted: 0,
             events,
         };
-        self.jobs.send(job).map_err(|_| AdmissionError::Unavailable)?;
+        self.jobs
+            .send(job)
+            .map_err(|_| AdmissionError::Unavailable)?;
         Ok(Generation {
             id,
             prompt_tokens: prompt_len,
@@ -592,7 +622,12 @@ impl Job {
 
     /// Appends a sampled token and streams it; returns the finish reason if generation ends
     /// (or `Some(Stop)` if the receiver is gone).
-    fn push_token(&mut self, shared: &Shared, token: u32, logits: Option<Vec<f32>>) -> Option<FinishReason> {
+    fn push_token(
+        &mut self,
+        shared: &Shared,
+        token: u32,
+        logits: Option<Vec<f32>>,
+    ) -> Option<FinishReason> {
         self.tokens.push(token);
         let is_eos = shared.eos.contains(&token);
         let visible = if is_eos {
@@ -624,7 +659,15 @@ impl Job {
         let delta = text.get(self.emitted..end).unwrap_or("").to_string();
         self.emitted = self.emitted.max(end);
         let logits = if self.return_logits { logits } else { None };
-        if self.events.send(Event::Token { id: token, text: delta, logits }).is_err() {
+        if self
+            .events
+            .send(Event::Token {
+                id: token,
+                text: delta,
+                logits,
+            })
+            .is_err()
+        {
             // Nobody listens any more: stop spending compute on it.
             finish = Some(FinishReason::Stop);
         }
@@ -684,7 +727,9 @@ fn prefill_worker(shared: &Shared, jobs: Receiver<Job>, transfers: Sender<Transf
             shared.pool.wait_for_free(POLL);
             continue;
         };
-        let Some(job) = queue.pop_front() else { continue };
+        let Some(job) = queue.pop_front() else {
+            continue;
+        };
         match prefill(shared, &job, pages) {
             Ok((manifest, logits)) => {
                 let transfer = Transfer {
@@ -704,7 +749,11 @@ fn prefill_worker(shared: &Shared, jobs: Receiver<Job>, transfers: Sender<Transf
 
 /// Writes the KV of all of `job.tokens` into `pages` and returns the manifest and the logits
 /// after the last token.
-fn prefill(shared: &Shared, job: &Job, pages: Vec<PageId>) -> Result<(Manifest, Vec<f32>), EngineError> {
+fn prefill(
+    shared: &Shared,
+    job: &Job,
+    pages: Vec<PageId>,
+) -> Result<(Manifest, Vec<f32>), EngineError> {
     let (pool, owner, n) = (&shared.pool, job.owner(), job.tokens.len());
     let mut logits = None;
     let mut start = 0;
@@ -905,7 +954,9 @@ mod tests {
         assert_eq!(context_window(4096, 1024, 2.0, None).unwrap(), 512);
         assert_eq!(context_window(256, 1024, 2.0, None).unwrap(), 256);
         assert_eq!(context_window(4096, 1024, 1.0, Some(100)).unwrap(), 100);
-        let err = context_window(4096, 1024, 2.0, Some(1000)).unwrap_err().to_string();
+        let err = context_window(4096, 1024, 2.0, Some(1000))
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("1000") && err.contains("1024"), "{err}");
         assert!(context_window(4096, 1024, 0.5, None).is_err());
     }
@@ -935,17 +986,27 @@ mod tests {
             assert_eq!(events.len(), 1, "{fault:?}: {events:?}");
             match (&events[0], fault) {
                 (
-                    Event::Failed(EngineError::Transfer(TransferError::MissingPages { listed: 7, needed: 8, .. })),
+                    Event::Failed(EngineError::Transfer(TransferError::MissingPages {
+                        listed: 7,
+                        needed: 8,
+                        ..
+                    })),
                     TransferFault::DropLastPage,
                 )
                 | (
-                    Event::Failed(EngineError::Transfer(TransferError::Incomplete { covered: 1, required: 30 })),
+                    Event::Failed(EngineError::Transfer(TransferError::Incomplete {
+                        covered: 1,
+                        required: 30,
+                    })),
                     TransferFault::ClaimOneToken,
                 ) => {}
                 (other, _) => panic!("{fault:?}: expected a refused transfer, got {other:?}"),
             }
             let stats = engine.stats();
-            assert_eq!(stats.free_pages, stats.total_pages, "{fault:?}: pages leaked");
+            assert_eq!(
+                stats.free_pages, stats.total_pages,
+                "{fault:?}: pages leaked"
+            );
         }
     }
 }

@@ -65,7 +65,9 @@ pub enum ProvenanceError {
         position: usize,
     },
     /// A write would leave a gap of unwritten positions.
-    #[error("write at position {position} of {owner:?} skips positions (page {page} holds {written})")]
+    #[error(
+        "write at position {position} of {owner:?} skips positions (page {page} holds {written})"
+    )]
     Gap {
         /// Writer.
         owner: Owner,
@@ -257,13 +259,14 @@ impl KvPool {
         let mut table = self.lock();
         let mut slots = Vec::with_capacity(count);
         for position in start..start + count {
-            let page = *pages.get(position / self.page_size).ok_or(
-                ProvenanceError::MissingPage {
-                    owner,
-                    pages: pages.len(),
-                    position,
-                },
-            )?;
+            let page =
+                *pages
+                    .get(position / self.page_size)
+                    .ok_or(ProvenanceError::MissingPage {
+                        owner,
+                        pages: pages.len(),
+                        position,
+                    })?;
             let meta = &mut table.pages[page as usize];
             if meta.owner != Some(owner) {
                 return Err(ProvenanceError::ForeignPage {
@@ -432,10 +435,7 @@ mod tests {
             Err(ProvenanceError::ForeignPage { .. })
         ));
         // A new generation of A is a different owner.
-        let a1 = Owner {
-            generation: 1,
-            ..A
-        };
+        let a1 = Owner { generation: 1, ..A };
         assert!(pool.read_slots(a1, &b, 0).is_ok());
         assert!(pool.write_slots(a1, &b, 0, 1).is_err());
     }

@@ -62,7 +62,13 @@ pub struct Model {
     dtype: DType,
 }
 
-fn linear(vb: &VarBuilder, name: &str, in_dim: usize, out_dim: usize, bias: bool) -> candle_core::Result<Linear> {
+fn linear(
+    vb: &VarBuilder,
+    name: &str,
+    in_dim: usize,
+    out_dim: usize,
+    bias: bool,
+) -> candle_core::Result<Linear> {
     if bias {
         candle_nn::linear(in_dim, out_dim, vb.pp(name))
     } else {
@@ -163,10 +169,17 @@ impl Model {
 
     /// Runs `segments` through the model, writing their K and V into `pool`, and returns the
     /// logits of the last token of each segment, `[segments, vocab]` in f32.
-    pub(crate) fn forward(&self, segments: &[Segment], pool: &KvPool) -> Result<Tensor, EngineError> {
+    pub(crate) fn forward(
+        &self,
+        segments: &[Segment],
+        pool: &KvPool,
+    ) -> Result<Tensor, EngineError> {
         let c = &self.config;
         let dev = &self.device;
-        let tokens: Vec<u32> = segments.iter().flat_map(|s| s.tokens.iter().copied()).collect();
+        let tokens: Vec<u32> = segments
+            .iter()
+            .flat_map(|s| s.tokens.iter().copied())
+            .collect();
         let positions: Vec<u32> = segments
             .iter()
             .flat_map(|s| (s.start..s.start + s.tokens.len()).map(|p| p as u32))
@@ -187,7 +200,10 @@ impl Model {
         let cos = self.cos.index_select(&positions, 0)?.unsqueeze(1)?;
         let sin = self.sin.index_select(&positions, 0)?.unsqueeze(1)?;
         // Scatter index for KV writes: every element of row i goes to slot i   [T, kv_row]
-        let write_slots: Vec<u32> = segments.iter().flat_map(|s| s.write_slots.iter().copied()).collect();
+        let write_slots: Vec<u32> = segments
+            .iter()
+            .flat_map(|s| s.write_slots.iter().copied())
+            .collect();
         let write_index = Tensor::from_vec(write_slots, (t, 1), dev)?
             .broadcast_as((t, kv_row))?
             .contiguous()?;
@@ -207,11 +223,18 @@ impl Model {
             let h = layer.input_norm.forward(&x)?;
             let a = &layer.attn;
             // q: [T, heads, 1, head_dim], k/v: [T, kv_heads, 1, head_dim] (rope wants 4D)
-            let q = a.q_proj.forward(&h)?.reshape((t, c.num_heads, 1, c.head_dim))?;
-            let k = a.k_proj.forward(&h)?.reshape((t, c.num_kv_heads, 1, c.head_dim))?;
+            let q = a
+                .q_proj
+                .forward(&h)?
+                .reshape((t, c.num_heads, 1, c.head_dim))?;
+            let k = a
+                .k_proj
+                .forward(&h)?
+                .reshape((t, c.num_kv_heads, 1, c.head_dim))?;
             let v = a.v_proj.forward(&h)?.reshape((t, kv_row))?;
             let q = candle_nn::rotary_emb::rope(&q.contiguous()?, &cos, &sin)?;
-            let k = candle_nn::rotary_emb::rope(&k.contiguous()?, &cos, &sin)?.reshape((t, kv_row))?;
+            let k =
+                candle_nn::rotary_emb::rope(&k.contiguous()?, &cos, &sin)?.reshape((t, kv_row))?;
             let (pool_k, pool_v) = pool.layer(l);
             pool_k.scatter_set(&write_index, &k, 0)?;
             pool_v.scatter_set(&write_index, &v.contiguous()?, 0)?;
@@ -222,7 +245,13 @@ impl Model {
             for (s, seg) in segments.iter().enumerate() {
                 let n = seg.tokens.len();
                 let q_s = q.narrow(0, row, n)?;
-                outputs.push(self.attend(&q_s, pool_k, pool_v, &read_index[s], masks[s].as_ref())?);
+                outputs.push(self.attend(
+                    &q_s,
+                    pool_k,
+                    pool_v,
+                    &read_index[s],
+                    masks[s].as_ref(),
+                )?);
                 row += n;
             }
             // attn: [T, heads * head_dim]
@@ -231,7 +260,8 @@ impl Model {
             let residual = x.clone();
             let h = layer.post_attention_norm.forward(&x)?;
             let m = &layer.mlp;
-            let gated = (candle_nn::ops::silu(&m.gate_proj.forward(&h)?)? * m.up_proj.forward(&h)?)?;
+            let gated =
+                (candle_nn::ops::silu(&m.gate_proj.forward(&h)?)? * m.up_proj.forward(&h)?)?;
             x = (m.down_proj.forward(&gated)? + residual)?;
         }
         // Last row of each segment   [segments, hidden]
@@ -263,8 +293,14 @@ impl Model {
         let n = q.dim(0)?;
         let len = read_index.dim(0)?;
         // k, v: [kv_heads, len, head_dim]
-        let k = pool_k.index_select(read_index, 0)?.reshape((len, kvh, hd))?.transpose(0, 1)?;
-        let v = pool_v.index_select(read_index, 0)?.reshape((len, kvh, hd))?.transpose(0, 1)?;
+        let k = pool_k
+            .index_select(read_index, 0)?
+            .reshape((len, kvh, hd))?
+            .transpose(0, 1)?;
+        let v = pool_v
+            .index_select(read_index, 0)?
+            .reshape((len, kvh, hd))?
+            .transpose(0, 1)?;
         let k = k.to_dtype(DType::F32)?.contiguous()?;
         let v = v.to_dtype(DType::F32)?.contiguous()?;
         // q: [n, kv_heads, group, hd] -> [kv_heads, group * n, hd] (query heads of a group share K/V)

@@ -39,7 +39,10 @@ impl SamplingParams {
     /// Rejects values outside their meaningful range.
     pub fn validate(&self) -> Result<(), String> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(format!("temperature must be >= 0, got {}", self.temperature));
+            return Err(format!(
+                "temperature must be >= 0, got {}",
+                self.temperature
+            ));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
@@ -81,7 +84,9 @@ impl Sampler {
             logits
                 .iter()
                 .enumerate()
-                .fold((0, f32::NEG_INFINITY), |best, (i, &x)| if x > best.1 { (i, x) } else { best })
+                .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
+                    if x > best.1 { (i, x) } else { best }
+                })
                 .0 as u32
         };
         let p = &self.params;
@@ -90,7 +95,11 @@ impl Sampler {
         }
         // Candidates sorted by logit, descending (ties: lower id first).
         let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-        order.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+        order.sort_by(|&a, &b| {
+            logits[b as usize]
+                .total_cmp(&logits[a as usize])
+                .then(a.cmp(&b))
+        });
         if p.top_k > 0 {
             order.truncate(p.top_k);
         }
@@ -171,13 +180,33 @@ mod tests {
             (0..20).map(|_| s.sample(&logits)).collect::<Vec<_>>()
         };
         assert_eq!(run(&params), run(&params));
-        assert_ne!(run(&params), run(&SamplingParams { seed: 43, ..params.clone() }));
+        assert_ne!(
+            run(&params),
+            run(&SamplingParams {
+                seed: 43,
+                ..params.clone()
+            })
+        );
     }
 
     #[test]
     fn invalid_params_are_rejected() {
-        assert!(SamplingParams { temperature: -1.0, ..SamplingParams::default() }.validate().is_err());
-        assert!(SamplingParams { top_p: 0.0, ..SamplingParams::default() }.validate().is_err());
+        assert!(
+            SamplingParams {
+                temperature: -1.0,
+                ..SamplingParams::default()
+            }
+            .validate()
+            .is_err()
+        );
+        assert!(
+            SamplingParams {
+                top_p: 0.0,
+                ..SamplingParams::default()
+            }
+            .validate()
+            .is_err()
+        );
         assert!(SamplingParams::default().validate().is_ok());
     }
 }

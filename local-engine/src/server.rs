@@ -17,9 +17,7 @@ use axum::routing::{get, post};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::{
-    AdmissionError, ChatMessage, EngineHandle, Event, GenerationRequest, SamplingParams,
-};
+use crate::{AdmissionError, ChatMessage, EngineHandle, Event, GenerationRequest, SamplingParams};
 
 #[derive(Clone)]
 struct AppState {
@@ -77,8 +75,18 @@ fn admission_error(e: AdmissionError) -> Response {
             Some("context_length_exceeded"),
             e.to_string(),
         ),
-        AdmissionError::Invalid(_) => error(StatusCode::BAD_REQUEST, "invalid_request_error", None, e.to_string()),
-        AdmissionError::Unavailable => error(StatusCode::SERVICE_UNAVAILABLE, "server_error", None, e.to_string()),
+        AdmissionError::Invalid(_) => error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            None,
+            e.to_string(),
+        ),
+        AdmissionError::Unavailable => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            None,
+            e.to_string(),
+        ),
     }
 }
 
@@ -92,19 +100,33 @@ async fn models(State(state): State<AppState>) -> Response {
 }
 
 fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Response {
     let request: ChatRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => {
-            return error(StatusCode::BAD_REQUEST, "invalid_request_error", None, format!("invalid JSON body: {e}"));
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                None,
+                format!("invalid JSON body: {e}"),
+            );
         }
     };
     let prompt = match state.engine.chat_prompt(&request.messages) {
         Ok(p) => p,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "invalid_request_error", None, e.to_string()),
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                None,
+                e.to_string(),
+            );
+        }
     };
     let defaults = SamplingParams::default();
     let generation = GenerationRequest {
@@ -141,8 +163,18 @@ async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Respons
                           "total_tokens": c.usage.prompt_tokens + c.usage.completion_tokens},
             }))
             .into_response(),
-            Ok(Err(e)) => error(StatusCode::INTERNAL_SERVER_ERROR, "server_error", Some("engine_error"), e.to_string()),
-            Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, "server_error", None, e.to_string()),
+            Ok(Err(e)) => error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                Some("engine_error"),
+                e.to_string(),
+            ),
+            Err(e) => error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                None,
+                e.to_string(),
+            ),
         };
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
@@ -156,14 +188,24 @@ async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Respons
             }
             Bytes::from(format!("data: {c}\n\n"))
         };
-        if tx.blocking_send(chunk(json!({"role": "assistant", "content": ""}), None, None)).is_err() {
+        if tx
+            .blocking_send(chunk(
+                json!({"role": "assistant", "content": ""}),
+                None,
+                None,
+            ))
+            .is_err()
+        {
             return;
         }
         for event in generation {
             let bytes = match event {
                 Event::Token { text, .. } if text.is_empty() => continue,
                 Event::Token { text, .. } => chunk(json!({"content": text}), None, None),
-                Event::Done { finish_reason, usage } => {
+                Event::Done {
+                    finish_reason,
+                    usage,
+                } => {
                     let usage = json!({"prompt_tokens": usage.prompt_tokens,
                         "completion_tokens": usage.completion_tokens,
                         "total_tokens": usage.prompt_tokens + usage.completion_tokens});
@@ -192,5 +234,12 @@ async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Respons
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::from_stream(stream))
-        .unwrap_or_else(|e| error(StatusCode::INTERNAL_SERVER_ERROR, "server_error", None, e.to_string()))
+        .unwrap_or_else(|e| {
+            error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                None,
+                e.to_string(),
+            )
+        })
 }

@@ -33,7 +33,11 @@ pub struct ChatTemplate {
 fn token_text(value: Option<&Value>) -> String {
     match value {
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Object(o)) => o.get("content").and_then(Value::as_str).unwrap_or("").to_string(),
+        Some(Value::Object(o)) => o
+            .get("content")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string(),
         _ => String::new(),
     }
 }
@@ -112,7 +116,10 @@ fn environment() -> minijinja::Environment<'static> {
     env.add_function(
         "raise_exception",
         |message: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, message))
+            Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                message,
+            ))
         },
     );
     env
@@ -171,9 +178,16 @@ mod tests {
             r#"{"chat_template": "{{ raise_exception('no system role') }}"}"#,
         )
         .unwrap();
-        let err = ChatTemplate::load(dir.path()).unwrap().render(&messages()).unwrap_err();
+        let err = ChatTemplate::load(dir.path())
+            .unwrap()
+            .render(&messages())
+            .unwrap_err();
         assert!(err.to_string().contains("no system role"), "{err}");
-        std::fs::write(dir.path().join("tokenizer_config.json"), r#"{"chat_template": "{% if %}"}"#).unwrap();
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            r#"{"chat_template": "{% if %}"}"#,
+        )
+        .unwrap();
         assert!(ChatTemplate::load(dir.path()).is_err());
     }
 }

@@ -82,9 +82,9 @@ pub fn write_tiny_model(dir: &Path, spec: &TinyModel) -> Result<(), EngineError>
     }
     if s.num_heads == 0
         || s.num_kv_heads == 0
-        || s.num_heads % s.num_kv_heads != 0
-        || s.hidden_size % s.num_heads != 0
-        || (s.hidden_size / s.num_heads) % 2 != 0
+        || !s.num_heads.is_multiple_of(s.num_kv_heads)
+        || !s.hidden_size.is_multiple_of(s.num_heads)
+        || !(s.hidden_size / s.num_heads).is_multiple_of(2)
     {
         return Err(EngineError::Config(
             "hidden_size / num_heads must be even and num_heads a multiple of num_kv_heads".into(),
@@ -93,13 +93,21 @@ pub fn write_tiny_model(dir: &Path, spec: &TinyModel) -> Result<(), EngineError>
     let io = |e: std::io::Error| EngineError::Model(format!("writing {}: {e}", dir.display()));
     std::fs::create_dir_all(dir).map_err(io)?;
     std::fs::write(dir.join("config.json"), config_json(s).to_string()).map_err(io)?;
-    std::fs::write(dir.join("tokenizer.json"), tokenizer_json(s.vocab_size).to_string()).map_err(io)?;
+    std::fs::write(
+        dir.join("tokenizer.json"),
+        tokenizer_json(s.vocab_size).to_string(),
+    )
+    .map_err(io)?;
     let tokenizer_config = json!({
         "bos_token": SPECIAL[0],
         "eos_token": SPECIAL[4],
         "chat_template": CHAT_TEMPLATE,
     });
-    std::fs::write(dir.join("tokenizer_config.json"), tokenizer_config.to_string()).map_err(io)?;
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        tokenizer_config.to_string(),
+    )
+    .map_err(io)?;
     candle_core::safetensors::save(&weights(s)?, dir.join("model.safetensors"))?;
     Ok(())
 }
@@ -143,7 +151,8 @@ fn config_json(s: &TinyModel) -> Value {
 
 /// GPT-2's byte → printable character map used by byte-level BPE.
 fn byte_symbols() -> Vec<char> {
-    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
     let mut extra = 0;
     (0..256u32)
         .map(|b| {
@@ -212,7 +221,7 @@ impl Rng {
 }
 
 fn weights(s: &TinyModel) -> Result<HashMap<String, Tensor>, EngineError> {
-    let mut rng = Rng(s.seed ^ 0x5eed_0f_ca9a_27);
+    let mut rng = Rng(s.seed ^ 0x5eed_0fca_9a27);
     let head_dim = s.hidden_size / s.num_heads;
     let (h, q, kv, i) = (
         s.hidden_size,
@@ -221,20 +230,36 @@ fn weights(s: &TinyModel) -> Result<HashMap<String, Tensor>, EngineError> {
         s.intermediate_size,
     );
     let mut w = HashMap::new();
-    let mut put = |name: String, shape: &[usize], center: f32, scale: f32| -> Result<(), EngineError> {
-        let data = rng.uniform(shape.iter().product(), center, scale);
-        w.insert(name, Tensor::from_vec(data, shape, &Device::Cpu)?);
-        Ok(())
-    };
+    let mut put =
+        |name: String, shape: &[usize], center: f32, scale: f32| -> Result<(), EngineError> {
+            let data = rng.uniform(shape.iter().product(), center, scale);
+            w.insert(name, Tensor::from_vec(data, shape, &Device::Cpu)?);
+            Ok(())
+        };
     // Uniform(-a, a) has std a / sqrt(3): a = sqrt(3 / fan_in) keeps activations O(1).
     let lin = |fan_in: usize| (3.0 / fan_in as f32).sqrt();
-    put("model.embed_tokens.weight".into(), &[s.vocab_size, h], 0.0, 1.0)?;
+    put(
+        "model.embed_tokens.weight".into(),
+        &[s.vocab_size, h],
+        0.0,
+        1.0,
+    )?;
     for l in 0..s.num_layers {
         let p = format!("model.layers.{l}");
         put(format!("{p}.input_layernorm.weight"), &[h], 1.0, 0.2)?;
-        put(format!("{p}.post_attention_layernorm.weight"), &[h], 1.0, 0.2)?;
+        put(
+            format!("{p}.post_attention_layernorm.weight"),
+            &[h],
+            1.0,
+            0.2,
+        )?;
         for (name, out) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
-            put(format!("{p}.self_attn.{name}.weight"), &[out, h], 0.0, lin(h))?;
+            put(
+                format!("{p}.self_attn.{name}.weight"),
+                &[out, h],
+                0.0,
+                lin(h),
+            )?;
             if s.architecture == Architecture::Qwen2 {
                 put(format!("{p}.self_attn.{name}.bias"), &[out], 0.0, 0.5)?;
             }
@@ -264,7 +289,11 @@ mod tests {
         assert_eq!(cfg.vocab_size, 288);
         assert_eq!(cfg.eos_token_ids, vec![257, 260]);
         let tok = crate::text::load_tokenizer(dir.path()).unwrap();
-        let ids = tok.encode("héllo <|eot_id|>", false).unwrap().get_ids().to_vec();
+        let ids = tok
+            .encode("héllo <|eot_id|>", false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
         assert_eq!(*ids.last().unwrap(), 260);
         assert_eq!(tok.decode(&ids, true).unwrap(), "héllo ");
         assert_eq!(tok.get_vocab_size(true), 288);

@@ -145,7 +145,14 @@ mod tests {
     fn manifest_missing_a_page_is_refused() {
         let (pool, mut m) = written_pool();
         m.pages.pop();
-        assert!(matches!(refusal(&pool, &m, 6), TransferError::MissingPages { listed: 1, needed: 2, .. }));
+        assert!(matches!(
+            refusal(&pool, &m, 6),
+            TransferError::MissingPages {
+                listed: 1,
+                needed: 2,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -153,7 +160,13 @@ mod tests {
         // The incident: prefill wrote one token for an 8-page prompt and reported success.
         let (pool, mut m) = written_pool();
         m.tokens = 1;
-        assert!(matches!(refusal(&pool, &m, 6), TransferError::Incomplete { covered: 1, required: 6 }));
+        assert!(matches!(
+            refusal(&pool, &m, 6),
+            TransferError::Incomplete {
+                covered: 1,
+                required: 6
+            }
+        ));
     }
 
     #[test]
@@ -164,9 +177,15 @@ mod tests {
             generation: 0,
         };
         m.pages[1] = pool.allocate(other, 1).unwrap()[0];
-        assert!(matches!(refusal(&pool, &m, 6), TransferError::Provenance(ProvenanceError::ForeignPage { .. })));
+        assert!(matches!(
+            refusal(&pool, &m, 6),
+            TransferError::Provenance(ProvenanceError::ForeignPage { .. })
+        ));
         let (pool, mut m) = written_pool();
         m.checksum ^= 1;
-        assert!(matches!(refusal(&pool, &m, 6), TransferError::Checksum { .. }));
+        assert!(matches!(
+            refusal(&pool, &m, 6),
+            TransferError::Checksum { .. }
+        ));
     }
 }

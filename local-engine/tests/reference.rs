@@ -3,13 +3,16 @@
 
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
-use candle_nn::VarBuilder;
-use candle_transformers::models::{llama, qwen2};
 use canarygate_engine::config::Architecture;
 use canarygate_engine::{
     Completion, Engine, EngineConfig, GenerationRequest, TinyModel, write_tiny_model,
 };
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::{llama, qwen2};
+
+/// A reference model's forward: (new token ids, position of the first) -> last logits.
+type Forward = Box<dyn FnMut(&[u32], usize) -> Vec<f32>>;
 
 /// Greedy decoding with a reference model: logits after the prompt and after each generated
 /// token, `steps` rows.
@@ -21,12 +24,15 @@ fn reference_logits(dir: &Path, arch: Architecture, prompt: &[u32], steps: usize
         VarBuilder::from_mmaped_safetensors(&[dir.join("model.safetensors")], DType::F32, &dev)
             .unwrap()
     };
-    let mut forward: Box<dyn FnMut(&[u32], usize) -> Vec<f32>> = match arch {
+    let mut forward: Forward = match arch {
         Architecture::Qwen2 => {
             let cfg: qwen2::Config = serde_json::from_str(&config).unwrap();
             let mut model = qwen2::ModelForCausalLM::new(&cfg, vb).unwrap();
             Box::new(move |ids, pos| {
-                let input = Tensor::new(ids, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+                let input = Tensor::new(ids, &Device::Cpu)
+                    .unwrap()
+                    .unsqueeze(0)
+                    .unwrap();
                 let logits = model.forward(&input, pos).unwrap();
                 logits.flatten_all().unwrap().to_vec1().unwrap()
             })
@@ -37,7 +43,10 @@ fn reference_logits(dir: &Path, arch: Architecture, prompt: &[u32], steps: usize
             let model = llama::Llama::load(vb, &cfg).unwrap();
             let mut cache = llama::Cache::new(true, DType::F32, &cfg, &dev).unwrap();
             Box::new(move |ids, pos| {
-                let input = Tensor::new(ids, &Device::Cpu).unwrap().unsqueeze(0).unwrap();
+                let input = Tensor::new(ids, &Device::Cpu)
+                    .unwrap()
+                    .unsqueeze(0)
+                    .unwrap();
                 let logits = model.forward(&input, pos, &mut cache).unwrap();
                 logits.flatten_all().unwrap().to_vec1().unwrap()
             })
@@ -57,29 +66,47 @@ fn reference_logits(dir: &Path, arch: Architecture, prompt: &[u32], steps: usize
 fn argmax(xs: &[f32]) -> u32 {
     xs.iter()
         .enumerate()
-        .fold((0, f32::NEG_INFINITY), |b, (i, &x)| if x > b.1 { (i, x) } else { b })
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &x)| if x > b.1 { (i, x) } else { b },
+        )
         .0 as u32
 }
 
 /// max |a - b| / max |b| over one row.
 fn relative_error(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    let diff = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max);
+    let diff = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max);
     let scale = b.iter().map(|y| y.abs()).fold(0.0, f32::max);
     diff / scale
 }
 
 fn prompt(len: usize, salt: u32) -> Vec<u32> {
-    (0..len as u32).map(|i| (i * 31 + salt * 17 + 5) % 250).collect()
+    (0..len as u32)
+        .map(|i| (i * 31 + salt * 17 + 5) % 250)
+        .collect()
 }
 
 /// Runs `prompts` concurrently through one engine and checks every generated position's logits
 /// against the reference.
-fn check_against_reference(spec: TinyModel, config: impl Fn(&Path) -> EngineConfig, lens: &[usize], steps: usize) -> u64 {
+fn check_against_reference(
+    spec: TinyModel,
+    config: impl Fn(&Path) -> EngineConfig,
+    lens: &[usize],
+    steps: usize,
+) -> u64 {
     let dir = tempfile::tempdir().unwrap();
     write_tiny_model(dir.path(), &spec).unwrap();
     let engine = Engine::start(config(dir.path())).unwrap();
-    let prompts: Vec<Vec<u32>> = lens.iter().enumerate().map(|(i, &n)| prompt(n, i as u32)).collect();
+    let prompts: Vec<Vec<u32>> = lens
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| prompt(n, i as u32))
+        .collect();
     let generations: Vec<_> = prompts
         .iter()
         .map(|p| {
@@ -100,10 +127,19 @@ fn check_against_reference(spec: TinyModel, config: impl Fn(&Path) -> EngineConf
         assert!(!c.logits.is_empty());
         for (step, (ours, theirs)) in c.logits.iter().zip(&reference).enumerate() {
             let err = relative_error(ours, theirs);
-            assert!(err < 1e-4, "prompt of {} tokens, step {step}: relative error {err}", p.len());
+            assert!(
+                err < 1e-4,
+                "prompt of {} tokens, step {step}: relative error {err}",
+                p.len()
+            );
         }
         let greedy: Vec<u32> = reference.iter().map(|r| argmax(r)).collect();
-        assert_eq!(c.token_ids, greedy[..c.token_ids.len()], "prompt of {} tokens", p.len());
+        assert_eq!(
+            c.token_ids,
+            greedy[..c.token_ids.len()],
+            "prompt of {} tokens",
+            p.len()
+        );
     }
     let stats = engine.stats();
     assert_eq!(stats.free_pages, stats.total_pages, "pages leaked");
@@ -157,6 +193,14 @@ fn chunked_prefill_and_preemption_match_reference() {
         prefill_chunk: 7,
         ..EngineConfig::new(dir)
     };
-    let preemptions = check_against_reference(TinyModel { seed: 9, ..TinyModel::default() }, small, &[10, 20, 30, 45], 25);
+    let preemptions = check_against_reference(
+        TinyModel {
+            seed: 9,
+            ..TinyModel::default()
+        },
+        small,
+        &[10, 20, 30, 45],
+        25,
+    );
     assert!(preemptions > 0, "the pool was meant to force preemption");
 }
