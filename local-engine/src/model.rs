@@ -213,7 +213,14 @@ impl Model {
             .collect::<candle_core::Result<_>>()?;
         let masks: Vec<Option<Tensor>> = segments
             .iter()
-            .map(|s| self.mask(s))
+            .map(|s| {
+                attention_mask(
+                    s.start,
+                    s.tokens.len(),
+                    self.config.sliding_window,
+                    &self.device,
+                )
+            })
             .collect::<candle_core::Result<_>>()?;
 
         // x: [T, hidden]
@@ -329,28 +336,63 @@ impl Model {
             .reshape((n, c.num_heads * hd))?
             .to_dtype(self.dtype)
     }
+}
 
-    /// Additive mask `[n, len]` (0 or -inf) for causality and the sliding window; `None` when
-    /// every query may see every position (a single token without a window limit).
-    fn mask(&self, seg: &Segment) -> candle_core::Result<Option<Tensor>> {
-        let n = seg.tokens.len();
-        let len = seg.start + n;
-        let window = self.config.sliding_window.unwrap_or(usize::MAX);
-        if n == 1 && len <= window {
-            return Ok(None);
-        }
-        let mask: Vec<f32> = (0..n)
-            .flat_map(|i| {
-                let pos = seg.start + i;
-                (0..len).map(move |j| {
-                    if j > pos || pos - j >= window {
-                        f32::NEG_INFINITY
-                    } else {
-                        0.0
-                    }
-                })
+/// Additive mask `[n, len]` (0 or -inf) for `n` queries at positions `start..start + n` over
+/// keys `0..start + n`: causal, and with a sliding window of `w` a query at `p` sees only keys
+/// `p - w < j <= p` (Hugging Face Mistral semantics). `None` when nothing is masked.
+fn attention_mask(
+    start: usize,
+    n: usize,
+    window: Option<usize>,
+    device: &Device,
+) -> candle_core::Result<Option<Tensor>> {
+    let len = start + n;
+    let window = window.unwrap_or(usize::MAX);
+    if n == 1 && len <= window {
+        return Ok(None);
+    }
+    let mask: Vec<f32> = (0..n)
+        .flat_map(|i| {
+            let pos = start + i;
+            (0..len).map(move |j| {
+                if j > pos || pos - j >= window {
+                    f32::NEG_INFINITY
+                } else {
+                    0.0
+                }
             })
-            .collect();
-        Ok(Some(Tensor::from_vec(mask, (n, len), &self.device)?))
+        })
+        .collect();
+    Ok(Some(Tensor::from_vec(mask, (n, len), device)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn visible(start: usize, n: usize, window: Option<usize>) -> Vec<Vec<usize>> {
+        let Some(mask) = attention_mask(start, n, window, &Device::Cpu).unwrap() else {
+            return vec![(0..start + n).collect()];
+        };
+        mask.to_vec2::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(|row| (0..row.len()).filter(|&j| row[j] == 0.0).collect())
+            .collect()
+    }
+
+    #[test]
+    fn causal_and_sliding_window_masks() {
+        // A chunk of 3 queries at positions 2..5: causal.
+        assert_eq!(
+            visible(2, 3, None),
+            vec![vec![0, 1, 2], vec![0, 1, 2, 3], vec![0, 1, 2, 3, 4]]
+        );
+        // Window 2: each query sees itself and one earlier position.
+        assert_eq!(visible(2, 2, Some(2)), vec![vec![1, 2], vec![2, 3]]);
+        // A single decode token inside the window needs no mask; past it, it does.
+        assert_eq!(visible(3, 1, None), vec![vec![0, 1, 2, 3]]);
+        assert_eq!(visible(5, 1, Some(3)), vec![vec![3, 4, 5]]);
     }
 }

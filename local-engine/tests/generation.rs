@@ -7,7 +7,14 @@ use canarygate_engine::{
 
 fn engine() -> (tempfile::TempDir, EngineHandle) {
     let dir = tempfile::tempdir().unwrap();
-    write_tiny_model(dir.path(), &TinyModel { seed: 21, ..TinyModel::default() }).unwrap();
+    write_tiny_model(
+        dir.path(),
+        &TinyModel {
+            seed: 21,
+            ..TinyModel::default()
+        },
+    )
+    .unwrap();
     let engine = Engine::start(EngineConfig {
         kv_budget_bytes: 1 << 20,
         ..EngineConfig::new(dir.path())
@@ -30,7 +37,11 @@ fn stop_string_truncates_text_and_stream_matches() {
         .wait()
         .unwrap();
     let chars: Vec<char> = full.text.chars().collect();
-    assert!(chars.len() >= 8, "too little text to pick a stop string: {:?}", full.text);
+    assert!(
+        chars.len() >= 8,
+        "too little text to pick a stop string: {:?}",
+        full.text
+    );
     let stop: String = chars[4..6].iter().collect();
     let expected = &full.text[..full.text.find(&stop).unwrap()];
 
@@ -70,11 +81,20 @@ fn seeded_sampling_is_reproducible_under_concurrency() {
     };
     let alone = engine.submit(request(7)).unwrap().wait().unwrap();
     // The same request again, now batched with others.
-    let batch: Vec<_> = [7, 8, 7].into_iter().map(|s| engine.submit(request(s)).unwrap()).collect();
-    let results: Vec<_> = batch.into_iter().map(|g| g.wait().unwrap().token_ids).collect();
+    let batch: Vec<_> = [7, 8, 7]
+        .into_iter()
+        .map(|s| engine.submit(request(s)).unwrap())
+        .collect();
+    let results: Vec<_> = batch
+        .into_iter()
+        .map(|g| g.wait().unwrap().token_ids)
+        .collect();
     assert_eq!(results[0], alone.token_ids);
     assert_eq!(results[2], alone.token_ids);
-    assert_ne!(results[1], alone.token_ids, "a different seed should sample differently");
+    assert_ne!(
+        results[1], alone.token_ids,
+        "a different seed should sample differently"
+    );
 }
 
 #[test]
