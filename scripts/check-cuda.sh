@@ -13,8 +13,10 @@ toolkit="${1:-$root/target/cuda-toolkit}"
 
 if [ ! -x "$toolkit/bin/nvcc" ]; then
     py="$toolkit/py"
-    python3 -m pip install --quiet --target "$py" \
-        "nvidia-cuda-nvcc>=13,<14" "nvidia-cuda-runtime>=13,<14" "nvidia-cuda-cccl>=13,<14"
+    if ! ls "$py"/nvidia/*/bin/nvcc >/dev/null 2>&1; then
+        python3 -m pip install --quiet --target "$py" \
+            "nvidia-cuda-nvcc>=13,<14" "nvidia-cuda-runtime>=13,<14" "nvidia-cuda-cccl>=13,<14"
+    fi
     # The wheels put the toolkit under nvidia/cu13 (older layouts: nvidia/cuda_nvcc ...);
     # link whatever they ship into one CUDA_HOME-shaped tree.
     mkdir -p "$toolkit/bin" "$toolkit/include" "$toolkit/lib64"

@@ -8,7 +8,8 @@
 //! - decode tokens/s at batch 1 and batch 8 (engine) vs the reference's sequential decode.
 
 use std::path::Path;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use canarygate_engine::{
@@ -68,8 +69,11 @@ fn reference(dir: &Path, prompt: &[u32], steps: usize) -> (Duration, f64) {
     (prefill, steps as f64 / t.elapsed().as_secs_f64())
 }
 
-/// Engine: submits `batch` requests at once; returns (time to the first token of a
-/// single request, decode tokens/s while all `batch` requests are decoding).
+/// Engine: submits `batch` requests at once and returns (time to the first token of the first
+/// request, decode tokens/s while all `batch` requests decode together). The decode window opens
+/// when every request has its first token (all prefills done, so prefill does not compete for
+/// the CPU) and closes when the last request to join has produced `steps` more tokens; requests
+/// are long enough that none finishes inside the window, so the batch stays at `batch`.
 fn engine_run(
     engine: &EngineHandle,
     prompt_len: usize,
@@ -77,20 +81,21 @@ fn engine_run(
     steps: usize,
 ) -> (Duration, f64) {
     let (tx, rx) = mpsc::channel::<(usize, Instant)>();
+    let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let workers: Vec<_> = (0..batch)
         .map(|b| {
-            let generation = engine
-                .submit(GenerationRequest::greedy(
-                    prompt(prompt_len, b as u32),
-                    steps + 1,
-                ))
-                .unwrap();
-            let tx = tx.clone();
+            let request =
+                GenerationRequest::greedy(prompt(prompt_len, b as u32), 8 * steps + batch * 64);
+            let generation = engine.submit(request).unwrap();
+            let (tx, stop) = (tx.clone(), stop.clone());
             std::thread::spawn(move || {
+                // Dropping `generation` when told to stop ends the request in the engine.
                 for event in generation {
                     match event {
+                        Event::Token { .. } if stop.load(Ordering::Relaxed) => return,
                         Event::Token { .. } => tx.send((b, Instant::now())).unwrap(),
+                        // An end-of-sequence token ends a request early: the batch shrinks.
                         Event::Done { .. } => return,
                         Event::Failed(e) => panic!("{e}"),
                     }
@@ -99,26 +104,39 @@ fn engine_run(
         })
         .collect();
     drop(tx);
+    let mut first: Vec<Option<Instant>> = vec![None; batch];
+    let mut window_start = None;
+    let mut in_window = 0;
+    let mut last_joined = 0;
+    let mut last_joined_tokens = 0;
+    let mut window_end = start;
+    for (b, t) in rx.iter() {
+        if first[b].is_none() {
+            first[b] = Some(t);
+            if first.iter().all(Option::is_some) {
+                window_start = Some(t);
+                last_joined = b;
+            }
+            continue;
+        }
+        if window_start.is_some() {
+            in_window += 1;
+            window_end = t;
+            if b == last_joined {
+                last_joined_tokens += 1;
+                if last_joined_tokens == steps {
+                    stop.store(true, Ordering::Relaxed);
+                    break;
+                }
+            }
+        }
+    }
     for w in workers {
         w.join().unwrap();
     }
-    let tokens: Vec<(usize, Instant)> = rx.iter().collect();
-    // Decode window: from the moment every request has its first token to the last token.
-    let first_of = |b: usize| {
-        tokens
-            .iter()
-            .find(|(r, _)| *r == b)
-            .map(|(_, t)| *t)
-            .unwrap()
-    };
-    let window_start = (0..batch).map(first_of).max().unwrap();
-    let window_end = tokens.iter().map(|(_, t)| *t).max().unwrap();
-    let in_window = tokens.iter().filter(|(_, t)| *t > window_start).count();
-    let ttft = first_of(0) - start;
-    (
-        ttft,
-        in_window as f64 / (window_end - window_start).as_secs_f64(),
-    )
+    let ttft = first[0].unwrap() - start;
+    let window = window_end - window_start.unwrap();
+    (ttft, in_window as f64 / window.as_secs_f64())
 }
 
 fn main() {
@@ -165,7 +183,7 @@ fn main() {
     })
     .unwrap();
     // Warm up allocations and caches once.
-    engine_run(&engine, 16, 1, 2);
+    engine_run(&engine, 16, 1, 4);
     let (ttft, decode_1) = engine_run(&engine, prompt_len, 1, steps);
     let prefill_tps = prompt_len as f64 / ttft.as_secs_f64();
     let (_, decode_8) = engine_run(&engine, prompt_len, 8, steps);

@@ -29,16 +29,24 @@ pub(crate) struct Segment {
 }
 
 struct Attention {
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
+    /// q, k and v projections stacked into one matmul: `[q_dim + 2 * kv_dim, hidden]`.
+    qkv_proj: Linear,
     o_proj: Linear,
 }
 
 struct Mlp {
-    gate_proj: Linear,
-    up_proj: Linear,
+    /// gate and up projections stacked into one matmul: `[2 * intermediate, hidden]`.
+    gate_up_proj: Linear,
     down_proj: Linear,
+}
+
+/// Stacks linear layers that read the same input into one (rows of the weights, then biases),
+/// so a batch pays for one matmul instead of several.
+fn stack(parts: &[Linear]) -> candle_core::Result<Linear> {
+    let weights: Vec<&Tensor> = parts.iter().map(Linear::weight).collect();
+    let biases: Option<Vec<&Tensor>> = parts.iter().map(Linear::bias).collect();
+    let bias = biases.map(|b| Tensor::cat(&b, 0)).transpose()?;
+    Ok(Linear::new(Tensor::cat(&weights, 0)?, bias))
 }
 
 struct Layer {
@@ -113,9 +121,11 @@ impl Model {
                 Ok(Layer {
                     input_norm: candle_nn::rms_norm(h, c.rms_norm_eps, vb.pp("input_layernorm"))?,
                     attn: Attention {
-                        q_proj: linear(&a, "q_proj", h, q_dim, c.qkv_bias)?,
-                        k_proj: linear(&a, "k_proj", h, kv_dim, c.qkv_bias)?,
-                        v_proj: linear(&a, "v_proj", h, kv_dim, c.qkv_bias)?,
+                        qkv_proj: stack(&[
+                            linear(&a, "q_proj", h, q_dim, c.qkv_bias)?,
+                            linear(&a, "k_proj", h, kv_dim, c.qkv_bias)?,
+                            linear(&a, "v_proj", h, kv_dim, c.qkv_bias)?,
+                        ])?,
                         o_proj: linear(&a, "o_proj", q_dim, h, c.o_bias)?,
                     },
                     post_attention_norm: candle_nn::rms_norm(
@@ -124,8 +134,10 @@ impl Model {
                         vb.pp("post_attention_layernorm"),
                     )?,
                     mlp: Mlp {
-                        gate_proj: linear(&m, "gate_proj", h, c.intermediate_size, false)?,
-                        up_proj: linear(&m, "up_proj", h, c.intermediate_size, false)?,
+                        gate_up_proj: stack(&[
+                            linear(&m, "gate_proj", h, c.intermediate_size, false)?,
+                            linear(&m, "up_proj", h, c.intermediate_size, false)?,
+                        ])?,
                         down_proj: linear(&m, "down_proj", c.intermediate_size, h, false)?,
                     },
                 })
@@ -229,16 +241,17 @@ impl Model {
             let residual = x.clone();
             let h = layer.input_norm.forward(&x)?;
             let a = &layer.attn;
-            // q: [T, heads, 1, head_dim], k/v: [T, kv_heads, 1, head_dim] (rope wants 4D)
-            let q = a
-                .q_proj
-                .forward(&h)?
+            // qkv: [T, q_dim + 2 * kv_row]
+            let qkv = a.qkv_proj.forward(&h)?;
+            let q_dim = c.num_heads * c.head_dim;
+            // q: [T, heads, 1, head_dim], k: [T, kv_heads, 1, head_dim] (rope wants 4D), v: [T, kv_row]
+            let q = qkv
+                .narrow(1, 0, q_dim)?
                 .reshape((t, c.num_heads, 1, c.head_dim))?;
-            let k = a
-                .k_proj
-                .forward(&h)?
+            let k = qkv
+                .narrow(1, q_dim, kv_row)?
                 .reshape((t, c.num_kv_heads, 1, c.head_dim))?;
-            let v = a.v_proj.forward(&h)?.reshape((t, kv_row))?;
+            let v = qkv.narrow(1, q_dim + kv_row, kv_row)?;
             let q = candle_nn::rotary_emb::rope(&q.contiguous()?, &cos, &sin)?;
             let k =
                 candle_nn::rotary_emb::rope(&k.contiguous()?, &cos, &sin)?.reshape((t, kv_row))?;
@@ -267,8 +280,11 @@ impl Model {
             let residual = x.clone();
             let h = layer.post_attention_norm.forward(&x)?;
             let m = &layer.mlp;
+            // gate_up: [T, 2 * intermediate]
+            let gate_up = m.gate_up_proj.forward(&h)?;
+            let i = c.intermediate_size;
             let gated =
-                (candle_nn::ops::silu(&m.gate_proj.forward(&h)?)? * m.up_proj.forward(&h)?)?;
+                (candle_nn::ops::silu(&gate_up.narrow(1, 0, i)?)? * gate_up.narrow(1, i, i)?)?;
             x = (m.down_proj.forward(&gated)? + residual)?;
         }
         // Last row of each segment   [segments, hidden]
