@@ -38,6 +38,14 @@ export CUDA_HOME="$toolkit" CUDA_PATH="$toolkit" CUDA_ROOT="$toolkit"
 export PATH="$toolkit/bin:$PATH"
 export LD_LIBRARY_PATH="$toolkit/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 nvcc --version | tail -n 2
+# cudarc 0.19 knows CUDA up to 13.4 and loads the driver API dynamically; newer 13.x wheels
+# (13.5 at the time of writing) are checked against its 13.4 bindings.
+if [ -z "${CUDARC_CUDA_VERSION:-}" ]; then
+    release="$(nvcc --version | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1 \2/p')"
+    read -r major minor <<<"$release"
+    if [ "$major" = 13 ] && [ "$minor" -gt 4 ]; then minor=4; fi
+    export CUDARC_CUDA_VERSION="${major}0${minor}0"
+fi
 # Without a GPU, candle-kernels cannot ask the driver for the compute capability.
 export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
 cd "$root"
