@@ -1,0 +1,114 @@
+//! Generation behaviour: stop strings, streaming, seeded sampling, chat prompts.
+
+use canarygate_engine::{
+    ChatMessage, Engine, EngineConfig, EngineHandle, Event, FinishReason, GenerationRequest,
+    SamplingParams, TinyModel, write_tiny_model,
+};
+
+fn engine() -> (tempfile::TempDir, EngineHandle) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(
+        dir.path(),
+        &TinyModel {
+            seed: 21,
+            ..TinyModel::default()
+        },
+    )
+    .unwrap();
+    let engine = Engine::start(EngineConfig {
+        kv_budget_bytes: 1 << 20,
+        ..EngineConfig::new(dir.path())
+    })
+    .unwrap();
+    (dir, engine)
+}
+
+/// ASCII prompt bytes are token ids in the tiny tokenizer.
+fn ids(text: &str) -> Vec<u32> {
+    text.bytes().map(u32::from).collect()
+}
+
+#[test]
+fn stop_string_truncates_text_and_stream_matches() {
+    let (_dir, engine) = engine();
+    let full = engine
+        .submit(GenerationRequest::greedy(ids("The quick brown fox"), 40))
+        .unwrap()
+        .wait()
+        .unwrap();
+    let chars: Vec<char> = full.text.chars().collect();
+    assert!(
+        chars.len() >= 8,
+        "too little text to pick a stop string: {:?}",
+        full.text
+    );
+    let stop: String = chars[4..6].iter().collect();
+    let expected = &full.text[..full.text.find(&stop).unwrap()];
+
+    let request = GenerationRequest {
+        stop: vec![stop.clone()],
+        ..GenerationRequest::greedy(ids("The quick brown fox"), 40)
+    };
+    let mut streamed = String::new();
+    let mut finish = None;
+    for event in engine.submit(request).unwrap() {
+        match event {
+            Event::Token { text, .. } => streamed.push_str(&text),
+            Event::Done { finish_reason, .. } => finish = Some(finish_reason),
+            Event::Failed(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(streamed, expected, "stop {stop:?}");
+    assert_eq!(finish, Some(FinishReason::Stop));
+    assert_eq!(full.finish_reason, FinishReason::Length);
+    assert_eq!(full.usage.completion_tokens, 40);
+}
+
+#[test]
+fn seeded_sampling_is_reproducible_under_concurrency() {
+    let (_dir, engine) = engine();
+    let request = |seed| GenerationRequest {
+        prompt: ids("sampling"),
+        max_tokens: Some(30),
+        sampling: SamplingParams {
+            temperature: 0.9,
+            top_p: 0.95,
+            top_k: 50,
+            seed,
+        },
+        stop: Vec::new(),
+        return_logits: false,
+    };
+    let alone = engine.submit(request(7)).unwrap().wait().unwrap();
+    // The same request again, now batched with others.
+    let batch: Vec<_> = [7, 8, 7]
+        .into_iter()
+        .map(|s| engine.submit(request(s)).unwrap())
+        .collect();
+    let results: Vec<_> = batch
+        .into_iter()
+        .map(|g| g.wait().unwrap().token_ids)
+        .collect();
+    assert_eq!(results[0], alone.token_ids);
+    assert_eq!(results[2], alone.token_ids);
+    assert_ne!(
+        results[1], alone.token_ids,
+        "a different seed should sample differently"
+    );
+}
+
+#[test]
+fn chat_prompt_uses_the_model_template() {
+    let (_dir, engine) = engine();
+    let prompt = engine
+        .chat_prompt(&[ChatMessage {
+            role: "user".into(),
+            content: "hi".into(),
+        }])
+        .unwrap();
+    let text = engine.tokenizer().decode(&prompt, false).unwrap();
+    assert_eq!(
+        text,
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
+    );
+}
