@@ -504,3 +504,89 @@ async fn canaries_in_flight_survive_a_restart() {
         "the first process's canaries are still known after the restart: {verdict}"
     );
 }
+
+/// A tokenizer.json that splits text the way the simulated provider counts:
+/// whitespace-separated words, then runs of up to 8 letters or digits and
+/// single other characters. `per_char` makes every character a token instead.
+fn sim_tokenizer(dir: &std::path::Path, per_char: bool) -> String {
+    let pattern = if per_char {
+        "."
+    } else {
+        "[A-Za-z0-9]{1,8}|[^A-Za-z0-9\\s]"
+    };
+    let tokenizer = json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": [],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "WhitespaceSplit"},
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false}
+        ]},
+        "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": {"[UNK]": 0}, "unk_token": "[UNK]"}
+    });
+    let path = dir.join(if per_char {
+        "per-char.json"
+    } else {
+        "tokenizer.json"
+    });
+    std::fs::write(&path, tokenizer.to_string()).unwrap();
+    path.to_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn with_the_providers_tokenizer_prompt_tokens_are_checked_exactly() {
+    let sim = start_sim(&[]);
+    let client = client();
+    for per_char in [false, true] {
+        let dir = ProxyDir::new();
+        let tokenizer = sim_tokenizer(dir.dir.path(), per_char);
+        let path = dir.policy(&format!(
+            r#"
+[[providers]]
+name = "sim"
+base_url = "{}/v1"
+context_window = 1048576
+tokenizer_file = "{tokenizer}"
+
+[[routes]]
+model = "*"
+provider = "sim"
+"#,
+            sim.url
+        ));
+        let proxy = start_proxy_with_policy(&dir, &path, &[]);
+        let outcome = ask(&client, &proxy.url, &prompt(41, 60), false).await;
+        if per_char {
+            // Our exact count is several times what the provider reports: the
+            // tight tolerance fails it (the loose estimate floor would not).
+            assert_eq!(outcome.status, 502, "{outcome:?}");
+            let verdict = outcome.verdict.clone().unwrap_or_default();
+            assert_eq!(verdict, "fail; checks=prompt_tokens", "{outcome:?}");
+        } else {
+            assert!(check(&outcome, 41, "exact count"), "{outcome:?}");
+            let export = std::process::Command::new(binary())
+                .args(["audit", "--data"])
+                .arg(dir.data())
+                .arg("export")
+                .output()
+                .unwrap();
+            let text = String::from_utf8_lossy(&export.stdout);
+            let record: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+            let check = record["checks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|check| check["name"] == "prompt_tokens")
+                .unwrap()
+                .clone();
+            let seen = &check["evidence"]["seen"];
+            assert_eq!(check["result"], "pass", "{check}");
+            assert_eq!(seen["exact"], true, "{check}");
+            assert_eq!(seen["counted"], seen["reported"], "{check}");
+        }
+    }
+}

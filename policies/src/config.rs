@@ -181,6 +181,11 @@ pub struct ProviderConfig {
     /// the bundled web PKI roots (private gateways).
     #[serde(default)]
     pub extra_ca_file: Option<String>,
+    /// `tokenizer.json` of the provider's model. With it, prompt tokens are
+    /// counted exactly and the `prompt_tokens` check holds the provider to
+    /// `verify.exact_tolerance`; without it, to a conservative estimate.
+    #[serde(default)]
+    pub tokenizer_file: Option<String>,
 }
 
 /// `[[routes]]`: which provider serves a client model name.

@@ -17,6 +17,8 @@ pub struct Upstream {
     client: reqwest::Client,
     /// Provider key from `api_key_env`, attached in managed auth.
     managed_key: Option<HeaderValue>,
+    /// The provider's tokenizer (`tokenizer_file`), for exact prompt counts.
+    tokenizer: Option<tokenizers::Tokenizer>,
 }
 
 /// Builds one [`Upstream`] per provider of `policy`, in policy order.
@@ -78,12 +80,45 @@ impl Upstream {
             }
             _ => None,
         };
+        let tokenizer = match &provider.tokenizer_file {
+            Some(path) => Some(tokenizers::Tokenizer::from_file(path).map_err(|error| {
+                format!("provider `{name}`: cannot load tokenizer_file {path}: {error}")
+            })?),
+            None => None,
+        };
         Ok(Self {
+            tokenizer,
             chat_completions_url,
             name,
             client,
             managed_key,
         })
+    }
+
+    /// Prompt tokens of `messages` by the provider's own tokenizer, with
+    /// OpenAI's chat accounting; `None` without a `tokenizer_file`.
+    pub fn count_prompt_tokens(&self, messages: &[serde_json::Value]) -> Option<u64> {
+        use canarygate_policies::tokens::{TOKENS_PER_MESSAGE, TOKENS_REPLY_PRIMING, content_text};
+        let tokenizer = self.tokenizer.as_ref()?;
+        let count = |text: &str| -> Option<u64> {
+            Some(tokenizer.encode(text, false).ok()?.get_ids().len() as u64)
+        };
+        let mut total = TOKENS_REPLY_PRIMING;
+        for message in messages {
+            total += TOKENS_PER_MESSAGE;
+            for field in ["role", "name"] {
+                if let Some(text) = message.get(field).and_then(serde_json::Value::as_str) {
+                    total += count(text)?;
+                }
+            }
+            if let Some(content) = message.get("content") {
+                total += count(&content_text(content))?;
+            }
+            if let Some(tool_calls) = message.get("tool_calls") {
+                total += count(&tool_calls.to_string())?;
+            }
+        }
+        Some(total)
     }
 
     /// The provider's key for managed auth, if configured.

@@ -67,11 +67,19 @@ pub(crate) async fn serve(
             .map_err(|error| ApiError::internal(format!("no OS randomness: {error}")))?;
         let injection = inject(&mut body, config.echo, canaries).map_err(inject_error)?;
         register(exchange, &injection, config, trail);
-        trail.prompt_tokens_ours = Some(injection.prompt_tokens_estimate);
+        let messages = body["messages"].as_array().map_or(&[][..], Vec::as_slice);
+        let exact_prompt_tokens = exchange.upstream.count_prompt_tokens(messages);
+        trail.prompt_tokens_ours =
+            Some(exact_prompt_tokens.unwrap_or(injection.prompt_tokens_estimate));
         let bytes = Bytes::from(serde_json::to_vec(&body).map_err(|error| {
             ApiError::internal(format!("re-encoding the request failed: {error}"))
         })?);
-        let verifier = Verifier::new(&injection, config, &exchange.upstream.name, None);
+        let verifier = Verifier::new(
+            &injection,
+            config,
+            &exchange.upstream.name,
+            exact_prompt_tokens,
+        );
         let sent_at = Instant::now();
         let response = exchange
             .send(&mut trail.clock, bytes, injection.stream)
