@@ -478,6 +478,22 @@ async fn upstream_down_is_502() {
             .unwrap();
         assert_openai_error(response, 502, "upstream_unreachable").await;
     }
+    // Recorded as forwarded requests that ended in an error, not as rejections.
+    let export = std::process::Command::new(binary())
+        .args(["audit", "--data"])
+        .arg(dir.data())
+        .arg("export")
+        .output()
+        .unwrap();
+    let records: Vec<Value> = String::from_utf8_lossy(&export.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    assert_eq!(records.len(), 2);
+    for record in records {
+        assert_eq!(record["action"], "forward", "{record}");
+        assert_eq!(record["outcome"], "error", "{record}");
+    }
 }
 
 /// Short timeouts; `[verify] enabled = false`, so these tests see the

@@ -392,11 +392,11 @@ async fn serve_chat(
         bytes
     };
     let sent_at = std::time::Instant::now();
+    trail.forwarded = true;
     let response = exchange
         .send(&mut trail.clock, upstream_body, request.stream)
         .await?;
     trail.ttfb_ms = Some(sent_at.elapsed().as_millis() as u64);
-    trail.upstream_answered = true;
     let status = response.status();
     if status.is_success() && request.stream && is_event_stream(&response) {
         let relay = relay_sse(

@@ -29,8 +29,8 @@ pub(crate) struct Trail {
     log: AuditLog,
     /// The request's clock (overhead metric, in-flight gauge).
     pub(crate) clock: RequestClock,
-    /// The provider answered (its status reached us).
-    pub(crate) upstream_answered: bool,
+    /// The request was sent to the provider (whatever came back).
+    pub(crate) forwarded: bool,
     /// How the exchange ended, when the path knows better than the status.
     pub(crate) outcome: Option<Outcome>,
     started: Instant,
@@ -57,7 +57,7 @@ impl Trail {
         Self {
             log,
             clock: RequestClock::start(metrics),
-            upstream_answered: false,
+            forwarded: false,
             outcome: None,
             started: Instant::now(),
             started_at_ms: crate::verified::now_ms(),
@@ -112,7 +112,7 @@ impl Trail {
             (true, true) => Action::Flag,
             (true, false) => Action::Block,
             (false, true) => Action::Forward,
-            (false, false) if self.upstream_answered => Action::Forward,
+            (false, false) if self.forwarded => Action::Forward,
             (false, false) => Action::Reject,
         };
         (outcome, action)

@@ -81,11 +81,11 @@ pub(crate) async fn serve(
             exact_prompt_tokens,
         );
         let sent_at = Instant::now();
+        trail.forwarded = true;
         let response = exchange
             .send(&mut trail.clock, bytes, injection.stream)
             .await?;
         trail.ttfb_ms = Some(elapsed_ms(sent_at));
-        trail.upstream_answered = true;
         let status = response.status();
         if !status.is_success() {
             let body = read_upstream_body(
