@@ -479,16 +479,7 @@ async fn upstream_down_is_502() {
         assert_openai_error(response, 502, "upstream_unreachable").await;
     }
     // Recorded as forwarded requests that ended in an error, not as rejections.
-    let export = std::process::Command::new(binary())
-        .args(["audit", "--data"])
-        .arg(dir.data())
-        .arg("export")
-        .output()
-        .unwrap();
-    let records: Vec<Value> = String::from_utf8_lossy(&export.stdout)
-        .lines()
-        .map(|line| serde_json::from_str(line).unwrap())
-        .collect();
+    let records = audit_export(&dir.data());
     assert_eq!(records.len(), 2);
     for record in records {
         assert_eq!(record["action"], "forward", "{record}");

@@ -568,14 +568,7 @@ provider = "sim"
             assert_eq!(verdict, "fail; checks=prompt_tokens", "{outcome:?}");
         } else {
             assert!(check(&outcome, 41, "exact count"), "{outcome:?}");
-            let export = std::process::Command::new(binary())
-                .args(["audit", "--data"])
-                .arg(dir.data())
-                .arg("export")
-                .output()
-                .unwrap();
-            let text = String::from_utf8_lossy(&export.stdout);
-            let record: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+            let record = audit_export(&dir.data()).pop().expect("a record");
             let check = record["checks"]
                 .as_array()
                 .unwrap()

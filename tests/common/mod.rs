@@ -227,3 +227,22 @@ enabled = false
     ));
     start_proxy_with_policy(dir, &policy, &[])
 }
+
+/// Every record of the audit log in `data`, via `canarygate audit export`.
+pub fn audit_export(data: &Path) -> Vec<serde_json::Value> {
+    let output = Command::new(binary())
+        .args(["audit", "--data"])
+        .arg(data)
+        .arg("export")
+        .output()
+        .expect("run audit export");
+    assert!(
+        output.status.success(),
+        "audit export failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON record per line"))
+        .collect()
+}
