@@ -14,6 +14,7 @@ use std::ops::Range;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::local_config::{LocalConfig, ProbeConfig};
 use crate::verify_config::VerifyConfig;
 
 /// The preset used when no `--config` is given.
@@ -75,6 +76,12 @@ pub struct Policy {
     /// Audit sampling and encryption of samples.
     #[serde(default)]
     pub audit: AuditConfig,
+    /// The bundled local engine and which requests it serves.
+    #[serde(default)]
+    pub local: LocalConfig,
+    /// Scheduled context probing.
+    #[serde(default)]
+    pub probe: ProbeConfig,
 }
 
 /// Sample rate of `[audit]` when none is given (2%).
@@ -173,6 +180,10 @@ pub struct ProviderConfig {
     pub base_url: Spanned<String>,
     /// The context window the provider advertises, in tokens.
     pub context_window: Spanned<u64>,
+    /// Policy cap on the context trusted to this provider, in tokens (below
+    /// the advertised window, e.g. from an incident report).
+    #[serde(default)]
+    pub max_context_tokens: Option<u64>,
     /// Environment variable holding the provider API key. Required in managed
     /// auth; in passthrough auth the client's key is forwarded instead.
     #[serde(default)]
@@ -202,6 +213,14 @@ pub struct RouteConfig {
     /// Context window for this model when it differs from the provider's.
     #[serde(default)]
     pub context_window: Option<u64>,
+    /// Policy cap on the context trusted for this model; overrides the
+    /// provider's `max_context_tokens`.
+    #[serde(default)]
+    pub max_context_tokens: Option<u64>,
+    /// `model` reported when the local engine serves this route; defaults to
+    /// `[local] model_name`.
+    #[serde(default)]
+    pub local_model: Option<String>,
 }
 
 /// Where a client model name goes.
@@ -215,6 +234,10 @@ pub struct ResolvedRoute<'a> {
     pub upstream_model: &'a str,
     /// Advertised context window for this model, in tokens.
     pub context_window: u64,
+    /// Policy cap on the trusted context, in tokens.
+    pub max_context_tokens: Option<u64>,
+    /// `model` reported in answers the local engine serves for this route.
+    pub local_model: &'a str,
 }
 
 impl Policy {
@@ -271,6 +294,11 @@ impl Policy {
             context_window: route
                 .context_window
                 .unwrap_or(*provider.context_window.get_ref()),
+            max_context_tokens: route.max_context_tokens.or(provider.max_context_tokens),
+            local_model: route
+                .local_model
+                .as_deref()
+                .unwrap_or(&self.local.model_name),
         })
     }
 
@@ -358,12 +386,13 @@ impl Policy {
             }
             check_base_url(provider.base_url.get_ref())
                 .map_err(|message| (Some(provider.base_url.span()), message))?;
-            if *provider.context_window.get_ref() == 0 {
+            if *provider.context_window.get_ref() == 0 || provider.max_context_tokens == Some(0) {
                 return Err((
                     Some(provider.context_window.span()),
-                    "context_window must be greater than 0".into(),
+                    "context_window and max_context_tokens must be greater than 0".into(),
                 ));
             }
+
             if self.auth.mode == AuthMode::Managed && provider.api_key_env.is_none() {
                 return Err((
                     Some(name.span()),
@@ -376,7 +405,9 @@ impl Policy {
             }
         }
 
-        self.verify.validate(&names)?;
+        self.local.validate()?;
+        self.probe.validate()?;
+        self.verify.validate(&names, self.local.enabled())?;
 
         if self.routes.is_empty() {
             return Err((None, "a policy needs at least one [[routes]] entry".into()));
@@ -409,11 +440,14 @@ impl Policy {
                     ),
                 ));
             }
-            if route.context_window == Some(0) {
+            if route.context_window == Some(0) || route.max_context_tokens == Some(0) {
                 return Err((
                     Some(route.model.span()),
-                    "route context_window must be greater than 0".into(),
+                    "route context_window and max_context_tokens must be greater than 0".into(),
                 ));
+            }
+            if route.local_model.as_deref().is_some_and(str::is_empty) {
+                return Err((Some(route.model.span()), "route local_model is empty".into()));
             }
         }
 

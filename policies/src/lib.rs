@@ -9,7 +9,11 @@
 
 pub mod canary;
 pub mod config;
+pub mod context;
 pub mod inject;
+pub mod local_config;
+pub mod probe;
+
 pub mod registry;
 pub mod sse;
 pub mod tokens;

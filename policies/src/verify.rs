@@ -221,6 +221,9 @@ pub enum Decision {
     Flag,
     /// Discard it and send the request upstream again with fresh canaries.
     Retry,
+    /// Discard it and serve the request from the local engine.
+    Fallback,
+
     /// HTTP 502 with [`Verdict::error_body`], or, when bytes already went out
     /// (echo-first), end the stream with that body as an error event.
     Block,
@@ -252,7 +255,7 @@ impl Verdict {
     /// What to do under `action`. `attempt` counts upstream attempts before
     /// this one (0 for the first); `released_any` says whether text of this
     /// answer already reached the client (then it cannot be retried).
-    /// `Fallback` is rejected by policy validation; here it blocks.
+    /// `Fallback` re-serves locally only while nothing was released.
     pub fn decide(&self, action: Action, attempt: u32, released_any: bool) -> Decision {
         if self.passed() {
             return Decision::Deliver;
@@ -260,6 +263,7 @@ impl Verdict {
         match action {
             Action::Flag => Decision::Flag,
             Action::Retry if attempt == 0 && !released_any => Decision::Retry,
+            Action::Fallback if !released_any => Decision::Fallback,
             Action::Retry | Action::Block | Action::Fallback => Decision::Block,
         }
     }

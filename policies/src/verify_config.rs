@@ -50,8 +50,8 @@ pub enum Action {
     Flag,
     /// Retry upstream once with fresh canaries, then block.
     Retry,
-    /// Serve from the local engine. Reserved: rejected at load until the
-    /// engine is wired into the proxy.
+    /// Serve from the local engine instead (needs `[local] model_dir`). A
+    /// stream whose bytes already reached the client ends with an error event.
     Fallback,
 }
 
@@ -66,7 +66,7 @@ pub struct VerifyConfig {
     pub echo: EchoMode,
     /// `"echo-first"` (default) or `"verdict-first"`.
     pub release: ReleasePolicy,
-    /// `"block"` (default), `"flag"`, `"retry"`; `"fallback"` is reserved.
+    /// `"block"` (default), `"flag"`, `"retry"` or `"fallback"`.
     pub action: Spanned<Action>,
     /// How long a minted canary stays registered, in seconds.
     pub canary_ttl_secs: u64,
@@ -126,15 +126,17 @@ impl VerifyConfig {
     pub(crate) fn validate(
         &self,
         providers: &HashSet<&str>,
+        local_engine: bool,
     ) -> Result<(), (Option<Range<usize>>, String)> {
-        if self.action() == Action::Fallback {
+        if self.action() == Action::Fallback && !local_engine {
             return Err((
                 Some(self.action.span()),
-                "verify.action = \"fallback\" needs the [local] engine, which is not wired \
-                 into the proxy yet; use \"block\", \"retry\" or \"flag\""
+                "verify.action = \"fallback\" needs the local engine: set [local] model_dir, \
+                 or use \"block\", \"retry\" or \"flag\""
                     .into(),
             ));
         }
+
         if self.canary_ttl_secs == 0 {
             return Err((None, "verify.canary_ttl_secs must be greater than 0".into()));
         }

@@ -124,9 +124,16 @@ fn verify_section_errors_are_located() {
     let fallback = error_of("action = \"fallback\"\n");
     assert_eq!(fallback.position.unwrap().0, 12, "{fallback}");
     assert!(
-        fallback.message.contains("needs the [local] engine"),
+        fallback.message.contains("needs the local engine"),
         "{fallback}"
     );
+    let with_engine = format!("{BASE}action = \"fallback\"\n[local]\nmodel_dir = \"/models/m\"\n");
+    let policy = Policy::from_toml_str(&with_engine, "t.toml").unwrap();
+    assert_eq!(
+        policy.local.untrusted_context(),
+        canarygate_policies::local_config::UntrustedContext::Local
+    );
+
 
     let unknown = error_of("eccho = \"head\"\n");
     assert_eq!(unknown.position.unwrap().0, 12, "{unknown}");
@@ -153,4 +160,87 @@ fn verify_section_errors_are_located() {
     .unwrap();
     assert_eq!(ok.verify.echo, EchoMode::Head);
     assert_eq!(ok.verify.action(), Action::Retry);
+}
+
+fn local_error_of(local: &str) -> canarygate_policies::PolicyError {
+    Policy::from_toml_str(&format!("{BASE}\n[local]\n{local}"), "t.toml").unwrap_err()
+}
+
+#[test]
+fn local_section_is_validated_with_located_errors() {
+    use canarygate_policies::local_config::UntrustedContext;
+
+    let default = Policy::from_toml_str(BASE, "t.toml").unwrap();
+    assert!(!default.local.enabled());
+    assert_eq!(default.local.untrusted_context(), UntrustedContext::Reject);
+
+    let needs_model = local_error_of("on_untrusted_context = \"local\"\n");
+    assert_eq!(needs_model.position.unwrap().0, 14, "{needs_model}");
+    assert!(needs_model.message.contains("model_dir"), "{needs_model}");
+
+    let unavailable = local_error_of("on_upstream_unavailable = true\n");
+    assert!(unavailable.message.contains("model_dir"), "{unavailable}");
+
+    let margin = local_error_of("model_dir = \"/m\"\nkv_margin = 0.5\n");
+    assert_eq!(margin.position.unwrap().0, 15, "{margin}");
+    assert!(margin.message.contains("kv_margin"), "{margin}");
+
+    let unknown = local_error_of("model_dri = \"/m\"\n");
+    assert!(unknown.message.contains("model_dri"), "{unknown}");
+
+    let choice = local_error_of("on_untrusted_context = \"maybe\"\n");
+    assert!(choice.message.contains("maybe"), "{choice}");
+
+    let reject = Policy::from_toml_str(
+        &format!("{BASE}\n[local]\nmodel_dir = \"/m\"\non_untrusted_context = \"reject\"\n"),
+        "t.toml",
+    )
+    .unwrap();
+    assert_eq!(reject.local.untrusted_context(), UntrustedContext::Reject);
+}
+
+#[test]
+fn routes_resolve_context_caps_and_local_model_names() {
+    let text = r#"
+[[providers]]
+name = "a"
+base_url = "http://127.0.0.1:9/v1"
+context_window = 1000
+max_context_tokens = 700
+
+[[routes]]
+model = "capped"
+provider = "a"
+max_context_tokens = 300
+local_model = "tiny-local"
+
+[[routes]]
+model = "*"
+provider = "a"
+
+[local]
+model_dir = "/m"
+model_name = "fallback-model"
+"#;
+    let policy = Policy::from_toml_str(text, "t.toml").unwrap();
+    let capped = policy.route("capped").unwrap();
+    assert_eq!(capped.max_context_tokens, Some(300));
+    assert_eq!(capped.local_model, "tiny-local");
+    let other = policy.route("other").unwrap();
+    assert_eq!(other.max_context_tokens, Some(700));
+    assert_eq!(other.local_model, "fallback-model");
+}
+
+#[test]
+fn probe_schedule_is_validated() {
+    let every = Policy::from_toml_str(&format!("{BASE}\n[probe]\nevery_hours = 24.0\n"), "t.toml")
+        .unwrap();
+    assert_eq!(
+        every.probe.interval(),
+        Some(std::time::Duration::from_secs(24 * 3600))
+    );
+    let too_often =
+        Policy::from_toml_str(&format!("{BASE}\n[probe]\nevery_hours = 0.001\n"), "t.toml")
+            .unwrap_err();
+    assert!(too_often.message.contains("every_hours"), "{too_often}");
 }

@@ -464,6 +464,16 @@ fn retry_once_then_block_and_error_body() {
     assert_eq!(verdict.decide(Action::Retry, 0, false), Decision::Retry);
     assert_eq!(verdict.decide(Action::Retry, 1, false), Decision::Block);
     assert_eq!(verdict.decide(Action::Retry, 0, true), Decision::Block);
+    assert_eq!(
+        verdict.decide(Action::Fallback, 0, false),
+        Decision::Fallback
+    );
+    assert_eq!(
+        verdict.decide(Action::Fallback, 1, false),
+        Decision::Fallback
+    );
+    assert_eq!(verdict.decide(Action::Fallback, 0, true), Decision::Block);
+
     let body = verdict.error_body();
     assert_eq!(body["error"]["code"], "canarygate_verification_failed");
     assert_eq!(body["error"]["failed_checks"], json!(["echo"]));
