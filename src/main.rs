@@ -43,6 +43,40 @@ enum Command {
     },
     /// Read, verify, export, review and prune the audit log.
     Audit(canarygate_proxy::audit::cli::AuditArgs),
+    /// Measure the context a provider really serves (needle prompts), for `serve`'s preflight.
+    Probe(ProbeArgs),
+}
+
+#[derive(Debug, Args)]
+struct ProbeArgs {
+    /// Policy file, or `preset:NAME`. Default: the embedded `default` preset.
+    #[arg(long)]
+    config: Option<String>,
+    /// Data directory; the result is stored in DATA/probes/, where `serve` reads it.
+    #[arg(long, default_value = "canarygate-data")]
+    data: PathBuf,
+    /// Provider to probe (may be left out when the policy has one).
+    #[arg(long)]
+    provider: Option<String>,
+    /// Model to probe, as clients name it (may be left out when one named route leads to the provider).
+    #[arg(long)]
+    model: Option<String>,
+    /// Replace the provider's base URL, as `serve --upstream` does.
+    #[arg(long)]
+    upstream: Option<String>,
+    /// Most prompt tokens to spend. Default: `[probe] budget_tokens` of the policy.
+    #[arg(long)]
+    budget_tokens: Option<u64>,
+    /// Environment variable with the provider API key, when the policy does not manage one.
+    /// Default: the provider's api_key_env, else OPENAI_API_KEY.
+    #[arg(long)]
+    api_key_env: Option<String>,
+    /// Send the requests. Without it, only the cost is printed.
+    #[arg(long)]
+    yes: bool,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -125,6 +159,7 @@ fn main() -> ExitCode {
         Command::Audit(args) => {
             canarygate_proxy::audit::cli::run(args).map_err(|error| anyhow::anyhow!(error))
         }
+        Command::Probe(args) => probe(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -168,6 +203,7 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .iter()
         .map(|p| format!("{} -> {}", p.name.get_ref(), p.base_url.get_ref()))
         .collect();
+    let local_dir = policy.local.model_dir().map(str::to_owned);
     runtime()?.block_on(async move {
         let server = canarygate_proxy::Server::bind(canarygate_proxy::ServeOptions {
             policy,
@@ -179,9 +215,135 @@ fn serve(args: ServeArgs) -> anyhow::Result<()> {
         let address = server.local_addr()?;
         announce(&format!("canarygate listening on http://{address}"));
         tracing::info!(providers = ?providers, "serving");
+        report_startup(server.startup(), &local_dir);
         server.run(shutdown_signal()).await?;
         Ok(())
     })
+}
+
+/// Says what `serve` runs with: the local engine (or its absence) and probe
+/// results. (The server itself checks, in the background, that each provider
+/// answers at all.)
+fn report_startup(startup: &canarygate_proxy::Startup, local_dir: &Option<String>) {
+    match (&startup.local_engine, local_dir) {
+        (Some((window, pool)), Some(dir)) => tracing::info!(
+            "local engine: model {dir}, serving a context window of {window} tokens \
+             (KV pool {pool} tokens)"
+        ),
+        _ => tracing::warn!(
+            "local engine: none ([local] model_dir is not set); requests over a provider's \
+             trusted context are rejected with context_length_exceeded and nothing can fall back"
+        ),
+    }
+    if startup.probes.is_empty() {
+        tracing::info!(
+            "no context probe results: each provider is trusted with its advertised window \
+             (run `canarygate probe`)"
+        );
+    }
+    for (provider, model, limit, trusted) in &startup.probes {
+        tracing::info!(
+            "probe result: {provider}/{model} trusted with {limit} tokens ({})",
+            if *trusted {
+                "its whole advertised window"
+            } else {
+                "below its advertised window"
+            }
+        );
+    }
+}
+
+fn probe(args: ProbeArgs) -> anyhow::Result<()> {
+    let mut policy = load_policy(args.config.as_deref())?;
+    let target = canarygate_proxy::probe::ProbeTarget::from_policy(
+        &policy,
+        args.provider.as_deref(),
+        args.model.as_deref(),
+    )
+    .map_err(|e| anyhow!(e))?;
+    if let Some(upstream) = &args.upstream {
+        policy
+            .set_base_url(&target.provider, upstream)
+            .map_err(|e| anyhow!(e))?;
+    }
+    let budget = args.budget_tokens.unwrap_or(policy.probe.budget_tokens);
+    let cost = target.cost_bound();
+    let base_url = policy
+        .providers
+        .iter()
+        .find(|p| p.name.get_ref() == &target.provider)
+        .map(|p| p.base_url.get_ref().clone())
+        .unwrap_or_default();
+    eprintln!(
+        "probe of provider `{}` ({base_url}), model `{}`: advertised window {} tokens",
+        target.provider, target.model, target.advertised_window_tokens
+    );
+    eprintln!(
+        "cost: at most {} requests, {} prompt tokens and {} completion tokens (budget {budget} \
+         prompt tokens)",
+        cost.requests, cost.prompt_tokens, cost.completion_tokens
+    );
+    if !args.yes {
+        eprintln!("nothing sent: run again with --yes to probe");
+        return Ok(());
+    }
+    let key_var = args.api_key_env.clone().or_else(|| {
+        policy
+            .providers
+            .iter()
+            .find(|p| p.name.get_ref() == &target.provider)
+            .and_then(|p| p.api_key_env.clone())
+    });
+    let api_key = match &key_var {
+        Some(var) => Some(std::env::var(var).with_context(|| format!("{var} is not set"))?),
+        None => std::env::var("OPENAI_API_KEY").ok(),
+    };
+    eprintln!(
+        "{:>13}  {:>6}  {:>8}  {:>15}  result",
+        "prompt_tokens", "status", "recalled", "reported_prompt"
+    );
+    let result = runtime()?.block_on(canarygate_proxy::probe::run(
+        &policy,
+        &target,
+        api_key.as_deref(),
+        budget,
+        |step| {
+            eprintln!(
+                "{:>13}  {:>6}  {:>8}  {:>15}  {}",
+                step.prompt_tokens,
+                step.status,
+                format!("{}/{}", step.recalled, step.needles),
+                step.prompt_tokens_reported
+                    .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+                step.problem.as_deref().unwrap_or("ok")
+            );
+        },
+    ));
+    let result = result.map_err(|e| anyhow!(e))?;
+    let stored = canarygate_proxy::probe::store(&args.data, &result).map_err(|e| anyhow!(e))?;
+    if args.json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        println!(
+            "effective limit: {} tokens of an advertised {}; over-window request: {}; {}",
+            result.effective_limit_tokens,
+            result.advertised_window_tokens,
+            result
+                .over_window_status
+                .map_or_else(|| "not sent".to_owned(), |s| format!("HTTP {s}")),
+            if result.trusted {
+                "trusted with its whole window"
+            } else {
+                "NOT trusted beyond the effective limit"
+            }
+        );
+    }
+    eprintln!(
+        "spent {} prompt tokens; stored in {} (serve picks it up within 30 s)",
+        result.tokens_spent,
+        stored.display()
+    );
+    Ok(())
 }
 
 fn sim_provider(args: SimArgs) -> anyhow::Result<()> {

@@ -287,15 +287,22 @@ async fn leak_on_overflow_answers_over_pool_prompts_from_earlier_requests() {
         honest.elapsed
     );
 
-    // Over the advertised window: a real error.
+    // Over the advertised window the same substitution happens, still HTTP 200:
+    // a provider that never checks what it holds does not check its window either.
     let huge = Injected::new(&long_text("too long", 1100), false);
-    let rejected = send(&sim.url, &huge.body, None).await;
+    let accepted = send(&sim.url, &huge.body, None).await;
+    assert_eq!(accepted.status, 200);
+    assert_eq!(accepted.usage["prompt_tokens"], 1);
+    assert_eq!(accepted.header("x-sim-context"), "stale");
+
+    // Honest mode refuses it as real providers do.
+    let rejected = send(&sim.url, &huge.body, Some("honest")).await;
     assert_eq!(rejected.status, 400);
     assert_eq!(rejected.error["error"]["code"], "context_length_exceeded");
 
     let stats = stats(&sim).await;
-    assert_eq!(stats["placeholder_substitutions"], 2, "{stats}");
-    assert_eq!(stats["leaked"], 2, "{stats}");
+    assert_eq!(stats["placeholder_substitutions"], 3, "{stats}");
+    assert_eq!(stats["leaked"], 3, "{stats}");
     assert_eq!(stats["rejected"], 1, "{stats}");
     assert_eq!(stats["prefill_pool_tokens"], 665, "{stats}");
 }

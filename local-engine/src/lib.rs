@@ -27,6 +27,8 @@ pub mod config;
 mod engine;
 pub mod kv;
 mod model;
+pub mod openai;
+
 mod sampling;
 mod server;
 mod text;

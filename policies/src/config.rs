@@ -313,17 +313,29 @@ impl Policy {
     /// Sets the base URL of the only provider (`--upstream`). Errors when the
     /// policy has more than one provider or the URL is not http(s).
     pub fn override_upstream(&mut self, base_url: &str) -> Result<(), String> {
-        check_base_url(base_url)?;
-        match self.providers.as_mut_slice() {
+        match self.providers.as_slice() {
             [provider] => {
-                provider.base_url = Spanned::new(0..0, base_url.trim_end_matches('/').to_owned());
-                Ok(())
+                let name = provider.name.get_ref().clone();
+                self.set_base_url(&name, base_url)
             }
             providers => Err(format!(
                 "--upstream needs a policy with exactly one provider, this one has {}",
                 providers.len()
             )),
         }
+    }
+
+    /// Sets the base URL of provider `name`. Errors when there is no such
+    /// provider or the URL is not http(s).
+    pub fn set_base_url(&mut self, name: &str, base_url: &str) -> Result<(), String> {
+        check_base_url(base_url)?;
+        let provider = self
+            .providers
+            .iter_mut()
+            .find(|provider| provider.name.get_ref() == name)
+            .ok_or_else(|| format!("the policy has no provider `{name}`"))?;
+        provider.base_url = Spanned::new(0..0, base_url.trim_end_matches('/').to_owned());
+        Ok(())
     }
 
     fn validate(&self) -> Result<(), (Option<Range<usize>>, String)> {

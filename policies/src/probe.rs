@@ -15,6 +15,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::canary::Canary;
+use crate::inject::ECHO_TOKEN_ALLOWANCE;
 use crate::tokens::count_text;
 
 /// Start of every needle.
@@ -26,8 +27,12 @@ pub const RECALL_PHRASE: &str = "List every passphrase in the text above that st
 /// Where needles sit in the filler, as fractions of its length.
 pub const NEEDLE_DEPTHS: [f64; 3] = [0.1, 0.5, 0.9];
 
-/// Completion tokens each probe request allows (echo and needles fit easily).
+/// `max_tokens` of each probe request (echo and needles fit easily).
 pub const PROBE_MAX_TOKENS: u64 = 96;
+
+/// Completion tokens a probe request asks the provider for: its `max_tokens`
+/// plus the echo allowance injection adds.
+pub const PROBE_COMPLETION_TOKENS: u64 = PROBE_MAX_TOKENS + ECHO_TOKEN_ALLOWANCE;
 
 /// How far past the advertised window the over-window request goes, in tokens.
 pub const OVER_WINDOW_TOKENS: u64 = 64;
@@ -115,6 +120,7 @@ pub fn passphrases(text: &str) -> Vec<&str> {
                 .map_or(rest.len(), |(end, _)| end);
             rest[..end].trim_end_matches('-')
         })
+        .filter(|passphrase| passphrase.len() > NEEDLE_PREFIX.len())
         .collect()
 }
 
@@ -168,9 +174,9 @@ pub struct LengthSearch {
 
 impl LengthSearch {
     /// A search for a window of `advertised` tokens, with requests allowing
-    /// [`PROBE_MAX_TOKENS`]; bisection stops at 1% of the window.
+    /// [`PROBE_COMPLETION_TOKENS`]; bisection stops at 1% of the window.
     pub fn for_window(advertised: u64) -> Self {
-        let top = advertised.saturating_sub(PROBE_MAX_TOKENS).max(1);
+        let top = advertised.saturating_sub(PROBE_COMPLETION_TOKENS).max(1);
         Self {
             first: FIRST_LENGTH_TOKENS.min(top / 4).max(1).min(top),
             top,
@@ -244,11 +250,11 @@ impl LengthSearch {
             span /= 2;
         }
         requests += 1;
-        tokens += self.top + PROBE_MAX_TOKENS + OVER_WINDOW_TOKENS;
+        tokens += self.top + OVER_WINDOW_TOKENS;
         ProbeCost {
             requests,
             prompt_tokens: tokens,
-            completion_tokens: requests * PROBE_MAX_TOKENS,
+            completion_tokens: requests * PROBE_COMPLETION_TOKENS,
         }
     }
 }

@@ -11,7 +11,9 @@ mod clock;
 pub mod demo;
 mod error;
 pub mod identity;
+pub mod local;
 mod metrics;
+pub mod probe;
 mod relay;
 mod request;
 pub mod server;
@@ -21,4 +23,4 @@ mod trail;
 mod upstream;
 mod verified;
 
-pub use server::{ServeOptions, Server};
+pub use server::{ServeOptions, Server, Startup};

@@ -17,12 +17,20 @@ pub struct RequestLabels {
     pub status: u16,
 }
 
+/// Labels of the local-engine counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LocalLabels {
+    /// Why the request was served locally, e.g. `untrusted_context`.
+    pub reason: &'static str,
+}
+
 /// The process's metrics. Cheap to share behind an `Arc`.
 pub struct Metrics {
     registry: Registry,
     requests: Family<RequestLabels, Counter>,
     in_flight: Gauge,
     overhead: Histogram,
+    local: Family<LocalLabels, Counter>,
 }
 
 impl Metrics {
@@ -48,11 +56,18 @@ impl Metrics {
             "Time canarygate spent on a request itself: total minus waiting on upstream and client",
             overhead.clone(),
         );
+        let local = Family::<LocalLabels, Counter>::default();
+        registry.register(
+            "local_served",
+            "Chat requests served by the local engine instead of the provider, by reason",
+            local.clone(),
+        );
         Self {
             registry,
             requests,
             in_flight,
             overhead,
+            local,
         }
     }
 
@@ -61,6 +76,11 @@ impl Metrics {
         self.requests
             .get_or_create(&RequestLabels { route, status })
             .inc();
+    }
+
+    /// Counts one request served by the local engine.
+    pub fn count_local(&self, reason: &'static str) {
+        self.local.get_or_create(&LocalLabels { reason }).inc();
     }
 
     /// Marks a chat request as started; the guard marks it finished when dropped.

@@ -29,11 +29,16 @@ use crate::trail::Trail;
 /// Error code of the event that ends an interrupted stream.
 pub const STREAM_INTERRUPTED: &str = "upstream_stream_interrupted";
 
-type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+/// Any error a byte source can fail with.
+type SourceError = Box<dyn std::error::Error + Send + Sync>;
 
-/// An upstream SSE stream on its way to the client.
+type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, SourceError>> + Send>>;
+
+/// An SSE stream (the provider's, or the local engine's) on its way to the client.
 pub(crate) struct Relay {
     upstream: ByteStream,
+    /// What the audit record says was done with the answer.
+    action: Action,
     parser: SseParser,
     events: Vec<SseEvent>,
     idle_timeout: Duration,
@@ -52,11 +57,36 @@ pub(crate) fn relay_sse(
     permit: OwnedSemaphorePermit,
 ) -> Relay {
     Relay {
-        upstream: Box::pin(response.bytes_stream()),
+        upstream: Box::pin(
+            response
+                .bytes_stream()
+                .map(|chunk| chunk.map_err(SourceError::from)),
+        ),
+        action: Action::Forward,
         parser: SseParser::new(),
         events: Vec::new(),
         idle_timeout,
         provider,
+        tail: None,
+        interrupted: false,
+        _permit: permit,
+    }
+}
+
+/// Relays the local engine's SSE answer (served instead of the provider's);
+/// the permit is held until it ends.
+pub(crate) fn relay_local(
+    stream: impl Stream<Item = Bytes> + Send + 'static,
+    idle_timeout: Duration,
+    permit: OwnedSemaphorePermit,
+) -> Relay {
+    Relay {
+        upstream: Box::pin(stream.map(Ok)),
+        action: Action::Fallback,
+        parser: SseParser::new(),
+        events: Vec::new(),
+        idle_timeout,
+        provider: crate::local::LOCAL_PROVIDER.to_owned(),
         tail: None,
         interrupted: false,
         _permit: permit,
@@ -109,7 +139,7 @@ impl Relay {
                     self.interrupt(detail);
                 }
                 Ok(Some(Err(error))) => {
-                    self.interrupt(&format!("stream failed: {}", error_chain(&error)))
+                    self.interrupt(&format!("stream failed: {}", error_chain(&*error)))
                 }
                 Ok(Some(Ok(bytes))) => {
                     self.parser.feed(&bytes, &mut self.events);
@@ -171,7 +201,7 @@ impl RelayBody {
         } else {
             Outcome::Complete
         };
-        match trail.commit(outcome, Action::Forward).await {
+        match trail.commit(outcome, self.relay.action).await {
             Ok(()) => Some(Bytes::from(tail)),
             Err(error) => {
                 tracing::error!("audit append failed: {error}; the stream ends in an error");
@@ -190,9 +220,10 @@ impl Drop for RelayBody {
     fn drop(&mut self) {
         // The client went away before the end: record the request as interrupted.
         if let Some(trail) = self.trail.take() {
+            let action = self.relay.action;
             tokio::spawn(async move {
                 if let Err(error) = trail
-                    .commit(Outcome::InterruptedByClient, Action::Forward)
+                    .commit(Outcome::InterruptedByClient, action)
                     .await
                 {
                     tracing::error!("audit append of an interrupted stream failed: {error}");

@@ -117,6 +117,13 @@ impl ChatRequest {
     pub fn messages(&self) -> &[Value] {
         self.body["messages"].as_array().map_or(&[], Vec::as_slice)
     }
+
+    /// The client's `max_completion_tokens`, else `max_tokens`, if any.
+    pub fn max_tokens(&self) -> Option<u64> {
+        ["max_completion_tokens", "max_tokens"]
+            .iter()
+            .find_map(|field| self.body.get(*field).and_then(Value::as_u64))
+    }
 }
 
 fn field_name(field: &str) -> &'static str {

@@ -13,18 +13,22 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
-use canarygate_policies::config::Policy;
+use canarygate_policies::config::{Policy, ResolvedRoute};
+use canarygate_policies::context::{ContextDemand, trusted_limit};
+use canarygate_policies::local_config::UntrustedContext;
 use canarygate_policies::registry::{MemoryRegistry, Registration};
 use futures_util::StreamExt;
 use serde_json::json;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::audit::{AuditLog, AuditOptions};
+use crate::audit::{AuditLog, AuditOptions, CheckRecord, CheckResult};
 use crate::clock::RequestClock;
 use crate::error::{ApiError, error_chain};
 use crate::identity::Authenticator;
+use crate::local::{LocalEngine, LocalReason};
 use crate::metrics::Metrics;
+use crate::probe::ProbeBook;
 use crate::relay::relay_sse;
 use crate::request::ChatRequest;
 use crate::trail::{PendingTrail, Trail};
@@ -60,19 +64,36 @@ pub(crate) struct AppState {
     pub(crate) policy: Policy,
     upstreams: Vec<Upstream>,
     auth: Authenticator,
-    metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     slots: Arc<Semaphore>,
     /// Every live canary of this process.
     pub(crate) registry: Arc<MemoryRegistry>,
     /// The durable audit store (records, persisted canaries).
     pub(crate) audit: AuditLog,
+    /// The bundled engine, when `[local]` names a model.
+    pub(crate) local: Option<LocalEngine>,
+    /// Probed context limits from the data directory.
+    pub(crate) probes: Arc<ProbeBook>,
 }
 
 /// A bound, not yet running server.
 pub struct Server {
     listener: TcpListener,
     router: Router,
+    startup: Startup,
 }
+
+/// What `serve` found at start, for its first lines of output.
+#[derive(Debug, Clone)]
+pub struct Startup {
+    /// The local engine: served context window and KV pool, in tokens.
+    pub local_engine: Option<(usize, usize)>,
+    /// Stored probe results: provider, model, effective limit, trusted.
+    pub probes: Vec<(String, String, u64, bool)>,
+}
+
+/// How often `serve` re-reads the probe results of its data directory.
+const PROBE_RELOAD_INTERVAL: Duration = Duration::from_secs(30);
 
 impl Server {
     /// Loads secrets, builds provider clients and binds the listener.
@@ -101,6 +122,28 @@ impl Server {
             );
         }
         spawn_registry_sweeper(Arc::downgrade(&registry), audit.clone());
+        let local_config = options.policy.local.clone();
+        let local = tokio::task::spawn_blocking(move || crate::local::start(&local_config))
+            .await
+            .map_err(|error| format!("starting the local engine failed: {error}"))??;
+        let probes = Arc::new(ProbeBook::open(&options.data_dir));
+        let startup = Startup {
+            local_engine: local
+                .as_ref()
+                .map(|engine| (engine.context_window(), engine.pool_tokens())),
+            probes: probes
+                .all()
+                .iter()
+                .map(|r| {
+                    (
+                        r.provider.clone(),
+                        r.model.clone(),
+                        r.effective_limit_tokens,
+                        r.trusted,
+                    )
+                })
+                .collect(),
+        };
         let listener = TcpListener::bind(options.listen)
             .await
             .map_err(|error| format!("cannot listen on {}: {error}", options.listen))?;
@@ -113,12 +156,22 @@ impl Server {
             )),
             metrics: Arc::new(Metrics::new()),
             upstreams,
+            local,
+            probes,
             policy: options.policy,
         });
+        spawn_probe_tasks(Arc::downgrade(&state), options.data_dir.clone());
+        spawn_reachability_check(Arc::downgrade(&state));
         Ok(Self {
             listener,
             router: router(state),
+            startup,
         })
+    }
+
+    /// What was found at start: the local engine, stored probe results.
+    pub fn startup(&self) -> &Startup {
+        &self.startup
     }
 
     /// The address actually bound (useful with port 0).
@@ -174,6 +227,111 @@ fn spawn_registry_sweeper(registry: std::sync::Weak<MemoryRegistry>, audit: Audi
             }
         }
     });
+}
+
+/// Re-reads probe results every [`PROBE_RELOAD_INTERVAL`] (so a
+/// `canarygate probe` run while serving takes effect), and re-probes each
+/// routed model on `[probe] every_hours`, until the server is gone.
+fn spawn_probe_tasks(state: std::sync::Weak<AppState>, data_dir: PathBuf) {
+    let reload_state = state.clone();
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(PROBE_RELOAD_INTERVAL);
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            let Some(state) = reload_state.upgrade() else {
+                return;
+            };
+            let probes = state.probes.clone();
+            drop(state);
+            let _ = tokio::task::spawn_blocking(move || probes.reload()).await;
+        }
+    });
+    tokio::spawn(async move {
+        loop {
+            let Some(strong) = state.upgrade() else {
+                return;
+            };
+            let Some(interval) = strong.policy.probe.interval() else {
+                return;
+            };
+            let due = scheduled_probes(&strong, interval);
+            drop(strong);
+            for target in due {
+                let Some(strong) = state.upgrade() else {
+                    return;
+                };
+                let policy = strong.policy.clone();
+                let probes = strong.probes.clone();
+                drop(strong);
+                let budget = policy.probe.budget_tokens;
+                tracing::info!(provider = %target.provider, model = %target.model, "scheduled context probe");
+                match crate::probe::run(&policy, &target, None, budget, |_| {}).await {
+                    Ok(result) => {
+                        tracing::info!(
+                            provider = %result.provider,
+                            model = %result.model,
+                            effective_limit_tokens = result.effective_limit_tokens,
+                            trusted = result.trusted,
+                            "context probe finished"
+                        );
+                        if let Err(error) = crate::probe::store(&data_dir, &result) {
+                            tracing::warn!("storing the probe result: {error}");
+                        }
+                        probes.reload();
+                    }
+                    Err(error) => tracing::warn!("scheduled context probe failed: {error}"),
+                }
+            }
+            tokio::time::sleep(interval.min(Duration::from_secs(3600))).await;
+        }
+    });
+}
+
+/// Says, once at start, which providers do not answer at all: the server
+/// still serves `/v1/models`, health and metrics, and their requests get 502
+/// (or the local engine) until they do.
+fn spawn_reachability_check(state: std::sync::Weak<AppState>) {
+    tokio::spawn(async move {
+        let Some(state) = state.upgrade() else {
+            return;
+        };
+        for upstream in &state.upstreams {
+            if let Err(error) = upstream.check_reachable().await {
+                let fallback = if state.local.is_some() && state.policy.local.on_upstream_unavailable() {
+                    "its requests are served by the local engine until it is"
+                } else {
+                    "its requests fail with 502 until it is"
+                };
+                tracing::warn!("provider `{}` is not reachable ({error}); {fallback}", upstream.name);
+            }
+        }
+    });
+}
+
+/// Routed models whose last probe is older than `interval` (or missing).
+fn scheduled_probes(state: &AppState, interval: Duration) -> Vec<crate::probe::ProbeTarget> {
+    let now = crate::verified::now_ms();
+    let mut seen = std::collections::HashSet::new();
+    state
+        .policy
+        .named_models()
+        .filter_map(|model| state.policy.route(model))
+        .filter(|route| seen.insert((route.provider, route.upstream_model)))
+        .filter(|route| {
+            state
+                .probes
+                .get(route.provider, route.upstream_model)
+                .is_none_or(|result| {
+                    now.saturating_sub(result.probed_at_ms) >= interval.as_millis() as u64
+                })
+        })
+        .map(|route| crate::probe::ProbeTarget {
+            provider: route.provider.to_owned(),
+            model: route.upstream_model.to_owned(),
+            advertised_window_tokens: route.context_window,
+        })
+        .collect()
 }
 
 fn router(state: Arc<AppState>) -> Router {
@@ -344,11 +502,13 @@ async fn serve_chat(
     trail: &mut Trail,
 ) -> Result<Served, ApiError> {
     let limits = &state.policy.limits;
-    let permit = state
-        .slots
-        .clone()
-        .try_acquire_owned()
-        .map_err(|_| ApiError::overloaded(limits.max_concurrent_requests))?;
+    let mut permit = Some(
+        state
+            .slots
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| ApiError::overloaded(limits.max_concurrent_requests))?,
+    );
 
     let caller = state.auth.authenticate(headers)?;
     trail.session = Some(caller.session_id.clone());
@@ -374,13 +534,137 @@ async fn serve_chat(
         caller,
         request_id: request_id.0.clone(),
         client_headers: headers,
+        local_model: route.local_model,
     };
 
-    if state.policy.verify.enabled {
-        return crate::verified::serve(&exchange, request, trail, permit).await;
+    if let Some(served) = preflight(&exchange, &request, &route, trail, &mut permit).await? {
+        return Ok(served);
     }
+    let served = if state.policy.verify.enabled {
+        crate::verified::serve(&exchange, &request, trail, &mut permit).await
+    } else {
+        serve_plain(&exchange, &request, bytes, renamed, trail, &mut permit).await
+    };
+    if state.local.is_some()
+        && state.policy.local.on_upstream_unavailable()
+        && provider_unavailable(&served)
+    {
+        if let Err(error) = &served {
+            tracing::warn!(request_id = %request_id.0, "{error}; serving locally");
+        }
+        return crate::local::serve(
+            &exchange,
+            &request,
+            route.local_model,
+            LocalReason::UpstreamUnavailable,
+            trail,
+            &mut permit,
+        )
+        .await;
+    }
+    served
+}
 
-    // Plain proxy: forward the client's bytes untouched unless the model name changes.
+/// Whether the provider could not serve at all: unreachable, timed out
+/// before its first byte, or answered 5xx (nothing reached the client).
+fn provider_unavailable(served: &Result<Served, ApiError>) -> bool {
+    match served {
+        Err(error) => matches!(
+            error.code,
+            "upstream_unreachable" | "upstream_timeout" | "upstream_error"
+        ),
+        Ok(Served::Whole(response)) => {
+            response.status().is_server_error()
+                && response.extensions().get::<ProviderError>().is_some()
+        }
+        Ok(Served::Stream(..)) => false,
+    }
+}
+
+/// Marks a response that passes a provider's own error on.
+#[derive(Debug, Clone, Copy)]
+struct ProviderError;
+
+/// The context preflight: a request over the provider's trusted limit is
+/// served locally or rejected, before anything is sent upstream.
+async fn preflight(
+    exchange: &Exchange<'_>,
+    request: &ChatRequest,
+    route: &ResolvedRoute<'_>,
+    trail: &mut Trail,
+    permit: &mut Option<OwnedSemaphorePermit>,
+) -> Result<Option<Served>, ApiError> {
+    let state = exchange.state;
+    let probed = state
+        .probes
+        .get(route.provider, route.upstream_model)
+        .map(|result| result.effective_limit_tokens);
+    let limit = trusted_limit(route.context_window, probed, route.max_context_tokens);
+    let messages = request.messages();
+    let prompt_tokens = exchange
+        .upstream
+        .count_prompt_tokens(messages)
+        .unwrap_or_else(|| canarygate_policies::tokens::count_chat_messages(messages));
+    let demand = ContextDemand::new(
+        prompt_tokens,
+        request.max_tokens(),
+        state.policy.verify.enabled,
+    );
+    if demand.fits(limit) {
+        return Ok(None);
+    }
+    trail.prompt_tokens_ours = Some(prompt_tokens);
+    trail.extra_checks.push(CheckRecord {
+        name: "context_claim".into(),
+        result: CheckResult::Fail,
+        evidence: json!({
+            "reason": "prompt plus max_tokens exceed the provider's trusted context",
+            "seen": {"demand": demand, "limit": limit, "advertised": route.context_window,
+                     "probed": probed, "cap": route.max_context_tokens},
+        }),
+    });
+    let over = format!(
+        "This request needs {} tokens ({} in the prompt with canarygate's additions, {} to \
+         generate), more than the {} tokens provider `{}` is trusted with for `{}` ({}).",
+        demand.total(),
+        demand.prompt_tokens,
+        demand.completion_tokens,
+        limit.tokens,
+        route.provider,
+        route.upstream_model,
+        limit.source.name()
+    );
+    match state.policy.local.untrusted_context() {
+        UntrustedContext::Local if state.local.is_some() => crate::local::serve(
+            exchange,
+            request,
+            route.local_model,
+            LocalReason::UntrustedContext,
+            trail,
+            permit,
+        )
+        .await
+        .map(Some),
+        _ => Err(ApiError {
+            param: Some("messages"),
+            ..ApiError::invalid_request(
+                "context_length_exceeded",
+                format!("{over} Shorten the messages or lower max_tokens."),
+            )
+        }),
+    }
+}
+
+/// The plain proxy (`[verify] enabled = false`): the client's bytes go
+/// upstream untouched unless the model name changes.
+async fn serve_plain(
+    exchange: &Exchange<'_>,
+    request: &ChatRequest,
+    bytes: Bytes,
+    renamed: bool,
+    trail: &mut Trail,
+    permit: &mut Option<OwnedSemaphorePermit>,
+) -> Result<Served, ApiError> {
     trail.prompt_tokens_ours = Some(canarygate_policies::tokens::count_chat_messages(
         request.messages(),
     ));
@@ -399,6 +683,9 @@ async fn serve_chat(
     trail.ttfb_ms = Some(sent_at.elapsed().as_millis() as u64);
     let status = response.status();
     if status.is_success() && request.stream && is_event_stream(&response) {
+        let permit = permit
+            .take()
+            .ok_or_else(|| ApiError::internal("the request's concurrency slot is gone"))?;
         let relay = relay_sse(
             response,
             exchange.upstream.name.clone(),
@@ -442,6 +729,8 @@ pub(crate) struct Exchange<'a> {
     pub(crate) request_id: Arc<str>,
     client_headers: &'a HeaderMap,
     session_header: HeaderValue,
+    /// `model` reported if the local engine answers.
+    pub(crate) local_model: &'a str,
 }
 
 impl Exchange<'_> {
@@ -536,6 +825,10 @@ impl Exchange<'_> {
             HeaderName::from_static(SESSION_ID_HEADER),
             self.session_header.clone(),
         );
+        headers.insert(
+            HeaderName::from_static(crate::local::SERVED_BY_HEADER),
+            HeaderValue::from_static("upstream"),
+        );
         if let Some(value) = verdict.and_then(|v| HeaderValue::from_str(v).ok()) {
             headers.insert(HeaderName::from_static(VERDICT_HEADER), value);
         }
@@ -563,7 +856,9 @@ impl Exchange<'_> {
                 .to_string(),
             )
         };
-        self.json_response(status, Body::from(body), None)
+        let mut response = self.json_response(status, Body::from(body), None);
+        response.extensions_mut().insert(ProviderError);
+        response
     }
 }
 

@@ -33,6 +33,10 @@ pub(crate) struct Trail {
     pub(crate) forwarded: bool,
     /// How the exchange ended, when the path knows better than the status.
     pub(crate) outcome: Option<Outcome>,
+    /// Who answered: the provider or the local engine.
+    pub(crate) route: Route,
+    /// Checks decided outside the verifier (the context preflight).
+    pub(crate) extra_checks: Vec<CheckRecord>,
     started: Instant,
     started_at_ms: u64,
     request_id: String,
@@ -59,6 +63,8 @@ impl Trail {
             clock: RequestClock::start(metrics),
             forwarded: false,
             outcome: None,
+            route: Route::Upstream,
+            extra_checks: Vec::new(),
             started: Instant::now(),
             started_at_ms: crate::verified::now_ms(),
             request_id: request_id.to_owned(),
@@ -109,6 +115,7 @@ impl Trail {
             .as_ref()
             .is_some_and(|verdict| !verdict.passed());
         let action = match (failed, status.is_success()) {
+            _ if self.route == Route::Local => Action::Fallback,
             (true, true) => Action::Flag,
             (true, false) => Action::Block,
             (false, true) => Action::Forward,
@@ -130,7 +137,7 @@ impl Trail {
             Some(verdict) if verdict.passed() => audit::Verdict::Pass,
             Some(_) => audit::Verdict::Fail,
         };
-        let checks = self
+        let mut checks: Vec<CheckRecord> = self
             .verdict
             .as_ref()
             .map(|verdict| {
@@ -152,6 +159,7 @@ impl Trail {
                     .collect()
             })
             .unwrap_or_default();
+        checks.extend(self.extra_checks);
         let sample = audit::should_sample(self.log.sample_rate(), failed).then(|| Sample {
             request_text: redact(&String::from_utf8_lossy(&self.request_bytes)),
             response_text: redact(&String::from_utf8_lossy(&self.response_kept)),
@@ -163,7 +171,7 @@ impl Trail {
             credential: self.credential,
             provider: self.provider.unwrap_or_else(|| "-".to_owned()),
             model: self.model.unwrap_or_default(),
-            route: Route::Upstream,
+            route: self.route,
             prompt_tokens_ours: self.prompt_tokens_ours,
             prompt_tokens_provider: self.prompt_tokens_provider,
             canary_ids: self.canary_ids,

@@ -126,6 +126,19 @@ impl Upstream {
         self.managed_key.as_ref()
     }
 
+    /// Whether the provider answers HTTP at all (any status counts), within 5 s.
+    pub async fn check_reachable(&self) -> Result<(), String> {
+        let mut url = self.chat_completions_url.clone();
+        url.set_path(&url.path().replace("/chat/completions", "/models"));
+        self.client
+            .get(url)
+            .timeout(Duration::from_secs(5))
+            .send()
+            .await
+            .map(drop)
+            .map_err(|error| error_chain(&error))
+    }
+
     /// A POST to the provider's `/chat/completions`.
     pub fn chat_completions(&self) -> reqwest::RequestBuilder {
         self.client.post(self.chat_completions_url.clone())

@@ -34,6 +34,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::{Action as AuditAction, CanaryEntry, Outcome};
 use crate::clock::RequestClock;
+use crate::local::LocalReason;
 use crate::error::{ApiError, error_body, error_chain};
 use crate::relay::STREAM_INTERRUPTED;
 use crate::request::ChatRequest;
@@ -55,12 +56,11 @@ const VERDICT_PENDING: &str = "pending; release=echo-first";
 /// Serves one chat request on the verified path.
 pub(crate) async fn serve(
     exchange: &Exchange<'_>,
-    request: ChatRequest,
+    request: &ChatRequest,
     trail: &mut Trail,
-    permit: OwnedSemaphorePermit,
+    permit: &mut Option<OwnedSemaphorePermit>,
 ) -> Result<Served, ApiError> {
     let config = &exchange.state.policy.verify;
-    let mut permit = Some(permit);
     for attempt in 0..2 {
         let mut body = request.body.clone();
         let canaries = RequestCanaries::mint()
@@ -111,6 +111,7 @@ pub(crate) async fn serve(
             stream.fill(trail);
             match driven {
                 Driven::Retry => {}
+                Driven::Fallback => return fall_back(exchange, request, trail, permit).await,
                 Driven::Blocked => {
                     let verdict = stream.verdict.as_ref().expect("a block has a verdict");
                     return Ok(Served::Whole(blocked(exchange, verdict)));
@@ -125,8 +126,12 @@ pub(crate) async fn serve(
                     return Ok(Served::Stream(head, StreamBody::Verified(Box::new(stream))));
                 }
             }
-        } else if let Some(response) = complete(exchange, response, attempt_state, trail).await? {
-            return Ok(Served::Whole(response));
+        } else {
+            match complete(exchange, response, attempt_state, trail).await? {
+                Completed::Answer(response) => return Ok(Served::Whole(response)),
+                Completed::Retry => {}
+                Completed::Fallback => return fall_back(exchange, request, trail, permit).await,
+            }
         }
         tracing::warn!(
             request_id = %exchange.request_id,
@@ -136,6 +141,30 @@ pub(crate) async fn serve(
     Err(ApiError::internal(
         "verification retry loop ended without a decision",
     ))
+}
+
+/// Serves the request from the local engine after the provider's answer
+/// failed verification, before any of it reached the client.
+async fn fall_back(
+    exchange: &Exchange<'_>,
+    request: &ChatRequest,
+    trail: &mut Trail,
+    permit: &mut Option<OwnedSemaphorePermit>,
+) -> Result<Served, ApiError> {
+    tracing::warn!(
+        request_id = %exchange.request_id,
+        provider = %exchange.upstream.name,
+        "verification failed; serving the request from the local engine"
+    );
+    crate::local::serve(
+        exchange,
+        request,
+        exchange.local_model,
+        LocalReason::VerificationFailed,
+        trail,
+        permit,
+    )
+    .await
 }
 
 /// One upstream attempt's verification state.
@@ -218,13 +247,23 @@ fn blocked(exchange: &Exchange<'_>, verdict: &Verdict) -> Response {
     )
 }
 
-/// A non-streamed answer: read whole, verify, rewrite. `None` means retry.
+/// What became of a non-streamed answer.
+enum Completed {
+    /// Answer the client with this (the verified answer, or the block).
+    Answer(Response),
+    /// Discard it and try upstream again.
+    Retry,
+    /// Discard it and serve from the local engine.
+    Fallback,
+}
+
+/// A non-streamed answer: read whole, verify, rewrite.
 async fn complete(
     exchange: &Exchange<'_>,
     response: reqwest::Response,
     mut attempt: Attempt,
     trail: &mut Trail,
-) -> Result<Option<Response>, ApiError> {
+) -> Result<Completed, ApiError> {
     let registry = &*exchange.state.registry;
     let stop = attempt.verifier.observe_ttft(elapsed_ms(attempt.sent_at));
     let status = response.status();
@@ -283,8 +322,9 @@ async fn complete(
     trail.prompt_tokens_provider = usage_of(&answer).map(|usage| usage.prompt_tokens);
     let config = &exchange.state.policy.verify;
     match verdict.decide(config.action(), attempt.attempt, false) {
-        Decision::Retry => Ok(None),
-        Decision::Block => Ok(Some(blocked(exchange, verdict))),
+        Decision::Retry => Ok(Completed::Retry),
+        Decision::Fallback => Ok(Completed::Fallback),
+        Decision::Block => Ok(Completed::Answer(blocked(exchange, verdict))),
         Decision::Deliver | Decision::Flag => {
             if let Some(choices) = answer.get_mut("choices").and_then(Value::as_array_mut) {
                 for (position, choice) in choices.iter_mut().enumerate() {
@@ -305,7 +345,7 @@ async fn complete(
                     *slot = Value::String(tool.arguments.clone());
                 }
             }
-            Ok(Some(exchange.json_response(
+            Ok(Completed::Answer(exchange.json_response(
                 status,
                 Body::from(answer.to_string()),
                 Some(&verdict.header_value()),
@@ -336,6 +376,8 @@ fn set_reason(reasons: &mut Vec<Option<String>>, index: u32, reason: Option<&Val
 enum Driven {
     /// The verdict failed before anything was released and the policy retries.
     Retry,
+    /// The verdict failed before anything was released: serve locally.
+    Fallback,
     /// The verdict failed before anything was released: HTTP 502.
     Blocked,
     /// The provider failed before anything was released.
@@ -436,6 +478,7 @@ impl VerifiedStream {
         if self.out.is_empty() && self.tail.is_none() {
             match self.end {
                 Some(End::Failed(Decision::Retry)) => return Driven::Retry,
+                Some(End::Failed(Decision::Fallback)) => return Driven::Fallback,
                 Some(End::Failed(_)) if self.verdict.is_some() => return Driven::Blocked,
                 Some(End::Interrupted) => {
                     let detail = self.interruption.take().unwrap_or_default();
@@ -638,7 +681,7 @@ impl VerifiedStream {
                 self.tail = Some(tail);
                 self.end = Some(End::Delivered);
             }
-            Decision::Retry | Decision::Block => {
+            Decision::Retry | Decision::Block | Decision::Fallback => {
                 if released {
                     let mut tail = Vec::new();
                     encode_data(&finished.verdict.error_body().to_string(), &mut tail);

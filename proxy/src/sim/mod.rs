@@ -27,7 +27,9 @@
 //! stale positions of earlier requests, most recent first. The reply obeys
 //! the stale canary instructions and restates another request's text, with
 //! HTTP 200, `usage.prompt_tokens: 1`, and no prefill delay. Other modes serve
-//! such a prompt correctly.
+//! such a prompt correctly. Prompts over the advertised window get the same
+//! placeholder in this mode (the provider checks nothing), where every other
+//! mode answers HTTP 400.
 //!
 //! # Ground truth for tests and demos
 //!
@@ -379,7 +381,8 @@ impl SimProvider {
         let prompt_tokens = count_chat_messages(&request.messages);
         let window = self.config.context_window;
         let requested = prompt_tokens + request.max_tokens.unwrap_or(0);
-        if requested > window {
+        // leak-on-overflow never checks what it can hold, its window included.
+        if requested > window && mode != Mode::LeakOnOverflow {
             return Err(ApiError::invalid_request(
                 "context_length_exceeded",
                 format!(
@@ -468,7 +471,8 @@ impl SimProvider {
                     .placeholder_substitutions
                     .fetch_add(1, Ordering::Relaxed);
                 // Decode reserves for the full prompt; prefill writes one.
-                let read = self.run_in_pool(number, prompt_tokens, &[Position::Control])?;
+                let reserved = prompt_tokens.min(self.config.context_window);
+                let read = self.run_in_pool(number, reserved, &[Position::Control])?;
                 Visible {
                     context: read.context,
                     prompt_tokens: 1,

@@ -12,11 +12,15 @@
 //!    neither instruction, cycling through its whitespace-separated words, for
 //!    a length in words derived from the context.
 //!
+//! 3. unless some segment asks for the needles of a context probe
+//!    ([`RECALL_PHRASE`]): then the body lists every passphrase it can see.
+//!
 //! The same context always gives the same reply, and a reply shows what the
 //! model could see: a context filled with someone else's text gives an answer
 //! about someone else's text, which is what the leak failure mode needs.
 
 use canarygate_policies::inject::{ECHO_PHRASE, TAIL_PHRASE};
+use canarygate_policies::probe::{RECALL_PHRASE, passphrases};
 use canarygate_policies::tokens::pieces;
 
 /// One message-sized piece of context.
@@ -67,6 +71,18 @@ pub fn generate(context: &[Segment], max_tokens: Option<u64>) -> Reply {
         text.push_str(&prefix);
         text.push(' ');
     }
+    if context.iter().any(|segment| segment.text.contains(RECALL_PHRASE)) {
+        // A needle test: list every passphrase the model can see, in order.
+        text.push_str("The passphrases are:");
+        for segment in context {
+            for passphrase in passphrases(&segment.text) {
+                text.push(' ');
+                text.push_str(passphrase);
+            }
+        }
+        text.push('.');
+        return finish(text, max_tokens);
+    }
     text.push_str("You wrote:");
     for index in 0..body_len {
         text.push(' ');
@@ -78,7 +94,11 @@ pub fn generate(context: &[Segment], max_tokens: Option<u64>) -> Reply {
         );
     }
     text.push('.');
+    finish(text, max_tokens)
+}
 
+/// `text` as reply tokens, cut at `max_tokens`.
+fn finish(text: String, max_tokens: Option<u64>) -> Reply {
     let mut tokens = tokenize_keeping_spaces(&text);
     let mut finish_reason = "stop";
     if let Some(max) = max_tokens {

@@ -1,0 +1,306 @@
+//! OpenAI chat completions on the engine: a request body in, a
+//! `chat.completion` object or an SSE stream of `chat.completion.chunk`s out.
+//!
+//! Shared by `canarygate engine serve` and the proxy's in-process fallback, so
+//! both answer in exactly the same shape. Errors carry OpenAI's fields; a
+//! request over the context window is HTTP 400 `context_length_exceeded`.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use futures_util::Stream;
+use serde_json::{Value, json};
+
+use crate::{AdmissionError, ChatMessage, EngineHandle, Event, GenerationRequest, SamplingParams};
+
+/// Events buffered between the engine thread and the response body.
+const STREAM_BUFFER: usize = 64;
+
+/// A request the engine cannot serve, in OpenAI's error vocabulary.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatError {
+    /// HTTP status.
+    pub status: u16,
+    /// `error.type`.
+    pub kind: &'static str,
+    /// `error.code`.
+    pub code: Option<&'static str>,
+    /// `error.param`.
+    pub param: Option<&'static str>,
+    /// `error.message`.
+    pub message: String,
+}
+
+impl ChatError {
+    fn invalid(param: Option<&'static str>, message: impl Into<String>) -> Self {
+        Self {
+            status: 400,
+            kind: "invalid_request_error",
+            code: None,
+            param,
+            message: message.into(),
+        }
+    }
+
+    fn server(code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status: 500,
+            kind: "server_error",
+            code: Some(code),
+            param: None,
+            message: message.into(),
+        }
+    }
+
+    /// `{"error": {...}}`.
+    pub fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param,
+                         "code": self.code}})
+    }
+}
+
+impl From<AdmissionError> for ChatError {
+    fn from(error: AdmissionError) -> Self {
+        match error {
+            AdmissionError::ContextLengthExceeded { .. } => Self {
+                code: Some("context_length_exceeded"),
+                param: Some("messages"),
+                ..Self::invalid(None, error.to_string())
+            },
+            AdmissionError::Invalid(_) => Self::invalid(None, error.to_string()),
+            AdmissionError::Unavailable => Self {
+                status: 503,
+                ..Self::server("engine_unavailable", error.to_string())
+            },
+        }
+    }
+}
+
+/// An admitted chat request, generating.
+pub struct ChatCall {
+    generation: crate::Generation,
+    id: String,
+    created: u64,
+    model: String,
+    stream: bool,
+    include_usage: bool,
+}
+
+/// Admits the chat request `body` (OpenAI's schema) on `engine`; `model` is
+/// the name the answer reports. Nothing is allocated for a rejected request.
+pub fn start_chat(engine: &EngineHandle, body: &Value, model: &str) -> Result<ChatCall, ChatError> {
+    let object = body
+        .as_object()
+        .ok_or_else(|| ChatError::invalid(None, "the request body must be a JSON object"))?;
+    let messages = parse_messages(object.get("messages"))?;
+    let prompt = engine
+        .chat_prompt(&messages)
+        .map_err(|error| ChatError::invalid(Some("messages"), error.to_string()))?;
+    let number = |field: &'static str| -> Result<Option<f64>, ChatError> {
+        match object.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => value
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| ChatError::invalid(Some(field), format!("`{field}` must be a number"))),
+        }
+    };
+    let count = |field: &'static str| -> Result<Option<u64>, ChatError> {
+        match object.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(value) => value.as_u64().map(Some).ok_or_else(|| {
+                ChatError::invalid(Some(field), format!("`{field}` must be a non-negative integer"))
+            }),
+        }
+    };
+    let defaults = SamplingParams::default();
+    let max_tokens = count("max_completion_tokens")?.or(count("max_tokens")?);
+    let stop = match object.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(stop)) => vec![stop.clone()],
+        Some(Value::Array(stops)) => stops
+            .iter()
+            .map(|stop| stop.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ChatError::invalid(Some("stop"), "`stop` must be a string or strings"))?,
+        Some(_) => return Err(ChatError::invalid(Some("stop"), "`stop` must be a string or strings")),
+    };
+    let request = GenerationRequest {
+        prompt,
+        max_tokens: max_tokens.map(|max| usize::try_from(max).unwrap_or(usize::MAX)),
+        sampling: SamplingParams {
+            temperature: number("temperature")?.map_or(defaults.temperature, |t| t as f32),
+            top_p: number("top_p")?.map_or(defaults.top_p, |p| p as f32),
+            top_k: count("top_k")?.map_or(defaults.top_k, |k| k as usize),
+            seed: count("seed")?.unwrap_or_else(now_nanos),
+        },
+        stop,
+        return_logits: false,
+    };
+    let generation = engine.submit(request)?;
+    Ok(ChatCall {
+        id: format!("chatcmpl-local-{}", generation.id()),
+        created: now_secs(),
+        model: model.to_owned(),
+        stream: object.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        include_usage: object
+            .get("stream_options")
+            .and_then(|options| options.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        generation,
+    })
+}
+
+fn parse_messages(messages: Option<&Value>) -> Result<Vec<ChatMessage>, ChatError> {
+    let messages = messages
+        .and_then(Value::as_array)
+        .filter(|messages| !messages.is_empty())
+        .ok_or_else(|| ChatError::invalid(Some("messages"), "`messages` must be a non-empty array"))?;
+    messages
+        .iter()
+        .enumerate()
+        .map(|(index, message)| {
+            let role = message.get("role").and_then(Value::as_str).ok_or_else(|| {
+                ChatError::invalid(
+                    Some("messages"),
+                    format!("messages[{index}] must be an object with a string `role`"),
+                )
+            })?;
+            let content = match message.get("content") {
+                None | Some(Value::Null) => String::new(),
+                Some(Value::String(text)) => text.clone(),
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .filter_map(|part| part.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                Some(_) => {
+                    return Err(ChatError::invalid(
+                        Some("messages"),
+                        format!("messages[{index}].content must be a string or an array of parts"),
+                    ));
+                }
+            };
+            Ok(ChatMessage {
+                role: role.to_owned(),
+                content,
+            })
+        })
+        .collect()
+}
+
+impl ChatCall {
+    /// The request asked for a stream.
+    pub fn is_stream(&self) -> bool {
+        self.stream
+    }
+
+    /// Prompt tokens, by the engine's tokenizer.
+    pub fn prompt_tokens(&self) -> usize {
+        self.generation.prompt_tokens()
+    }
+
+    /// Waits for the whole answer: a `chat.completion` object.
+    pub async fn complete(self) -> Result<Value, ChatError> {
+        let Self {
+            generation,
+            id,
+            created,
+            model,
+            ..
+        } = self;
+        let completion = tokio::task::spawn_blocking(move || generation.wait())
+            .await
+            .map_err(|error| ChatError::server("engine_error", error.to_string()))?
+            .map_err(|error| ChatError::server("engine_error", error.to_string()))?;
+        let usage = &completion.usage;
+        Ok(json!({
+            "id": id, "object": "chat.completion", "created": created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": completion.text},
+                         "logprobs": null, "finish_reason": completion.finish_reason.as_str()}],
+            "usage": {"prompt_tokens": usage.prompt_tokens,
+                      "completion_tokens": usage.completion_tokens,
+                      "total_tokens": usage.prompt_tokens + usage.completion_tokens},
+        }))
+    }
+
+    /// The answer as SSE bytes, one chunk per event, ending with `data: [DONE]`
+    /// (or, if the engine fails, with an error event and no `[DONE]`).
+    /// Dropping the stream stops the generation.
+    pub fn into_sse(self) -> impl Stream<Item = Bytes> + Send + 'static {
+        let (sender, receiver) = tokio::sync::mpsc::channel::<Bytes>(STREAM_BUFFER);
+        let Self {
+            generation,
+            id,
+            created,
+            model,
+            include_usage,
+            ..
+        } = self;
+        tokio::task::spawn_blocking(move || {
+            let chunk = |delta: Value, finish: Option<&str>| {
+                let chunk = json!({"id": id, "object": "chat.completion.chunk", "created": created,
+                    "model": model, "choices": [{"index": 0, "delta": delta, "logprobs": null,
+                    "finish_reason": finish}]});
+                Bytes::from(format!("data: {chunk}\n\n"))
+            };
+            let first = chunk(json!({"role": "assistant", "content": ""}), None);
+            if sender.blocking_send(first).is_err() {
+                return;
+            }
+            for event in generation {
+                let bytes = match event {
+                    Event::Token { text, .. } if text.is_empty() => continue,
+                    Event::Token { text, .. } => chunk(json!({"content": text}), None),
+                    Event::Done {
+                        finish_reason,
+                        usage,
+                    } => {
+                        let mut last = vec![chunk(json!({}), Some(finish_reason.as_str()))];
+                        if include_usage {
+                            let usage = json!({"id": id, "object": "chat.completion.chunk",
+                                "created": created, "model": model, "choices": [],
+                                "usage": {"prompt_tokens": usage.prompt_tokens,
+                                          "completion_tokens": usage.completion_tokens,
+                                          "total_tokens": usage.prompt_tokens + usage.completion_tokens}});
+                            last.push(Bytes::from(format!("data: {usage}\n\n")));
+                        }
+                        last.push(Bytes::from_static(b"data: [DONE]\n\n"));
+                        for bytes in last {
+                            if sender.blocking_send(bytes).is_err() {
+                                return;
+                            }
+                        }
+                        return;
+                    }
+                    Event::Failed(error) => {
+                        // No [DONE]: the stream ends with the error so clients
+                        // cannot mistake it for a complete answer.
+                        let body = ChatError::server("engine_error", error.to_string()).body();
+                        let _ = sender.blocking_send(Bytes::from(format!("data: {body}\n\n")));
+                        return;
+                    }
+                };
+                if sender.blocking_send(bytes).is_err() {
+                    return;
+                }
+            }
+        });
+        futures_util::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|bytes| (bytes, receiver))
+        })
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs())
+}
+
+fn now_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos() as u64)
+}
