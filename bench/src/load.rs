@@ -1,0 +1,415 @@
+//! HTTP/1.1 keep-alive load: closed-loop saturation, open-loop fixed rate,
+//! and a one-request check of what a target answers.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+
+/// Longest a single request may take before it counts as failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where and what to send.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub addr: SocketAddr,
+    /// `Host` header.
+    pub host: String,
+    /// Request path, e.g. `/v1/chat/completions`.
+    pub path: String,
+    pub authorization: String,
+    pub body: Bytes,
+    pub stream: bool,
+}
+
+/// The request body: a user message whose words are each several tokens long
+/// (`w12-a-b-c` is 7 pieces), so that the simulated provider's reply, which
+/// restates the message, always runs into `max_tokens` and every answer is
+/// exactly `max_tokens` tokens (`finish_reason: length`).
+pub fn chat_body(model: &str, stream: bool, max_tokens: u64, words: usize) -> Bytes {
+    let words: Vec<String> = (0..words).map(|i| format!("w{i}-a-b-c")).collect();
+    let mut body = serde_json::json!({
+        "model": model,
+        "stream": stream,
+        "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": words.join(" ")}],
+    });
+    if stream {
+        // Ask for the usage chunk, as most SDK users do.
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
+    Bytes::from(body.to_string())
+}
+
+type Sender = SendRequest<Full<Bytes>>;
+
+async fn try_connect(addr: SocketAddr) -> std::io::Result<Sender> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    Ok(sender)
+}
+
+/// Connects, retrying for a few seconds (a proxy that dropped connections
+/// under load may take a moment to accept again).
+async fn connect(addr: SocketAddr) -> Option<Sender> {
+    for attempt in 0..50 {
+        match try_connect(addr).await {
+            Ok(sender) => return Some(sender),
+            Err(_) if attempt < 49 => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(_) => {}
+        }
+    }
+    None
+}
+
+/// Outcome of one request.
+#[derive(Clone, Copy, Default)]
+struct Sample {
+    ok: bool,
+    bytes: usize,
+    events: usize,
+}
+
+fn request(endpoint: &Endpoint) -> hyper::Request<Full<Bytes>> {
+    hyper::Request::post(endpoint.path.as_str())
+        .header(hyper::header::HOST, &endpoint.host)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .header(hyper::header::AUTHORIZATION, &endpoint.authorization)
+        .body(Full::new(endpoint.body.clone()))
+        .expect("request")
+}
+
+/// Sends one request on `sender` and reads the whole answer.
+async fn exchange(sender: &mut Sender, endpoint: &Endpoint) -> Option<(hyper::StatusCode, Bytes)> {
+    let work = async {
+        sender.ready().await.ok()?;
+        let response = sender.send_request(request(endpoint)).await.ok()?;
+        let status = response.status();
+        let body = response.into_body().collect().await.ok()?.to_bytes();
+        Some((status, body))
+    };
+    tokio::time::timeout(REQUEST_TIMEOUT, work).await.ok()?
+}
+
+/// Sends one request and checks cheaply that the answer is complete.
+async fn send(sender: &mut Sender, endpoint: &Endpoint) -> Sample {
+    let Some((status, body)) = exchange(sender, endpoint).await else {
+        return Sample::default();
+    };
+    let complete = if endpoint.stream {
+        body.ends_with(b"data: [DONE]\n\n") || body.windows(12).any(|w| w == b"data: [DONE]")
+    } else {
+        body.first() == Some(&b'{')
+    };
+    Sample {
+        ok: status.is_success() && complete,
+        bytes: body.len(),
+        events: if endpoint.stream {
+            body.windows(6).filter(|w| w == b"data: ").count()
+        } else {
+            1
+        },
+    }
+}
+
+/// Result of a saturation run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Throughput {
+    pub requests: u64,
+    pub errors: u64,
+    pub rps: f64,
+    /// Mean response body size.
+    pub bytes: f64,
+    /// Mean SSE `data:` events per response (1 when not streaming).
+    pub events: f64,
+}
+
+/// Closed loop: `concurrency` connections, each sending back to back, for
+/// `duration`. A connection whose request failed is replaced.
+pub async fn saturate(endpoint: &Endpoint, concurrency: usize, duration: Duration) -> Throughput {
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut senders = Vec::new();
+    for _ in 0..concurrency {
+        match connect(endpoint.addr).await {
+            Some(sender) => senders.push(sender),
+            None => break,
+        }
+    }
+    if senders.is_empty() {
+        return Throughput {
+            errors: 1,
+            ..Throughput::default()
+        };
+    }
+    let start = Instant::now();
+    let mut workers = Vec::new();
+    for mut sender in senders {
+        let stop = stop.clone();
+        let endpoint = endpoint.clone();
+        workers.push(tokio::spawn(async move {
+            let (mut ok, mut errors, mut bytes, mut events) = (0u64, 0u64, 0u64, 0u64);
+            while !stop.load(Ordering::Relaxed) {
+                let sample = send(&mut sender, &endpoint).await;
+                if sample.ok {
+                    ok += 1;
+                    bytes += sample.bytes as u64;
+                    events += sample.events as u64;
+                } else {
+                    errors += 1;
+                    match connect(endpoint.addr).await {
+                        Some(fresh) => sender = fresh,
+                        None => break,
+                    }
+                }
+            }
+            (ok, errors, bytes, events)
+        }));
+    }
+    tokio::time::sleep(duration).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut total = (0u64, 0u64, 0u64, 0u64);
+    for worker in workers {
+        let (ok, errors, bytes, events) = worker.await.expect("worker");
+        total.0 += ok;
+        total.1 += errors;
+        total.2 += bytes;
+        total.3 += events;
+    }
+    // Requests in flight when `stop` was set finish after the window; count
+    // the whole time they took so the rate is not inflated.
+    let elapsed = start.elapsed().as_secs_f64();
+    let requests = total.0;
+    Throughput {
+        requests,
+        errors: total.1,
+        rps: requests as f64 / elapsed,
+        bytes: total.2 as f64 / requests.max(1) as f64,
+        events: total.3 as f64 / requests.max(1) as f64,
+    }
+}
+
+/// Result of a fixed-rate run.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Latency {
+    pub requests: u64,
+    pub errors: u64,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    pub max_us: f64,
+    /// Requests/s actually dispatched (should equal the target rate).
+    pub achieved: f64,
+}
+
+/// Open loop: one request every `1/rate` s, each on a free pooled connection
+/// (a new one is opened when none is free); latency counts from the scheduled
+/// send time, so a stall of the target or the generator is not hidden.
+pub async fn fixed_rate(endpoint: &Endpoint, rate: f64, duration: Duration) -> Latency {
+    let pool: Arc<std::sync::Mutex<Vec<Sender>>> = Arc::new(std::sync::Mutex::new(Vec::new()));
+    for _ in 0..8 {
+        if let Some(sender) = connect(endpoint.addr).await {
+            pool.lock().unwrap().push(sender);
+        }
+    }
+    let total = (rate * duration.as_secs_f64()).round().max(1.0) as u64;
+    let interval = Duration::from_secs_f64(1.0 / rate);
+    let start = tokio::time::Instant::now();
+    let mut tasks = Vec::with_capacity(total as usize);
+    let mut last_dispatch = start;
+    for i in 0..total {
+        let scheduled = start + interval.mul_f64(i as f64);
+        tokio::time::sleep_until(scheduled).await;
+        last_dispatch = tokio::time::Instant::now();
+        let pool = pool.clone();
+        let endpoint = endpoint.clone();
+        tasks.push(tokio::spawn(async move {
+            let pooled = pool.lock().unwrap().pop();
+            let sender = match pooled {
+                Some(sender) => Some(sender),
+                None => connect(endpoint.addr).await,
+            };
+            let Some(mut sender) = sender else {
+                return (false, scheduled.elapsed());
+            };
+            let sample = send(&mut sender, &endpoint).await;
+            let latency = scheduled.elapsed();
+            if sample.ok {
+                pool.lock().unwrap().push(sender);
+            }
+            (sample.ok, latency)
+        }));
+    }
+    let mut latencies = Vec::with_capacity(total as usize);
+    let mut errors = 0;
+    for task in tasks {
+        let (ok, latency) = task.await.expect("request task");
+        if ok {
+            latencies.push(latency.as_secs_f64() * 1e6);
+        } else {
+            errors += 1;
+        }
+    }
+    let dispatch_span = (last_dispatch - start).as_secs_f64();
+    latencies.sort_by(f64::total_cmp);
+    Latency {
+        requests: latencies.len() as u64,
+        errors,
+        p50_us: percentile(&latencies, 0.50),
+        p90_us: percentile(&latencies, 0.90),
+        p99_us: percentile(&latencies, 0.99),
+        max_us: latencies.last().copied().unwrap_or(f64::NAN),
+        achieved: if total > 1 && dispatch_span > 0.0 {
+            (total - 1) as f64 / dispatch_span
+        } else {
+            rate
+        },
+    }
+}
+
+/// Nearest-rank percentile of sorted values.
+pub fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// What one fully parsed answer held.
+#[derive(Debug, Clone, Default)]
+pub struct Answer {
+    pub bytes: usize,
+    /// SSE `data:` events (streaming).
+    pub events: usize,
+    /// Events whose delta carried text (streaming), i.e. about the tokens.
+    pub content_events: usize,
+    pub content_chars: usize,
+    pub completion_tokens: Option<u64>,
+    pub finish_reason: Option<String>,
+}
+
+/// Sends one request and parses the whole answer. `Err` explains what is
+/// wrong with it (not 2xx, not JSON, no `[DONE]`, no text).
+pub async fn check(endpoint: &Endpoint) -> Result<Answer, String> {
+    let mut sender = try_connect(endpoint.addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let (status, body) = exchange(&mut sender, endpoint)
+        .await
+        .ok_or("no complete answer")?;
+    let text = String::from_utf8_lossy(&body);
+    let snippet: String = text.chars().take(400).collect();
+    if !status.is_success() {
+        return Err(format!("HTTP {status}: {snippet}"));
+    }
+    let mut answer = Answer {
+        bytes: body.len(),
+        ..Answer::default()
+    };
+    let usage_tokens = |value: &serde_json::Value| value["usage"]["completion_tokens"].as_u64();
+    if endpoint.stream {
+        let mut done = false;
+        for line in text.lines() {
+            let Some(data) = line.strip_prefix("data:") else {
+                continue;
+            };
+            let data = data.trim();
+            answer.events += 1;
+            if data == "[DONE]" {
+                done = true;
+                continue;
+            }
+            let value: serde_json::Value = serde_json::from_str(data)
+                .map_err(|e| format!("event is not JSON ({e}): {data}"))?;
+            if let Some(error) = value.get("error") {
+                return Err(format!("error event: {error}"));
+            }
+            let choice = &value["choices"][0];
+            if let Some(content) = choice["delta"]["content"].as_str()
+                && !content.is_empty()
+            {
+                answer.content_events += 1;
+                answer.content_chars += content.chars().count();
+            }
+            if let Some(reason) = choice["finish_reason"].as_str() {
+                answer.finish_reason = Some(reason.to_owned());
+            }
+            if let Some(tokens) = usage_tokens(&value) {
+                answer.completion_tokens = Some(tokens);
+            }
+        }
+        if !done {
+            return Err(format!("stream without [DONE]: {snippet}"));
+        }
+    } else {
+        let value: serde_json::Value =
+            serde_json::from_slice(&body).map_err(|e| format!("not JSON ({e}): {snippet}"))?;
+        let choice = &value["choices"][0];
+        answer.content_chars = choice["message"]["content"]
+            .as_str()
+            .map_or(0, |c| c.chars().count());
+        answer.finish_reason = choice["finish_reason"].as_str().map(str::to_owned);
+        answer.completion_tokens = usage_tokens(&value);
+        answer.events = 1;
+    }
+    if answer.content_chars == 0 {
+        return Err(format!("answer without text: {snippet}"));
+    }
+    Ok(answer)
+}
+
+/// [`check`], retried until it passes or `timeout` runs out (servers that
+/// are still starting, like LiteLLM, refuse connections for a while).
+pub async fn wait_ready(endpoint: &Endpoint, timeout: Duration) -> Result<Answer, String> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match check(endpoint).await {
+            Ok(answer) => return Ok(answer),
+            Err(error) if Instant::now() >= deadline => return Err(error),
+            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let values: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(percentile(&values, 0.5), 50.0);
+        assert_eq!(percentile(&values, 0.99), 99.0);
+        assert_eq!(percentile(&values, 1.0), 100.0);
+        assert_eq!(percentile(&[7.0], 0.99), 7.0);
+        assert!(percentile(&[], 0.5).is_nan());
+    }
+
+    #[test]
+    fn body_is_the_same_json_for_every_target() {
+        let body = chat_body("m", true, 64, 3);
+        let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(value["max_tokens"], 64);
+        assert_eq!(value["stream"], true);
+        assert_eq!(
+            value["messages"][0]["content"],
+            "w0-a-b-c w1-a-b-c w2-a-b-c"
+        );
+        assert_eq!(value["stream_options"]["include_usage"], true);
+        let plain: serde_json::Value =
+            serde_json::from_slice(&chat_body("m", false, 64, 3)).unwrap();
+        assert!(plain.get("stream_options").is_none());
+    }
+}

@@ -1,0 +1,993 @@
+//! canarygate-bench: the load generator of `bench/run.sh`.
+//!
+//! It drives already running OpenAI-compatible endpoints (`--target
+//! NAME=URL`) with the same chat request over HTTP/1.1 keep-alive connections
+//! and reports, per target and mode (non-streaming, streaming):
+//! - saturation throughput: `concurrency` connections sending back to back
+//!   for `seconds` (after a short warm-up), with the CPU time (user + system)
+//!   the target's process tree (`pid=`) and the upstream (`--upstream-pid`)
+//!   spent per request, from `/proc`;
+//! - latency at a fixed open-loop rate below every target's saturation
+//!   (requests leave on schedule whatever earlier ones are doing; latency
+//!   counts from the scheduled time), p50/p99, and the latency *added* over
+//!   the baseline target (the upstream itself) in the same round.
+//!
+//! Each round measures every target once per mode, in an order that changes
+//! from round to round (rotated, and reversed every other round). Reported
+//! numbers are medians over the rounds; ratios and added latency are computed
+//! within each round and their median taken. Every answer is checked: 2xx and
+//! complete (a JSON object, or a stream ending in `data: [DONE]`); before
+//! measuring, one answer per target and mode is parsed in full.
+//!
+//! `bench/run.sh` starts the servers (sim provider, nginx, canarygate, LiteLLM)
+//! and calls this; see `--help` for the knobs, each also an environment
+//! variable.
+
+mod load;
+mod procstat;
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use clap::Parser;
+use serde_json::{Value, json};
+
+use load::{Answer, Endpoint, Latency, Throughput};
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    about = "Load generator for OpenAI-compatible chat endpoints (bench/run.sh)",
+    long_about = None
+)]
+struct Args {
+    /// A target: `NAME=URL[,pid=PID][,concurrency=N][,slow]`. URL is the API
+    /// base (e.g. `http://127.0.0.1:8080/v1`); requests go to
+    /// `URL/chat/completions`. PID: the process whose tree's CPU time is
+    /// counted as the target's. `slow`: left out of the high-rate latency
+    /// phase. Repeat for each target.
+    #[arg(long = "target", required = true)]
+    targets: Vec<String>,
+
+    /// The target others are compared to for added latency (default: the first).
+    #[arg(long)]
+    baseline: Option<String>,
+
+    /// Targets every other target is also compared to (throughput and CPU
+    /// ratios), e.g. `--reference nginx --reference litellm`.
+    #[arg(long = "reference")]
+    references: Vec<String>,
+
+    /// PID of the upstream (simulated provider), whose CPU per request is reported.
+    #[arg(long)]
+    upstream_pid: Option<u32>,
+
+    /// Length of each measured saturation phase, seconds.
+    #[arg(long, env = "CANARYGATE_BENCH_SECONDS", default_value_t = 3.0)]
+    seconds: f64,
+
+    /// Length of each fixed-rate latency phase, seconds (default: `seconds`,
+    /// and long enough for 200 requests, at most 10 s).
+    #[arg(long, env = "CANARYGATE_BENCH_LATENCY_SECONDS")]
+    latency_seconds: Option<f64>,
+
+    /// Rounds; medians are taken over them.
+    #[arg(long, env = "CANARYGATE_BENCH_ROUNDS", default_value_t = 3)]
+    rounds: usize,
+
+    /// Connections at saturation (a target's `concurrency=` overrides it).
+    #[arg(long, env = "CANARYGATE_BENCH_CONCURRENCY", default_value_t = 32)]
+    concurrency: usize,
+
+    /// Requests/s of the non-streaming latency phase; 0: automatic, the
+    /// largest 1-2-5 step at most `rate_fraction` of the slowest target's
+    /// saturation throughput in round 1.
+    #[arg(long, env = "CANARYGATE_BENCH_RATE", default_value_t = 0.0)]
+    rate: f64,
+
+    /// Requests/s of the streaming latency phase; 0: automatic (as `rate`).
+    #[arg(long, env = "CANARYGATE_BENCH_STREAM_RATE", default_value_t = 0.0)]
+    stream_rate: f64,
+
+    /// Requests/s of a second latency phase for the targets not marked
+    /// `slow` (when some are): 0: automatic (as `rate`, over those targets
+    /// only, with `fast_rate_fraction`); negative: no second phase.
+    #[arg(
+        long,
+        env = "CANARYGATE_BENCH_FAST_RATE",
+        default_value_t = 0.0,
+        allow_hyphen_values = true
+    )]
+    fast_rate: f64,
+
+    /// Fraction of the slowest saturation throughput an automatic rate may reach.
+    #[arg(long, env = "CANARYGATE_BENCH_RATE_FRACTION", default_value_t = 0.5)]
+    rate_fraction: f64,
+
+    /// Fraction of the slowest saturation throughput (targets not marked
+    /// `slow`) an automatic fast rate may reach. Lower than `rate_fraction`:
+    /// the load generator, the upstream and the target share the machine.
+    #[arg(
+        long,
+        env = "CANARYGATE_BENCH_FAST_RATE_FRACTION",
+        default_value_t = 0.25
+    )]
+    fast_rate_fraction: f64,
+
+    /// Modes to run: `non-stream`, `stream`, or both (comma-separated).
+    #[arg(
+        long,
+        env = "CANARYGATE_BENCH_MODES",
+        default_value = "non-stream,stream",
+        value_delimiter = ','
+    )]
+    modes: Vec<String>,
+
+    /// `max_tokens` of every request: the length of every answer in tokens.
+    #[arg(long, env = "CANARYGATE_BENCH_MAX_TOKENS", default_value_t = 64)]
+    max_tokens: u64,
+
+    /// Words in the user message (each 7 tokens).
+    #[arg(long, env = "CANARYGATE_BENCH_PROMPT_WORDS", default_value_t = 96)]
+    prompt_words: usize,
+
+    /// `model` of every request.
+    #[arg(long, default_value = "bench-model")]
+    model: String,
+
+    /// Bearer token sent to every target.
+    #[arg(long, env = "CANARYGATE_BENCH_API_KEY", default_value = "sk-bench")]
+    api_key: String,
+
+    /// Load generator threads (1: it takes at most one core).
+    #[arg(long, env = "CANARYGATE_BENCH_CLIENT_THREADS", default_value_t = 1)]
+    client_threads: usize,
+
+    /// How long to wait for every target to answer correctly before starting.
+    #[arg(long, default_value_t = 120.0)]
+    ready_timeout: f64,
+
+    /// Write every measurement, the medians and ratios to this JSON file.
+    #[arg(long)]
+    json: Option<std::path::PathBuf>,
+
+    /// Free text about the setup, copied into the JSON and the report.
+    #[arg(long, default_value = "")]
+    note: String,
+}
+
+/// One target from `--target`.
+#[derive(Debug, Clone)]
+struct Target {
+    name: String,
+    url: String,
+    addr: SocketAddr,
+    host: String,
+    path: String,
+    pid: Option<u32>,
+    concurrency: Option<usize>,
+    /// Left out of the high-rate latency phase (see `--fast-rate`).
+    slow: bool,
+}
+
+impl Target {
+    fn parse(spec: &str) -> Result<Self, String> {
+        let (name, rest) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("{spec}: expected NAME=URL[,pid=PID][,concurrency=N][,slow]"))?;
+        let mut parts = rest.split(',');
+        let url = parts.next().unwrap_or_default().to_owned();
+        let mut pid = None;
+        let mut concurrency = None;
+        let mut slow = false;
+        for part in parts {
+            if part == "slow" {
+                slow = true;
+                continue;
+            }
+            match part.split_once('=') {
+                Some(("pid", value)) => {
+                    pid = Some(value.parse().map_err(|e| format!("{spec}: pid: {e}"))?)
+                }
+                Some(("concurrency", value)) => {
+                    concurrency = Some(
+                        value
+                            .parse()
+                            .map_err(|e| format!("{spec}: concurrency: {e}"))?,
+                    )
+                }
+                _ => return Err(format!("{spec}: unknown option {part}")),
+            }
+        }
+        let without_scheme = url
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("{spec}: only http:// URLs"))?;
+        let (host, base) = match without_scheme.find('/') {
+            Some(index) => without_scheme.split_at(index),
+            None => (without_scheme, ""),
+        };
+        let base = base.trim_end_matches('/');
+        let path = if base.ends_with("/chat/completions") {
+            base.to_owned()
+        } else {
+            format!("{base}/chat/completions")
+        };
+        let addr = host
+            .to_socket_addrs()
+            .map_err(|e| format!("{spec}: {host}: {e}"))?
+            .next()
+            .ok_or_else(|| format!("{spec}: {host} resolves to nothing"))?;
+        let host = host.to_owned();
+        Ok(Self {
+            name: name.to_owned(),
+            url,
+            addr,
+            host,
+            path,
+            pid,
+            concurrency,
+            slow,
+        })
+    }
+
+    fn endpoint(&self, args: &Args, stream: bool) -> Endpoint {
+        Endpoint {
+            addr: self.addr,
+            host: self.host.clone(),
+            path: self.path.clone(),
+            authorization: format!("Bearer {}", args.api_key),
+            body: load::chat_body(&args.model, stream, args.max_tokens, args.prompt_words),
+            stream,
+        }
+    }
+}
+
+/// One target measured once in one mode.
+#[derive(Debug, Clone, Copy, Default)]
+struct Measurement {
+    throughput: Throughput,
+    latency: Latency,
+    /// Latency at the fast rate (targets not marked `slow`; default otherwise).
+    fast_latency: Latency,
+    /// CPU of the target's process tree per request at saturation, µs (NaN without pid).
+    target_cpu_us: f64,
+    /// CPU of the upstream per request at saturation, µs (NaN without pid).
+    upstream_cpu_us: f64,
+    /// CPU of the load generator per request at saturation, µs.
+    client_cpu_us: f64,
+}
+
+impl Measurement {
+    fn to_json(self) -> Value {
+        let t = self.throughput;
+        let latency = |l: Latency| {
+            json!({
+                "requests": l.requests, "errors": l.errors, "achieved_rps": l.achieved,
+                "p50_us": finite(l.p50_us), "p90_us": finite(l.p90_us),
+                "p99_us": finite(l.p99_us), "max_us": finite(l.max_us),
+            })
+        };
+        json!({
+            "rps": t.rps, "requests": t.requests, "errors": t.errors,
+            "resp_bytes": t.bytes, "resp_events": t.events,
+            "target_cpu_us_per_req": finite(self.target_cpu_us),
+            "upstream_cpu_us_per_req": finite(self.upstream_cpu_us),
+            "client_cpu_us_per_req": self.client_cpu_us,
+            "latency": latency(self.latency),
+            "fast_latency": if self.fast_latency.requests + self.fast_latency.errors > 0 {
+                latency(self.fast_latency)
+            } else {
+                Value::Null
+            },
+        })
+    }
+}
+
+fn finite(value: f64) -> Value {
+    if value.is_finite() {
+        json!(value)
+    } else {
+        Value::Null
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.retain(|v| v.is_finite());
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 {
+        values[mid]
+    } else {
+        (values[mid - 1] + values[mid]) / 2.0
+    }
+}
+
+/// Largest 1-2-5 step (…, 10, 20, 50, 100, …) not above `x` (at least 1).
+fn nice_floor(x: f64) -> f64 {
+    if !(x.is_finite() && x >= 1.0) {
+        return 1.0;
+    }
+    let decade = 10f64.powf(x.log10().floor());
+    for step in [5.0, 2.0, 1.0] {
+        if step * decade <= x * (1.0 + 1e-9) {
+            return step * decade;
+        }
+    }
+    decade
+}
+
+/// The order of the targets in `round`: rotated by the round, reversed every
+/// other round, so that no target is always measured first or right after
+/// the same neighbour.
+fn order(count: usize, round: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..count).map(|i| (i + round) % count).collect();
+    if round % 2 == 1 {
+        order.reverse();
+    }
+    order
+}
+
+/// All rounds of one mode: `rounds[round][target]`.
+struct ModeRuns {
+    label: &'static str,
+    stream: bool,
+    rate: f64,
+    latency_seconds: f64,
+    /// Rate of the second latency phase (0: none).
+    fast_rate: f64,
+    rounds: Vec<Vec<Measurement>>,
+    answers: Vec<Answer>,
+}
+
+impl ModeRuns {
+    fn per_round(&self, f: impl Fn(&[Measurement]) -> f64) -> f64 {
+        median(self.rounds.iter().map(|round| f(round)).collect())
+    }
+
+    fn med(&self, target: usize, f: impl Fn(&Measurement) -> f64) -> f64 {
+        self.per_round(|round| f(&round[target]))
+    }
+}
+
+fn fmt(value: f64, decimals: usize) -> String {
+    if value.is_finite() {
+        format!("{value:.decimals$}")
+    } else {
+        "-".to_owned()
+    }
+}
+
+fn machine() -> Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|line| line.strip_prefix("model name"))
+        .and_then(|rest| rest.split_once(':'))
+        .map(|(_, name)| name.trim().to_owned());
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_kib: Option<u64> = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|kib| kib.parse().ok());
+    json!({
+        "cpus": std::thread::available_parallelism().map_or(0, |n| n.get()),
+        "cpu_model": model,
+        "mem_gib": mem_kib.map(|kib| (kib as f64 / 1048576.0 * 10.0).round() / 10.0),
+        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|s| s.trim().to_owned()),
+    })
+}
+
+struct Bench {
+    args: Args,
+    targets: Vec<Target>,
+    baseline: usize,
+    references: Vec<usize>,
+}
+
+impl Bench {
+    fn concurrency(&self, target: usize) -> usize {
+        self.targets[target]
+            .concurrency
+            .unwrap_or(self.args.concurrency)
+    }
+
+    async fn saturation(&self, target: usize, stream: bool) -> Measurement {
+        let t = &self.targets[target];
+        let endpoint = t.endpoint(&self.args, stream);
+        let concurrency = self.concurrency(target);
+        let warmup = Duration::from_secs_f64((self.args.seconds / 4.0).clamp(0.2, 1.0));
+        load::saturate(&endpoint, concurrency, warmup).await;
+        let cpu = |pid: Option<u32>| pid.map(procstat::tree_cpu);
+        let before = (
+            cpu(t.pid),
+            cpu(self.args.upstream_pid),
+            procstat::self_cpu(),
+        );
+        let throughput = load::saturate(
+            &endpoint,
+            concurrency,
+            Duration::from_secs_f64(self.args.seconds),
+        )
+        .await;
+        let after = (
+            cpu(t.pid),
+            cpu(self.args.upstream_pid),
+            procstat::self_cpu(),
+        );
+        let per_request = |b: Option<Duration>, a: Option<Duration>| match (b, a) {
+            (Some(b), Some(a)) => {
+                a.saturating_sub(b).as_secs_f64() * 1e6 / throughput.requests.max(1) as f64
+            }
+            _ => f64::NAN,
+        };
+        Measurement {
+            throughput,
+            target_cpu_us: per_request(before.0, after.0),
+            upstream_cpu_us: per_request(before.1, after.1),
+            client_cpu_us: per_request(Some(before.2), Some(after.2)),
+            latency: Latency::default(),
+            fast_latency: Latency::default(),
+        }
+    }
+
+    fn print_round_line(&self, mode: &ModeRuns, target: usize, m: &Measurement) {
+        let t = m.throughput;
+        let l = m.latency;
+        let f = m.fast_latency;
+        let fast = if f.requests + f.errors > 0 {
+            format!(
+                " | at {:.0}/s: p50 {:.0} µs p99 {:.0} µs ({} ok, {} err)",
+                mode.fast_rate, f.p50_us, f.p99_us, f.requests, f.errors
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "  {:<10} {:<24} {:>6.0} req/s ({} ok, {} err, c={}) | cpu/req target {:>5} µs upstream {:>4} µs client {:>4} µs | {:.0} B, {:.1} events | at {:.0}/s: p50 {:.0} µs p99 {:.0} µs ({} ok, {} err){fast}",
+            mode.label,
+            self.targets[target].name,
+            t.rps,
+            t.requests,
+            t.errors,
+            self.concurrency(target),
+            fmt(m.target_cpu_us, 0),
+            fmt(m.upstream_cpu_us, 0),
+            fmt(m.client_cpu_us, 0),
+            t.bytes,
+            t.events,
+            mode.rate,
+            l.p50_us,
+            l.p99_us,
+            l.requests,
+            l.errors,
+        );
+    }
+
+    async fn check_all(&self, modes: &[(&'static str, bool)]) -> Result<Vec<Vec<Answer>>, String> {
+        let timeout = Duration::from_secs_f64(self.args.ready_timeout);
+        let mut all = Vec::new();
+        for &(label, stream) in modes {
+            let mut answers = Vec::new();
+            for t in &self.targets {
+                let answer = load::wait_ready(&t.endpoint(&self.args, stream), timeout)
+                    .await
+                    .map_err(|e| format!("{} ({label}) at {}: {e}", t.name, t.url))?;
+                println!(
+                    "  check {label:<10} {:<22} {} B, {} events, {} text events, {} chars, completion_tokens {}, finish {}",
+                    t.name,
+                    answer.bytes,
+                    answer.events,
+                    answer.content_events,
+                    answer.content_chars,
+                    answer
+                        .completion_tokens
+                        .map_or("-".to_owned(), |n| n.to_string()),
+                    answer.finish_reason.as_deref().unwrap_or("-"),
+                );
+                answers.push(answer);
+            }
+            all.push(answers);
+        }
+        Ok(all)
+    }
+
+    async fn run(&self) -> Result<Vec<ModeRuns>, String> {
+        let args = &self.args;
+        let mut modes = Vec::new();
+        for mode in &args.modes {
+            match mode.trim() {
+                "non-stream" => modes.push(("non-stream", false)),
+                "stream" => modes.push(("stream", true)),
+                other => return Err(format!("unknown mode {other}")),
+            }
+        }
+        println!(
+            "checking every target answers (up to {:.0} s):",
+            args.ready_timeout
+        );
+        let answers = self.check_all(&modes).await?;
+        for t in &self.targets {
+            println!(
+                "  {:<24} {} (pid {}, {} process(es) now)",
+                t.name,
+                t.url,
+                t.pid.map_or("-".to_owned(), |p| p.to_string()),
+                t.pid.map_or(0, procstat::tree_size),
+            );
+        }
+        // One unmeasured pass first: lazy initialisation (LiteLLM imports
+        // modules on first use), connection pools, page cache.
+        let warmup = Duration::from_secs_f64((args.seconds * 0.67).clamp(1.0, 2.0));
+        println!(
+            "warming up ({:.1} s per target and mode)",
+            warmup.as_secs_f64()
+        );
+        for &(_, stream) in &modes {
+            for (i, t) in self.targets.iter().enumerate() {
+                load::saturate(&t.endpoint(args, stream), self.concurrency(i), warmup).await;
+            }
+        }
+        let has_slow = self.targets.iter().any(|t| t.slow);
+        let mut runs: Vec<ModeRuns> = modes
+            .iter()
+            .zip(answers)
+            .map(|(&(label, stream), answers)| ModeRuns {
+                label,
+                stream,
+                rate: if stream { args.stream_rate } else { args.rate },
+                latency_seconds: 0.0,
+                fast_rate: if has_slow { args.fast_rate } else { -1.0 },
+                rounds: Vec::new(),
+                answers,
+            })
+            .collect();
+        for round in 0..args.rounds {
+            let order = order(self.targets.len(), round);
+            let names: Vec<&str> = order
+                .iter()
+                .map(|&i| self.targets[i].name.as_str())
+                .collect();
+            println!("round {} (order: {})", round + 1, names.join(", "));
+            for mode in &mut runs {
+                let mut measured = vec![Measurement::default(); self.targets.len()];
+                for &target in &order {
+                    measured[target] = self.saturation(target, mode.stream).await;
+                }
+                let slowest = |fast_only: bool| {
+                    measured
+                        .iter()
+                        .zip(&self.targets)
+                        .filter(|(_, t)| !(fast_only && t.slow))
+                        .map(|(m, _)| m.throughput.rps)
+                        .filter(|rps| *rps > 0.0)
+                        .fold(f64::INFINITY, f64::min)
+                };
+                if mode.rate <= 0.0 {
+                    mode.rate = nice_floor(slowest(false) * args.rate_fraction);
+                    println!(
+                        "  {} latency rate: {:.0} req/s ({} of the slowest saturation, {:.0} req/s)",
+                        mode.label,
+                        mode.rate,
+                        args.rate_fraction,
+                        slowest(false)
+                    );
+                }
+                if mode.fast_rate == 0.0 {
+                    mode.fast_rate = nice_floor(slowest(true) * args.fast_rate_fraction);
+                    println!(
+                        "  {} high latency rate: {:.0} req/s ({} of the slowest saturation without the slow targets, {:.0} req/s)",
+                        mode.label,
+                        mode.fast_rate,
+                        args.fast_rate_fraction,
+                        slowest(true)
+                    );
+                }
+                if mode.latency_seconds == 0.0 {
+                    mode.latency_seconds = args
+                        .latency_seconds
+                        .unwrap_or_else(|| args.seconds.max((200.0 / mode.rate).min(10.0)));
+                }
+                let fast_seconds = args.latency_seconds.unwrap_or(args.seconds);
+                for &target in &order {
+                    // Let the servers settle after saturation.
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    let endpoint = self.targets[target].endpoint(args, mode.stream);
+                    measured[target].latency = load::fixed_rate(
+                        &endpoint,
+                        mode.rate,
+                        Duration::from_secs_f64(mode.latency_seconds),
+                    )
+                    .await;
+                    if mode.fast_rate > 0.0 && !self.targets[target].slow {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        measured[target].fast_latency = load::fixed_rate(
+                            &endpoint,
+                            mode.fast_rate,
+                            Duration::from_secs_f64(fast_seconds),
+                        )
+                        .await;
+                    }
+                }
+                for &target in &order {
+                    self.print_round_line(mode, target, &measured[target]);
+                }
+                mode.rounds.push(measured);
+            }
+        }
+        Ok(runs)
+    }
+
+    fn report(&self, runs: &[ModeRuns]) -> (String, Value) {
+        let args = &self.args;
+        let base = self.baseline;
+        let base_name = &self.targets[base].name;
+        let mut out = String::new();
+        let mut line = |text: String| {
+            out.push_str(&text);
+            out.push('\n');
+        };
+        line(format!(
+            "Medians of {} round(s). Saturation: {} connections (unless noted) for {:.1} s, CPU per request of the target's process tree. Latency: open loop at the rate shown, added = target - {base_name} in the same round. Every answer {} tokens ({} prompt words).",
+            args.rounds, args.concurrency, args.seconds, args.max_tokens, args.prompt_words
+        ));
+        line(String::new());
+        line(format!(
+            "| mode | target | req/s | ÷ {base_name} | CPU µs/req | latency at | p50 µs | p99 µs | added p50 µs | added p99 µs | errors |"
+        ));
+        line("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|".to_owned());
+        let mut medians = serde_json::Map::new();
+        let mut fast_rows = Vec::new();
+        for run in runs {
+            let mut mode_json = serde_json::Map::new();
+            for (i, t) in self.targets.iter().enumerate() {
+                let is_base = i == base;
+                let unless_base = |value: f64, decimals: usize| {
+                    if is_base {
+                        "-".to_owned()
+                    } else {
+                        fmt(value, decimals)
+                    }
+                };
+                let rps = run.med(i, |m| m.throughput.rps);
+                let ratio = run.per_round(|r| r[i].throughput.rps / r[base].throughput.rps);
+                let added = |f: fn(&Latency) -> f64, fast: bool| {
+                    run.per_round(|r| {
+                        let pick = |m: &Measurement| if fast { m.fast_latency } else { m.latency };
+                        f(&pick(&r[i])) - f(&pick(&r[base]))
+                    })
+                };
+                let p50 = run.med(i, |m| m.latency.p50_us);
+                let p99 = run.med(i, |m| m.latency.p99_us);
+                let added_p50 = added(|l| l.p50_us, false);
+                let added_p99 = added(|l| l.p99_us, false);
+                let cpu = run.med(i, |m| m.target_cpu_us);
+                let errors: u64 = run
+                    .rounds
+                    .iter()
+                    .map(|r| {
+                        r[i].throughput.errors + r[i].latency.errors + r[i].fast_latency.errors
+                    })
+                    .sum();
+                let concurrency = match t.concurrency {
+                    Some(c) if c != args.concurrency => format!(" (c={c})"),
+                    _ => String::new(),
+                };
+                line(format!(
+                    "| {} | {}{concurrency} | {:.0} | {} | {} | {:.0}/s | {:.0} | {:.0} | {} | {} | {errors} |",
+                    run.label,
+                    t.name,
+                    rps,
+                    unless_base(ratio, 2),
+                    fmt(cpu, 0),
+                    run.rate,
+                    p50,
+                    p99,
+                    unless_base(added_p50, 0),
+                    unless_base(added_p99, 0),
+                ));
+                let mut fast_json = Value::Null;
+                if run.fast_rate > 0.0 && !t.slow {
+                    let p50 = run.med(i, |m| m.fast_latency.p50_us);
+                    let p99 = run.med(i, |m| m.fast_latency.p99_us);
+                    let added_p50 = added(|l| l.p50_us, true);
+                    let added_p99 = added(|l| l.p99_us, true);
+                    fast_rows.push(format!(
+                        "| {} | {} | {:.0}/s | {:.0} | {:.0} | {} | {} |",
+                        run.label,
+                        t.name,
+                        run.fast_rate,
+                        p50,
+                        p99,
+                        unless_base(added_p50, 0),
+                        unless_base(added_p99, 0),
+                    ));
+                    fast_json = json!({
+                        "rate": run.fast_rate,
+                        "p50_us": finite(p50),
+                        "p99_us": finite(p99),
+                        "added_p50_us": if is_base { Value::Null } else { finite(added_p50) },
+                        "added_p99_us": if is_base { Value::Null } else { finite(added_p99) },
+                    });
+                }
+                mode_json.insert(
+                    t.name.clone(),
+                    json!({
+                        "rps": rps,
+                        "rps_ratio_to_baseline": finite(ratio),
+                        "latency_rate": run.rate,
+                        "p50_us": finite(p50),
+                        "p99_us": finite(p99),
+                        "added_p50_us": if is_base { Value::Null } else { finite(added_p50) },
+                        "added_p99_us": if is_base { Value::Null } else { finite(added_p99) },
+                        "fast_latency": fast_json,
+                        "target_cpu_us_per_req": finite(cpu),
+                        "upstream_cpu_us_per_req": finite(run.med(i, |m| m.upstream_cpu_us)),
+                        "client_cpu_us_per_req": finite(run.med(i, |m| m.client_cpu_us)),
+                        "resp_bytes": run.med(i, |m| m.throughput.bytes),
+                        "resp_events": run.med(i, |m| m.throughput.events),
+                        "errors": errors,
+                        "concurrency": self.concurrency(i),
+                    }),
+                );
+            }
+            medians.insert(run.label.to_owned(), Value::Object(mode_json));
+        }
+        if !fast_rows.is_empty() {
+            let slow: Vec<&str> = self
+                .targets
+                .iter()
+                .filter(|t| t.slow)
+                .map(|t| t.name.as_str())
+                .collect();
+            line(String::new());
+            line(format!(
+                "Latency at a higher rate, below the saturation of every target but {}:",
+                slow.join(", ")
+            ));
+            line(String::new());
+            line(
+                "| mode | target | rate | p50 µs | p99 µs | added p50 µs | added p99 µs |"
+                    .to_owned(),
+            );
+            line("|---|---|---:|---:|---:|---:|---:|".to_owned());
+            for row in fast_rows {
+                line(row);
+            }
+        }
+
+        let mut ratios = serde_json::Map::new();
+        if !self.references.is_empty() {
+            line(String::new());
+            let mut header = "| mode | target |".to_owned();
+            let mut rule = "|---|---|".to_owned();
+            for &r in &self.references {
+                header.push_str(&format!(" req/s ÷ {} |", self.targets[r].name));
+                rule.push_str("---:|");
+            }
+            for &r in &self.references {
+                header.push_str(&format!(" CPU/req ÷ {} |", self.targets[r].name));
+                rule.push_str("---:|");
+            }
+            line(header);
+            line(rule);
+            for run in runs {
+                let mut mode_json = serde_json::Map::new();
+                for (i, t) in self.targets.iter().enumerate() {
+                    if i == base || self.references.contains(&i) {
+                        continue;
+                    }
+                    let mut row = format!("| {} | {} |", run.label, t.name);
+                    let mut target_json = serde_json::Map::new();
+                    for &r in &self.references {
+                        let value = run.per_round(|x| x[i].throughput.rps / x[r].throughput.rps);
+                        row.push_str(&format!(" {} |", fmt(value, 2)));
+                        target_json
+                            .insert(format!("rps_vs_{}", self.targets[r].name), finite(value));
+                    }
+                    for &r in &self.references {
+                        let value = run.per_round(|x| x[i].target_cpu_us / x[r].target_cpu_us);
+                        row.push_str(&format!(" {} |", fmt(value, 2)));
+                        target_json.insert(
+                            format!("cpu_per_req_vs_{}", self.targets[r].name),
+                            finite(value),
+                        );
+                    }
+                    line(row);
+                    mode_json.insert(t.name.clone(), Value::Object(target_json));
+                }
+                ratios.insert(run.label.to_owned(), Value::Object(mode_json));
+            }
+        }
+
+        let errors: u64 = runs
+            .iter()
+            .flat_map(|run| run.rounds.iter().flatten())
+            .map(|m| m.throughput.errors + m.latency.errors)
+            .sum();
+        if errors > 0 {
+            line(String::new());
+            line(format!(
+                "warning: {errors} failed request(s) in all; see the per-round lines"
+            ));
+        }
+
+        let json = json!({
+            "settings": {
+                "seconds": args.seconds,
+                "rounds": args.rounds,
+                "concurrency": args.concurrency,
+                "rate_fraction": args.rate_fraction,
+                "fast_rate_fraction": args.fast_rate_fraction,
+                "max_tokens": args.max_tokens,
+                "prompt_words": args.prompt_words,
+                "client_threads": args.client_threads,
+                "baseline": base_name,
+            },
+            "note": args.note,
+            "machine": machine(),
+            "targets": self.targets.iter().enumerate().map(|(i, t)| json!({
+                "name": t.name, "url": t.url, "pid": t.pid, "concurrency": self.concurrency(i),
+            })).collect::<Vec<_>>(),
+            "modes": runs.iter().map(|run| json!({
+                "mode": run.label,
+                "latency_rate": run.rate,
+                "latency_seconds": run.latency_seconds,
+                "fast_latency_rate": if run.fast_rate > 0.0 { json!(run.fast_rate) } else { Value::Null },
+                "checks": self.targets.iter().zip(&run.answers).map(|(t, a)| (t.name.clone(), json!({
+                    "bytes": a.bytes, "events": a.events, "content_events": a.content_events,
+                    "content_chars": a.content_chars, "completion_tokens": a.completion_tokens,
+                    "finish_reason": a.finish_reason,
+                }))).collect::<serde_json::Map<_, _>>(),
+                "rounds": run.rounds.iter().enumerate().map(|(round, measured)| json!({
+                    "order": order(self.targets.len(), round).iter().map(|&i| self.targets[i].name.clone()).collect::<Vec<_>>(),
+                    "measurements": self.targets.iter().zip(measured).map(|(t, m)| (t.name.clone(), m.to_json())).collect::<serde_json::Map<_, _>>(),
+                })).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+            "medians": medians,
+            "ratios": ratios,
+            "errors": errors,
+        });
+        (out, json)
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    if let Err(error) = run(args) {
+        eprintln!("canarygate-bench: {error}");
+        std::process::exit(1);
+    }
+}
+
+fn run(args: Args) -> Result<(), String> {
+    if args.seconds.is_nan() || args.seconds <= 0.0 || args.rounds == 0 || args.concurrency == 0 {
+        return Err("seconds, rounds and concurrency must be > 0".to_owned());
+    }
+    let targets = args
+        .targets
+        .iter()
+        .map(|spec| Target::parse(spec))
+        .collect::<Result<Vec<_>, _>>()?;
+    let index_of = |name: &str| {
+        targets
+            .iter()
+            .position(|t| t.name == name)
+            .ok_or_else(|| format!("no target named {name}"))
+    };
+    let mut seen = BTreeMap::new();
+    for t in &targets {
+        if seen.insert(t.name.as_str(), ()).is_some() {
+            return Err(format!("two targets named {}", t.name));
+        }
+    }
+    let baseline = match &args.baseline {
+        Some(name) => index_of(name)?,
+        None => 0,
+    };
+    let references = args
+        .references
+        .iter()
+        .map(|name| index_of(name))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    println!(
+        "canarygate-bench: {} target(s), {} round(s), {:.1} s saturation phases with {} connections, {} client thread(s), {} cpus",
+        targets.len(),
+        args.rounds,
+        args.seconds,
+        args.concurrency,
+        args.client_threads,
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+    );
+    let bench = Bench {
+        args: args.clone(),
+        targets,
+        baseline,
+        references,
+    };
+    let runtime = if args.client_threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.client_threads)
+            .enable_all()
+            .build()
+    }
+    .map_err(|e| format!("runtime: {e}"))?;
+    let runs = runtime.block_on(bench.run())?;
+    drop(runtime);
+
+    let (table, json) = bench.report(&runs);
+    println!();
+    if !args.note.is_empty() {
+        println!("{}", args.note);
+        println!();
+    }
+    print!("{table}");
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&json).expect("json");
+        std::fs::write(path, text + "\n").map_err(|e| format!("{}: {e}", path.display()))?;
+        println!();
+        println!("results: {}", path.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_parse() {
+        let t = Target::parse("nginx=http://127.0.0.1:8080/v1,pid=42,concurrency=8").unwrap();
+        assert_eq!(t.name, "nginx");
+        assert_eq!(t.addr, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(t.path, "/v1/chat/completions");
+        assert_eq!(t.pid, Some(42));
+        assert_eq!(t.concurrency, Some(8));
+        let t = Target::parse("direct=http://127.0.0.1:9000/").unwrap();
+        assert_eq!(t.path, "/chat/completions");
+        assert_eq!(t.pid, None);
+        let t = Target::parse("x=http://127.0.0.1:1/v1/chat/completions").unwrap();
+        assert_eq!(t.path, "/v1/chat/completions");
+        assert!(Target::parse("https=https://127.0.0.1:1/v1").is_err());
+        assert!(Target::parse("no-url").is_err());
+        assert!(Target::parse("x=http://127.0.0.1:1/v1,cpu=3").is_err());
+    }
+
+    #[test]
+    fn nice_steps() {
+        assert_eq!(nice_floor(75.0), 50.0);
+        assert_eq!(nice_floor(50.0), 50.0);
+        assert_eq!(nice_floor(49.0), 20.0);
+        assert_eq!(nice_floor(1234.0), 1000.0);
+        assert_eq!(nice_floor(9.9), 5.0);
+        assert_eq!(nice_floor(0.2), 1.0);
+        assert_eq!(nice_floor(f64::INFINITY), 1.0);
+    }
+
+    #[test]
+    fn orders_rotate_and_alternate() {
+        assert_eq!(order(3, 0), vec![0, 1, 2]);
+        assert_eq!(order(3, 1), vec![0, 2, 1]);
+        assert_eq!(order(3, 2), vec![2, 0, 1]);
+        for round in 0..6 {
+            let mut o = order(5, round);
+            o.sort();
+            assert_eq!(o, vec![0, 1, 2, 3, 4]);
+        }
+    }
+
+    #[test]
+    fn medians_skip_nan() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![4.0, 1.0, f64::NAN, 2.0, 3.0]), 2.5);
+        assert!(median(vec![f64::NAN]).is_nan());
+    }
+}
