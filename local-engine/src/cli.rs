@@ -6,6 +6,7 @@ use std::sync::Arc;
 use clap::{Args, Subcommand};
 use serde_json::json;
 
+use crate::tiny::TinyTokenizer;
 use crate::{
     DeviceKind, Engine, EngineConfig, EngineHandle, Event, GenerationRequest, SamplingParams,
     TinyModel, write_tiny_model,
@@ -58,6 +59,12 @@ pub enum EngineCommand {
         /// Seed of the weights.
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Context window written to config.json (max_position_embeddings).
+        #[arg(long, default_value_t = 512)]
+        context: usize,
+        /// Word-level tokenizer (about one token per word) instead of one token per byte.
+        #[arg(long)]
+        word_tokenizer: bool,
     },
 }
 
@@ -113,11 +120,22 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Runs one `canarygate engine` subcommand.
 pub fn run(command: EngineCommand) -> Result<(), BoxError> {
     match command {
-        EngineCommand::InitTiny { dir, seed } => {
+        EngineCommand::InitTiny {
+            dir,
+            seed,
+            context,
+            word_tokenizer,
+        } => {
             write_tiny_model(
                 &dir,
                 &TinyModel {
                     seed,
+                    max_position_embeddings: context,
+                    tokenizer: if word_tokenizer {
+                        TinyTokenizer::Words
+                    } else {
+                        TinyTokenizer::Bytes
+                    },
                     ..TinyModel::default()
                 },
             )?;

@@ -42,7 +42,7 @@ pub use engine::{
 pub use sampling::SamplingParams;
 pub use server::serve;
 pub use text::{ChatMessage, ChatTemplate};
-pub use tiny::{TinyModel, write_tiny_model};
+pub use tiny::{TinyModel, TinyTokenizer, write_tiny_model};
 
 /// Why a request was not admitted. Nothing was allocated or queued for it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -39,6 +39,19 @@ pub struct TinyModel {
     pub tie_word_embeddings: bool,
     /// Seed of the weights.
     pub seed: u64,
+    /// Tokenizer kind.
+    pub tokenizer: TinyTokenizer,
+}
+
+/// The tokenizer written with a tiny model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum TinyTokenizer {
+    /// Byte-level BPE without merges: one token per byte of text.
+    #[default]
+    Bytes,
+    /// Word level over 255 English words (anything else is `<unk>`): about
+    /// one token per word, so long prompts stay cheap for demos.
+    Words,
 }
 
 impl Default for TinyModel {
@@ -56,6 +69,7 @@ impl Default for TinyModel {
             llama3_rope_scaling: false,
             tie_word_embeddings: false,
             seed: 0,
+            tokenizer: TinyTokenizer::Bytes,
         }
     }
 }
@@ -95,7 +109,11 @@ pub fn write_tiny_model(dir: &Path, spec: &TinyModel) -> Result<(), EngineError>
     std::fs::write(dir.join("config.json"), config_json(s).to_string()).map_err(io)?;
     std::fs::write(
         dir.join("tokenizer.json"),
-        tokenizer_json(s.vocab_size).to_string(),
+        match s.tokenizer {
+            TinyTokenizer::Bytes => tokenizer_json(s.vocab_size),
+            TinyTokenizer::Words => word_tokenizer_json(s.vocab_size),
+        }
+        .to_string(),
     )
     .map_err(io)?;
     let tokenizer_config = json!({
@@ -199,6 +217,46 @@ fn tokenizer_json(vocab_size: usize) -> Value {
             "ignore_merges": false, "vocab": vocab, "merges": []
         }
     })
+}
+
+/// Vocabulary of the word-level tokenizer: ids 0..255 (255 is `<unk>`).
+const WORDS: &str = "the of and to in is was for on that with as by at from it his an were are which \
+    this be has or had first one their its new after who they two her she been other when there all \
+    during into school time may years more most only over city some world would where later up such \
+    used many can state about national out known university united then made team people than film \
+    year both under him three well part between however second american game also these de house \
+    called series season we being war you through several album before became until against while \
+    last each before north south river music early long since group any government because name \
+    even number same high work four born company local them five home age did make same west best \
+    family end place our main area original like found use including because left play now great \
+    record way both life day took small what within old won so much will day led set few show \
+    following around became went based book another just own station built began take served \
+    same along times very good final line near large water still power public system open general \
+    back order town while major field being form although released third light plan report survey \
+    valley spring bridge farmer barley stone wall clear sky storm quiet again answer question model \
+    token context window memory page cache request session canary engine local proxy provider audit";
+
+fn word_tokenizer_json(vocab_size: usize) -> Value {
+    let mut vocab = serde_json::Map::new();
+    for word in WORDS.split_whitespace() {
+        if vocab.len() == 255 {
+            break;
+        }
+        if !vocab.contains_key(word) {
+            let id = vocab.len();
+            vocab.insert(word.to_owned(), json!(id));
+        }
+    }
+    while vocab.len() < 255 {
+        let id = vocab.len();
+        vocab.insert(format!("w{id}"), json!(id));
+    }
+    vocab.insert("<unk>".to_owned(), json!(255));
+    let mut tokenizer = tokenizer_json(vocab_size);
+    tokenizer["pre_tokenizer"] = json!({"type": "Whitespace"});
+    tokenizer["decoder"] = json!({"type": "WordPiece", "prefix": "##", "cleanup": true});
+    tokenizer["model"] = json!({"type": "WordLevel", "vocab": vocab, "unk_token": "<unk>"});
+    tokenizer
 }
 
 /// Deterministic uniform weights in `[-scale, scale]` (SplitMix64).

@@ -246,3 +246,56 @@ pub fn audit_export(data: &Path) -> Vec<serde_json::Value> {
         .map(|line| serde_json::from_str(line).expect("one JSON record per line"))
         .collect()
 }
+
+/// Writes a tiny random Llama model with a word-level tokenizer (about one
+/// token per word) and a `context`-token window into `dir`/`name`.
+pub fn tiny_model(dir: &Path, name: &str, context: usize) -> PathBuf {
+    let model = dir.join(name);
+    let status = Command::new(binary())
+        .args(["engine", "init-tiny", "--word-tokenizer", "--context"])
+        .arg(context.to_string())
+        .arg(&model)
+        .stderr(Stdio::null())
+        .status()
+        .expect("run engine init-tiny");
+    assert!(status.success(), "engine init-tiny failed");
+    model
+}
+
+/// Starts `canarygate engine serve` on `model` (reference answers).
+pub fn start_engine_server(model: &Path) -> Running {
+    let mut child = Command::new(binary())
+        .args(["engine", "serve", "--listen", "127.0.0.1:0", "--model"])
+        .arg(model)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn engine serve");
+    let stderr = child.stderr.take().expect("piped stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let url = loop {
+        match lines.next() {
+            Some(Ok(line)) => {
+                if let Some(url) = line.split("listening on ").nth(1) {
+                    break url.trim().to_owned();
+                }
+            }
+            other => panic!("engine serve exited before listening: {other:?}"),
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    Running { child, url }
+}
+
+/// `/sim/stats` of a simulated provider.
+pub async fn sim_stats(sim: &Running) -> serde_json::Value {
+    client()
+        .get(format!("{}/sim/stats", sim.url))
+        .send()
+        .await
+        .expect("sim stats")
+        .json()
+        .await
+        .expect("sim stats JSON")
+}

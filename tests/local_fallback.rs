@@ -1,0 +1,401 @@
+//! The local engine as fallback, end to end: each route to it (context
+//! preflight, failed verdict, unavailable provider), streamed and not, with
+//! the answer checked against the engine serving the same request directly.
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+use serde_json::{Value, json};
+
+/// Words of a prompt far longer than the routes' trusted context.
+const LONG_WORDS: usize = 700;
+
+fn long_text(subject: &str, words: usize) -> String {
+    let filler = ["the", "river", "survey", "was", "open", "in", "spring", "again"];
+    let mut text = format!("{subject}:");
+    for index in 0..words {
+        text.push(' ');
+        text.push_str(filler[index % filler.len()]);
+    }
+    text
+}
+
+/// A greedy request (so the local answer is reproducible).
+fn request(text: &str, stream: bool) -> Value {
+    json!({
+        "model": "m",
+        "stream": stream,
+        "temperature": 0,
+        "max_tokens": 12,
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}],
+    })
+}
+
+fn policy(upstream: &str, model: &Path, route_extra: &str, extra: &str) -> String {
+    format!(
+        r#"
+[limits]
+first_byte_timeout_ms = 2000
+
+[[providers]]
+name = "sim"
+base_url = "{upstream}/v1"
+context_window = 100000
+
+[[routes]]
+model = "m"
+provider = "sim"
+local_model = "tiny-local"
+{route_extra}
+
+[local]
+model_dir = "{}"
+kv_budget_mib = 32
+{extra}
+"#,
+        model.display()
+    )
+}
+
+/// What the client got.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    served_by: String,
+    reason: String,
+    content: String,
+    model: String,
+    done: bool,
+    error_code: Option<String>,
+}
+
+async fn send(url: &str, body: &Value) -> Answer {
+    let response = client()
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth("sk-local-test")
+        .json(body)
+        .send()
+        .await
+        .expect("send");
+    let status = response.status().as_u16();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let (served_by, reason) = (
+        header("x-canarygate-served-by"),
+        header("x-canarygate-local-reason"),
+    );
+    let text = response.text().await.expect("body");
+    if body["stream"] == true && status == 200 {
+        let events = sse_data(&text);
+        let model = events
+            .first()
+            .and_then(|first| serde_json::from_str::<Value>(first).ok())
+            .and_then(|chunk| chunk["model"].as_str().map(str::to_owned))
+            .unwrap_or_default();
+        let error_code = events
+            .iter()
+            .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+            .find_map(|chunk| chunk["error"]["code"].as_str().map(str::to_owned));
+        return Answer {
+            status,
+            served_by,
+            reason,
+            content: stream_content(&text),
+            model,
+            done: events.last().is_some_and(|last| last == "[DONE]"),
+            error_code,
+        };
+    }
+    let json: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Answer {
+        status,
+        served_by,
+        reason,
+        content: json["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned(),
+        model: json["model"].as_str().unwrap_or("").to_owned(),
+        done: true,
+        error_code: json["error"]["code"].as_str().map(str::to_owned),
+    }
+}
+
+/// The engine's own answer to `body`, served directly.
+async fn reference(engine: &Running, body: &Value) -> String {
+    let mut body = body.clone();
+    body["stream"] = json!(false);
+    let answer = send(&engine.url, &body).await;
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert!(!answer.content.is_empty());
+    answer.content
+}
+
+fn assert_local(answer: &Answer, reason: &str, expected: &str) {
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert_eq!(answer.served_by, "local", "{answer:?}");
+    assert_eq!(answer.reason, reason, "{answer:?}");
+    assert_eq!(answer.model, "tiny-local", "{answer:?}");
+    assert!(answer.done, "{answer:?}");
+    assert_eq!(answer.content, expected, "the local answer differs from the engine's");
+    assert!(!answer.content.contains("CG-") && !answer.content.contains("You wrote"));
+}
+
+fn records_with_route(data: &Path, route: &str) -> Vec<Value> {
+    audit_export(data)
+        .into_iter()
+        .filter(|record| record["route"] == route)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn preflight_sends_untrusted_context_to_local_before_anything_goes_upstream() {
+    let sim = start_sim(&[]);
+    let dir = ProxyDir::new();
+    let model = tiny_model(dir.dir.path(), "tiny", 4096);
+    let engine = start_engine_server(&model);
+    let policy_path = dir.policy(&policy(
+        &sim.url,
+        &model,
+        "max_context_tokens = 300",
+        "",
+    ));
+    let proxy = start_proxy_with_policy(&dir, &policy_path, &[]);
+
+    let long = request(&long_text("Harvest log of Quenby", LONG_WORDS), false);
+    let expected = reference(&engine, &long).await;
+    assert_local(&send(&proxy.url, &long).await, "untrusted_context", &expected);
+    let mut long_stream = long.clone();
+    long_stream["stream"] = json!(true);
+    assert_local(
+        &send(&proxy.url, &long_stream).await,
+        "untrusted_context",
+        &expected,
+    );
+    assert_eq!(sim_stats(&sim).await["requests"], 0, "a byte went upstream");
+
+    // Within the trusted context: the provider answers, verified.
+    let short = send(&proxy.url, &request("Name three rivers", false)).await;
+    assert_eq!(short.status, 200, "{short:?}");
+    assert_eq!(short.served_by, "upstream");
+    assert!(short.content.starts_with("You wrote:"), "{short:?}");
+    assert_eq!(sim_stats(&sim).await["requests"], 1);
+
+    let local = records_with_route(&dir.data(), "local");
+    assert_eq!(local.len(), 2, "{local:?}");
+    for record in &local {
+        assert_eq!(record["action"], "fallback", "{record}");
+        assert_eq!(record["outcome"], "complete", "{record}");
+        let check = record["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|check| check["name"] == "context_claim")
+            .expect("a context_claim check");
+        assert_eq!(check["result"], "fail");
+        assert_eq!(check["evidence"]["seen"]["limit"]["tokens"], 300);
+        assert_eq!(check["evidence"]["seen"]["limit"]["source"], "policy");
+    }
+    drop(proxy);
+
+    // `reject` answers the same request with a clean 400 instead.
+    let reject_dir = ProxyDir::new();
+    let reject_policy = reject_dir.policy(&policy(
+        &sim.url,
+        &model,
+        "max_context_tokens = 300",
+        "on_untrusted_context = \"reject\"",
+    ));
+    let proxy = start_proxy_with_policy(&reject_dir, &reject_policy, &[]);
+    let rejected = send(&proxy.url, &long).await;
+    assert_eq!(rejected.status, 400, "{rejected:?}");
+    assert_eq!(
+        rejected.error_code.as_deref(),
+        Some("context_length_exceeded")
+    );
+    assert_eq!(sim_stats(&sim).await["requests"], 1, "a byte went upstream");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failed_verdicts_are_served_locally_streamed_or_not_under_both_releases() {
+    // Prompts over the provider's KV pool get another request's stale context.
+    let sim = start_sim(&[
+        "--mode",
+        "leak-on-overflow",
+        "--context-window",
+        "4096",
+        "--pool-tokens",
+        "400",
+    ]);
+    let dir = ProxyDir::new();
+    let model = tiny_model(dir.dir.path(), "tiny", 4096);
+    let engine = start_engine_server(&model);
+
+    let mut expected_records = 0;
+    for release in ["echo-first", "verdict-first"] {
+        let data_dir = ProxyDir::new();
+        let policy_path = data_dir.policy(&policy(
+            &sim.url,
+            &model,
+            "",
+            &format!("\n[verify]\naction = \"fallback\"\nrelease = \"{release}\""),
+        ));
+        let proxy = start_proxy_with_policy(&data_dir, &policy_path, &[]);
+        // Fill the provider's pool with someone else's request first.
+        let other = send(&proxy.url, &request("Tax records of Ingleby", false)).await;
+        assert_eq!(other.served_by, "upstream", "{other:?}");
+
+        for stream in [false, true] {
+            let body = request(&long_text("Diary of Fennimore", LONG_WORDS), stream);
+            let expected = reference(&engine, &body).await;
+            let before = sim_stats(&sim).await["leaked"].as_u64().unwrap();
+            let answer = send(&proxy.url, &body).await;
+            assert!(
+                sim_stats(&sim).await["leaked"].as_u64().unwrap() > before,
+                "the provider did not leak, so nothing was tested"
+            );
+            // No upstream byte reached the client: the whole answer is the engine's.
+            assert_local(&answer, "verification_failed", &expected);
+            assert!(!answer.content.contains("Ingleby"), "{answer:?}");
+            expected_records += 1;
+        }
+
+        let local = records_with_route(&data_dir.data(), "local");
+        assert_eq!(local.len(), 2, "{release}: {local:?}");
+        for record in &local {
+            assert_eq!(record["action"], "fallback");
+            assert_eq!(record["verdict"], "fail", "{record}");
+            assert!(record["prompt_tokens_provider"].as_u64().unwrap() > 500, "{record}");
+        }
+    }
+    assert_eq!(expected_records, 4);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unavailable_providers_are_served_locally_only_when_asked() {
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    let stalled = start_sim(&["--mode", "stall-first-byte"]);
+    let dir = ProxyDir::new();
+    let model = tiny_model(dir.dir.path(), "tiny", 4096);
+    let engine = start_engine_server(&model);
+    let body = request("Name three rivers", false);
+    let expected = reference(&engine, &body).await;
+
+    for upstream in [closed.as_str(), stalled.url.as_str()] {
+        let proxy_dir = ProxyDir::new();
+        let fallback = proxy_dir.policy(&policy(
+            upstream,
+            &model,
+            "",
+            "on_upstream_unavailable = true",
+        ));
+        let proxy = start_proxy_with_policy(&proxy_dir, &fallback, &[]);
+        assert_local(
+            &send(&proxy.url, &body).await,
+            "upstream_unavailable",
+            &expected,
+        );
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        assert_local(
+            &send(&proxy.url, &streamed).await,
+            "upstream_unavailable",
+            &expected,
+        );
+        drop(proxy);
+
+        // Without the option the client gets the provider's failure.
+        let plain_dir = ProxyDir::new();
+        let plain = plain_dir.policy(&policy(upstream, &model, "", ""));
+        let proxy = start_proxy_with_policy(&plain_dir, &plain, &[]);
+        let failed = send(&proxy.url, &body).await;
+        assert!(failed.status == 502 || failed.status == 504, "{failed:?}");
+        assert_eq!(failed.served_by, "");
+    }
+}
+
+#[test]
+fn the_openai_sdk_gets_correct_answers_through_every_route() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let honest = start_sim(&[]);
+    let leaky = start_sim(&[
+        "--mode",
+        "leak-on-overflow",
+        "--context-window",
+        "4096",
+        "--pool-tokens",
+        "400",
+    ]);
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", listener.local_addr().unwrap())
+    };
+    let dir = ProxyDir::new();
+    let model = tiny_model(dir.dir.path(), "tiny", 4096);
+    let engine = start_engine_server(&model);
+    let long = long_text("Diary of Fennimore", LONG_WORDS);
+    let expected_long = runtime.block_on(reference(&engine, &request(&long, false)));
+    let expected_short =
+        runtime.block_on(reference(&engine, &request("Name three rivers", false)));
+
+    let routes = [
+        (
+            "untrusted_context",
+            policy(&honest.url, &model, "max_context_tokens = 300", ""),
+            &long,
+            &expected_long,
+        ),
+        (
+            "verification_failed",
+            policy(&leaky.url, &model, "", "\n[verify]\naction = \"fallback\""),
+            &long,
+            &expected_long,
+        ),
+        (
+            "upstream_unavailable",
+            policy(&closed, &model, "", "on_upstream_unavailable = true"),
+            &"Name three rivers".to_owned(),
+            &expected_short,
+        ),
+    ];
+    for (reason, policy_text, text, expected) in routes {
+        let proxy_dir = ProxyDir::new();
+        let policy_path = proxy_dir.policy(&policy_text);
+        let proxy = start_proxy_with_policy(&proxy_dir, &policy_path, &[]);
+        let output = std::process::Command::new(python())
+            .arg(workspace_root().join("tests/python/sdk_local.py"))
+            .args([&format!("{}/v1", proxy.url), "m", text.as_str()])
+            .output()
+            .expect("run python");
+        assert!(
+            output.status.success(),
+            "{reason}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        let result: Value = serde_json::from_slice(&output.stdout).expect("one JSON object");
+        for kind in ["plain", "stream"] {
+            let seen = &result[kind];
+            assert_eq!(seen["served_by"], "local", "{reason} {kind}: {seen}");
+            assert_eq!(seen["reason"], reason, "{kind}: {seen}");
+            assert_eq!(seen["model"], "tiny-local", "{reason} {kind}: {seen}");
+            assert_eq!(seen["content"], expected.as_str(), "{reason} {kind}: {seen}");
+            assert!(
+                seen["finish_reason"] == "length" || seen["finish_reason"] == "stop",
+                "{seen}"
+            );
+        }
+        assert!(result["plain"]["prompt_tokens"].as_u64().unwrap() > 3);
+        assert_eq!(result["stream"]["completion_tokens"], result["plain"]["completion_tokens"]);
+    }
+}
