@@ -103,3 +103,69 @@ fn serve_refuses_a_second_provider_override_and_a_missing_managed_key() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+/// `serve` with the default policy and no provider reachable still starts,
+/// says what is missing, and serves models, health and metrics.
+#[test]
+fn serve_without_a_reachable_provider_starts_and_says_what_is_missing() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}/v1", listener.local_addr().unwrap())
+    };
+    let dir = ProxyDir::new();
+    let mut child = Command::new(binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--upstream", &closed, "--data"])
+        .arg(dir.data())
+        .env("CANARYGATE_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let first = BufReader::new(stdout).lines().next().unwrap().unwrap();
+    let url = first.rsplit(' ').next().unwrap().to_owned();
+    let (lines, seen) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let mut log = String::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !(log.contains("local engine: none") && log.contains("is not reachable")) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match seen.recv_timeout(left) {
+            Ok(line) => {
+                log.push_str(&line);
+                log.push('\n');
+            }
+            Err(_) => panic!("serve did not say what is missing:\n{log}"),
+        }
+    }
+    assert!(log.contains("provider `openai`"), "{log}");
+
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        for path in ["/healthz", "/v1/models", "/metrics"] {
+            let response = client().get(format!("{url}{path}")).send().await.unwrap();
+            assert_eq!(response.status(), 200, "{path}");
+        }
+        let failed = client()
+            .post(format!("{url}/v1/chat/completions"))
+            .bearer_auth("sk-test")
+            .json(&chat_body("gpt-4o", "hello", false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(failed.status(), 502);
+        let body: serde_json::Value = failed.json().await.unwrap();
+        assert_eq!(body["error"]["code"], "upstream_unreachable");
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+}
