@@ -35,6 +35,9 @@ enum Command {
         /// Print the numbers as one JSON object instead of a table.
         #[arg(long)]
         json: bool,
+        /// Client sessions (each sends 4 requests); fewer makes a quicker run.
+        #[arg(long, default_value_t = 48, value_parser = clap::value_parser!(u32).range(1..))]
+        sessions: u32,
     },
     /// The bundled local prefill/decode engine.
     Engine {
@@ -154,7 +157,7 @@ fn main() -> ExitCode {
         }),
         Command::HashKey => hash_key(),
         Command::SimProvider(args) => sim_provider(args),
-        Command::Demo { json } => demo(json),
+        Command::Demo { json, sessions } => demo(json, sessions as usize),
         Command::Engine { command } => canarygate_engine::cli::run(command).map_err(|e| anyhow!(e)),
         Command::Audit(args) => {
             canarygate_proxy::audit::cli::run(args).map_err(|error| anyhow::anyhow!(error))
@@ -376,10 +379,13 @@ fn sim_provider(args: SimArgs) -> anyhow::Result<()> {
     })
 }
 
-fn demo(json: bool) -> anyhow::Result<()> {
+fn demo(json: bool, sessions: usize) -> anyhow::Result<()> {
     let report = runtime()?
         .block_on(canarygate_proxy::demo::run(
-            &canarygate_proxy::demo::DemoOptions::default(),
+            &canarygate_proxy::demo::DemoOptions {
+                sessions,
+                ..Default::default()
+            },
         ))
         .map_err(|e| anyhow!(e))?;
     if json {

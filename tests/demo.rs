@@ -5,9 +5,11 @@ mod common;
 use serde_json::Value;
 
 #[test]
-fn demo_shows_leaks_direct_and_none_through_canarygate() {
+fn demo_shows_leaks_direct_and_local_answers_through_canarygate() {
     let output = std::process::Command::new(common::binary())
-        .args(["demo", "--json"])
+        // A quarter of the default traffic: the over-pool prompts are served by
+        // a CPU engine on ~6,000-token prompts, which takes a while in debug builds.
+        .args(["demo", "--json", "--sessions", "12"])
         .output()
         .expect("run demo");
     assert!(
@@ -22,22 +24,24 @@ fn demo_shows_leaks_direct_and_none_through_canarygate() {
             .unwrap_or_else(|| panic!("{key}: {report}"))
     };
     let over_pool = number("over_pool_requests");
-    assert!(number("requests") >= 100, "{report}");
+    assert_eq!(number("requests"), 48, "{report}");
     assert!(
-        over_pool > 10 && over_pool < number("requests"),
+        over_pool > 5 && over_pool < number("requests"),
         "prompts on both sides: {report}"
     );
     // Straight to the provider, every over-pool prompt got someone else's text with HTTP 200.
     assert_eq!(number("direct_leaks_delivered"), over_pool, "{report}");
     assert_eq!(number("direct_delivered"), number("requests"), "{report}");
-    // Through canarygate none did, and only those were blocked.
+    // Through canarygate none did: the probe found the provider's real limit
+    // (within 5% under its pool), and every longer request was answered by
+    // the local engine with HTTP 200 instead.
+    let pool = number("pool_tokens");
+    let probed = number("probed_limit_tokens");
+    assert!(probed <= pool && probed as f64 >= 0.95 * pool as f64, "{report}");
     assert_eq!(number("proxied_leaks_delivered"), 0, "{report}");
-    assert_eq!(number("proxied_blocked"), over_pool, "{report}");
+    assert_eq!(number("proxied_served_local"), over_pool, "{report}");
+    assert_eq!(number("proxied_blocked"), 0, "{report}");
     assert_eq!(number("false_positives"), 0, "{report}");
-    assert_eq!(
-        number("proxied_delivered"),
-        number("requests") - over_pool,
-        "{report}"
-    );
-    assert!(report["seconds"].as_f64().unwrap() < 60.0, "{report}");
+    assert_eq!(number("proxied_delivered"), number("requests"), "{report}");
+    assert!(report["seconds"].as_f64().unwrap() < 120.0, "{report}");
 }

@@ -3,9 +3,18 @@
 //! Starts, in this process, a simulated provider in `leak-on-overflow` mode
 //! (its KV pool and advertised window scaled down in the incident's ratio,
 //! 681,280 / 1,048,576) and a canarygate with the default policy in front of
-//! it. Then many concurrent sessions send prompts on both sides of the pool
-//! size, first straight to the provider, then through canarygate, and the
-//! demo counts what each client received.
+//! it, plus a `[local]` engine (a tiny random model written for the demo) and
+//! `verify.action = "fallback"`. canarygate first probes the provider (see
+//! [`crate::probe`]), which finds its real limit near the pool size. Then many
+//! concurrent sessions send prompts on both sides of the pool size, first
+//! straight to the provider, then through canarygate, and the demo counts
+//! what each client received: through canarygate, prompts the provider cannot
+//! hold are served by the local engine.
+//!
+//! The local model has random weights, so its answers are word salad; what
+//! the demo shows is that they are HTTP 200, come from the engine, and hold
+//! nothing of any other request. Point `[local] model_dir` at a real model
+//! for real answers.
 //!
 //! Every prompt carries a word unique to its request (`rq00042`). An answer
 //! that contains another request's word is a leak: the client got someone
@@ -16,17 +25,22 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use canarygate_policies::config::Policy;
+use canarygate_engine::{TinyModel, TinyTokenizer, write_tiny_model};
+use canarygate_policies::config::{DEFAULT_PRESET, Policy};
 use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
+use crate::probe::ProbeTarget;
 use crate::server::{ServeOptions, Server};
 use crate::sim::{Mode, SimConfig};
 
 /// The advertised window of the simulated provider, in tokens.
 pub const DEMO_WINDOW_TOKENS: u64 = 8192;
+
+/// Model name the demo's clients ask for.
+const DEMO_MODEL: &str = "sim-model";
 
 /// Prefill speed of the simulated provider, tokens per second.
 pub const DEMO_PREFILL_TOKENS_PER_SECOND: f64 = 50_000.0;
@@ -74,6 +88,10 @@ pub struct DemoReport {
     pub proxied_blocked: usize,
     /// Through canarygate: honest answers (prompt within the pool) that were blocked.
     pub false_positives: usize,
+    /// Through canarygate: answers served by the local engine (HTTP 200).
+    pub proxied_served_local: usize,
+    /// What canarygate's probe found the provider serves correctly, in tokens.
+    pub probed_limit_tokens: u64,
     /// Advertised window of the simulated provider, in tokens.
     pub window_tokens: u64,
     /// Its KV pool, in tokens.
@@ -139,16 +157,20 @@ pub async fn run(options: &DemoOptions) -> Result<DemoReport, String> {
     let sim_addr = spawn_sim(sim_config).await?;
 
     let data_dir = scratch_dir()?;
-    let mut policy = Policy::preset("default").map_err(|error| error.to_string())?;
+    let model_dir = data_dir.path.join("local-model");
+    let writing = model_dir.clone();
+    tokio::task::spawn_blocking(move || write_tiny_model(&writing, &demo_local_model()))
+        .await
+        .map_err(|error| error.to_string())?
+        .map_err(|error| format!("writing the demo's local model: {error}"))?;
+    let policy_text = format!(
+        "{}\n[local]\nmodel_dir = {:?}\nkv_budget_mib = 64\n",
+        DEFAULT_PRESET.replace("action = \"block\"", "action = \"fallback\""),
+        model_dir.display().to_string()
+    );
+    let mut policy = Policy::from_toml_str(&policy_text, "demo policy")
+        .map_err(|error| error.to_string())?;
     policy.override_upstream(&format!("http://{sim_addr}/v1"))?;
-    let server = Server::bind(ServeOptions {
-        policy,
-        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        data_dir: data_dir.path.clone(),
-    })
-    .await?;
-    let proxy_addr = server.local_addr().map_err(|error| error.to_string())?;
-    tokio::spawn(server.run(std::future::pending()));
 
     // Prompt sizes sweep 5%..95% of the window: about a third land over the pool.
     let total = options.sessions * options.requests_per_session;
@@ -182,6 +204,28 @@ pub async fn run(options: &DemoOptions) -> Result<DemoReport, String> {
         ..DemoReport::default()
     };
     let direct = run_phase(&client, sim_addr, &jobs, options.concurrency).await?;
+
+    // What `canarygate probe --yes` does before serving, stored where
+    // `serve` reads it.
+    let target = ProbeTarget {
+        provider: policy.providers[0].name.get_ref().clone(),
+        model: DEMO_MODEL.to_owned(),
+        advertised_window_tokens: DEMO_WINDOW_TOKENS,
+    };
+    let probed = crate::probe::run(&policy, &target, Some("sk-demo-probe"), u64::MAX, |_| {})
+        .await
+        .map_err(|error| format!("probing the simulated provider: {error}"))?;
+    crate::probe::store(&data_dir.path, &probed)?;
+    report.probed_limit_tokens = probed.effective_limit_tokens;
+    let server = Server::bind(ServeOptions {
+        policy,
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        data_dir: data_dir.path.clone(),
+    })
+    .await?;
+    let proxy_addr = server.local_addr().map_err(|error| error.to_string())?;
+    tokio::spawn(server.run(std::future::pending()));
+
     let proxied = run_phase(&client, proxy_addr, &jobs, options.concurrency).await?;
     for (job, (direct, proxied)) in jobs.iter().zip(direct.iter().zip(&proxied)) {
         let own = job.marker();
@@ -194,6 +238,7 @@ pub async fn run(options: &DemoOptions) -> Result<DemoReport, String> {
         }
         if proxied.status == 200 {
             report.proxied_delivered += 1;
+            report.proxied_served_local += usize::from(proxied.local);
             report.proxied_leaks_delivered +=
                 usize::from(carries_foreign_text(&proxied.content, &own));
         } else if proxied.code.as_deref() == Some("canarygate_verification_failed") {
@@ -211,6 +256,8 @@ struct Answer {
     status: u16,
     content: String,
     code: Option<String>,
+    /// `x-canarygate-served-by: local`.
+    local: bool,
 }
 
 async fn run_phase(
@@ -250,7 +297,7 @@ async fn ask(client: &reqwest::Client, url: &str, job: &Job) -> Result<Answer, S
         .post(url)
         .bearer_auth(format!("sk-demo-session-{}", job.session))
         .json(&json!({
-            "model": "sim-model",
+            "model": DEMO_MODEL,
             "stream": stream,
             "messages": [{"role": "user", "content": job.prompt()}],
         }))
@@ -258,6 +305,10 @@ async fn ask(client: &reqwest::Client, url: &str, job: &Job) -> Result<Answer, S
         .await
         .map_err(|error| format!("demo request failed: {error}"))?;
     let status = response.status().as_u16();
+    let local = response
+        .headers()
+        .get(crate::local::SERVED_BY_HEADER)
+        .is_some_and(|value| value == "local");
     if stream && status == 200 {
         let mut body = response.bytes_stream();
         let mut parser = canarygate_policies::sse::SseParser::new();
@@ -288,6 +339,7 @@ async fn ask(client: &reqwest::Client, url: &str, job: &Job) -> Result<Answer, S
             status,
             content,
             code,
+            local,
         });
     }
     let value: Value = response.json().await.unwrap_or(Value::Null);
@@ -302,7 +354,23 @@ async fn ask(client: &reqwest::Client, url: &str, job: &Job) -> Result<Answer, S
             .pointer("/error/code")
             .and_then(Value::as_str)
             .map(str::to_owned),
+        local,
     })
+}
+
+/// The demo's local model: tiny, random, one token per word, with a window
+/// above the provider's so every request fits.
+fn demo_local_model() -> TinyModel {
+    TinyModel {
+        hidden_size: 32,
+        intermediate_size: 64,
+        num_layers: 1,
+        num_heads: 2,
+        num_kv_heads: 1,
+        max_position_embeddings: 2 * DEMO_WINDOW_TOKENS as usize,
+        tokenizer: TinyTokenizer::Words,
+        ..TinyModel::default()
+    }
 }
 
 async fn spawn_sim(config: SimConfig) -> Result<SocketAddr, String> {
@@ -349,7 +417,9 @@ impl DemoReport {
             "canarygate demo: replay of the KV-pool leak (SGLang #30233)\n\
              simulated provider: advertised window {} tokens, KV pool {} tokens ({ratio:.4} of the window, as in the incident)\n\
              {} requests per phase from concurrent sessions; {} prompts larger than the pool\n\
+             canarygate's probe found the provider correct up to {} tokens; longer requests go to its local engine\n\
              \n\
+             {:<44}{:>10}{:>22}\n\
              {:<44}{:>10}{:>22}\n\
              {:<44}{:>10}{:>22}\n\
              {:<44}{:>10}{:>22}\n\
@@ -361,6 +431,7 @@ impl DemoReport {
             self.pool_tokens,
             self.requests,
             self.over_pool_requests,
+            self.probed_limit_tokens,
             "",
             "direct",
             "through canarygate",
@@ -373,6 +444,9 @@ impl DemoReport {
             "  of which leaked another request's text",
             self.direct_leaks_delivered,
             self.proxied_leaks_delivered,
+            "  of which served by the local engine",
+            "-",
+            self.proxied_served_local,
             "blocked by verification (false alarms)",
             "-",
             format!("{} ({})", self.proxied_blocked, self.false_positives),
