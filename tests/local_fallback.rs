@@ -399,3 +399,30 @@ fn the_openai_sdk_gets_correct_answers_through_every_route() {
         assert_eq!(result["stream"]["completion_tokens"], result["plain"]["completion_tokens"]);
     }
 }
+
+#[test]
+fn the_local_fallback_example_runs() {
+    let work = tempfile::tempdir().expect("tempdir");
+    let output = std::process::Command::new("bash")
+        .arg(workspace_root().join("examples/local-fallback/run.sh"))
+        .env("CANARYGATE_BIN", binary())
+        .env("WORK_DIR", work.path().join("run"))
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run examples/local-fallback/run.sh");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    for expected in [
+        "served-by=upstream  reason=-  model=reporter",
+        "served-by=local  reason=untrusted_context  model=reporter-local",
+        "served-by=local  reason=upstream_unavailable  model=reporter-local",
+        "route=local    action=fallback",
+        "local fallback example: ok",
+    ] {
+        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+    }
+}
