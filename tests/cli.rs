@@ -118,7 +118,14 @@ fn serve_without_a_reachable_provider_starts_and_says_what_is_missing() {
     };
     let dir = ProxyDir::new();
     let mut child = Command::new(binary())
-        .args(["serve", "--listen", "127.0.0.1:0", "--upstream", &closed, "--data"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &closed,
+            "--data",
+        ])
         .arg(dir.data())
         .env("CANARYGATE_LOG", "info")
         .stdout(Stdio::piped())

@@ -37,7 +37,10 @@ fn demo_shows_leaks_direct_and_local_answers_through_canarygate() {
     // the local engine with HTTP 200 instead.
     let pool = number("pool_tokens");
     let probed = number("probed_limit_tokens");
-    assert!(probed <= pool && probed as f64 >= 0.95 * pool as f64, "{report}");
+    assert!(
+        probed <= pool && probed as f64 >= 0.95 * pool as f64,
+        "{report}"
+    );
     assert_eq!(number("proxied_leaks_delivered"), 0, "{report}");
     assert_eq!(number("proxied_served_local"), over_pool, "{report}");
     assert_eq!(number("proxied_blocked"), 0, "{report}");

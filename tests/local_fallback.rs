@@ -13,7 +13,9 @@ use serde_json::{Value, json};
 const LONG_WORDS: usize = 700;
 
 fn long_text(subject: &str, words: usize) -> String {
-    let filler = ["the", "river", "survey", "was", "open", "in", "spring", "again"];
+    let filler = [
+        "the", "river", "survey", "was", "open", "in", "spring", "again",
+    ];
     let mut text = format!("{subject}:");
     for index in 0..words {
         text.push(' ');
@@ -145,7 +147,10 @@ fn assert_local(answer: &Answer, reason: &str, expected: &str) {
     assert_eq!(answer.reason, reason, "{answer:?}");
     assert_eq!(answer.model, "tiny-local", "{answer:?}");
     assert!(answer.done, "{answer:?}");
-    assert_eq!(answer.content, expected, "the local answer differs from the engine's");
+    assert_eq!(
+        answer.content, expected,
+        "the local answer differs from the engine's"
+    );
     assert!(!answer.content.contains("CG-") && !answer.content.contains("You wrote"));
 }
 
@@ -162,17 +167,16 @@ async fn preflight_sends_untrusted_context_to_local_before_anything_goes_upstrea
     let dir = ProxyDir::new();
     let model = tiny_model(dir.dir.path(), "tiny", 4096);
     let engine = start_engine_server(&model);
-    let policy_path = dir.policy(&policy(
-        &sim.url,
-        &model,
-        "max_context_tokens = 300",
-        "",
-    ));
+    let policy_path = dir.policy(&policy(&sim.url, &model, "max_context_tokens = 300", ""));
     let proxy = start_proxy_with_policy(&dir, &policy_path, &[]);
 
     let long = request(&long_text("Harvest log of Quenby", LONG_WORDS), false);
     let expected = reference(&engine, &long).await;
-    assert_local(&send(&proxy.url, &long).await, "untrusted_context", &expected);
+    assert_local(
+        &send(&proxy.url, &long).await,
+        "untrusted_context",
+        &expected,
+    );
     let mut long_stream = long.clone();
     long_stream["stream"] = json!(true);
     assert_local(
@@ -273,7 +277,10 @@ async fn failed_verdicts_are_served_locally_streamed_or_not_under_both_releases(
         for record in &local {
             assert_eq!(record["action"], "fallback");
             assert_eq!(record["verdict"], "fail", "{record}");
-            assert!(record["prompt_tokens_provider"].as_u64().unwrap() > 500, "{record}");
+            assert!(
+                record["prompt_tokens_provider"].as_u64().unwrap() > 500,
+                "{record}"
+            );
         }
     }
     assert_eq!(expected_records, 4);
@@ -346,8 +353,7 @@ fn the_openai_sdk_gets_correct_answers_through_every_route() {
     let engine = start_engine_server(&model);
     let long = long_text("Diary of Fennimore", LONG_WORDS);
     let expected_long = runtime.block_on(reference(&engine, &request(&long, false)));
-    let expected_short =
-        runtime.block_on(reference(&engine, &request("Name three rivers", false)));
+    let expected_short = runtime.block_on(reference(&engine, &request("Name three rivers", false)));
 
     let routes = [
         (
@@ -389,14 +395,21 @@ fn the_openai_sdk_gets_correct_answers_through_every_route() {
             assert_eq!(seen["served_by"], "local", "{reason} {kind}: {seen}");
             assert_eq!(seen["reason"], reason, "{kind}: {seen}");
             assert_eq!(seen["model"], "tiny-local", "{reason} {kind}: {seen}");
-            assert_eq!(seen["content"], expected.as_str(), "{reason} {kind}: {seen}");
+            assert_eq!(
+                seen["content"],
+                expected.as_str(),
+                "{reason} {kind}: {seen}"
+            );
             assert!(
                 seen["finish_reason"] == "length" || seen["finish_reason"] == "stop",
                 "{seen}"
             );
         }
         assert!(result["plain"]["prompt_tokens"].as_u64().unwrap() > 3);
-        assert_eq!(result["stream"]["completion_tokens"], result["plain"]["completion_tokens"]);
+        assert_eq!(
+            result["stream"]["completion_tokens"],
+            result["plain"]["completion_tokens"]
+        );
     }
 }
 
@@ -423,6 +436,9 @@ fn the_local_fallback_example_runs() {
         "route=local    action=fallback",
         "local fallback example: ok",
     ] {
-        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+        assert!(
+            stdout.contains(expected),
+            "missing {expected:?} in:\n{stdout}"
+        );
     }
 }

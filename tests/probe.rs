@@ -156,7 +156,11 @@ async fn probe_confirms_an_honest_window_and_sends_nothing_without_yes() {
         stderr.contains("prompt tokens") && stderr.contains("--yes"),
         "{stderr}"
     );
-    assert_eq!(sim_stats(&sim).await["requests"], 0, "a dry run sent traffic");
+    assert_eq!(
+        sim_stats(&sim).await["requests"],
+        0,
+        "a dry run sent traffic"
+    );
     assert!(!dir.data().join("probes").exists());
 
     let result = probe_json(&policy, &dir.data());
@@ -167,7 +171,11 @@ async fn probe_confirms_an_honest_window_and_sends_nothing_without_yes() {
     assert!(spent > 8000, "{result}");
 
     // A budget too small for the search stops it and says so.
-    let cut = probe(&policy, &dir.data(), &["--yes", "--json", "--budget-tokens", "3000"]);
+    let cut = probe(
+        &policy,
+        &dir.data(),
+        &["--yes", "--json", "--budget-tokens", "3000"],
+    );
     let cut: Value = serde_json::from_slice(&cut.stdout).unwrap();
     assert_eq!(cut["complete"], false, "{cut}");
     assert_eq!(cut["trusted"], false);
@@ -182,7 +190,10 @@ fn a_provider_refusing_the_probe_stores_nothing() {
     let output = probe(&policy, &dir.data(), &["--yes"]);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("HTTP 401") && stderr.contains("nothing stored"), "{stderr}");
+    assert!(
+        stderr.contains("HTTP 401") && stderr.contains("nothing stored"),
+        "{stderr}"
+    );
     assert!(!dir.data().join("probes").exists());
 
     // Several providers: the probe asks which.

@@ -99,17 +99,19 @@ pub fn start_chat(engine: &EngineHandle, body: &Value, model: &str) -> Result<Ch
     let number = |field: &'static str| -> Result<Option<f64>, ChatError> {
         match object.get(field) {
             None | Some(Value::Null) => Ok(None),
-            Some(value) => value
-                .as_f64()
-                .map(Some)
-                .ok_or_else(|| ChatError::invalid(Some(field), format!("`{field}` must be a number"))),
+            Some(value) => value.as_f64().map(Some).ok_or_else(|| {
+                ChatError::invalid(Some(field), format!("`{field}` must be a number"))
+            }),
         }
     };
     let count = |field: &'static str| -> Result<Option<u64>, ChatError> {
         match object.get(field) {
             None | Some(Value::Null) => Ok(None),
             Some(value) => value.as_u64().map(Some).ok_or_else(|| {
-                ChatError::invalid(Some(field), format!("`{field}` must be a non-negative integer"))
+                ChatError::invalid(
+                    Some(field),
+                    format!("`{field}` must be a non-negative integer"),
+                )
             }),
         }
     };
@@ -122,8 +124,15 @@ pub fn start_chat(engine: &EngineHandle, body: &Value, model: &str) -> Result<Ch
             .iter()
             .map(|stop| stop.as_str().map(str::to_owned))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| ChatError::invalid(Some("stop"), "`stop` must be a string or strings"))?,
-        Some(_) => return Err(ChatError::invalid(Some("stop"), "`stop` must be a string or strings")),
+            .ok_or_else(|| {
+                ChatError::invalid(Some("stop"), "`stop` must be a string or strings")
+            })?,
+        Some(_) => {
+            return Err(ChatError::invalid(
+                Some("stop"),
+                "`stop` must be a string or strings",
+            ));
+        }
     };
     let request = GenerationRequest {
         prompt,
@@ -142,7 +151,10 @@ pub fn start_chat(engine: &EngineHandle, body: &Value, model: &str) -> Result<Ch
         id: format!("chatcmpl-local-{}", generation.id()),
         created: now_secs(),
         model: model.to_owned(),
-        stream: object.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        stream: object
+            .get("stream")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
         include_usage: object
             .get("stream_options")
             .and_then(|options| options.get("include_usage"))
@@ -156,7 +168,9 @@ fn parse_messages(messages: Option<&Value>) -> Result<Vec<ChatMessage>, ChatErro
     let messages = messages
         .and_then(Value::as_array)
         .filter(|messages| !messages.is_empty())
-        .ok_or_else(|| ChatError::invalid(Some("messages"), "`messages` must be a non-empty array"))?;
+        .ok_or_else(|| {
+            ChatError::invalid(Some("messages"), "`messages` must be a non-empty array")
+        })?;
     messages
         .iter()
         .enumerate()

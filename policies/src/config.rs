@@ -459,7 +459,10 @@ impl Policy {
                 ));
             }
             if route.local_model.as_deref().is_some_and(str::is_empty) {
-                return Err((Some(route.model.span()), "route local_model is empty".into()));
+                return Err((
+                    Some(route.model.span()),
+                    "route local_model is empty".into(),
+                ));
             }
         }
 

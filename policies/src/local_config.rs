@@ -117,7 +117,10 @@ impl LocalConfig {
             ));
         }
         if self.max_context_tokens == Some(0) {
-            return Err((None, "local.max_context_tokens must be greater than 0".into()));
+            return Err((
+                None,
+                "local.max_context_tokens must be greater than 0".into(),
+            ));
         }
         if !self.enabled() {
             if let Some(choice) = &self.on_untrusted_context

@@ -134,7 +134,6 @@ fn verify_section_errors_are_located() {
         canarygate_policies::local_config::UntrustedContext::Local
     );
 
-
     let unknown = error_of("eccho = \"head\"\n");
     assert_eq!(unknown.position.unwrap().0, 12, "{unknown}");
     assert!(unknown.message.contains("eccho"), "{unknown}");
@@ -233,8 +232,8 @@ model_name = "fallback-model"
 
 #[test]
 fn probe_schedule_is_validated() {
-    let every = Policy::from_toml_str(&format!("{BASE}\n[probe]\nevery_hours = 24.0\n"), "t.toml")
-        .unwrap();
+    let every =
+        Policy::from_toml_str(&format!("{BASE}\n[probe]\nevery_hours = 24.0\n"), "t.toml").unwrap();
     assert_eq!(
         every.probe.interval(),
         Some(std::time::Duration::from_secs(24 * 3600))

@@ -168,8 +168,8 @@ pub async fn run(options: &DemoOptions) -> Result<DemoReport, String> {
         DEFAULT_PRESET.replace("action = \"block\"", "action = \"fallback\""),
         model_dir.display().to_string()
     );
-    let mut policy = Policy::from_toml_str(&policy_text, "demo policy")
-        .map_err(|error| error.to_string())?;
+    let mut policy =
+        Policy::from_toml_str(&policy_text, "demo policy").map_err(|error| error.to_string())?;
     policy.override_upstream(&format!("http://{sim_addr}/v1"))?;
 
     // Prompt sizes sweep 5%..95% of the window: about a third land over the pool.

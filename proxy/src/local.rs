@@ -82,7 +82,8 @@ pub fn start(config: &LocalConfig) -> Result<Option<LocalEngine>, String> {
     };
     let mut engine = EngineConfig::new(model_dir);
     engine.kv_budget_bytes =
-        usize::try_from(config.kv_budget_mib.get_ref().saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+        usize::try_from(config.kv_budget_mib.get_ref().saturating_mul(1 << 20))
+            .unwrap_or(usize::MAX);
     engine.kv_margin = *config.kv_margin.get_ref();
     engine.max_context = config
         .max_context_tokens
@@ -132,8 +133,7 @@ pub(crate) async fn serve(
         return Ok(Served::Stream(head, StreamBody::Plain(Box::new(relay))));
     }
     let answer = call.complete().await.map_err(api_error)?;
-    let mut response =
-        exchange.json_response(StatusCode::OK, Body::from(answer.to_string()), None);
+    let mut response = exchange.json_response(StatusCode::OK, Body::from(answer.to_string()), None);
     mark(response.headers_mut(), reason);
     Ok(Served::Whole(response))
 }

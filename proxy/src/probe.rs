@@ -18,8 +18,8 @@ use axum::http::{HeaderValue, header};
 use canarygate_policies::config::Policy;
 use canarygate_policies::inject::{RequestCanaries, inject};
 use canarygate_policies::probe::{
-    LengthSearch, Needle, OVER_WINDOW_TOKENS, PROBE_COMPLETION_TOKENS, PROBE_MAX_TOKENS, ProbeCost, ProbeResult, ProbeStep,
-    conclude, needle_text, recalled,
+    LengthSearch, Needle, OVER_WINDOW_TOKENS, PROBE_COMPLETION_TOKENS, PROBE_MAX_TOKENS, ProbeCost,
+    ProbeResult, ProbeStep, conclude, needle_text, recalled,
 };
 use canarygate_policies::registry::{MemoryRegistry, Registration};
 use canarygate_policies::tokens::count_chat_messages;
@@ -146,9 +146,9 @@ pub async fn run(
         .ok_or_else(|| format!("the policy has no provider `{}`", target.provider))?;
     let authorization = match (upstream.managed_key(), api_key) {
         (Some(key), _) => Some(key.clone()),
-        (None, Some(key)) => Some(
-            crate::identity::bearer(key).map_err(|_| "the API key is not valid header text")?,
-        ),
+        (None, Some(key)) => {
+            Some(crate::identity::bearer(key).map_err(|_| "the API key is not valid header text")?)
+        }
         (None, None) => None,
     };
     let mut secret = [0; 32];
@@ -219,7 +219,8 @@ impl Prober<'_> {
     /// Sends one needle prompt of about `length` prompt tokens (injection
     /// included) and judges the answer.
     async fn step(&mut self, length: u64, max_tokens: u64) -> Result<ProbeStep, String> {
-        let needles = Needle::mint(NEEDLES_PER_PROMPT).map_err(|e| format!("no OS randomness: {e}"))?;
+        let needles =
+            Needle::mint(NEEDLES_PER_PROMPT).map_err(|e| format!("no OS randomness: {e}"))?;
         let canaries = RequestCanaries::mint().map_err(|e| format!("no OS randomness: {e}"))?;
         // Build, measure, and correct once for what injection adds.
         let mut text_target = length;
@@ -321,10 +322,15 @@ impl Prober<'_> {
         step.prompt_tokens_reported = usage.map(|usage| usage.prompt_tokens);
         step.recalled = recalled(content, &needles) as u32;
 
-        let exact = self.upstream.count_prompt_tokens(
-            body["messages"].as_array().map_or(&[][..], Vec::as_slice),
+        let exact = self
+            .upstream
+            .count_prompt_tokens(body["messages"].as_array().map_or(&[][..], Vec::as_slice));
+        let mut verifier = Verifier::new(
+            &injection,
+            &self.policy.verify,
+            &self.target.provider,
+            exact,
         );
-        let mut verifier = Verifier::new(&injection, &self.policy.verify, &self.target.provider, exact);
         if !verifier.observe_ttft(ttft_ms) {
             verifier.push(0, content, &self.registry);
         }

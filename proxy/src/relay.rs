@@ -222,10 +222,7 @@ impl Drop for RelayBody {
         if let Some(trail) = self.trail.take() {
             let action = self.relay.action;
             tokio::spawn(async move {
-                if let Err(error) = trail
-                    .commit(Outcome::InterruptedByClient, action)
-                    .await
-                {
+                if let Err(error) = trail.commit(Outcome::InterruptedByClient, action).await {
                     tracing::error!("audit append of an interrupted stream failed: {error}");
                 }
             });

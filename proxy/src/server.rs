@@ -298,12 +298,16 @@ fn spawn_reachability_check(state: std::sync::Weak<AppState>) {
         };
         for upstream in &state.upstreams {
             if let Err(error) = upstream.check_reachable().await {
-                let fallback = if state.local.is_some() && state.policy.local.on_upstream_unavailable() {
-                    "its requests are served by the local engine until it is"
-                } else {
-                    "its requests fail with 502 until it is"
-                };
-                tracing::warn!("provider `{}` is not reachable ({error}); {fallback}", upstream.name);
+                let fallback =
+                    if state.local.is_some() && state.policy.local.on_upstream_unavailable() {
+                        "its requests are served by the local engine until it is"
+                    } else {
+                        "its requests fail with 502 until it is"
+                    };
+                tracing::warn!(
+                    "provider `{}` is not reachable ({error}); {fallback}",
+                    upstream.name
+                );
             }
         }
     });

@@ -34,8 +34,8 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::{Action as AuditAction, CanaryEntry, Outcome};
 use crate::clock::RequestClock;
-use crate::local::LocalReason;
 use crate::error::{ApiError, error_body, error_chain};
+use crate::local::LocalReason;
 use crate::relay::STREAM_INTERRUPTED;
 use crate::request::ChatRequest;
 use crate::server::{Exchange, Served, StreamBody, is_event_stream, read_upstream_body};

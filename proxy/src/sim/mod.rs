@@ -761,6 +761,15 @@ pub async fn serve(
     }
 }
 
+/// Waits `duration`; returns at once for zero. (A zero `tokio::time::sleep`
+/// still waits for the next timer tick, up to a millisecond, which would make
+/// an "instant" provider pace every token.)
+async fn pace(duration: Duration) {
+    if !duration.is_zero() {
+        tokio::time::sleep(duration).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -792,14 +801,5 @@ mod tests {
             ..SimConfig::default()
         };
         assert_eq!(config.prefill_pool_tokens(), 665);
-    }
-}
-
-/// Waits `duration`; returns at once for zero. (A zero `tokio::time::sleep`
-/// still waits for the next timer tick, up to a millisecond, which would make
-/// an "instant" provider pace every token.)
-async fn pace(duration: Duration) {
-    if !duration.is_zero() {
-        tokio::time::sleep(duration).await;
     }
 }

@@ -71,7 +71,10 @@ pub fn generate(context: &[Segment], max_tokens: Option<u64>) -> Reply {
         text.push_str(&prefix);
         text.push(' ');
     }
-    if context.iter().any(|segment| segment.text.contains(RECALL_PHRASE)) {
+    if context
+        .iter()
+        .any(|segment| segment.text.contains(RECALL_PHRASE))
+    {
         // A needle test: list every passphrase the model can see, in order.
         text.push_str("The passphrases are:");
         for segment in context {
