@@ -29,10 +29,10 @@
 #   CANARYGATE_BENCH_SECONDS       saturation phase length, s [3; quick 1]
 #   CANARYGATE_BENCH_ROUNDS        rounds [3; quick 1]
 #   CANARYGATE_BENCH_CONCURRENCY   connections at saturation, every target [32]
-#   CANARYGATE_BENCH_RATE          non-streaming latency rate, req/s [auto: half the slowest saturation, 1-2-5 step]
+#   CANARYGATE_BENCH_RATE          non-streaming latency rate, req/s [auto: half the slowest saturation, rounded down to 1 digit]
 #   CANARYGATE_BENCH_STREAM_RATE   streaming latency rate, req/s [auto, likewise]
 #   CANARYGATE_BENCH_FAST_RATE     rate of the second latency phase, without LiteLLM
-#                                  [auto: a quarter of the slowest saturation but LiteLLM's, 1-2-5 step; -1: none]
+#                                  [auto: a quarter of the slowest saturation but LiteLLM's, likewise; -1: none]
 #   CANARYGATE_BENCH_LATENCY_SECONDS  latency phase length, s [max(seconds, 200 requests), at most 10; quick 2]
 #   CANARYGATE_BENCH_MODES         non-stream,stream [both]
 #   CANARYGATE_BENCH_MAX_TOKENS    answer length in tokens [64]

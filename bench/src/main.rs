@@ -79,9 +79,9 @@ struct Args {
     #[arg(long, env = "CANARYGATE_BENCH_CONCURRENCY", default_value_t = 32)]
     concurrency: usize,
 
-    /// Requests/s of the non-streaming latency phase; 0: automatic, the
-    /// largest 1-2-5 step at most `rate_fraction` of the slowest target's
-    /// saturation throughput in round 1.
+    /// Requests/s of the non-streaming latency phase; 0: automatic,
+    /// `rate_fraction` of the slowest target's saturation throughput in round
+    /// 1, rounded down to one significant digit.
     #[arg(long, env = "CANARYGATE_BENCH_RATE", default_value_t = 0.0)]
     rate: f64,
 
@@ -305,18 +305,15 @@ fn median(mut values: Vec<f64>) -> f64 {
     }
 }
 
-/// Largest 1-2-5 step (…, 10, 20, 50, 100, …) not above `x` (at least 1).
-fn nice_floor(x: f64) -> f64 {
+/// `x` rounded down to one significant digit (…, 8, 10, 20, …, 90, 100,
+/// 200, …), at least 1: a rate that reads as chosen, not measured.
+fn round_rate(x: f64) -> f64 {
     if !(x.is_finite() && x >= 1.0) {
         return 1.0;
     }
     let decade = 10f64.powf(x.log10().floor());
-    for step in [5.0, 2.0, 1.0] {
-        if step * decade <= x * (1.0 + 1e-9) {
-            return step * decade;
-        }
-    }
-    decade
+    // The small tolerance keeps 300 from becoming 200 through rounding error.
+    (x / decade + 1e-9).floor() * decade
 }
 
 /// The order of the targets in `round`: rotated by the round, reversed every
@@ -567,7 +564,7 @@ impl Bench {
                         .fold(f64::INFINITY, f64::min)
                 };
                 if mode.rate <= 0.0 {
-                    mode.rate = nice_floor(slowest(false) * args.rate_fraction);
+                    mode.rate = round_rate(slowest(false) * args.rate_fraction);
                     println!(
                         "  {} latency rate: {:.0} req/s ({} of the slowest saturation, {:.0} req/s)",
                         mode.label,
@@ -577,7 +574,7 @@ impl Bench {
                     );
                 }
                 if mode.fast_rate == 0.0 {
-                    mode.fast_rate = nice_floor(slowest(true) * args.fast_rate_fraction);
+                    mode.fast_rate = round_rate(slowest(true) * args.fast_rate_fraction);
                     println!(
                         "  {} high latency rate: {:.0} req/s ({} of the slowest saturation without the slow targets, {:.0} req/s)",
                         mode.label,
@@ -962,14 +959,15 @@ mod tests {
     }
 
     #[test]
-    fn nice_steps() {
-        assert_eq!(nice_floor(75.0), 50.0);
-        assert_eq!(nice_floor(50.0), 50.0);
-        assert_eq!(nice_floor(49.0), 20.0);
-        assert_eq!(nice_floor(1234.0), 1000.0);
-        assert_eq!(nice_floor(9.9), 5.0);
-        assert_eq!(nice_floor(0.2), 1.0);
-        assert_eq!(nice_floor(f64::INFINITY), 1.0);
+    fn rates_round_down_to_one_digit() {
+        assert_eq!(round_rate(75.0), 70.0);
+        assert_eq!(round_rate(50.0), 50.0);
+        assert_eq!(round_rate(4.5), 4.0);
+        assert_eq!(round_rate(300.0), 300.0);
+        assert_eq!(round_rate(1234.0), 1000.0);
+        assert_eq!(round_rate(9.9), 9.0);
+        assert_eq!(round_rate(0.2), 1.0);
+        assert_eq!(round_rate(f64::INFINITY), 1.0);
     }
 
     #[test]
