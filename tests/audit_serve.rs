@@ -20,7 +20,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use canarygate_proxy::audit::sha256_hex;
-use common::{ProxyDir, Running, client, start_proxy, start_proxy_with_policy, start_sim};
+use common::{
+    ProxyDir, Running, chat_body, client, start_proxy, start_proxy_with_policy, start_sim,
+};
 use serde_json::{Value, json};
 
 /// Runs `canarygate audit --data DIR <args>`.
@@ -697,4 +699,50 @@ async fn requests_abandoned_before_the_answer_are_recorded() {
         }
     }
     assert_verifies(&data);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_durability_records_every_request_shortly_after_its_answer() {
+    let sim = start_sim(&[]);
+    let dir = ProxyDir::new();
+    let policy = dir.policy(&format!(
+        r#"
+[[providers]]
+name = "sim"
+base_url = "{}/v1"
+context_window = 128000
+
+[[routes]]
+model = "*"
+provider = "sim"
+
+[audit]
+durability = "background"
+"#,
+        sim.url
+    ));
+    let proxy = start_proxy_with_policy(&dir, &policy, &[]);
+    let client = client();
+    for index in 0..20 {
+        let response = client
+            .post(format!("{}/v1/chat/completions", proxy.url))
+            .bearer_auth("sk-background")
+            .json(&chat_body(
+                "m",
+                &format!("question {index}"),
+                index % 2 == 0,
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        response.bytes().await.unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while request_count(&dir.data()) < 20 {
+        assert!(Instant::now() < deadline, "background records did not land");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(request_count(&dir.data()), 20);
+    assert_verifies(&dir.data());
 }

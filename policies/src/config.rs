@@ -97,6 +97,24 @@ pub struct AuditConfig {
     /// Environment variable holding the 32-byte key (64 hex characters or
     /// base64) that encrypts samples at rest. Unset: samples are stored in clear.
     pub encryption_key_env: Option<Spanned<String>>,
+    /// When a request's record must be on disk.
+    pub durability: Durability,
+}
+
+/// `[audit] durability`: when a request's record must be on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Durability {
+    /// Before the client gets the last byte of its answer; an answer whose
+    /// record cannot be written is withheld. Costs an fsync wait per request
+    /// (shared by concurrent requests).
+    #[default]
+    BeforeAnswer,
+    /// Queued for the next group commit (milliseconds later) while the answer
+    /// goes out: no fsync on the request's path, but a crash loses the records
+    /// of the last commit, and a failed write cannot withhold an answer (it is
+    /// logged and counted in `canarygate_audit_background_failures`).
+    Background,
 }
 
 impl Default for AuditConfig {
@@ -104,6 +122,7 @@ impl Default for AuditConfig {
         Self {
             sample_rate: Spanned::new(0..0, DEFAULT_AUDIT_SAMPLE_RATE),
             encryption_key_env: None,
+            durability: Durability::BeforeAnswer,
         }
     }
 }

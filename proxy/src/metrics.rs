@@ -31,6 +31,7 @@ pub struct Metrics {
     in_flight: Gauge,
     overhead: Histogram,
     local: Family<LocalLabels, Counter>,
+    audit_background_failures: Gauge,
 }
 
 impl Metrics {
@@ -62,12 +63,19 @@ impl Metrics {
             "Chat requests served by the local engine instead of the provider, by reason",
             local.clone(),
         );
+        let audit_background_failures = Gauge::default();
+        registry.register(
+            "audit_background_failures",
+            "Audit writes that failed with nobody waiting ([audit] durability = \"background\", canary persistence)",
+            audit_background_failures.clone(),
+        );
         Self {
             registry,
             requests,
             in_flight,
             overhead,
             local,
+            audit_background_failures,
         }
     }
 
@@ -92,6 +100,12 @@ impl Metrics {
     /// Records the proxy's own time on one request.
     pub fn observe_overhead(&self, seconds: f64) {
         self.overhead.observe(seconds);
+    }
+
+    /// Sets the count of failed background audit writes.
+    pub fn set_audit_background_failures(&self, count: u64) {
+        self.audit_background_failures
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     /// The Prometheus text exposition.

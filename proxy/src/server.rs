@@ -396,6 +396,9 @@ async fn tag_and_count(
 }
 
 async fn render_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    state
+        .metrics
+        .set_audit_background_failures(state.audit.background_failures());
     (
         [(
             header::CONTENT_TYPE,

@@ -125,7 +125,8 @@ impl Trail {
         (outcome, action)
     }
 
-    /// Appends the record; durable when this returns `Ok`.
+    /// Appends the record; durable when this returns `Ok` (queued, with
+    /// `[audit] durability = "background"`).
     pub(crate) async fn commit(self, outcome: Outcome, action: Action) -> Result<(), AuditError> {
         let overhead_ms = self.clock.overhead().as_millis() as u64;
         let failed = self
@@ -189,10 +190,7 @@ impl Trail {
             request_sha256: audit::sha256_hex(&self.request_bytes),
             response_sha256: hex::encode(self.response_hash.finalize()),
         };
-        self.log
-            .append(NewRecord { record, sample })
-            .await
-            .map(drop)
+        self.log.record(NewRecord { record, sample }).await
     }
 }
 

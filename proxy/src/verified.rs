@@ -213,12 +213,9 @@ fn register(
             expires_at_ms,
         });
     }
-    let audit = state.audit.clone();
-    tokio::spawn(async move {
-        if let Err(error) = audit.register_canaries(entries).await {
-            tracing::warn!("persisting canaries: {error}");
-        }
-    });
+    if let Err(error) = state.audit.register_canaries_soon(entries) {
+        tracing::warn!("persisting canaries: {error}");
+    }
 }
 
 fn elapsed_ms(since: Instant) -> u64 {

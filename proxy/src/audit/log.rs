@@ -4,6 +4,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use canarygate_policies::config::Durability;
 use tokio::sync::{mpsc, oneshot};
 
 use super::AuditError;
@@ -31,6 +32,8 @@ pub struct AuditOptions {
     pub sample_key: Option<SampleKey>,
     /// Group commit (default) or one commit per record.
     pub commit: CommitMode,
+    /// Whether [`AuditLog::record`] waits for the disk.
+    pub durability: Durability,
 }
 
 impl Default for AuditOptions {
@@ -39,6 +42,7 @@ impl Default for AuditOptions {
             sample_rate: DEFAULT_SAMPLE_RATE,
             sample_key: None,
             commit: CommitMode::Group,
+            durability: Durability::BeforeAnswer,
         }
     }
 }
@@ -65,6 +69,7 @@ impl AuditOptions {
             sample_rate: *config.sample_rate.get_ref(),
             sample_key,
             commit: CommitMode::Group,
+            durability: config.durability,
         })
     }
 }
@@ -76,7 +81,8 @@ const QUEUE: usize = 8192;
 
 struct Pending {
     op: WriteOp,
-    reply: oneshot::Sender<Result<WriteOutcome, AuditError>>,
+    /// `None`: nobody waits (background appends, canary registrations).
+    reply: Option<oneshot::Sender<Result<WriteOutcome, AuditError>>>,
 }
 
 /// Handle on the audit store of one data directory. Cheap to clone; the
@@ -92,6 +98,7 @@ struct Inner {
     secrets: Secrets,
     options: AuditOptions,
     commits: Arc<AtomicU64>,
+    background_failures: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for AuditLog {
@@ -131,9 +138,19 @@ impl AuditLog {
         let commit = options.commit;
         let commits = Arc::new(AtomicU64::new(0));
         let writer_commits = Arc::clone(&commits);
+        let background_failures = Arc::new(AtomicU64::new(0));
+        let writer_failures = Arc::clone(&background_failures);
         std::thread::Builder::new()
             .name("audit-writer".into())
-            .spawn(move || run_writer(writer_store.as_ref(), receiver, commit, &writer_commits))
+            .spawn(move || {
+                run_writer(
+                    writer_store.as_ref(),
+                    receiver,
+                    commit,
+                    &writer_commits,
+                    &writer_failures,
+                )
+            })
             .map_err(|error| AuditError::Io(format!("cannot start the audit writer: {error}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
@@ -142,13 +159,40 @@ impl AuditLog {
                 secrets,
                 options,
                 commits,
+                background_failures,
             }),
         })
+    }
+
+    /// Records one request as `[audit] durability` says: [`Self::append`]
+    /// (on disk when this returns `Ok`), or queued for the next commit
+    /// (`Ok` once queued).
+    pub async fn record(&self, new: NewRecord) -> Result<(), AuditError> {
+        match self.inner.options.durability {
+            Durability::BeforeAnswer => self.append(new).await.map(drop),
+            Durability::Background => {
+                let op = self.append_op(new)?;
+                self.inner
+                    .sender
+                    .send(Pending { op, reply: None })
+                    .await
+                    .map_err(|_| AuditError::Closed)
+            }
+        }
     }
 
     /// Appends one record; when this returns `Ok`, the record (and its sample)
     /// is on disk. Concurrent calls share a transaction and an fsync.
     pub async fn append(&self, new: NewRecord) -> Result<RecordId, AuditError> {
+        let op = self.append_op(new)?;
+        match self.submit(op).await? {
+            WriteOutcome::Appended(id) => Ok(id),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// The write of one record: its sample sealed, its entry built.
+    fn append_op(&self, new: NewRecord) -> Result<WriteOp, AuditError> {
         let sample = match &new.sample {
             Some(sample) => {
                 let plain = serde_json::to_vec(sample)
@@ -168,15 +212,34 @@ impl AuditLog {
                 sha256: sha256_hex(stored),
             }),
         }));
-        match self.submit(WriteOp::Append { entry, sample }).await? {
-            WriteOutcome::Appended(id) => Ok(id),
-            other => Err(unexpected(other)),
-        }
+        Ok(WriteOp::Append { entry, sample })
     }
 
     /// Registers live canaries; durable when it returns.
     pub async fn register_canaries(&self, entries: Vec<CanaryEntry>) -> Result<(), AuditError> {
         self.submit(WriteOp::Register(entries)).await.map(drop)
+    }
+
+    /// Queues live canaries for the next commit without waiting for it.
+    /// Errors only when the queue is full or the writer has stopped.
+    pub fn register_canaries_soon(&self, entries: Vec<CanaryEntry>) -> Result<(), AuditError> {
+        self.inner
+            .sender
+            .try_send(Pending {
+                op: WriteOp::Register(entries),
+                reply: None,
+            })
+            .map_err(|error| match error {
+                mpsc::error::TrySendError::Full(_) => {
+                    AuditError::Storage("the audit write queue is full".into())
+                }
+                mpsc::error::TrySendError::Closed(_) => AuditError::Closed,
+            })
+    }
+
+    /// Writes that failed in the background (nobody was waiting for them).
+    pub fn background_failures(&self) -> u64 {
+        self.inner.background_failures.load(Ordering::Relaxed)
     }
 
     /// Retires canaries; returns how many were removed.
@@ -231,7 +294,10 @@ impl AuditLog {
         let (reply, answer) = oneshot::channel();
         self.inner
             .sender
-            .send(Pending { op, reply })
+            .send(Pending {
+                op,
+                reply: Some(reply),
+            })
             .await
             .map_err(|_| AuditError::Closed)?;
         answer.await.map_err(|_| AuditError::Closed)?
@@ -254,6 +320,7 @@ fn run_writer(
     mut receiver: mpsc::Receiver<Pending>,
     commit: CommitMode,
     commits: &AtomicU64,
+    background_failures: &AtomicU64,
 ) {
     let limit = match commit {
         CommitMode::Group => MAX_BATCH,
@@ -277,13 +344,22 @@ fn run_writer(
             Ok(outcomes) => {
                 commits.fetch_add(1, Ordering::Relaxed);
                 for (reply, outcome) in replies.drain(..).zip(outcomes) {
-                    let _ = reply.send(Ok(outcome));
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Ok(outcome));
+                    }
                 }
             }
             Err(error) => {
                 tracing::error!(%error, records = ops.len(), "audit commit failed");
                 for reply in replies.drain(..) {
-                    let _ = reply.send(Err(error.clone()));
+                    match reply {
+                        Some(reply) => {
+                            let _ = reply.send(Err(error.clone()));
+                        }
+                        None => {
+                            background_failures.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
                 }
             }
         }

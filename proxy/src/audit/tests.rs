@@ -192,6 +192,46 @@ fn group_commit_shares_transactions_and_per_record_does_not() {
 }
 
 #[test]
+fn background_records_and_canaries_land_in_order_with_the_next_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = AuditOptions {
+        durability: canarygate_policies::config::Durability::Background,
+        ..AuditOptions::default()
+    };
+    let log = AuditLog::open(dir.path(), options).unwrap();
+    runtime().block_on(async {
+        for n in 0..100 {
+            let record = request(&log, n, false);
+            log.record(NewRecord {
+                record,
+                sample: None,
+            })
+            .await
+            .unwrap();
+        }
+        let entry = CanaryEntry {
+            key: CanaryKey([7; 16]),
+            session: "s".into(),
+            request_id: "r".into(),
+            expires_at_ms: u64::MAX,
+        };
+        log.register_canaries_soon(vec![entry]).unwrap();
+        // One durable append after them: the writer works in queue order, so
+        // everything queued before it is on disk when it returns.
+        let record = request(&log, 100, false);
+        log.append(NewRecord {
+            record,
+            sample: None,
+        })
+        .await
+        .unwrap();
+    });
+    assert_eq!(verify(dir.path()), Ok(101));
+    assert_eq!(log.live_canaries(0).unwrap().len(), 1);
+    assert_eq!(log.background_failures(), 0);
+}
+
+#[test]
 fn flipped_byte_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
