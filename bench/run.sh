@@ -8,8 +8,9 @@
 # Starts on 127.0.0.1: the simulated provider (`canarygate sim-provider`, no
 # model latency), then, all pointed at it: nginx (Debian package; config
 # generated below), canarygate with the `default` preset (echo-first), the
-# `strict` preset (verdict-first), and with checks off (`[verify] enabled =
-# false`), and LiteLLM (PyPI, in bench/.venv). Then runs the load generator
+# same with `[audit] durability = "background"` (echo-first-bg), the `strict`
+# preset (verdict-first), and with checks off (`[verify] enabled = false`),
+# and LiteLLM (PyPI, in bench/.venv). Then runs the load generator
 # (bench/, `canarygate-bench`) over all of them, non-streaming and streaming,
 # every answer 64 tokens: saturation throughput, CPU per request of each
 # proxy's process tree (from /proc), and p50/p99 latency at a fixed rate below
@@ -61,7 +62,7 @@ if [ "${BENCH_QUICK:-0}" = 1 ]; then
   export CANARYGATE_BENCH_LATENCY_SECONDS=${CANARYGATE_BENCH_LATENCY_SECONDS:-2}
 fi
 
-all_targets=direct,nginx,canarygate-echo-first,canarygate-verdict-first,canarygate-off,litellm
+all_targets=direct,nginx,canarygate-echo-first,canarygate-echo-first-bg,canarygate-verdict-first,canarygate-off,litellm
 targets=${BENCH_TARGETS:-$all_targets}
 wants() { case ",$targets," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 for t in ${targets//,/ }; do
@@ -235,6 +236,13 @@ start_canarygate() {
 }
 
 wants canarygate-echo-first && start_canarygate canarygate-echo-first preset:default
+if wants canarygate-echo-first-bg; then
+  # All checks on, with the audit record committed in the background instead
+  # of before the answer ([audit] durability = "background").
+  { cat policies/presets/default.toml; printf '\n[audit]\ndurability = "background"\n'; } \
+    >"$work/echo-first-bg.toml"
+  start_canarygate canarygate-echo-first-bg "$work/echo-first-bg.toml"
+fi
 wants canarygate-verdict-first && start_canarygate canarygate-verdict-first preset:strict
 if wants canarygate-off; then
   cat >"$work/checks-off.toml" <<EOF

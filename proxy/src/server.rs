@@ -523,11 +523,12 @@ async fn serve_chat(
     let bytes = read_body(headers, body, limits.max_body_bytes).await?;
     trail.request_body(&bytes);
     let mut request = ChatRequest::parse(&bytes)?;
-    trail.model = Some(request.model.clone());
+    let model = request.model.clone();
+    trail.model = Some(model.clone());
     let route = state
         .policy
-        .route(&request.model)
-        .ok_or_else(|| ApiError::model_not_found(&request.model))?;
+        .route(&model)
+        .ok_or_else(|| ApiError::model_not_found(&model))?;
     trail.provider = Some(route.provider.to_owned());
     let renamed = route.upstream_model != request.model;
     if renamed {
@@ -541,6 +542,7 @@ async fn serve_chat(
         caller,
         request_id: request_id.0.clone(),
         client_headers: headers,
+        upstream_model: route.upstream_model,
         local_model: route.local_model,
     };
 
@@ -548,9 +550,17 @@ async fn serve_chat(
         return Ok(served);
     }
     let served = if state.policy.verify.enabled {
-        crate::verified::serve(&exchange, &request, trail, &mut permit).await
+        crate::verified::serve(&exchange, request, &bytes, trail, &mut permit).await
     } else {
-        serve_plain(&exchange, &request, bytes, renamed, trail, &mut permit).await
+        serve_plain(
+            &exchange,
+            &request,
+            bytes.clone(),
+            renamed,
+            trail,
+            &mut permit,
+        )
+        .await
     };
     if state.local.is_some()
         && state.policy.local.on_upstream_unavailable()
@@ -561,7 +571,7 @@ async fn serve_chat(
         }
         return crate::local::serve(
             &exchange,
-            &request,
+            &exchange.reparse(&bytes)?,
             route.local_model,
             LocalReason::UpstreamUnavailable,
             trail,
@@ -715,10 +725,17 @@ async fn serve_plain(
             exchange.upstream_error_response(status, body),
         ));
     }
-    if let Ok(answer) = serde_json::from_slice::<serde_json::Value>(&body) {
-        trail.prompt_tokens_provider = answer
-            .pointer("/usage/prompt_tokens")
-            .and_then(serde_json::Value::as_u64);
+    /// Just `usage.prompt_tokens` of an answer; the rest is skipped unparsed.
+    #[derive(serde::Deserialize)]
+    struct UsageOnly {
+        usage: Option<PromptTokens>,
+    }
+    #[derive(serde::Deserialize)]
+    struct PromptTokens {
+        prompt_tokens: Option<u64>,
+    }
+    if let Ok(answer) = serde_json::from_slice::<UsageOnly>(&body) {
+        trail.prompt_tokens_provider = answer.usage.and_then(|usage| usage.prompt_tokens);
     }
     Ok(Served::Whole(exchange.json_response(
         status,
@@ -736,11 +753,23 @@ pub(crate) struct Exchange<'a> {
     pub(crate) request_id: Arc<str>,
     client_headers: &'a HeaderMap,
     session_header: HeaderValue,
+    /// `model` sent upstream.
+    upstream_model: &'a str,
     /// `model` reported if the local engine answers.
     pub(crate) local_model: &'a str,
 }
 
 impl Exchange<'_> {
+    /// The client's request parsed again from the bytes received, with the
+    /// model renamed for the provider (retries and fallbacks).
+    pub(crate) fn reparse(&self, original: &Bytes) -> Result<ChatRequest, ApiError> {
+        let mut request = ChatRequest::parse(original)?;
+        if request.model != self.upstream_model {
+            request.body["model"] = json!(self.upstream_model);
+        }
+        Ok(request)
+    }
+
     /// The policy's idle timeout between upstream chunks.
     pub(crate) fn idle_timeout(&self) -> Duration {
         Duration::from_millis(self.state.policy.limits.idle_timeout_ms)

@@ -40,6 +40,9 @@ impl Upstream {
             .pool_max_idle_per_host(1024)
             .tcp_nodelay(true)
             .redirect(reqwest::redirect::Policy::none())
+            // Never retried by the client (a retry is a policy decision); also spares
+            // reqwest cloning every request in case it retries.
+            .retry(reqwest::retry::never())
             .no_proxy();
         if let Some(path) = &provider.extra_ca_file {
             let pem = std::fs::read(path).map_err(|error| {

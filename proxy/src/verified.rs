@@ -54,15 +54,25 @@ pub(crate) fn now_ms() -> u64 {
 const VERDICT_PENDING: &str = "pending; release=echo-first";
 
 /// Serves one chat request on the verified path.
+///
+/// `request` is the client's request (model renamed for the provider); its
+/// body gets the canaries in place. `original` is the body as received: a
+/// retry or a local fallback parses it again rather than every request
+/// paying for a deep copy.
 pub(crate) async fn serve(
     exchange: &Exchange<'_>,
-    request: &ChatRequest,
+    request: ChatRequest,
+    original: &Bytes,
     trail: &mut Trail,
     permit: &mut Option<OwnedSemaphorePermit>,
 ) -> Result<Served, ApiError> {
     let config = &exchange.state.policy.verify;
+    let mut unused = Some(request);
     for attempt in 0..2 {
-        let mut body = request.body.clone();
+        let mut body = match unused.take() {
+            Some(request) => request.body,
+            None => exchange.reparse(original)?.body,
+        };
         let canaries = RequestCanaries::mint()
             .map_err(|error| ApiError::internal(format!("no OS randomness: {error}")))?;
         let injection = inject(&mut body, config.echo, canaries).map_err(inject_error)?;
@@ -111,7 +121,7 @@ pub(crate) async fn serve(
             stream.fill(trail);
             match driven {
                 Driven::Retry => {}
-                Driven::Fallback => return fall_back(exchange, request, trail, permit).await,
+                Driven::Fallback => return fall_back(exchange, original, trail, permit).await,
                 Driven::Blocked => {
                     let verdict = stream.verdict.as_ref().expect("a block has a verdict");
                     return Ok(Served::Whole(blocked(exchange, verdict)));
@@ -130,7 +140,7 @@ pub(crate) async fn serve(
             match complete(exchange, response, attempt_state, trail).await? {
                 Completed::Answer(response) => return Ok(Served::Whole(response)),
                 Completed::Retry => {}
-                Completed::Fallback => return fall_back(exchange, request, trail, permit).await,
+                Completed::Fallback => return fall_back(exchange, original, trail, permit).await,
             }
         }
         tracing::warn!(
@@ -147,10 +157,11 @@ pub(crate) async fn serve(
 /// failed verification, before any of it reached the client.
 async fn fall_back(
     exchange: &Exchange<'_>,
-    request: &ChatRequest,
+    original: &Bytes,
     trail: &mut Trail,
     permit: &mut Option<OwnedSemaphorePermit>,
 ) -> Result<Served, ApiError> {
+    let request = exchange.reparse(original)?;
     tracing::warn!(
         request_id = %exchange.request_id,
         provider = %exchange.upstream.name,
@@ -158,7 +169,7 @@ async fn fall_back(
     );
     crate::local::serve(
         exchange,
-        request,
+        &request,
         exchange.local_model,
         LocalReason::VerificationFailed,
         trail,
@@ -416,6 +427,8 @@ pub(crate) struct VerifiedStream {
     registry: Arc<MemoryRegistry>,
     /// `id`, `object`, `created`, `model`, `system_fingerprint` of upstream chunks.
     template: Map<String, Value>,
+    /// [`Self::chunk_prefix`], once built.
+    chunk_prefix: Vec<u8>,
     finish_reasons: Vec<Option<String>>,
     usage: Option<Value>,
     tool_calls: BTreeMap<(u32, u32), ToolCallHead>,
@@ -449,6 +462,7 @@ impl VerifiedStream {
             idle_timeout: exchange.idle_timeout(),
             registry: exchange.state.registry.clone(),
             template: Map::new(),
+            chunk_prefix: Vec::new(),
             finish_reasons: Vec::new(),
             usage: None,
             tool_calls: BTreeMap::new(),
@@ -742,10 +756,36 @@ impl VerifiedStream {
         chunk
     }
 
+    /// `data: {"id":…,"object":…,"created":…,"model":…,"choices":` of every
+    /// rebuilt chunk, serialised once per stream.
+    fn chunk_prefix(&mut self) -> &[u8] {
+        if self.chunk_prefix.is_empty() {
+            let mut prefix = b"data: ".to_vec();
+            let base = Value::Object(self.chunk_base());
+            // A map of plain values always serialises.
+            let _ = serde_json::to_writer(&mut prefix, &base);
+            prefix.pop(); // the closing brace
+            if prefix.last() != Some(&b'{') {
+                prefix.push(b',');
+            }
+            prefix.extend_from_slice(b"\"choices\":");
+            self.chunk_prefix = prefix;
+        }
+        &self.chunk_prefix
+    }
+
+    /// Appends one chunk event whose `choices` is written by `choices`.
+    fn emit_with(&mut self, choices: impl FnOnce(&mut Vec<u8>)) {
+        let mut out = std::mem::take(&mut self.out);
+        out.extend_from_slice(self.chunk_prefix());
+        choices(&mut out);
+        out.extend_from_slice(b"}\n\n");
+        self.out = out;
+    }
+
     fn emit_choices(&mut self, choices: Value) {
-        let mut chunk = self.chunk_base();
-        chunk.insert("choices".into(), choices);
-        encode_data(&Value::Object(chunk).to_string(), &mut self.out);
+        // JSON values always serialise.
+        self.emit_with(|out| drop(serde_json::to_writer(out, &choices)));
     }
 
     /// Adds `role` to the first delta of a choice.
@@ -760,13 +800,22 @@ impl VerifiedStream {
         }
     }
 
+    /// The hot path of a stream: one content delta, written straight out.
     fn emit_content(&mut self, index: u32, text: &str) {
-        let mut delta = Map::new();
-        self.take_role(index, &mut delta);
-        delta.insert("content".into(), json!(text));
-        self.emit_choices(json!([{
-            "index": index, "delta": delta, "logprobs": null, "finish_reason": null,
-        }]));
+        let mut role = Map::new();
+        self.take_role(index, &mut role);
+        self.emit_with(|out| {
+            out.extend_from_slice(b"[{\"index\":");
+            out.extend_from_slice(index.to_string().as_bytes());
+            out.extend_from_slice(b",\"delta\":{");
+            if !role.is_empty() {
+                out.extend_from_slice(b"\"role\":\"assistant\",");
+            }
+            out.extend_from_slice(b"\"content\":");
+            // A string always serialises.
+            let _ = serde_json::to_writer(&mut *out, text);
+            out.extend_from_slice(b"},\"logprobs\":null,\"finish_reason\":null}]");
+        });
     }
 
     fn emit_tool_call(&mut self, index: u32, call_index: u32, arguments: &str) {

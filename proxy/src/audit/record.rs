@@ -252,6 +252,18 @@ pub struct Record {
     pub entry: Entry,
 }
 
+/// A [`Record`] that borrows its entry, for writing without copying it.
+/// Serialises to exactly the same bytes.
+#[derive(Debug, Serialize)]
+pub(crate) struct RecordRef<'a> {
+    pub v: u32,
+    pub id: RecordId,
+    pub prev_hash: String,
+    pub recorded_at_ms: u64,
+    #[serde(flatten)]
+    pub entry: &'a Entry,
+}
+
 /// A record as read from the store: the hash kept next to it and the body bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawRecord {
@@ -303,7 +315,7 @@ impl RawRecord {
 }
 
 /// Serialises `record` and returns the stored value (`hash || body`) and the hash.
-pub(crate) fn seal(record: &Record) -> Result<(Vec<u8>, [u8; 32]), AuditError> {
+pub(crate) fn seal(record: &impl Serialize) -> Result<(Vec<u8>, [u8; 32]), AuditError> {
     let body = serde_json::to_vec(record)
         .map_err(|error| AuditError::Corrupt(format!("cannot serialise record: {error}")))?;
     let hash = chain_hash(&body);

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::AuditError;
 use super::record::{
-    CheckpointEntry, Entry, GENESIS_HASH, RawRecord, Record, RecordId, SCHEMA_VERSION, seal,
+    CheckpointEntry, Entry, GENESIS_HASH, RawRecord, RecordId, RecordRef, SCHEMA_VERSION, seal,
 };
 use super::time::now_ms;
 
@@ -327,13 +327,13 @@ impl Tables<'_> {
 
     fn append(&mut self, entry: &Entry, sample: Option<&[u8]>) -> Result<WriteOutcome, AuditError> {
         let (id, prev_hash, last_ms) = self.head()?;
-        let record = Record {
+        let record = RecordRef {
             v: SCHEMA_VERSION,
             id,
             prev_hash: hex::encode(prev_hash),
             // Never behind the previous record, so time ranges are id ranges.
             recorded_at_ms: now_ms().max(last_ms),
-            entry: entry.clone(),
+            entry,
         };
         let (value, hash) = seal(&record)?;
         self.records.insert(id, value.as_slice()).map_err(storage)?;
