@@ -219,3 +219,69 @@ provider = "a"
     assert!(!output.status.success());
     assert!(String::from_utf8_lossy(&output.stderr).contains("--provider"));
 }
+
+/// `[probe] every_hours`: `serve` probes routed models whose last probe is
+/// missing or too old, at start and then on schedule, and uses the result.
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_probes_on_schedule_and_uses_the_result() {
+    let sim = start_sim(&[
+        "--mode",
+        "leak-on-overflow",
+        "--context-window",
+        "8192",
+        "--pool-tokens",
+        "5322",
+    ]);
+    let dir = ProxyDir::new();
+    let model = tiny_model(dir.dir.path(), "tiny", 16384);
+    let policy = dir.policy(&format!(
+        r#"
+[[providers]]
+name = "sim"
+base_url = "{}/v1"
+context_window = 8192
+api_key_env = "SIM_PROBE_KEY"
+
+[[routes]]
+model = "m"
+provider = "sim"
+
+[local]
+model_dir = "{}"
+kv_budget_mib = 32
+
+[probe]
+every_hours = 24.0
+"#,
+        sim.url,
+        model.display()
+    ));
+    let proxy = start_proxy_with_policy(&dir, &policy, &[("SIM_PROBE_KEY", "sk-probe")]);
+    let stored = dir.data().join("probes/sim--m.json");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !stored.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "serve did not probe on its schedule"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let result: Value = serde_json::from_slice(&std::fs::read(&stored).unwrap()).unwrap();
+    let limit = result["effective_limit_tokens"].as_u64().unwrap();
+    assert!(limit <= 5322 && limit >= 5000, "{result}");
+    assert_eq!(result["over_window_status"], 200);
+
+    // The server reloads what it just stored: a prompt over the pool but
+    // under the advertised window is served locally.
+    let text = vec!["river"; 6000].join(" ");
+    let response = client()
+        .post(format!("{}/v1/chat/completions", proxy.url))
+        .bearer_auth("sk-client")
+        .json(&json!({"model": "m", "max_tokens": 8,
+                      "messages": [{"role": "user", "content": text}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.headers()["x-canarygate-served-by"], "local");
+}

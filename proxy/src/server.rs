@@ -265,8 +265,16 @@ fn spawn_probe_tasks(state: std::sync::Weak<AppState>, data_dir: PathBuf) {
                 let probes = strong.probes.clone();
                 drop(strong);
                 let budget = policy.probe.budget_tokens;
+                // The provider's api_key_env authenticates the probe (also in passthrough auth).
+                let api_key = policy
+                    .providers
+                    .iter()
+                    .find(|provider| provider.name.get_ref() == &target.provider)
+                    .and_then(|provider| provider.api_key_env.as_deref())
+                    .and_then(|variable| std::env::var(variable).ok());
                 tracing::info!(provider = %target.provider, model = %target.model, "scheduled context probe");
-                match crate::probe::run(&policy, &target, None, budget, |_| {}).await {
+                match crate::probe::run(&policy, &target, api_key.as_deref(), budget, |_| {}).await
+                {
                     Ok(result) => {
                         tracing::info!(
                             provider = %result.provider,
@@ -546,7 +554,9 @@ async fn serve_chat(
         local_model: route.local_model,
     };
 
-    if let Some(served) = preflight(&exchange, &request, &route, trail, &mut permit).await? {
+    if let Some(served) =
+        preflight(&exchange, &request, bytes.len(), &route, trail, &mut permit).await?
+    {
         return Ok(served);
     }
     let served = if state.policy.verify.enabled {
@@ -607,6 +617,7 @@ struct ProviderError;
 async fn preflight(
     exchange: &Exchange<'_>,
     request: &ChatRequest,
+    body_len: usize,
     route: &ResolvedRoute<'_>,
     trail: &mut Trail,
     permit: &mut Option<OwnedSemaphorePermit>,
@@ -617,6 +628,17 @@ async fn preflight(
         .get(route.provider, route.upstream_model)
         .map(|result| result.effective_limit_tokens);
     let limit = trusted_limit(route.context_window, probed, route.max_context_tokens);
+    // No count can exceed the body's length in bytes (every token, ours or a
+    // tokenizer's, covers at least one byte of it): most requests fit
+    // without counting.
+    let at_most = ContextDemand::new(
+        body_len as u64,
+        request.max_tokens(),
+        state.policy.verify.enabled,
+    );
+    if at_most.fits(limit) {
+        return Ok(None);
+    }
     let messages = request.messages();
     let prompt_tokens = exchange
         .upstream
