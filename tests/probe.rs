@@ -268,7 +268,7 @@ every_hours = 24.0
     }
     let result: Value = serde_json::from_slice(&std::fs::read(&stored).unwrap()).unwrap();
     let limit = result["effective_limit_tokens"].as_u64().unwrap();
-    assert!(limit <= 5322 && limit >= 5000, "{result}");
+    assert!((5000..=5322).contains(&limit), "{result}");
     assert_eq!(result["over_window_status"], 200);
 
     // The server reloads what it just stored: a prompt over the pool but
