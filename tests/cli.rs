@@ -112,10 +112,7 @@ fn serve_without_a_reachable_provider_starts_and_says_what_is_missing() {
     use std::process::Stdio;
     use std::time::{Duration, Instant};
 
-    let closed = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://{}/v1", listener.local_addr().unwrap())
-    };
+    let closed = format!("{}/v1", closed_url());
     let dir = ProxyDir::new();
     let mut child = Command::new(binary())
         .args([

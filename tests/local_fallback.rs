@@ -288,10 +288,7 @@ async fn failed_verdicts_are_served_locally_streamed_or_not_under_both_releases(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn unavailable_providers_are_served_locally_only_when_asked() {
-    let closed = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://{}", listener.local_addr().unwrap())
-    };
+    let closed = closed_url();
     let stalled = start_sim(&["--mode", "stall-first-byte"]);
     let dir = ProxyDir::new();
     let model = tiny_model(dir.dir.path(), "tiny", 4096);
@@ -344,10 +341,7 @@ fn the_openai_sdk_gets_correct_answers_through_every_route() {
         "--pool-tokens",
         "400",
     ]);
-    let closed = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://{}", listener.local_addr().unwrap())
-    };
+    let closed = closed_url();
     let dir = ProxyDir::new();
     let model = tiny_model(dir.dir.path(), "tiny", 4096);
     let engine = start_engine_server(&model);

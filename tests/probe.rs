@@ -25,6 +25,36 @@ provider = "sim"
     ))
 }
 
+/// The incident's provider: window 8,192, KV pool 5,322, leaks over the pool.
+fn start_leaky_sim() -> Running {
+    start_sim(&[
+        "--mode",
+        "leak-on-overflow",
+        "--context-window",
+        "8192",
+        "--pool-tokens",
+        "5322",
+    ])
+}
+
+/// Sends `words` words of prompt through `proxy`; returns `x-canarygate-served-by`.
+async fn served_by(proxy: &Running, words: usize) -> String {
+    let text = vec!["river"; words].join(" ");
+    let response = client()
+        .post(format!("{}/v1/chat/completions", proxy.url))
+        .bearer_auth("sk-client")
+        .json(&json!({"model": "m", "max_tokens": 8,
+                      "messages": [{"role": "user", "content": text}]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.headers()["x-canarygate-served-by"]
+        .to_str()
+        .unwrap()
+        .to_owned()
+}
+
 fn probe(policy: &Path, data: &Path, extra: &[&str]) -> Output {
     Command::new(binary())
         .args(["probe", "--config"])
@@ -49,14 +79,7 @@ fn probe_json(policy: &Path, data: &Path) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn probe_finds_a_leaky_providers_pool_and_flags_its_over_window_answer() {
-    let sim = start_sim(&[
-        "--mode",
-        "leak-on-overflow",
-        "--context-window",
-        "8192",
-        "--pool-tokens",
-        "5322",
-    ]);
+    let sim = start_leaky_sim();
     let dir = ProxyDir::new();
     let policy = sim_policy(&dir, &sim.url, "");
     let result = probe_json(&policy, &dir.data());
@@ -106,22 +129,8 @@ kv_budget_mib = 32
     ));
     let proxy = start_proxy_with_policy(&dir, &served, &[]);
     let before = sim_stats(&sim).await["requests"].as_u64().unwrap();
-    for (words, served_by) in [(6000, "local"), (1000, "upstream")] {
-        let text = vec!["river"; words].join(" ");
-        let response = client()
-            .post(format!("{}/v1/chat/completions", proxy.url))
-            .bearer_auth("sk-client")
-            .json(&json!({"model": "m", "max_tokens": 8,
-                          "messages": [{"role": "user", "content": text}]}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status(), 200);
-        assert_eq!(
-            response.headers()["x-canarygate-served-by"],
-            served_by,
-            "{words} words"
-        );
+    for (words, expected) in [(6000, "local"), (1000, "upstream")] {
+        assert_eq!(served_by(&proxy, words).await, expected, "{words} words");
     }
     assert_eq!(
         sim_stats(&sim).await["requests"].as_u64().unwrap(),
@@ -224,14 +233,7 @@ provider = "a"
 /// missing or too old, at start and then on schedule, and uses the result.
 #[tokio::test(flavor = "multi_thread")]
 async fn serve_probes_on_schedule_and_uses_the_result() {
-    let sim = start_sim(&[
-        "--mode",
-        "leak-on-overflow",
-        "--context-window",
-        "8192",
-        "--pool-tokens",
-        "5322",
-    ]);
+    let sim = start_leaky_sim();
     let dir = ProxyDir::new();
     let model = tiny_model(dir.dir.path(), "tiny", 16384);
     let policy = dir.policy(&format!(
@@ -273,15 +275,5 @@ every_hours = 24.0
 
     // The server reloads what it just stored: a prompt over the pool but
     // under the advertised window is served locally.
-    let text = vec!["river"; 6000].join(" ");
-    let response = client()
-        .post(format!("{}/v1/chat/completions", proxy.url))
-        .bearer_auth("sk-client")
-        .json(&json!({"model": "m", "max_tokens": 8,
-                      "messages": [{"role": "user", "content": text}]}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    assert_eq!(response.headers()["x-canarygate-served-by"], "local");
+    assert_eq!(served_by(&proxy, 6000).await, "local");
 }

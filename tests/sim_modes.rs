@@ -159,17 +159,6 @@ fn long_text(marker: &str, count: usize) -> String {
     text
 }
 
-async fn stats(sim: &Running) -> Value {
-    client()
-        .get(format!("{}/sim/stats", sim.url))
-        .send()
-        .await
-        .expect("stats")
-        .json()
-        .await
-        .expect("stats JSON")
-}
-
 #[tokio::test]
 async fn honest_model_opens_with_head_and_tail_canaries() {
     let sim = start_sim(&[]);
@@ -192,7 +181,7 @@ async fn honest_model_opens_with_head_and_tail_canaries() {
         assert_eq!(outcome.header("x-sim-context"), "own");
         assert_eq!(outcome.header("x-sim-context-from"), "");
     }
-    let stats = stats(&sim).await;
+    let stats = sim_stats(&sim).await;
     assert_eq!(stats["leaked"], 0, "{stats}");
     assert_eq!(stats["completed"], 2, "{stats}");
 }
@@ -300,7 +289,7 @@ async fn leak_on_overflow_answers_over_pool_prompts_from_earlier_requests() {
     assert_eq!(rejected.status, 400);
     assert_eq!(rejected.error["error"]["code"], "context_length_exceeded");
 
-    let stats = stats(&sim).await;
+    let stats = sim_stats(&sim).await;
     assert_eq!(stats["placeholder_substitutions"], 3, "{stats}");
     assert_eq!(stats["leaked"], 3, "{stats}");
     assert_eq!(stats["rejected"], 1, "{stats}");
@@ -370,7 +359,7 @@ async fn leak_on_overflow_under_concurrency_leaks_whole_canary_pairs() {
             );
         }
     }
-    let stats = stats(&sim).await;
+    let stats = sim_stats(&sim).await;
     assert_eq!(stats["leaked"], leaks, "{stats}");
     assert_eq!(stats["placeholder_substitutions"], leaks, "{stats}");
 }
@@ -390,7 +379,7 @@ async fn leak_on_overflow_on_a_fresh_pool_leaks_nothing() {
     );
     assert_eq!(outcome.header("x-sim-context"), "stale");
     assert_eq!(outcome.header("x-sim-context-from"), "");
-    let stats = stats(&sim).await;
+    let stats = sim_stats(&sim).await;
     assert_eq!(stats["placeholder_substitutions"], 1, "{stats}");
     assert_eq!(stats["leaked"], 0, "{stats}");
 }
@@ -481,7 +470,7 @@ async fn truncation_loses_the_head_or_the_tail_canary() {
     );
     assert_eq!(outcome.header("x-sim-context"), "own");
 
-    let stats = stats(&sim).await;
+    let stats = sim_stats(&sim).await;
     assert_eq!(stats["truncated"], 5, "{stats}");
     assert_eq!(stats["leaked"], 0, "{stats}");
 }
@@ -520,7 +509,7 @@ async fn swap_answers_with_the_previous_requests_context() {
         assert!(outcome.done);
         previous = (request, text, outcome.id);
     }
-    let stats = stats(&sim).await;
+    let stats = sim_stats(&sim).await;
     assert_eq!(stats["swapped"], 2, "{stats}");
     assert_eq!(stats["leaked"], 2, "{stats}");
 }
@@ -556,7 +545,7 @@ async fn cut_ends_without_done_or_a_complete_body() {
             .and_then(|bytes| serde_json::from_slice::<Value>(&bytes).ok());
         assert!(parsed.is_none(), "a cut body never parses: {parsed:?}");
     }
-    let stats = stats(&sim).await;
+    let stats = sim_stats(&sim).await;
     assert_eq!(stats["completed"], 0, "{stats}");
     assert_eq!(stats["requests"], 2, "{stats}");
 }

@@ -299,3 +299,9 @@ pub async fn sim_stats(sim: &Running) -> serde_json::Value {
         .await
         .expect("sim stats JSON")
 }
+
+/// `http://127.0.0.1:PORT` of a port nothing listens on (bound, then closed).
+pub fn closed_url() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    format!("http://{}", listener.local_addr().expect("local addr"))
+}
