@@ -250,10 +250,13 @@ fn report_startup(startup: &canarygate_proxy::Startup, local_dir: &Option<String
              (run `canarygate probe`)"
         );
     }
-    for (provider, model, limit, trusted) in &startup.probes {
+    for probe in &startup.probes {
         tracing::info!(
-            "probe result: {provider}/{model} trusted with {limit} tokens ({})",
-            if *trusted {
+            "probe result: {}/{} trusted with {} tokens ({})",
+            probe.provider,
+            probe.model,
+            probe.effective_limit_tokens,
+            if probe.trusted {
                 "its whole advertised window"
             } else {
                 "below its advertised window"

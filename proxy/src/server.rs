@@ -88,8 +88,8 @@ pub struct Server {
 pub struct Startup {
     /// The local engine: served context window and KV pool, in tokens.
     pub local_engine: Option<(usize, usize)>,
-    /// Stored probe results: provider, model, effective limit, trusted.
-    pub probes: Vec<(String, String, u64, bool)>,
+    /// Stored probe results.
+    pub probes: Vec<Arc<canarygate_policies::probe::ProbeResult>>,
 }
 
 /// How often `serve` re-reads the probe results of its data directory.
@@ -131,18 +131,7 @@ impl Server {
             local_engine: local
                 .as_ref()
                 .map(|engine| (engine.context_window(), engine.pool_tokens())),
-            probes: probes
-                .all()
-                .iter()
-                .map(|r| {
-                    (
-                        r.provider.clone(),
-                        r.model.clone(),
-                        r.effective_limit_tokens,
-                        r.trusted,
-                    )
-                })
-                .collect(),
+            probes: probes.all(),
         };
         let listener = TcpListener::bind(options.listen)
             .await
