@@ -10,10 +10,9 @@
 //!    whichever of the two exists, then a space;
 //! 2. then it restates the *subject*, the last user segment that holds
 //!    neither instruction, cycling through its whitespace-separated words, for
-//!    a length in words derived from the context.
-//!
-//! 3. unless some segment asks for the needles of a context probe
-//!    ([`RECALL_PHRASE`]): then the body lists every passphrase it can see.
+//!    a length in words derived from the context; or, when some segment asks
+//!    for the needles of a context probe ([`RECALL_PHRASE`]), it lists every
+//!    passphrase it can see, in order.
 //!
 //! The same context always gives the same reply, and a reply shows what the
 //! model could see: a context filled with someone else's text gives an answer
