@@ -154,6 +154,16 @@ fn assert_local(answer: &Answer, reason: &str, expected: &str) {
     assert!(!answer.content.contains("CG-") && !answer.content.contains("You wrote"));
 }
 
+/// Sends `body` (not streamed) and the same body streamed; both must be
+/// served locally for `reason`, with the engine's answer `expected`.
+async fn assert_local_both_ways(url: &str, body: &Value, reason: &str, expected: &str) {
+    for stream in [false, true] {
+        let mut body = body.clone();
+        body["stream"] = json!(stream);
+        assert_local(&send(url, &body).await, reason, expected);
+    }
+}
+
 fn records_with_route(data: &Path, route: &str) -> Vec<Value> {
     audit_export(data)
         .into_iter()
@@ -172,18 +182,7 @@ async fn preflight_sends_untrusted_context_to_local_before_anything_goes_upstrea
 
     let long = request(&long_text("Harvest log of Quenby", LONG_WORDS), false);
     let expected = reference(&engine, &long).await;
-    assert_local(
-        &send(&proxy.url, &long).await,
-        "untrusted_context",
-        &expected,
-    );
-    let mut long_stream = long.clone();
-    long_stream["stream"] = json!(true);
-    assert_local(
-        &send(&proxy.url, &long_stream).await,
-        "untrusted_context",
-        &expected,
-    );
+    assert_local_both_ways(&proxy.url, &long, "untrusted_context", &expected).await;
     assert_eq!(sim_stats(&sim).await["requests"], 0, "a byte went upstream");
 
     // Within the trusted context: the provider answers, verified.
@@ -305,18 +304,7 @@ async fn unavailable_providers_are_served_locally_only_when_asked() {
             "on_upstream_unavailable = true",
         ));
         let proxy = start_proxy_with_policy(&proxy_dir, &fallback, &[]);
-        assert_local(
-            &send(&proxy.url, &body).await,
-            "upstream_unavailable",
-            &expected,
-        );
-        let mut streamed = body.clone();
-        streamed["stream"] = json!(true);
-        assert_local(
-            &send(&proxy.url, &streamed).await,
-            "upstream_unavailable",
-            &expected,
-        );
+        assert_local_both_ways(&proxy.url, &body, "upstream_unavailable", &expected).await;
         drop(proxy);
 
         // Without the option the client gets the provider's failure.

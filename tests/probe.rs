@@ -9,13 +9,21 @@ use std::process::{Command, Output};
 use common::*;
 use serde_json::{Value, json};
 
-fn sim_policy(dir: &ProxyDir, upstream: &str, extra: &str) -> std::path::PathBuf {
+/// One provider `sim` (window 8,192) with `provider_extra` fields, route
+/// `m`, then `extra` tables.
+fn sim_policy(
+    dir: &ProxyDir,
+    upstream: &str,
+    provider_extra: &str,
+    extra: &str,
+) -> std::path::PathBuf {
     dir.policy(&format!(
         r#"
 [[providers]]
 name = "sim"
 base_url = "{upstream}/v1"
 context_window = 8192
+{provider_extra}
 
 [[routes]]
 model = "m"
@@ -81,7 +89,7 @@ fn probe_json(policy: &Path, data: &Path) -> Value {
 async fn probe_finds_a_leaky_providers_pool_and_flags_its_over_window_answer() {
     let sim = start_leaky_sim();
     let dir = ProxyDir::new();
-    let policy = sim_policy(&dir, &sim.url, "");
+    let policy = sim_policy(&dir, &sim.url, "", "");
     let result = probe_json(&policy, &dir.data());
 
     assert_eq!(result["advertised_window_tokens"], 8192);
@@ -109,24 +117,15 @@ async fn probe_finds_a_leaky_providers_pool_and_flags_its_over_window_answer() {
     // `serve` trusts the provider only up to what the probe found: a prompt
     // under the advertised window but over the pool goes to the local engine.
     let model = tiny_model(dir.dir.path(), "tiny", 16384);
-    let served = dir.policy(&format!(
-        r#"
-[[providers]]
-name = "sim"
-base_url = "{}/v1"
-context_window = 8192
-
-[[routes]]
-model = "m"
-provider = "sim"
-
-[local]
-model_dir = "{}"
-kv_budget_mib = 32
-"#,
-        sim.url,
-        model.display()
-    ));
+    let served = sim_policy(
+        &dir,
+        &sim.url,
+        "",
+        &format!(
+            "[local]\nmodel_dir = \"{}\"\nkv_budget_mib = 32\n",
+            model.display()
+        ),
+    );
     let proxy = start_proxy_with_policy(&dir, &served, &[]);
     let before = sim_stats(&sim).await["requests"].as_u64().unwrap();
     for (words, expected) in [(6000, "local"), (1000, "upstream")] {
@@ -156,7 +155,7 @@ kv_budget_mib = 32
 async fn probe_confirms_an_honest_window_and_sends_nothing_without_yes() {
     let sim = start_sim(&["--context-window", "8192"]);
     let dir = ProxyDir::new();
-    let policy = sim_policy(&dir, &sim.url, "");
+    let policy = sim_policy(&dir, &sim.url, "", "");
 
     let dry = probe(&policy, &dir.data(), &[]);
     assert!(dry.status.success());
@@ -195,7 +194,7 @@ async fn probe_confirms_an_honest_window_and_sends_nothing_without_yes() {
 fn a_provider_refusing_the_probe_stores_nothing() {
     let sim = start_sim(&["--api-key", "sk-right"]);
     let dir = ProxyDir::new();
-    let policy = sim_policy(&dir, &sim.url, "");
+    let policy = sim_policy(&dir, &sim.url, "", "");
     let output = probe(&policy, &dir.data(), &["--yes"]);
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
@@ -236,28 +235,15 @@ async fn serve_probes_on_schedule_and_uses_the_result() {
     let sim = start_leaky_sim();
     let dir = ProxyDir::new();
     let model = tiny_model(dir.dir.path(), "tiny", 16384);
-    let policy = dir.policy(&format!(
-        r#"
-[[providers]]
-name = "sim"
-base_url = "{}/v1"
-context_window = 8192
-api_key_env = "SIM_PROBE_KEY"
-
-[[routes]]
-model = "m"
-provider = "sim"
-
-[local]
-model_dir = "{}"
-kv_budget_mib = 32
-
-[probe]
-every_hours = 24.0
-"#,
-        sim.url,
-        model.display()
-    ));
+    let policy = sim_policy(
+        &dir,
+        &sim.url,
+        "api_key_env = \"SIM_PROBE_KEY\"",
+        &format!(
+            "[local]\nmodel_dir = \"{}\"\nkv_budget_mib = 32\n\n[probe]\nevery_hours = 24.0\n",
+            model.display()
+        ),
+    );
     let proxy = start_proxy_with_policy(&dir, &policy, &[("SIM_PROBE_KEY", "sk-probe")]);
     let stored = dir.data().join("probes/sim--m.json");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);

@@ -79,19 +79,10 @@ impl ProbeTarget {
         };
         let name = provider.name.get_ref().as_str();
         let (model, advertised) = match model {
-            Some(model) => {
-                let advertised = policy
-                    .route(model)
-                    .filter(|route| route.provider == name)
-                    .map_or(*provider.context_window.get_ref(), |route| {
-                        route.context_window
-                    });
-                let upstream = policy
-                    .route(model)
-                    .filter(|route| route.provider == name)
-                    .map_or(model, |route| route.upstream_model);
-                (upstream.to_owned(), advertised)
-            }
+            Some(model) => match policy.route(model).filter(|route| route.provider == name) {
+                Some(route) => (route.upstream_model.to_owned(), route.context_window),
+                None => (model.to_owned(), *provider.context_window.get_ref()),
+            },
             None => {
                 let routes: Vec<_> = policy
                     .named_models()
@@ -224,7 +215,7 @@ impl Prober<'_> {
         let canaries = RequestCanaries::mint().map_err(|e| format!("no OS randomness: {e}"))?;
         // Build, measure, and correct once for what injection adds.
         let mut text_target = length;
-        let (body, injection, prompt_tokens) = loop {
+        let (body, injection, prompt_tokens, exact) = loop {
             let mut body = json!({
                 "model": self.target.model,
                 "messages": [{"role": "user", "content": needle_text(text_target, &needles)}],
@@ -235,12 +226,10 @@ impl Prober<'_> {
             let injection = inject(&mut body, EchoMode::HeadTail, canaries)
                 .map_err(|error| format!("building the probe request: {error}"))?;
             let messages = body["messages"].as_array().map_or(&[][..], Vec::as_slice);
-            let counted = self
-                .upstream
-                .count_prompt_tokens(messages)
-                .unwrap_or_else(|| count_chat_messages(messages));
+            let exact = self.upstream.count_prompt_tokens(messages);
+            let counted = exact.unwrap_or_else(|| count_chat_messages(messages));
             if counted <= length + length / 100 || text_target == 0 {
-                break (body, injection, counted);
+                break (body, injection, counted, exact);
             }
             text_target = text_target.saturating_sub(counted - length);
         };
@@ -322,9 +311,6 @@ impl Prober<'_> {
         step.prompt_tokens_reported = usage.map(|usage| usage.prompt_tokens);
         step.recalled = recalled(content, &needles) as u32;
 
-        let exact = self
-            .upstream
-            .count_prompt_tokens(body["messages"].as_array().map_or(&[][..], Vec::as_slice));
         let mut verifier = Verifier::new(
             &injection,
             &self.policy.verify,

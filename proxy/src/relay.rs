@@ -56,21 +56,17 @@ pub(crate) fn relay_sse(
     idle_timeout: Duration,
     permit: OwnedSemaphorePermit,
 ) -> Relay {
-    Relay {
-        upstream: Box::pin(
+    Relay::new(
+        Box::pin(
             response
                 .bytes_stream()
                 .map(|chunk| chunk.map_err(SourceError::from)),
         ),
-        action: Action::Forward,
-        parser: SseParser::new(),
-        events: Vec::new(),
-        idle_timeout,
+        Action::Forward,
         provider,
-        tail: None,
-        interrupted: false,
-        _permit: permit,
-    }
+        idle_timeout,
+        permit,
+    )
 }
 
 /// Relays the local engine's SSE answer (served instead of the provider's);
@@ -80,17 +76,13 @@ pub(crate) fn relay_local(
     idle_timeout: Duration,
     permit: OwnedSemaphorePermit,
 ) -> Relay {
-    Relay {
-        upstream: Box::pin(stream.map(Ok)),
-        action: Action::Fallback,
-        parser: SseParser::new(),
-        events: Vec::new(),
+    Relay::new(
+        Box::pin(stream.map(Ok)),
+        Action::Fallback,
+        crate::local::LOCAL_PROVIDER.to_owned(),
         idle_timeout,
-        provider: crate::local::LOCAL_PROVIDER.to_owned(),
-        tail: None,
-        interrupted: false,
-        _permit: permit,
-    }
+        permit,
+    )
 }
 
 /// The relay with the request's trail, as a response body.
@@ -101,6 +93,26 @@ struct RelayBody {
 }
 
 impl Relay {
+    fn new(
+        upstream: ByteStream,
+        action: Action,
+        provider: String,
+        idle_timeout: Duration,
+        permit: OwnedSemaphorePermit,
+    ) -> Self {
+        Self {
+            upstream,
+            action,
+            parser: SseParser::new(),
+            events: Vec::new(),
+            idle_timeout,
+            provider,
+            tail: None,
+            interrupted: false,
+            _permit: permit,
+        }
+    }
+
     /// The response body; `trail` records the request when the stream ends.
     pub(crate) fn into_body(self: Box<Self>, trail: Trail) -> Body {
         let body = RelayBody {

@@ -629,10 +629,7 @@ async fn preflight(
         return Ok(None);
     }
     let messages = request.messages();
-    let prompt_tokens = exchange
-        .upstream
-        .count_prompt_tokens(messages)
-        .unwrap_or_else(|| canarygate_policies::tokens::count_chat_messages(messages));
+    let prompt_tokens = exchange.upstream.prompt_tokens(messages);
     let demand = ContextDemand::new(
         prompt_tokens,
         request.max_tokens(),

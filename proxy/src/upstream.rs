@@ -124,6 +124,13 @@ impl Upstream {
         Some(total)
     }
 
+    /// Prompt tokens of `messages`: exact with a `tokenizer_file`, our
+    /// estimate ([`canarygate_policies::tokens`]) otherwise.
+    pub fn prompt_tokens(&self, messages: &[serde_json::Value]) -> u64 {
+        self.count_prompt_tokens(messages)
+            .unwrap_or_else(|| canarygate_policies::tokens::count_chat_messages(messages))
+    }
+
     /// The provider's key for managed auth, if configured.
     pub fn managed_key(&self) -> Option<&HeaderValue> {
         self.managed_key.as_ref()
