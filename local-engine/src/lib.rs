@@ -24,6 +24,7 @@
 
 pub mod cli;
 pub mod config;
+mod cpu_matmul;
 mod engine;
 pub mod kv;
 mod model;

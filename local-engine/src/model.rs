@@ -13,6 +13,7 @@ use candle_nn::{Embedding, Linear, Module, RmsNorm, VarBuilder};
 
 use crate::EngineError;
 use crate::config::ModelConfig;
+use crate::cpu_matmul::{self, SmallBatchLinear};
 use crate::kv::KvPool;
 
 /// Where one segment's tokens go in the pool and what its attention may read.
@@ -242,7 +243,7 @@ impl Model {
             let h = layer.input_norm.forward(&x)?;
             let a = &layer.attn;
             // qkv: [T, q_dim + 2 * kv_row]
-            let qkv = a.qkv_proj.forward(&h)?;
+            let qkv = project(&a.qkv_proj, &h)?;
             let q_dim = c.num_heads * c.head_dim;
             // q: [T, heads, 1, head_dim], k: [T, kv_heads, 1, head_dim] (rope wants 4D), v: [T, kv_row]
             let q = qkv
@@ -276,16 +277,16 @@ impl Model {
             }
             // attn: [T, heads * head_dim]
             let attn = Tensor::cat(&outputs, 0)?;
-            x = (a.o_proj.forward(&attn)? + residual)?;
+            x = (project(&a.o_proj, &attn)? + residual)?;
             let residual = x.clone();
             let h = layer.post_attention_norm.forward(&x)?;
             let m = &layer.mlp;
             // gate_up: [T, 2 * intermediate]
-            let gate_up = m.gate_up_proj.forward(&h)?;
+            let gate_up = project(&m.gate_up_proj, &h)?;
             let i = c.intermediate_size;
             let gated =
                 (candle_nn::ops::silu(&gate_up.narrow(1, 0, i)?)? * gate_up.narrow(1, i, i)?)?;
-            x = (m.down_proj.forward(&gated)? + residual)?;
+            x = (project(&m.down_proj, &gated)? + residual)?;
         }
         // Last row of each segment   [segments, hidden]
         let mut last = Vec::with_capacity(segments.len());
@@ -296,7 +297,7 @@ impl Model {
         }
         let last = Tensor::from_vec(last, segments.len(), dev)?;
         let x = self.norm.forward(&x.index_select(&last, 0)?)?;
-        Ok(self.lm_head.forward(&x)?.to_dtype(DType::F32)?)
+        Ok(project(&self.lm_head, &x)?.to_dtype(DType::F32)?)
     }
 
     /// Scaled dot-product attention of one segment's queries over its own KV slots.
@@ -352,6 +353,24 @@ impl Model {
             .reshape((n, c.num_heads * hd))?
             .to_dtype(self.dtype)
     }
+}
+
+/// `linear(x)` for `x: [rows, in]`: through [`SmallBatchLinear`] for a few f32 rows on the CPU
+/// (decode steps), through candle's matmul otherwise (prefill chunks, GPUs).
+fn project(linear: &Linear, x: &Tensor) -> candle_core::Result<Tensor> {
+    let w = linear.weight();
+    if x.device().is_cpu()
+        && x.dtype() == DType::F32
+        && x.dim(0)? <= cpu_matmul::MAX_ROWS
+        && w.is_contiguous()
+    {
+        let y = x.contiguous()?.apply_op2_no_bwd(w, &SmallBatchLinear)?;
+        return match linear.bias() {
+            Some(bias) => y.broadcast_add(bias),
+            None => Ok(y),
+        };
+    }
+    linear.forward(x)
 }
 
 /// Additive mask `[n, len]` (0 or -inf) for `n` queries at positions `start..start + n` over
