@@ -51,7 +51,10 @@ impl CustomOp2 for SmallBatchLinear {
             candle_core::bail!("small-batch-linear takes contiguous tensors");
         };
         let mut y = vec![0f32; m * n];
-        linear(&x[x_start..x_end], &w[w_start..w_end], k, &mut y);
+        // k = 0: every dot product is empty, y stays zero.
+        if k > 0 {
+            linear(&x[x_start..x_end], &w[w_start..w_end], k, &mut y);
+        }
         Ok((CpuStorage::F32(y), Shape::from((m, n))))
     }
 }
@@ -261,6 +264,7 @@ mod tests {
             (5, 200, 37),
             (8, 1280, 768),
             (16, 97, 100),
+            (2, 3, 0),
         ] {
             let x = Tensor::randn(0f32, 1., (m, k), &dev).unwrap();
             let w = Tensor::randn(0f32, 1., (n, k), &dev).unwrap();
