@@ -36,7 +36,7 @@ use crate::audit::{Action as AuditAction, CanaryEntry, Outcome};
 use crate::clock::RequestClock;
 use crate::error::{ApiError, error_body, error_chain};
 use crate::local::LocalReason;
-use crate::relay::STREAM_INTERRUPTED;
+use crate::relay::{COALESCE_BYTES, STREAM_INTERRUPTED, next_ready};
 use crate::request::ChatRequest;
 use crate::server::{Exchange, Served, StreamBody, is_event_stream, read_upstream_body};
 use crate::trail::Trail;
@@ -546,7 +546,25 @@ impl VerifiedStream {
                 "sent nothing for {} ms (limits.idle_timeout_ms)",
                 self.idle_timeout.as_millis()
             )),
-            Ok(None) => {
+            Ok(next) => self.take(next),
+        }
+    }
+
+    /// Takes what else the provider has already sent, until [`COALESCE_BYTES`]
+    /// are ready for the client or nothing more is ready now.
+    async fn advance_ready(&mut self) {
+        while self.end.is_none() && self.out.len() < COALESCE_BYTES {
+            match next_ready(&mut self.upstream).await {
+                Some(next) => self.take(next),
+                None => return,
+            }
+        }
+    }
+
+    /// Everything one upstream read completes, or the end of the stream.
+    fn take(&mut self, next: Option<reqwest::Result<Bytes>>) {
+        match next {
+            None => {
                 let detail = if self.parser.finish() {
                     "closed the stream in the middle of an event"
                 } else {
@@ -554,10 +572,8 @@ impl VerifiedStream {
                 };
                 self.interrupt(detail.to_owned());
             }
-            Ok(Some(Err(error))) => {
-                self.interrupt(format!("stream failed: {}", error_chain(&error)))
-            }
-            Ok(Some(Ok(bytes))) => {
+            Some(Err(error)) => self.interrupt(format!("stream failed: {}", error_chain(&error))),
+            Some(Ok(bytes)) => {
                 let mut events = Vec::new();
                 self.parser.feed(&bytes, &mut events);
                 for event in events {
@@ -879,6 +895,7 @@ impl StreamingBody {
         let stream = &mut self.stream;
         loop {
             if !stream.out.is_empty() {
+                stream.advance_ready().await;
                 let bytes = std::mem::take(&mut stream.out);
                 trail.sent(&bytes);
                 stream.committed = true;
