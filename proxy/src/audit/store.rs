@@ -29,7 +29,13 @@ pub const STORE_FILE: &str = "canarygate.redb";
 const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
 const SAMPLES: TableDefinition<u64, &[u8]> = TableDefinition::new("samples");
 const REVIEWS: TableDefinition<u64, u64> = TableDefinition::new("reviews");
-const CANARIES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("canaries");
+/// Live canaries, keyed by [`canary_row_key`]: expiry first, so registering
+/// appends at the end of the tree and sweeping drops a prefix.
+const CANARIES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("canaries_by_expiry");
+/// The canary table of stores written before 2026-12: keyed by the canary key
+/// alone (random, so each registration rewrote a page in the middle of the
+/// tree). Moved into [`CANARIES`] when the store is opened for writing.
+const CANARIES_BY_KEY: TableDefinition<&[u8], &[u8]> = TableDefinition::new("canaries");
 const PROBES: TableDefinition<&str, &[u8]> = TableDefinition::new("probes");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 /// `META` key: where the chain starts (8-byte big-endian id, then its `prev_hash`).
@@ -174,9 +180,10 @@ impl RedbStore {
             txn.open_table(RECORDS).map_err(storage)?;
             txn.open_table(SAMPLES).map_err(storage)?;
             txn.open_table(REVIEWS).map_err(storage)?;
-            txn.open_table(CANARIES).map_err(storage)?;
             txn.open_table(PROBES).map_err(storage)?;
             txn.open_table(META).map_err(storage)?;
+            let mut canaries = txn.open_table(CANARIES).map_err(storage)?;
+            move_canaries_by_key(&txn, &mut canaries)?;
         }
         txn.commit().map_err(storage)?;
         Ok(Self::Writable(db))
@@ -205,6 +212,60 @@ impl RedbStore {
             Err(error) => Err(open_error(&path, error)),
         }
     }
+}
+
+/// Moves the canaries of an older store ([`CANARIES_BY_KEY`]) into `canaries`.
+fn move_canaries_by_key(
+    txn: &redb::WriteTransaction,
+    canaries: &mut redb::Table<'_, &'static [u8], &'static [u8]>,
+) -> Result<(), AuditError> {
+    let old = match txn.open_table(CANARIES_BY_KEY) {
+        Ok(table) => table,
+        Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
+        Err(error) => return Err(storage(error)),
+    };
+    for item in old.iter().map_err(storage)? {
+        let (key, value) = item.map_err(storage)?;
+        let key = canary_key(key.value())?;
+        let parsed = parse_canary_value(value.value())?;
+        canaries
+            .insert(
+                canary_row_key(parsed.expires_at_ms, &key).as_slice(),
+                value.value(),
+            )
+            .map_err(storage)?;
+    }
+    drop(old);
+    txn.delete_table(CANARIES_BY_KEY).map_err(storage)?;
+    Ok(())
+}
+
+/// Row key of a canary in [`CANARIES`]: expiry (big-endian ms), then its key.
+fn canary_row_key(expires_at_ms: u64, key: &CanaryKey) -> [u8; 24] {
+    let mut row = [0; 24];
+    row[..8].copy_from_slice(&expires_at_ms.to_be_bytes());
+    row[8..].copy_from_slice(&key.0);
+    row
+}
+
+fn canary_key(bytes: &[u8]) -> Result<CanaryKey, AuditError> {
+    bytes
+        .try_into()
+        .map(CanaryKey)
+        .map_err(|_| AuditError::Corrupt("canary key is not 16 bytes".into()))
+}
+
+/// The canary key of a [`CANARIES`] row key.
+fn canary_key_of_row(row: &[u8]) -> Result<CanaryKey, AuditError> {
+    match row.len() {
+        24 => canary_key(&row[8..]),
+        _ => Err(AuditError::Corrupt("canary row key is not 24 bytes".into())),
+    }
+}
+
+fn parse_canary_value(bytes: &[u8]) -> Result<CanaryValue, AuditError> {
+    serde_json::from_slice(bytes)
+        .map_err(|error| AuditError::Corrupt(format!("canary entry: {error}")))
 }
 
 fn open_error(path: &Path, error: DatabaseError) -> AuditError {
@@ -274,28 +335,32 @@ impl Tables<'_> {
                     })
                     .map_err(|error| AuditError::Corrupt(error.to_string()))?;
                     self.canaries
-                        .insert(entry.key.0.as_slice(), value.as_slice())
+                        .insert(
+                            canary_row_key(entry.expires_at_ms, &entry.key).as_slice(),
+                            value.as_slice(),
+                        )
                         .map_err(storage)?;
                 }
                 Ok(WriteOutcome::Count(entries.len() as u64))
             }
             WriteOp::Retire(Retire::Keys(keys)) => {
-                let mut removed = 0;
-                for key in keys {
-                    removed += u64::from(
-                        self.canaries
-                            .remove(key.0.as_slice())
-                            .map_err(storage)?
-                            .is_some(),
-                    );
-                }
-                Ok(WriteOutcome::Count(removed))
+                self.remove_canaries_where(|key, _| keys.contains(key))
             }
             WriteOp::Retire(Retire::Request(request_id)) => {
-                self.remove_canaries_where(|value| value.request_id == *request_id)
+                self.remove_canaries_where(|_, value| value.request_id == *request_id)
             }
             WriteOp::Sweep { now_ms } => {
-                self.remove_canaries_where(|value| value.expires_at_ms <= *now_ms)
+                // Rows sort by expiry: the expired ones are the rows before
+                // the first possible row of `now_ms + 1`.
+                let first_live = now_ms.saturating_add(1).to_be_bytes();
+                let mut removed = 0;
+                self.canaries
+                    .retain_in::<&[u8], _>(..first_live.as_slice(), |_, _| {
+                        removed += 1;
+                        false
+                    })
+                    .map_err(storage)?;
+                Ok(WriteOutcome::Count(removed))
             }
             WriteOp::PutProbe { name, value } => {
                 self.probes
@@ -349,17 +414,18 @@ impl Tables<'_> {
         Ok(WriteOutcome::Appended(id))
     }
 
+    /// Removes the canaries `matches` picks, reading every row (retiring
+    /// canaries is rare; the hot paths are registering and sweeping).
     fn remove_canaries_where(
         &mut self,
-        matches: impl Fn(&CanaryValue) -> bool,
+        matches: impl Fn(&CanaryKey, &CanaryValue) -> bool,
     ) -> Result<WriteOutcome, AuditError> {
         let mut doomed = Vec::new();
         for item in self.canaries.iter().map_err(storage)? {
-            let (key, value) = item.map_err(storage)?;
-            let value: CanaryValue = serde_json::from_slice(value.value())
-                .map_err(|error| AuditError::Corrupt(format!("canary entry: {error}")))?;
-            if matches(&value) {
-                doomed.push(key.value().to_vec());
+            let (row, value) = item.map_err(storage)?;
+            let key = canary_key_of_row(row.value())?;
+            if matches(&key, &parse_canary_value(value.value())?) {
+                doomed.push(row.value().to_vec());
             }
         }
         for key in &doomed {
@@ -506,14 +572,9 @@ impl ReadView for RedbView {
     fn canaries(&self) -> Result<Vec<CanaryEntry>, AuditError> {
         let mut out = Vec::new();
         for item in self.table(CANARIES)?.iter().map_err(storage)? {
-            let (key, value) = item.map_err(storage)?;
-            let key = CanaryKey(
-                key.value()
-                    .try_into()
-                    .map_err(|_| AuditError::Corrupt("canary key is not 16 bytes".into()))?,
-            );
-            let value: CanaryValue = serde_json::from_slice(value.value())
-                .map_err(|error| AuditError::Corrupt(format!("canary entry: {error}")))?;
+            let (row, value) = item.map_err(storage)?;
+            let key = canary_key_of_row(row.value())?;
+            let value = parse_canary_value(value.value())?;
             out.push(CanaryEntry {
                 key,
                 session: value.session,

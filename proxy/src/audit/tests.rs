@@ -526,6 +526,60 @@ fn canary_registry_persists_and_expires() {
 }
 
 #[test]
+fn canaries_of_an_older_store_move_to_the_expiry_ordered_table() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = now_ms();
+    // The layout before 2026-12: rows keyed by the 16-byte canary key alone.
+    {
+        let store = RedbStore::open_writable(dir.path()).unwrap();
+        let RedbStore::Writable(db) = &store else {
+            unreachable!()
+        };
+        let txn = db.begin_write().unwrap();
+        {
+            let by_key: TableDefinition<&[u8], &[u8]> = TableDefinition::new("canaries");
+            let mut table = txn.open_table(by_key).unwrap();
+            for (n, expires) in [(7u8, now + 60_000), (8, now - 1), (9, now + 30_000)] {
+                let value = format!(
+                    r#"{{"session":"s{n}","request_id":"r{n}","expires_at_ms":{expires}}}"#
+                );
+                table.insert([n; 16].as_slice(), value.as_bytes()).unwrap();
+            }
+        }
+        txn.commit().unwrap();
+    }
+    let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
+    let mut live = log.live_canaries(now).unwrap();
+    live.sort_by_key(|entry| entry.key.0);
+    let seen: Vec<_> = live
+        .iter()
+        .map(|entry| (entry.key, entry.session.as_str(), entry.expires_at_ms))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (CanaryKey([7; 16]), "s7", now + 60_000),
+            (CanaryKey([9; 16]), "s9", now + 30_000)
+        ]
+    );
+    // Sweeping after the move drops exactly the expired row, and the old table is gone.
+    assert_eq!(runtime().block_on(log.sweep_canaries(now)), Ok(1));
+    assert_eq!(runtime().block_on(log.sweep_canaries(now + 30_000)), Ok(1));
+    assert_eq!(log.live_canaries(0).unwrap().len(), 1);
+    drop(log);
+    let store = RedbStore::open_read_only(dir.path()).unwrap();
+    let RedbStore::ReadOnly(db) = &store else {
+        unreachable!()
+    };
+    let txn = db.begin_read().unwrap();
+    let by_key: TableDefinition<&[u8], &[u8]> = TableDefinition::new("canaries");
+    assert!(matches!(
+        txn.open_table(by_key),
+        Err(redb::TableError::TableDoesNotExist(_))
+    ));
+}
+
+#[test]
 fn sampling_follows_rate_and_always_keeps_failures() {
     assert!((0..1000).all(|_| should_sample(0.0, true)));
     assert!((0..1000).all(|_| !should_sample(0.0, false)));
