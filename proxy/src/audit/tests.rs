@@ -232,6 +232,46 @@ fn background_records_and_canaries_land_in_order_with_the_next_commit() {
 }
 
 #[test]
+fn background_commits_start_at_most_once_per_interval() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = AuditOptions {
+        durability: canarygate_policies::config::Durability::Background,
+        ..AuditOptions::default()
+    };
+    let log = AuditLog::open(dir.path(), options).unwrap();
+    let before = log.commit_count();
+    let started = Instant::now();
+    runtime().block_on(async {
+        // One record a millisecond: unpaced, nearly each would get its own commit.
+        for n in 0..150 {
+            let record = request(&log, n, false);
+            log.record(NewRecord {
+                record,
+                sample: None,
+            })
+            .await
+            .unwrap();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // A durable append waits for everything queued before it.
+        let record = request(&log, 150, false);
+        log.append(NewRecord {
+            record,
+            sample: None,
+        })
+        .await
+        .unwrap();
+    });
+    let elapsed_ms = started.elapsed().as_millis() as u64;
+    let commits = log.commit_count() - before;
+    assert!(
+        commits <= elapsed_ms / 10 + 2,
+        "{commits} commits in {elapsed_ms} ms: commits are not paced"
+    );
+    assert_eq!(verify(dir.path()), Ok(151));
+}
+
+#[test]
 fn flipped_byte_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
