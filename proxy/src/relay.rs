@@ -1,5 +1,5 @@
 //! Plain streaming relay (`[verify] enabled = false`): upstream SSE in,
-//! client SSE out, one event at a time.
+//! client SSE out.
 //!
 //! The relay pulls from the provider only when the client's connection asks for
 //! more (hyper polls the body stream when its write buffer has room), so a slow
@@ -285,5 +285,80 @@ impl Drop for RelayBody {
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use tokio::sync::{Notify, Semaphore, mpsc};
+
+    use super::*;
+    use crate::audit::{AuditLog, AuditOptions};
+    use crate::metrics::Metrics;
+
+    /// SSE events handed over one at a time, as hyper hands over a response
+    /// body: the producer task pushes the next event only once the previous
+    /// one was taken. After `pause_after` events it waits for `resume`.
+    fn one_at_a_time(events: usize, pause_after: usize, resume: Arc<Notify>) -> ByteStream {
+        let (sender, receiver) = mpsc::channel::<Bytes>(1);
+        tokio::spawn(async move {
+            for n in 0..events {
+                if n == pause_after {
+                    resume.notified().await;
+                }
+                let event = Bytes::from(format!("data: {{\"n\":{n}}}\n\n"));
+                if sender.send(event).await.is_err() {
+                    return;
+                }
+            }
+            let _ = sender.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+        });
+        Box::pin(futures_util::stream::unfold(
+            receiver,
+            |mut receiver| async {
+                let chunk = receiver.recv().await?;
+                Some((Ok(chunk), receiver))
+            },
+        ))
+    }
+
+    fn relay(upstream: ByteStream) -> Relay {
+        let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
+        Relay::new(
+            upstream,
+            Action::Forward,
+            "sim".into(),
+            Duration::from_secs(5),
+            permit,
+        )
+    }
+
+    fn events_in(bytes: &[u8]) -> usize {
+        String::from_utf8_lossy(bytes).matches("data: {").count()
+    }
+
+    #[tokio::test]
+    async fn events_already_sent_leave_in_one_write_and_a_pause_ends_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
+        let mut trail = Trail::start(log, "r1", Arc::new(Metrics::new()));
+        let resume = Arc::new(Notify::new());
+        let mut relay = relay(one_at_a_time(60, 40, resume.clone()));
+
+        // 40 events are ready, one at a time: one read takes them all, and
+        // returns without waiting for the 41st.
+        let first = tokio::time::timeout(Duration::from_secs(5), relay.read(&mut trail))
+            .await
+            .expect("a pause upstream must not hold back what is ready");
+        assert_eq!(events_in(&first), 40);
+        assert!(relay.tail.is_none());
+
+        resume.notify_one();
+        let rest = relay.read(&mut trail).await;
+        assert_eq!(events_in(&rest), 20);
+        assert_eq!(relay.tail.as_deref(), Some(b"data: [DONE]\n\n".as_slice()));
+        assert!(String::from_utf8_lossy(&rest).ends_with("data: {\"n\":59}\n\n"));
     }
 }
