@@ -63,6 +63,15 @@ pub(crate) async fn next_ready<S: Stream + Unpin>(upstream: &mut S) -> Option<Op
     None
 }
 
+/// How a stream that ended without `[DONE]` ended, for the error event.
+pub(crate) fn early_end(parser: &mut SseParser) -> &'static str {
+    if parser.finish() {
+        "closed the stream in the middle of an event"
+    } else {
+        "closed the stream without sending [DONE]"
+    }
+}
+
 /// Any error a byte source can fail with.
 type SourceError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -193,11 +202,7 @@ impl Relay {
     fn take(&mut self, next: Option<Result<Bytes, SourceError>>, out: &mut Vec<u8>) {
         match next {
             None => {
-                let detail = if self.parser.finish() {
-                    "closed the stream in the middle of an event"
-                } else {
-                    "closed the stream without sending [DONE]"
-                };
+                let detail = early_end(&mut self.parser);
                 self.interrupt(detail);
             }
             Some(Err(error)) => self.interrupt(&format!("stream failed: {}", error_chain(&*error))),

@@ -36,7 +36,7 @@ use crate::audit::{Action as AuditAction, CanaryEntry, Outcome};
 use crate::clock::RequestClock;
 use crate::error::{ApiError, error_body, error_chain};
 use crate::local::LocalReason;
-use crate::relay::{COALESCE_BYTES, STREAM_INTERRUPTED, next_ready};
+use crate::relay::{COALESCE_BYTES, STREAM_INTERRUPTED, early_end, next_ready};
 use crate::request::ChatRequest;
 use crate::server::{Exchange, Served, StreamBody, is_event_stream, read_upstream_body};
 use crate::trail::Trail;
@@ -565,11 +565,7 @@ impl VerifiedStream {
     fn take(&mut self, next: Option<reqwest::Result<Bytes>>) {
         match next {
             None => {
-                let detail = if self.parser.finish() {
-                    "closed the stream in the middle of an event"
-                } else {
-                    "closed the stream without sending [DONE]"
-                };
+                let detail = early_end(&mut self.parser);
                 self.interrupt(detail.to_owned());
             }
             Some(Err(error)) => self.interrupt(format!("stream failed: {}", error_chain(&error))),

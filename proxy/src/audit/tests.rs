@@ -191,23 +191,44 @@ fn group_commit_shares_transactions_and_per_record_does_not() {
     }
 }
 
-#[test]
-fn background_records_and_canaries_land_in_order_with_the_next_commit() {
-    let dir = tempfile::tempdir().unwrap();
+/// An audit log with `[audit] durability = "background"`.
+fn open_background(dir: &Path) -> AuditLog {
     let options = AuditOptions {
         durability: canarygate_policies::config::Durability::Background,
         ..AuditOptions::default()
     };
-    let log = AuditLog::open(dir.path(), options).unwrap();
+    AuditLog::open(dir, options).unwrap()
+}
+
+/// Records request `n` as the log's durability says, without a sample.
+async fn record_unsampled(log: &AuditLog, n: u64) {
+    let record = request(log, n, false);
+    log.record(NewRecord {
+        record,
+        sample: None,
+    })
+    .await
+    .unwrap();
+}
+
+/// Appends request `n` durably, without a sample.
+async fn append_unsampled(log: &AuditLog, n: u64) {
+    let record = request(log, n, false);
+    log.append(NewRecord {
+        record,
+        sample: None,
+    })
+    .await
+    .unwrap();
+}
+
+#[test]
+fn background_records_and_canaries_land_in_order_with_the_next_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = open_background(dir.path());
     runtime().block_on(async {
         for n in 0..100 {
-            let record = request(&log, n, false);
-            log.record(NewRecord {
-                record,
-                sample: None,
-            })
-            .await
-            .unwrap();
+            record_unsampled(&log, n).await;
         }
         let entry = CanaryEntry {
             key: CanaryKey([7; 16]),
@@ -218,13 +239,7 @@ fn background_records_and_canaries_land_in_order_with_the_next_commit() {
         log.register_canaries_soon(vec![entry]).unwrap();
         // One durable append after them: the writer works in queue order, so
         // everything queued before it is on disk when it returns.
-        let record = request(&log, 100, false);
-        log.append(NewRecord {
-            record,
-            sample: None,
-        })
-        .await
-        .unwrap();
+        append_unsampled(&log, 100).await;
     });
     assert_eq!(verify(dir.path()), Ok(101));
     assert_eq!(log.live_canaries(0).unwrap().len(), 1);
@@ -234,33 +249,17 @@ fn background_records_and_canaries_land_in_order_with_the_next_commit() {
 #[test]
 fn background_commits_start_at_most_once_per_interval() {
     let dir = tempfile::tempdir().unwrap();
-    let options = AuditOptions {
-        durability: canarygate_policies::config::Durability::Background,
-        ..AuditOptions::default()
-    };
-    let log = AuditLog::open(dir.path(), options).unwrap();
+    let log = open_background(dir.path());
     let before = log.commit_count();
     let started = Instant::now();
     runtime().block_on(async {
         // One record a millisecond: unpaced, nearly each would get its own commit.
         for n in 0..150 {
-            let record = request(&log, n, false);
-            log.record(NewRecord {
-                record,
-                sample: None,
-            })
-            .await
-            .unwrap();
+            record_unsampled(&log, n).await;
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         // A durable append waits for everything queued before it.
-        let record = request(&log, 150, false);
-        log.append(NewRecord {
-            record,
-            sample: None,
-        })
-        .await
-        .unwrap();
+        append_unsampled(&log, 150).await;
     });
     let elapsed_ms = started.elapsed().as_millis() as u64;
     let commits = log.commit_count() - before;
