@@ -9,7 +9,8 @@
 //! (`echo-first`) or until the verdict (`verdict-first`): so a failed echo, or
 //! any failure under verdict-first, is answered with a plain HTTP 502 and no
 //! byte of the suspect answer. After that the rest is relayed from the
-//! response body, chunk by chunk, and a later failure ends the stream with an
+//! response body, the events of each burst in one write (see
+//! [`crate::relay`]), and a later failure ends the stream with an
 //! explicit error event. The client's chunks are rebuilt from the verified
 //! text (the echo and our canaries removed), keeping the provider's `id`,
 //! `created` and `model`.

@@ -80,10 +80,12 @@ const MAX_BATCH: usize = 4096;
 /// Appends queued before callers wait for room.
 const QUEUE: usize = 8192;
 /// With `[audit] durability = "background"`, the least time from one commit's
-/// start to the next. Nobody waits for those commits, so the writer lets
+/// start to the next. No answer waits for those commits, so the writer lets
 /// records gather: each commit rewrites the tree's edge pages and the
 /// allocator state whatever its size, and at 10 ms the bytes written per
-/// record fall about threefold (`bench/run.sh`, README Performance).
+/// record fall about threefold (`bench/run.sh`, README Performance). The
+/// few writes that are awaited (canary sweeps, probe results) wait at most
+/// that much longer.
 const BACKGROUND_COMMIT_INTERVAL: Duration = Duration::from_millis(10);
 
 struct Pending {
