@@ -5,7 +5,8 @@
 //! 681,280 / 1,048,576) and a canarygate with the default policy in front of
 //! it, plus a `[local]` engine (a tiny random model written for the demo) and
 //! `verify.action = "fallback"`. canarygate first probes the provider (see
-//! [`crate::probe`]), which finds its real limit near the pool size. Then many
+//! [`crate::probe`]), which finds its real limit near the pool size. One
+//! request fills the provider's pool, as earlier traffic would. Then many
 //! concurrent sessions send prompts on both sides of the pool size, first
 //! straight to the provider, then through canarygate, and the demo counts
 //! what each client received: through canarygate, prompts the provider cannot
@@ -203,6 +204,20 @@ pub async fn run(options: &DemoOptions) -> Result<DemoReport, String> {
         pool_tokens,
         ..DemoReport::default()
     };
+    // The provider has served traffic before the replay starts: one honest
+    // request just under the pool size leaves its text in the pool, as
+    // earlier traffic would. Otherwise an over-pool prompt that reached the
+    // pool first would read never-used pages, and whether it leaked would
+    // depend on which request arrived first.
+    let warm_up = Job {
+        index: total,
+        session: options.sessions,
+        words: (pool_tokens as usize).saturating_sub(BOUNDARY_MARGIN),
+    };
+    let warmed = run_phase(&client, sim_addr, std::slice::from_ref(&warm_up), 1).await?;
+    if warmed.iter().any(|answer| answer.status != 200) {
+        return Err(format!("the warm-up request failed: {warmed:?}"));
+    }
     let direct = run_phase(&client, sim_addr, &jobs, options.concurrency).await?;
 
     // What `canarygate probe --yes` does before serving, stored where
