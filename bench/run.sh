@@ -25,7 +25,8 @@
 # Environment knobs (defaults in brackets):
 #   CANARYGATE_BIN                 canarygate binary [build target/release/canarygate]
 #   BENCH_TARGETS                  comma-separated subset of
-#                                  direct,nginx,canarygate-echo-first,canarygate-verdict-first,canarygate-off,litellm [all]
+#                                  direct,nginx,canarygate-echo-first,canarygate-echo-first-bg,
+#                                  canarygate-verdict-first,canarygate-off,litellm [all]
 #   BENCH_QUICK=1                  same as --quick
 #   CANARYGATE_BENCH_SECONDS       saturation phase length, s [3; quick 1]
 #   CANARYGATE_BENCH_ROUNDS        rounds [3; quick 1]
@@ -232,7 +233,7 @@ start_canarygate() {
   pids+=("$pid")
   url=$(listening_url "$work/$name.log" "$pid") || exit 1
   log "$name: $url (pid $pid, --config $config)"
-  add_target "$name=$url/v1,pid=$pid"
+  add_target "$name=$url/v1,pid=$pid,metrics"
 }
 
 wants canarygate-echo-first && start_canarygate canarygate-echo-first preset:default

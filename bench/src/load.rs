@@ -74,6 +74,25 @@ async fn connect(addr: SocketAddr) -> Option<Sender> {
     None
 }
 
+/// `GET path` on a new connection; the body of a 2xx answer.
+pub async fn get(addr: SocketAddr, host: &str, path: &str) -> Option<Bytes> {
+    let mut sender = try_connect(addr).await.ok()?;
+    let request = hyper::Request::get(path)
+        .header(hyper::header::HOST, host)
+        .body(Full::new(Bytes::new()))
+        .ok()?;
+    let work = async {
+        let response = sender.send_request(request).await.ok()?;
+        if !response.status().is_success() {
+            return None;
+        }
+        Some(response.into_body().collect().await.ok()?.to_bytes())
+    };
+    tokio::time::timeout(Duration::from_secs(5), work)
+        .await
+        .ok()?
+}
+
 /// Outcome of one request.
 #[derive(Clone, Copy, Default)]
 struct Sample {
@@ -216,6 +235,11 @@ pub struct Latency {
 /// Open loop: one request every `1/rate` s, each on a free pooled connection
 /// (a new one is opened when none is free); latency counts from the scheduled
 /// send time, so a stall of the target or the generator is not hidden.
+///
+/// The sends are paced by an OS thread sleeping to each scheduled instant, not
+/// by the runtime's timer: tokio's timer wheel rounds every wake-up up to the
+/// next millisecond, which would add 0–1 ms to every sample and send requests
+/// in bursts on each tick.
 pub async fn fixed_rate(endpoint: &Endpoint, rate: f64, duration: Duration) -> Latency {
     let pool: Arc<std::sync::Mutex<Vec<Sender>>> = Arc::new(std::sync::Mutex::new(Vec::new()));
     for _ in 0..8 {
@@ -225,35 +249,45 @@ pub async fn fixed_rate(endpoint: &Endpoint, rate: f64, duration: Duration) -> L
     }
     let total = (rate * duration.as_secs_f64()).round().max(1.0) as u64;
     let interval = Duration::from_secs_f64(1.0 / rate);
-    let start = tokio::time::Instant::now();
-    let mut tasks = Vec::with_capacity(total as usize);
-    let mut last_dispatch = start;
-    for i in 0..total {
-        let scheduled = start + interval.mul_f64(i as f64);
-        tokio::time::sleep_until(scheduled).await;
-        last_dispatch = tokio::time::Instant::now();
-        let pool = pool.clone();
-        let endpoint = endpoint.clone();
-        tasks.push(tokio::spawn(async move {
-            let pooled = pool.lock().unwrap().pop();
-            let sender = match pooled {
-                Some(sender) => Some(sender),
-                None => connect(endpoint.addr).await,
-            };
-            let Some(mut sender) = sender else {
-                return (false, scheduled.elapsed());
-            };
-            let sample = send(&mut sender, &endpoint).await;
-            let latency = scheduled.elapsed();
-            if sample.ok {
-                pool.lock().unwrap().push(sender);
+    let runtime = tokio::runtime::Handle::current();
+    let endpoint = endpoint.clone();
+    let (dispatched, mut tasks) = tokio::sync::mpsc::unbounded_channel();
+    let pacer = std::thread::spawn(move || {
+        let start = Instant::now();
+        let mut last_dispatch = start;
+        for i in 0..total {
+            let scheduled = start + interval.mul_f64(i as f64);
+            if let Some(wait) = scheduled.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
             }
-            (sample.ok, latency)
-        }));
-    }
+            last_dispatch = Instant::now();
+            let pool = pool.clone();
+            let endpoint = endpoint.clone();
+            let task = runtime.spawn(async move {
+                let pooled = pool.lock().unwrap().pop();
+                let sender = match pooled {
+                    Some(sender) => Some(sender),
+                    None => connect(endpoint.addr).await,
+                };
+                let Some(mut sender) = sender else {
+                    return (false, scheduled.elapsed());
+                };
+                let sample = send(&mut sender, &endpoint).await;
+                let latency = scheduled.elapsed();
+                if sample.ok {
+                    pool.lock().unwrap().push(sender);
+                }
+                (sample.ok, latency)
+            });
+            if dispatched.send(task).is_err() {
+                break;
+            }
+        }
+        last_dispatch - start
+    });
     let mut latencies = Vec::with_capacity(total as usize);
     let mut errors = 0;
-    for task in tasks {
+    while let Some(task) = tasks.recv().await {
         let (ok, latency) = task.await.expect("request task");
         if ok {
             latencies.push(latency.as_secs_f64() * 1e6);
@@ -261,7 +295,7 @@ pub async fn fixed_rate(endpoint: &Endpoint, rate: f64, duration: Duration) -> L
             errors += 1;
         }
     }
-    let dispatch_span = (last_dispatch - start).as_secs_f64();
+    let dispatch_span = pacer.join().expect("pacer thread").as_secs_f64();
     latencies.sort_by(f64::total_cmp);
     Latency {
         requests: latencies.len() as u64,

@@ -24,6 +24,7 @@
 //! variable.
 
 mod load;
+mod overhead;
 mod procstat;
 
 use std::collections::BTreeMap;
@@ -34,6 +35,7 @@ use clap::Parser;
 use serde_json::{Value, json};
 
 use load::{Answer, Endpoint, Latency, Throughput};
+use overhead::Overhead;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -41,11 +43,13 @@ use load::{Answer, Endpoint, Latency, Throughput};
     long_about = None
 )]
 struct Args {
-    /// A target: `NAME=URL[,pid=PID][,concurrency=N][,slow]`. URL is the API
-    /// base (e.g. `http://127.0.0.1:8080/v1`); requests go to
+    /// A target: `NAME=URL[,pid=PID][,concurrency=N][,slow][,metrics]`. URL
+    /// is the API base (e.g. `http://127.0.0.1:8080/v1`); requests go to
     /// `URL/chat/completions`. PID: the process whose tree's CPU time is
     /// counted as the target's. `slow`: left out of the high-rate latency
-    /// phase. Repeat for each target.
+    /// phase. `metrics`: the target is canarygate; its own time per request
+    /// is read from `/metrics` around each latency phase. Repeat for each
+    /// target.
     #[arg(long = "target", required = true)]
     targets: Vec<String>,
 
@@ -168,28 +172,29 @@ struct Target {
     concurrency: Option<usize>,
     /// Left out of the high-rate latency phase (see `--fast-rate`).
     slow: bool,
+    /// Reports its own time per request at `/metrics` (canarygate).
+    metrics: bool,
 }
 
 impl Target {
     fn parse(spec: &str) -> Result<Self, String> {
-        let (name, rest) = spec
-            .split_once('=')
-            .ok_or_else(|| format!("{spec}: expected NAME=URL[,pid=PID][,concurrency=N][,slow]"))?;
+        let (name, rest) = spec.split_once('=').ok_or_else(|| {
+            format!("{spec}: expected NAME=URL[,pid=PID][,concurrency=N][,slow][,metrics]")
+        })?;
         let mut parts = rest.split(',');
         let url = parts.next().unwrap_or_default().to_owned();
         let mut pid = None;
         let mut concurrency = None;
         let mut slow = false;
+        let mut metrics = false;
         for part in parts {
-            if part == "slow" {
-                slow = true;
-                continue;
-            }
-            match part.split_once('=') {
-                Some(("pid", value)) => {
+            match (part, part.split_once('=')) {
+                ("slow", _) => slow = true,
+                ("metrics", _) => metrics = true,
+                (_, Some(("pid", value))) => {
                     pid = Some(value.parse().map_err(|e| format!("{spec}: pid: {e}"))?)
                 }
-                Some(("concurrency", value)) => {
+                (_, Some(("concurrency", value))) => {
                     concurrency = Some(
                         value
                             .parse()
@@ -227,6 +232,7 @@ impl Target {
             pid,
             concurrency,
             slow,
+            metrics,
         })
     }
 
@@ -249,6 +255,10 @@ struct Measurement {
     latency: Latency,
     /// Latency at the fast rate (targets not marked `slow`; default otherwise).
     fast_latency: Latency,
+    /// The target's own time per request in the latency phase (`metrics`).
+    overhead: Option<Overhead>,
+    /// The same in the fast latency phase.
+    fast_overhead: Option<Overhead>,
     /// CPU of the target's process tree per request at saturation, µs (NaN without pid).
     target_cpu_us: f64,
     /// CPU of the upstream per request at saturation, µs (NaN without pid).
@@ -260,11 +270,16 @@ struct Measurement {
 impl Measurement {
     fn to_json(self) -> Value {
         let t = self.throughput;
-        let latency = |l: Latency| {
+        let latency = |l: Latency, o: Option<Overhead>| {
             json!({
                 "requests": l.requests, "errors": l.errors, "achieved_rps": l.achieved,
                 "p50_us": finite(l.p50_us), "p90_us": finite(l.p90_us),
                 "p99_us": finite(l.p99_us), "max_us": finite(l.max_us),
+                "overhead": o.map(|o| json!({
+                    "requests": o.requests,
+                    "p50_at_most_us": finite(o.p50_us),
+                    "p99_at_most_us": finite(o.p99_us),
+                })),
             })
         };
         json!({
@@ -273,9 +288,9 @@ impl Measurement {
             "target_cpu_us_per_req": finite(self.target_cpu_us),
             "upstream_cpu_us_per_req": finite(self.upstream_cpu_us),
             "client_cpu_us_per_req": self.client_cpu_us,
-            "latency": latency(self.latency),
+            "latency": latency(self.latency, self.overhead),
             "fast_latency": if self.fast_latency.requests + self.fast_latency.errors > 0 {
-                latency(self.fast_latency)
+                latency(self.fast_latency, self.fast_overhead)
             } else {
                 Value::Null
             },
@@ -428,23 +443,65 @@ impl Bench {
             client_cpu_us: per_request(Some(before.2), Some(after.2)),
             latency: Latency::default(),
             fast_latency: Latency::default(),
+            overhead: None,
+            fast_overhead: None,
         }
+    }
+
+    /// The target's overhead histogram now; None unless it is `metrics`.
+    async fn scrape(&self, target: usize) -> Option<overhead::Histogram> {
+        let t = &self.targets[target];
+        if !t.metrics {
+            return None;
+        }
+        overhead::scrape(t.addr, &t.host).await
+    }
+
+    /// Runs one fixed-rate phase, with the target's own time per request
+    /// over it when the target reports it.
+    async fn latency_phase(
+        &self,
+        target: usize,
+        endpoint: &Endpoint,
+        rate: f64,
+        seconds: f64,
+    ) -> (Latency, Option<Overhead>) {
+        let before = self.scrape(target).await;
+        let latency = load::fixed_rate(endpoint, rate, Duration::from_secs_f64(seconds)).await;
+        let overhead = match before {
+            Some(before) => self
+                .scrape(target)
+                .await
+                .and_then(|after| Overhead::between(&before, &after)),
+            None => None,
+        };
+        (latency, overhead)
     }
 
     fn print_round_line(&self, mode: &ModeRuns, target: usize, m: &Measurement) {
         let t = m.throughput;
         let l = m.latency;
         let f = m.fast_latency;
+        let own = |o: Option<Overhead>| {
+            o.map_or(String::new(), |o| {
+                format!(", own p50 ≤ {:.0} µs p99 ≤ {:.0} µs", o.p50_us, o.p99_us)
+            })
+        };
         let fast = if f.requests + f.errors > 0 {
             format!(
-                " | at {:.0}/s: p50 {:.0} µs p99 {:.0} µs ({} ok, {} err)",
-                mode.fast_rate, f.p50_us, f.p99_us, f.requests, f.errors
+                " | at {:.0}/s: p50 {:.0} µs p99 {:.0} µs ({} ok, {} err{})",
+                mode.fast_rate,
+                f.p50_us,
+                f.p99_us,
+                f.requests,
+                f.errors,
+                own(m.fast_overhead)
             )
         } else {
             String::new()
         };
         println!(
-            "  {:<10} {:<24} {:>6.0} req/s ({} ok, {} err, c={}) | cpu/req target {:>5} µs upstream {:>4} µs client {:>4} µs | {:.0} B, {:.1} events | at {:.0}/s: p50 {:.0} µs p99 {:.0} µs ({} ok, {} err){fast}",
+            "  {:<10} {:<24} {:>6.0} req/s ({} ok, {} err, c={}) | cpu/req target {:>5} µs upstream {:>4} µs client {:>4} µs | {:.0} B, {:.1} events | at {:.0}/s: p50 {:.0} µs p99 {:.0} µs ({} ok, {} err{}){fast}",
             mode.label,
             self.targets[target].name,
             t.rps,
@@ -461,6 +518,7 @@ impl Bench {
             l.p99_us,
             l.requests,
             l.errors,
+            own(m.overhead),
         );
     }
 
@@ -488,6 +546,14 @@ impl Bench {
                 answers.push(answer);
             }
             all.push(answers);
+        }
+        for (i, t) in self.targets.iter().enumerate() {
+            if t.metrics && self.scrape(i).await.is_none() {
+                return Err(format!(
+                    "{}: no canarygate_proxy_overhead_seconds histogram at {}/metrics",
+                    t.name, t.host
+                ));
+            }
         }
         Ok(all)
     }
@@ -593,20 +659,17 @@ impl Bench {
                     // Let the servers settle after saturation.
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     let endpoint = self.targets[target].endpoint(args, mode.stream);
-                    measured[target].latency = load::fixed_rate(
-                        &endpoint,
-                        mode.rate,
-                        Duration::from_secs_f64(mode.latency_seconds),
-                    )
-                    .await;
+                    (measured[target].latency, measured[target].overhead) = self
+                        .latency_phase(target, &endpoint, mode.rate, mode.latency_seconds)
+                        .await;
                     if mode.fast_rate > 0.0 && !self.targets[target].slow {
                         tokio::time::sleep(Duration::from_millis(200)).await;
-                        measured[target].fast_latency = load::fixed_rate(
-                            &endpoint,
-                            mode.fast_rate,
-                            Duration::from_secs_f64(fast_seconds),
-                        )
-                        .await;
+                        (
+                            measured[target].fast_latency,
+                            measured[target].fast_overhead,
+                        ) = self
+                            .latency_phase(target, &endpoint, mode.fast_rate, fast_seconds)
+                            .await;
                     }
                 }
                 for &target in &order {
@@ -628,14 +691,14 @@ impl Bench {
             out.push('\n');
         };
         line(format!(
-            "Medians of {} round(s). Saturation: {} connections (unless noted) for {:.1} s, CPU per request of the target's process tree. Latency: open loop at the rate shown, added = target - {base_name} in the same round. Every answer {} tokens ({} prompt words).",
+            "Medians of {} round(s). Saturation: {} connections (unless noted) for {:.1} s, CPU per request of the target's process tree. Latency: open loop at the rate shown, added = target - {base_name} in the same round; own = the target's own time per request in that phase from its `/metrics` (canarygate: total minus waiting on provider and client), at most this bucket bound. Every answer {} tokens ({} prompt words).",
             args.rounds, args.concurrency, args.seconds, args.max_tokens, args.prompt_words
         ));
         line(String::new());
         line(format!(
-            "| mode | target | req/s | ÷ {base_name} | CPU µs/req | latency at | p50 µs | p99 µs | added p50 µs | added p99 µs | errors |"
+            "| mode | target | req/s | ÷ {base_name} | CPU µs/req | latency at | p50 µs | p99 µs | added p50 µs | added p99 µs | own p50 µs | own p99 µs | errors |"
         ));
-        line("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|".to_owned());
+        line("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|".to_owned());
         let mut medians = serde_json::Map::new();
         let mut fast_rows = Vec::new();
         for run in runs {
@@ -661,6 +724,13 @@ impl Bench {
                 let p99 = run.med(i, |m| m.latency.p99_us);
                 let added_p50 = added(|l| l.p50_us, false);
                 let added_p99 = added(|l| l.p99_us, false);
+                let own = |f: fn(&Overhead) -> f64, fast: bool| {
+                    run.med(i, |m| {
+                        let o = if fast { m.fast_overhead } else { m.overhead };
+                        o.as_ref().map_or(f64::NAN, f)
+                    })
+                };
+                let (own_p50, own_p99) = (own(|o| o.p50_us, false), own(|o| o.p99_us, false));
                 let cpu = run.med(i, |m| m.target_cpu_us);
                 let errors: u64 = run
                     .rounds
@@ -674,7 +744,7 @@ impl Bench {
                     _ => String::new(),
                 };
                 line(format!(
-                    "| {} | {}{concurrency} | {:.0} | {} | {} | {:.0}/s | {:.0} | {:.0} | {} | {} | {errors} |",
+                    "| {} | {}{concurrency} | {:.0} | {} | {} | {:.0}/s | {:.0} | {:.0} | {} | {} | {} | {} | {errors} |",
                     run.label,
                     t.name,
                     rps,
@@ -685,6 +755,8 @@ impl Bench {
                     p99,
                     unless_base(added_p50, 0),
                     unless_base(added_p99, 0),
+                    fmt(own_p50, 0),
+                    fmt(own_p99, 0),
                 ));
                 let mut fast_json = Value::Null;
                 if run.fast_rate > 0.0 && !t.slow {
@@ -692,8 +764,9 @@ impl Bench {
                     let p99 = run.med(i, |m| m.fast_latency.p99_us);
                     let added_p50 = added(|l| l.p50_us, true);
                     let added_p99 = added(|l| l.p99_us, true);
+                    let (own_p50, own_p99) = (own(|o| o.p50_us, true), own(|o| o.p99_us, true));
                     fast_rows.push(format!(
-                        "| {} | {} | {:.0}/s | {:.0} | {:.0} | {} | {} |",
+                        "| {} | {} | {:.0}/s | {:.0} | {:.0} | {} | {} | {} | {} |",
                         run.label,
                         t.name,
                         run.fast_rate,
@@ -701,6 +774,8 @@ impl Bench {
                         p99,
                         unless_base(added_p50, 0),
                         unless_base(added_p99, 0),
+                        fmt(own_p50, 0),
+                        fmt(own_p99, 0),
                     ));
                     fast_json = json!({
                         "rate": run.fast_rate,
@@ -708,6 +783,8 @@ impl Bench {
                         "p99_us": finite(p99),
                         "added_p50_us": if is_base { Value::Null } else { finite(added_p50) },
                         "added_p99_us": if is_base { Value::Null } else { finite(added_p99) },
+                        "own_p50_at_most_us": finite(own_p50),
+                        "own_p99_at_most_us": finite(own_p99),
                     });
                 }
                 mode_json.insert(
@@ -720,6 +797,8 @@ impl Bench {
                         "p99_us": finite(p99),
                         "added_p50_us": if is_base { Value::Null } else { finite(added_p50) },
                         "added_p99_us": if is_base { Value::Null } else { finite(added_p99) },
+                        "own_p50_at_most_us": finite(own_p50),
+                        "own_p99_at_most_us": finite(own_p99),
                         "fast_latency": fast_json,
                         "target_cpu_us_per_req": finite(cpu),
                         "upstream_cpu_us_per_req": finite(run.med(i, |m| m.upstream_cpu_us)),
@@ -747,10 +826,10 @@ impl Bench {
             ));
             line(String::new());
             line(
-                "| mode | target | rate | p50 µs | p99 µs | added p50 µs | added p99 µs |"
+                "| mode | target | rate | p50 µs | p99 µs | added p50 µs | added p99 µs | own p50 µs | own p99 µs |"
                     .to_owned(),
             );
-            line("|---|---|---:|---:|---:|---:|---:|".to_owned());
+            line("|---|---|---:|---:|---:|---:|---:|---:|---:|".to_owned());
             for row in fast_rows {
                 line(row);
             }
@@ -948,6 +1027,9 @@ mod tests {
         assert_eq!(t.path, "/v1/chat/completions");
         assert_eq!(t.pid, Some(42));
         assert_eq!(t.concurrency, Some(8));
+        assert!(!t.slow && !t.metrics);
+        let t = Target::parse("cg=http://127.0.0.1:8081/v1,metrics,slow").unwrap();
+        assert!(t.slow && t.metrics);
         let t = Target::parse("direct=http://127.0.0.1:9000/").unwrap();
         assert_eq!(t.path, "/chat/completions");
         assert_eq!(t.pid, None);

@@ -1,0 +1,160 @@
+//! A proxy's own time per request, as canarygate reports it.
+//!
+//! canarygate observes every chat request into the Prometheus histogram
+//! `canarygate_proxy_overhead_seconds`: wall time minus the time spent waiting
+//! on the provider and on the client (the definition TensorZero uses for its
+//! gateway's "latency overhead"). Scraping it before and after a latency
+//! phase gives the distribution of that phase's requests alone, free of the
+//! noise of the load generator and the upstream that end-to-end *added*
+//! latency carries.
+
+use std::net::SocketAddr;
+
+const METRIC: &str = "canarygate_proxy_overhead_seconds_bucket{le=\"";
+
+/// A cumulative histogram: `(upper bound in seconds, requests at or below)`,
+/// bounds ascending, the last one `+Inf`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Histogram {
+    buckets: Vec<(f64, u64)>,
+}
+
+impl Histogram {
+    /// The overhead histogram in a Prometheus text exposition, if it has one.
+    pub fn parse(text: &str) -> Option<Self> {
+        let mut buckets = Vec::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix(METRIC) else {
+                continue;
+            };
+            let (bound, rest) = rest.split_once("\"}")?;
+            let bound = match bound {
+                "+Inf" => f64::INFINITY,
+                bound => bound.parse().ok()?,
+            };
+            let count = rest.trim().parse().ok()?;
+            buckets.push((bound, count));
+        }
+        let ascending = buckets.windows(2).all(|w| w[0].0 < w[1].0);
+        let ends_at_infinity = buckets.last().is_some_and(|b| b.0 == f64::INFINITY);
+        (ascending && ends_at_infinity).then_some(Self { buckets })
+    }
+
+    /// What was observed after `earlier` (a scrape of the same process).
+    pub fn since(&self, earlier: &Self) -> Option<Self> {
+        if self.buckets.len() != earlier.buckets.len() {
+            return None;
+        }
+        let buckets = self
+            .buckets
+            .iter()
+            .zip(&earlier.buckets)
+            .map(|(now, then)| (now.0 == then.0).then(|| (now.0, now.1.saturating_sub(then.1))))
+            .collect::<Option<_>>()?;
+        Some(Self { buckets })
+    }
+
+    /// Requests observed.
+    pub fn count(&self) -> u64 {
+        self.buckets.last().map_or(0, |b| b.1)
+    }
+
+    /// The upper bound, in µs, of the bucket holding the nearest-rank `q`
+    /// quantile: the quantile is at most this. NaN when empty, infinite when
+    /// it lies beyond the last finite bound.
+    pub fn quantile_bound_us(&self, q: f64) -> f64 {
+        let count = self.count();
+        if count == 0 {
+            return f64::NAN;
+        }
+        let rank = ((q * count as f64).ceil() as u64).clamp(1, count);
+        self.buckets
+            .iter()
+            .find(|b| b.1 >= rank)
+            .map_or(f64::INFINITY, |b| b.0 * 1e6)
+    }
+}
+
+/// The target's overhead histogram, from `GET /metrics` on its origin; None
+/// when it has none (not canarygate) or cannot be reached.
+pub async fn scrape(addr: SocketAddr, host: &str) -> Option<Histogram> {
+    let text = crate::load::get(addr, host, "/metrics").await?;
+    Histogram::parse(std::str::from_utf8(&text).ok()?)
+}
+
+/// Overhead percentiles of one latency phase.
+#[derive(Debug, Clone, Copy)]
+pub struct Overhead {
+    pub requests: u64,
+    /// Upper bounds of the buckets holding p50 and p99, µs.
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+impl Overhead {
+    /// Percentiles of what was observed between two scrapes.
+    pub fn between(before: &Histogram, after: &Histogram) -> Option<Self> {
+        let phase = after.since(before)?;
+        Some(Self {
+            requests: phase.count(),
+            p50_us: phase.quantile_bound_us(0.50),
+            p99_us: phase.quantile_bound_us(0.99),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exposition(counts: [u64; 4]) -> String {
+        format!(
+            "# TYPE canarygate_proxy_overhead_seconds histogram\n\
+             canarygate_proxy_overhead_seconds_sum 0.5\n\
+             canarygate_proxy_overhead_seconds_count {}\n\
+             canarygate_proxy_overhead_seconds_bucket{{le=\"0.0001\"}} {}\n\
+             canarygate_proxy_overhead_seconds_bucket{{le=\"0.001\"}} {}\n\
+             canarygate_proxy_overhead_seconds_bucket{{le=\"0.01\"}} {}\n\
+             canarygate_proxy_overhead_seconds_bucket{{le=\"+Inf\"}} {}\n\
+             canarygate_requests_total{{route=\"chat_completions\",status=\"200\"}} 9\n",
+            counts[3], counts[0], counts[1], counts[2], counts[3]
+        )
+    }
+
+    #[test]
+    fn a_phase_is_the_difference_of_two_scrapes() {
+        let before = Histogram::parse(&exposition([5, 5, 5, 5])).unwrap();
+        // The phase: 50 requests ≤ 100 µs, 49 in (100 µs, 1 ms], 1 in (1, 10] ms.
+        let after = Histogram::parse(&exposition([55, 104, 105, 105])).unwrap();
+        let phase = Overhead::between(&before, &after).unwrap();
+        assert_eq!(phase.requests, 100);
+        assert_eq!(phase.p50_us, 100.0);
+        assert_eq!(phase.p99_us, 1000.0);
+        let slower = Histogram::parse(&exposition([55, 103, 105, 105])).unwrap();
+        assert_eq!(
+            Overhead::between(&before, &slower).unwrap().p99_us,
+            10_000.0
+        );
+    }
+
+    #[test]
+    fn quantiles_beyond_the_last_bound_are_infinite_and_empty_ones_nan() {
+        let h = Histogram::parse(&exposition([0, 0, 0, 3])).unwrap();
+        assert_eq!(h.quantile_bound_us(0.5), f64::INFINITY);
+        let empty = Histogram::parse(&exposition([0, 0, 0, 0])).unwrap();
+        assert!(empty.quantile_bound_us(0.99).is_nan());
+    }
+
+    #[test]
+    fn other_expositions_have_no_histogram() {
+        assert_eq!(Histogram::parse("nginx says hello\n"), None);
+        assert_eq!(Histogram::parse(""), None);
+        let without_inf = exposition([1, 2, 3, 4]).replace("+Inf", "1");
+        assert_eq!(Histogram::parse(&without_inf), None);
+        let other = Histogram::parse(&exposition([1, 1, 1, 1])).unwrap();
+        let fewer = Histogram {
+            buckets: vec![(f64::INFINITY, 1)],
+        };
+        assert_eq!(other.since(&fewer), None);
+    }
+}
