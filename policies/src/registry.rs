@@ -7,7 +7,7 @@
 //! raw canary value. Restoring after a restart with the same secret
 //! ([`MemoryRegistry::restore`]) keeps canaries still in flight recognisable.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{PoisonError, RwLock};
 
 use serde::{Deserialize, Serialize};
@@ -37,10 +37,51 @@ pub trait CanaryRegistry: Send + Sync {
 
 const SHARDS: usize = 16;
 
+/// One shard: the entries, and the same keys ordered by expiry, so that a
+/// purge touches only what expired instead of every entry under the lock.
+#[derive(Default)]
+struct Shard {
+    entries: HashMap<CanaryKey, Registration>,
+    by_expiry: BTreeSet<(u64, CanaryKey)>,
+}
+
+impl Shard {
+    fn insert(&mut self, key: CanaryKey, registration: Registration) {
+        let expires_at_ms = registration.expires_at_ms;
+        if let Some(replaced) = self.entries.insert(key, registration) {
+            self.by_expiry.remove(&(replaced.expires_at_ms, key));
+        }
+        self.by_expiry.insert((expires_at_ms, key));
+    }
+
+    fn remove(&mut self, key: &CanaryKey) -> bool {
+        let Some(removed) = self.entries.remove(key) else {
+            return false;
+        };
+        self.by_expiry.remove(&(removed.expires_at_ms, *key));
+        true
+    }
+
+    /// Drops the entries that expired at or before `now_ms`; returns how many.
+    fn purge_expired(&mut self, now_ms: u64) -> usize {
+        let Some(after) = now_ms.checked_add(1) else {
+            let removed = self.entries.len();
+            *self = Self::default();
+            return removed;
+        };
+        let live = self.by_expiry.split_off(&(after, CanaryKey([0; 16])));
+        let expired = std::mem::replace(&mut self.by_expiry, live);
+        for (_, key) in &expired {
+            self.entries.remove(key);
+        }
+        expired.len()
+    }
+}
+
 /// Concurrent in-memory registry, sharded to keep lock contention low.
 pub struct MemoryRegistry {
     secret: Vec<u8>,
-    shards: [RwLock<HashMap<CanaryKey, Registration>>; SHARDS],
+    shards: [RwLock<Shard>; SHARDS],
 }
 
 impl MemoryRegistry {
@@ -48,7 +89,7 @@ impl MemoryRegistry {
     pub fn new(secret: &[u8]) -> Self {
         Self {
             secret: secret.to_vec(),
-            shards: std::array::from_fn(|_| RwLock::new(HashMap::new())),
+            shards: std::array::from_fn(|_| RwLock::new(Shard::default())),
         }
     }
 
@@ -66,39 +107,40 @@ impl MemoryRegistry {
 
     /// Registers an entry by key, as loaded from the persistent store.
     pub fn restore(&self, key: CanaryKey, registration: Registration) {
-        self.shard(&key)
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key, registration);
+        self.write(&key).insert(key, registration);
     }
 
     /// Forgets `canary`; returns whether it was registered.
     pub fn remove(&self, canary: &Canary) -> bool {
         let key = self.key(canary);
-        self.shard(&key)
-            .write()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&key)
-            .is_some()
+        self.write(&key).remove(&key)
     }
 
     /// Drops entries that expired at or before `now_ms`; returns how many.
+    /// Each shard is locked only while its expired entries are removed.
     pub fn purge_expired(&self, now_ms: u64) -> usize {
-        let mut removed = 0;
-        for shard in &self.shards {
-            let mut map = shard.write().unwrap_or_else(PoisonError::into_inner);
-            let before = map.len();
-            map.retain(|_, registration| registration.expires_at_ms > now_ms);
-            removed += before - map.len();
-        }
-        removed
+        self.shards
+            .iter()
+            .map(|shard| {
+                shard
+                    .write()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .purge_expired(now_ms)
+            })
+            .sum()
     }
 
     /// Number of registered canaries.
     pub fn len(&self) -> usize {
         self.shards
             .iter()
-            .map(|shard| shard.read().unwrap_or_else(PoisonError::into_inner).len())
+            .map(|shard| {
+                shard
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entries
+                    .len()
+            })
             .sum()
     }
 
@@ -111,14 +153,20 @@ impl MemoryRegistry {
     pub fn entries(&self) -> Vec<(CanaryKey, Registration)> {
         let mut out = Vec::new();
         for shard in &self.shards {
-            let map = shard.read().unwrap_or_else(PoisonError::into_inner);
-            out.extend(map.iter().map(|(key, reg)| (*key, reg.clone())));
+            let shard = shard.read().unwrap_or_else(PoisonError::into_inner);
+            out.extend(shard.entries.iter().map(|(key, reg)| (*key, reg.clone())));
         }
         out
     }
 
-    fn shard(&self, key: &CanaryKey) -> &RwLock<HashMap<CanaryKey, Registration>> {
+    fn shard(&self, key: &CanaryKey) -> &RwLock<Shard> {
         &self.shards[usize::from(key.0[0]) % SHARDS]
+    }
+
+    fn write(&self, key: &CanaryKey) -> std::sync::RwLockWriteGuard<'_, Shard> {
+        self.shard(key)
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -128,6 +176,7 @@ impl CanaryRegistry for MemoryRegistry {
         self.shard(&key)
             .read()
             .unwrap_or_else(PoisonError::into_inner)
+            .entries
             .get(&key)
             .cloned()
     }
@@ -143,6 +192,8 @@ impl std::fmt::Debug for MemoryRegistry {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
 
     fn registration(request: &str, expires_at_ms: u64) -> Registration {
@@ -183,5 +234,61 @@ mod tests {
             other_secret.restore(key, reg);
         }
         assert!(other_secret.owner(&canary).is_none());
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Insert { canary: u8, expires_at_ms: u64 },
+        Remove { canary: u8 },
+        Purge { now_ms: u64 },
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0..24u8, 0..40u64).prop_map(|(canary, expires_at_ms)| Op::Insert {
+                canary,
+                expires_at_ms
+            }),
+            (0..24u8).prop_map(|canary| Op::Remove { canary }),
+            prop_oneof![0..40u64, Just(u64::MAX)].prop_map(|now_ms| Op::Purge { now_ms }),
+        ]
+    }
+
+    proptest! {
+        /// The expiry index never changes what the registry answers: it
+        /// behaves as a plain map purged by a full scan.
+        #[test]
+        fn behaves_as_a_map_purged_by_scanning(ops in proptest::collection::vec(op(), 1..120)) {
+            let registry = MemoryRegistry::new(b"secret");
+            let mut model: HashMap<u8, u64> = HashMap::new();
+            let canary = |n: u8| Canary::from_random([n; 10]);
+            for op in ops {
+                match op {
+                    Op::Insert { canary: n, expires_at_ms } => {
+                        registry.insert(&canary(n), registration("r", expires_at_ms));
+                        model.insert(n, expires_at_ms);
+                    }
+                    Op::Remove { canary: n } => {
+                        prop_assert_eq!(registry.remove(&canary(n)), model.remove(&n).is_some());
+                    }
+                    Op::Purge { now_ms } => {
+                        let before = model.len();
+                        model.retain(|_, expires| *expires > now_ms);
+                        prop_assert_eq!(registry.purge_expired(now_ms), before - model.len());
+                    }
+                }
+                prop_assert_eq!(registry.len(), model.len());
+                for n in 0..24u8 {
+                    let owner = registry.owner(&canary(n)).map(|r| r.expires_at_ms);
+                    prop_assert_eq!(owner, model.get(&n).copied());
+                }
+            }
+            let indexed: usize = registry
+                .shards
+                .iter()
+                .map(|shard| shard.read().unwrap().by_expiry.len())
+                .sum();
+            prop_assert_eq!(indexed, model.len());
+        }
     }
 }

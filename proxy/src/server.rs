@@ -92,6 +92,13 @@ pub struct Startup {
     pub probes: Vec<Arc<canarygate_policies::probe::ProbeResult>>,
 }
 
+/// How often `serve` drops expired canaries from its in-memory registry.
+const REGISTRY_PURGE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How often `serve` drops expired canaries from its audit store: each sweep
+/// is a write transaction, queued behind the requests' audit records.
+const STORE_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
+
 /// How often `serve` re-reads the probe results of its data directory.
 const PROBE_RELOAD_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -198,21 +205,27 @@ async fn open_audit_log(options: &ServeOptions) -> Result<AuditLog, String> {
     .map_err(|error| format!("opening the audit store failed: {error}"))?
 }
 
-/// Drops expired canaries, in memory and in the store, once a minute, until
-/// the registry is gone.
+/// Drops expired canaries from memory every [`REGISTRY_PURGE_INTERVAL`] and
+/// from the store every [`STORE_SWEEP_INTERVAL`], until the registry is gone.
+/// A purge removes only what expired since the last one (the registry keeps
+/// an expiry index), so each shard's lock is held for microseconds.
 fn spawn_registry_sweeper(registry: std::sync::Weak<MemoryRegistry>, audit: AuditLog) {
     tokio::spawn(async move {
-        let mut ticks = tokio::time::interval(Duration::from_secs(60));
+        let mut ticks = tokio::time::interval(REGISTRY_PURGE_INTERVAL);
+        let mut last_store_sweep: Option<tokio::time::Instant> = None;
         loop {
             ticks.tick().await;
             let Some(registry) = registry.upgrade() else {
                 return;
             };
             let now = crate::verified::now_ms();
-            registry.purge_expired(now);
-            drop(registry);
-            if let Err(error) = audit.sweep_canaries(now).await {
-                tracing::warn!("sweeping expired canaries from the audit store: {error}");
+            // Off the runtime's workers, like any lock-taking batch.
+            let _ = tokio::task::spawn_blocking(move || registry.purge_expired(now)).await;
+            if last_store_sweep.is_none_or(|at| at.elapsed() >= STORE_SWEEP_INTERVAL) {
+                last_store_sweep = Some(tokio::time::Instant::now());
+                if let Err(error) = audit.sweep_canaries(now).await {
+                    tracing::warn!("sweeping expired canaries from the audit store: {error}");
+                }
             }
         }
     });
