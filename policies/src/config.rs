@@ -111,7 +111,7 @@ pub enum Durability {
     #[default]
     BeforeAnswer,
     /// Queued for the next group commit while the answer goes out (commits
-    /// start at most every 10 ms, so records gather): no fsync on the
+    /// start at most every 50 ms, so records gather): no fsync on the
     /// request's path, but a crash loses the records of the last commit and
     /// those queued for the next, and a failed write cannot withhold an answer
     /// (it is logged and counted in `canarygate_audit_background_failures`).

@@ -9,6 +9,7 @@ use clap::Parser;
 use redb::{ReadableDatabase, TableDefinition};
 
 use super::cli::{AuditArgs, run_with};
+use super::log::BACKGROUND_COMMIT_INTERVAL;
 use super::store::{RedbStore, Store};
 use super::time::now_ms;
 use super::verify::verify_chain;
@@ -264,7 +265,7 @@ fn background_commits_start_at_most_once_per_interval() {
     let elapsed_ms = started.elapsed().as_millis() as u64;
     let commits = log.commit_count() - before;
     assert!(
-        commits <= elapsed_ms / 10 + 2,
+        commits <= elapsed_ms / BACKGROUND_COMMIT_INTERVAL.as_millis() as u64 + 2,
         "{commits} commits in {elapsed_ms} ms: commits are not paced"
     );
     assert_eq!(verify(dir.path()), Ok(151));
