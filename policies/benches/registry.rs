@@ -40,49 +40,53 @@ fn hour() -> Vec<(CanaryKey, Registration)> {
         .collect()
 }
 
-/// Best time over `ROUNDS` fresh registries of (filling, purging at `now_ms`).
-fn indexed(
-    entries: &[(CanaryKey, Registration)],
+type Entries = [(CanaryKey, Registration)];
+
+/// Best times over `ROUNDS` fresh copies of filling a registry with `fill`
+/// and purging it at `now_ms` with `purge`, which must drop `expiring`.
+fn measure<R>(
+    entries: &Entries,
     now_ms: u64,
     expiring: usize,
+    fill: impl Fn(&Entries) -> R,
+    purge: impl Fn(&mut R, u64) -> usize,
 ) -> (Duration, Duration) {
-    let (mut fill, mut purge) = (Duration::MAX, Duration::MAX);
+    let (mut filling, mut purging) = (Duration::MAX, Duration::MAX);
     for _ in 0..ROUNDS {
-        let registry = MemoryRegistry::new(b"bench secret");
         let started = Instant::now();
-        for (key, registration) in entries {
-            registry.restore(*key, registration.clone());
-        }
-        fill = fill.min(started.elapsed());
+        let mut registry = fill(entries);
+        filling = filling.min(started.elapsed());
         let started = Instant::now();
-        let removed = registry.purge_expired(black_box(now_ms));
-        purge = purge.min(started.elapsed());
+        let removed = purge(&mut registry, black_box(now_ms));
+        purging = purging.min(started.elapsed());
         assert_eq!(removed, expiring);
     }
-    (fill, purge)
+    (filling, purging)
 }
 
-/// The same with a plain map purged by a full scan (the baseline).
-fn scanned(
-    entries: &[(CanaryKey, Registration)],
-    now_ms: u64,
-    expiring: usize,
-) -> (Duration, Duration) {
-    let (mut fill, mut purge) = (Duration::MAX, Duration::MAX);
-    for _ in 0..ROUNDS {
-        let mut plain = HashMap::new();
-        let started = Instant::now();
-        for (key, registration) in entries {
-            plain.insert(*key, registration.clone());
-        }
-        fill = fill.min(started.elapsed());
-        let started = Instant::now();
-        let before = plain.len();
-        plain.retain(|_, r: &mut Registration| r.expires_at_ms > black_box(now_ms));
-        purge = purge.min(started.elapsed());
-        assert_eq!(before - plain.len(), expiring);
+/// The registry with its expiry index.
+fn indexed(entries: &Entries) -> MemoryRegistry {
+    let registry = MemoryRegistry::new(b"bench secret");
+    for (key, registration) in entries {
+        registry.restore(*key, registration.clone());
     }
-    (fill, purge)
+    registry
+}
+
+/// A plain map, purged by a full scan (the baseline).
+fn plain(entries: &Entries) -> HashMap<CanaryKey, Registration> {
+    // One insert at a time, growing as it goes, like the registry's shards.
+    let mut map = HashMap::new();
+    for (key, registration) in entries {
+        map.insert(*key, registration.clone());
+    }
+    map
+}
+
+fn scan(map: &mut HashMap<CanaryKey, Registration>, now_ms: u64) -> usize {
+    let before = map.len();
+    map.retain(|_, registration| registration.expires_at_ms > now_ms);
+    before - map.len()
 }
 
 fn main() {
@@ -102,8 +106,11 @@ fn main() {
             .iter()
             .filter(|(_, r)| r.expires_at_ms <= now_ms)
             .count();
-        let (fill_indexed, purge_indexed) = indexed(&entries, now_ms, expiring);
-        let (fill_plain, purge_plain) = scanned(&entries, now_ms, expiring);
+        let (fill_indexed, purge_indexed) =
+            measure(&entries, now_ms, expiring, indexed, |registry, now_ms| {
+                registry.purge_expired(now_ms)
+            });
+        let (fill_plain, purge_plain) = measure(&entries, now_ms, expiring, plain, scan);
         fills = (fills.0.min(fill_indexed), fills.1.min(fill_plain));
         println!(
             "| {} s | {expiring} | {:.2} ms | {:.2} ms | {:.1}x |",
