@@ -15,8 +15,9 @@
 # every answer 64 tokens: saturation throughput, CPU per request of each
 # proxy's process tree (from /proc), and p50/p99 latency at a fixed rate below
 # every system's saturation (LiteLLM's sets it), then at a higher rate below
-# every system's but LiteLLM's; each round in a different order; medians over
-# the rounds. Prints markdown tables and writes bench/results/latest.json.
+# every system's but LiteLLM's, with canarygate's own time per request over
+# each of those phases (from its /metrics); each round in a different order;
+# medians over the rounds. Prints markdown tables and writes bench/results/latest.json.
 #
 # Installs what is missing: nginx (apt-get, as root), LiteLLM (pip, in
 # bench/.venv). Uses $CANARYGATE_BIN, or builds `cargo build --release --bin

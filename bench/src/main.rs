@@ -10,7 +10,9 @@
 //! - latency at a fixed open-loop rate below every target's saturation
 //!   (requests leave on schedule whatever earlier ones are doing; latency
 //!   counts from the scheduled time), p50/p99, and the latency *added* over
-//!   the baseline target (the upstream itself) in the same round.
+//!   the baseline target (the upstream itself) in the same round; for
+//!   targets marked `metrics` (canarygate), also their own time per request
+//!   over the phase, from the overhead histogram at `/metrics`.
 //!
 //! Each round measures every target once per mode, in an order that changes
 //! from round to round (rotated, and reversed every other round). Reported
