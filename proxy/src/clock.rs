@@ -1,8 +1,10 @@
 //! Per-request accounting of the proxy's own time.
 //!
 //! Overhead is wall time from the start of a request to its end, minus the
-//! time spent waiting on the provider (connect, first byte, every chunk) and on
-//! the client (between handing hyper a chunk and being asked for the next).
+//! time spent waiting on the provider (connect, first byte, every chunk,
+//! including the scheduler rounds a relay yields so that the provider's
+//! connection task can decode what already arrived) and on the client
+//! (between handing hyper a chunk and being asked for the next).
 //! It is observed into `canarygate_proxy_overhead_seconds` when the clock drops,
 //! which also covers requests the client abandoned.
 

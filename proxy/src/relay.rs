@@ -190,7 +190,9 @@ impl Relay {
             }
         }
         while self.tail.is_none() && out.len() < COALESCE_BYTES {
-            match next_ready(&mut self.upstream).await {
+            // Time yielded to the provider's connection task is time spent
+            // waiting on the provider, like the `upstream.next()` above.
+            match trail.clock.wait(next_ready(&mut self.upstream)).await {
                 Some(next) => self.take(next, &mut out),
                 None => break,
             }
@@ -365,5 +367,46 @@ mod tests {
         assert_eq!(events_in(&rest), 20);
         assert_eq!(relay.tail.as_deref(), Some(b"data: [DONE]\n\n".as_slice()));
         assert!(String::from_utf8_lossy(&rest).ends_with("data: {\"n\":59}\n\n"));
+    }
+
+    #[tokio::test]
+    async fn time_yielded_to_the_provider_counts_as_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
+        let mut trail = Trail::start(log, "r1", Arc::new(Metrics::new()));
+        // The provider's side works 20 ms on each event after the first,
+        // blocking this single-threaded runtime as a busy connection task
+        // would: some of that falls in the relay's yields.
+        let (sender, receiver) = mpsc::channel::<Bytes>(1);
+        tokio::spawn(async move {
+            for n in 0..5 {
+                if n > 0 {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                let event = Bytes::from(format!("data: {{\"n\":{n}}}\n\n"));
+                if sender.send(event).await.is_err() {
+                    return;
+                }
+            }
+            let _ = sender.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
+        });
+        let upstream: ByteStream = Box::pin(futures_util::stream::unfold(
+            receiver,
+            |mut receiver| async {
+                let chunk = receiver.recv().await?;
+                Some((Ok(chunk), receiver))
+            },
+        ));
+        let mut relay = relay(upstream);
+        let mut events = 0;
+        while relay.tail.is_none() {
+            events += events_in(&relay.read(&mut trail).await);
+        }
+        assert_eq!(events, 5);
+        let overhead = trail.clock.overhead();
+        assert!(
+            overhead < Duration::from_millis(15),
+            "the provider's 80 ms counted as the proxy's own time: {overhead:?}"
+        );
     }
 }

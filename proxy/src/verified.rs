@@ -552,10 +552,11 @@ impl VerifiedStream {
     }
 
     /// Takes what else the provider has already sent, until [`COALESCE_BYTES`]
-    /// are ready for the client or nothing more is ready now.
-    async fn advance_ready(&mut self) {
+    /// are ready for the client or nothing more is ready now. The yields to
+    /// the provider's connection task count as waiting on the provider.
+    async fn advance_ready(&mut self, clock: &mut RequestClock) {
         while self.end.is_none() && self.out.len() < COALESCE_BYTES {
-            match next_ready(&mut self.upstream).await {
+            match clock.wait(next_ready(&mut self.upstream)).await {
                 Some(next) => self.take(next),
                 None => return,
             }
@@ -892,7 +893,7 @@ impl StreamingBody {
         let stream = &mut self.stream;
         loop {
             if !stream.out.is_empty() {
-                stream.advance_ready().await;
+                stream.advance_ready(&mut trail.clock).await;
                 let bytes = std::mem::take(&mut stream.out);
                 trail.sent(&bytes);
                 stream.committed = true;
