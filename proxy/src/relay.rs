@@ -28,6 +28,7 @@ use futures_util::{FutureExt, Stream, StreamExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::audit::{Action, Outcome};
+use crate::clock::RequestClock;
 use crate::error::{error_body, error_chain};
 use crate::trail::Trail;
 
@@ -42,7 +43,8 @@ const READY_ROUNDS: usize = 2;
 
 /// The next item of `upstream` if it is ready now, or within
 /// [`READY_ROUNDS`] yields to the scheduler; `None` when it is not.
-/// `Some(None)`: the stream ended.
+/// `Some(None)`: the stream ended. The time counts on `clock` as waiting on
+/// the provider, like awaiting its next chunk.
 ///
 /// hyper hands a response body over one chunk at a time: the provider's
 /// connection task decodes the next chunk from its read buffer only after the
@@ -50,17 +52,24 @@ const READY_ROUNDS: usize = 2;
 /// worker. Yielding lets it run, so events that arrived together leave
 /// together; when the provider has sent nothing more this costs two empty
 /// scheduler rounds, microseconds.
-pub(crate) async fn next_ready<S: Stream + Unpin>(upstream: &mut S) -> Option<Option<S::Item>> {
-    if let Some(item) = upstream.next().now_or_never() {
-        return Some(item);
-    }
-    for _ in 0..READY_ROUNDS {
-        tokio::task::yield_now().await;
-        if let Some(item) = upstream.next().now_or_never() {
-            return Some(item);
-        }
-    }
-    None
+pub(crate) async fn next_ready<S: Stream + Unpin>(
+    upstream: &mut S,
+    clock: &mut RequestClock,
+) -> Option<Option<S::Item>> {
+    clock
+        .wait(async {
+            if let Some(item) = upstream.next().now_or_never() {
+                return Some(item);
+            }
+            for _ in 0..READY_ROUNDS {
+                tokio::task::yield_now().await;
+                if let Some(item) = upstream.next().now_or_never() {
+                    return Some(item);
+                }
+            }
+            None
+        })
+        .await
 }
 
 /// How a stream that ended without `[DONE]` ended, for the error event.
@@ -190,9 +199,7 @@ impl Relay {
             }
         }
         while self.tail.is_none() && out.len() < COALESCE_BYTES {
-            // Time yielded to the provider's connection task is time spent
-            // waiting on the provider, like the `upstream.next()` above.
-            match trail.clock.wait(next_ready(&mut self.upstream)).await {
+            match next_ready(&mut self.upstream, &mut trail.clock).await {
                 Some(next) => self.take(next, &mut out),
                 None => break,
             }
@@ -322,6 +329,11 @@ mod tests {
             }
             let _ = sender.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
         });
+        received(receiver)
+    }
+
+    /// The upstream body: what a producer task sends, chunk by chunk.
+    fn received(receiver: mpsc::Receiver<Bytes>) -> ByteStream {
         Box::pin(futures_util::stream::unfold(
             receiver,
             |mut receiver| async {
@@ -390,14 +402,7 @@ mod tests {
             }
             let _ = sender.send(Bytes::from_static(b"data: [DONE]\n\n")).await;
         });
-        let upstream: ByteStream = Box::pin(futures_util::stream::unfold(
-            receiver,
-            |mut receiver| async {
-                let chunk = receiver.recv().await?;
-                Some((Ok(chunk), receiver))
-            },
-        ));
-        let mut relay = relay(upstream);
+        let mut relay = relay(received(receiver));
         let mut events = 0;
         while relay.tail.is_none() {
             events += events_in(&relay.read(&mut trail).await);

@@ -556,7 +556,7 @@ impl VerifiedStream {
     /// the provider's connection task count as waiting on the provider.
     async fn advance_ready(&mut self, clock: &mut RequestClock) {
         while self.end.is_none() && self.out.len() < COALESCE_BYTES {
-            match clock.wait(next_ready(&mut self.upstream)).await {
+            match next_ready(&mut self.upstream, clock).await {
                 Some(next) => self.take(next),
                 None => return,
             }
