@@ -7,10 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use canarygate_proxy::audit::{
-    Action, AuditLog, AuditOptions, Latency, NewRecord, Outcome, RequestRecord, Route, STORE_FILE,
-    Sample, Verdict, sha256_hex,
+use canarygate_audit::{
+    Action, AuditLog, AuditOptions, CheckRecord, GENESIS_HASH, Latency, NewRecord, Outcome,
+    RequestRecord, Route, STORE_FILE, Sample, SampleKey, VerdictSummary, chain_hash, sha256_hex,
 };
+use canarygate_policies::verify::Status;
 
 fn record(request_id: String) -> RequestRecord {
     RequestRecord {
@@ -25,7 +26,7 @@ fn record(request_id: String) -> RequestRecord {
         prompt_tokens_provider: Some(12),
         canary_ids: vec![],
         checks: vec![],
-        verdict: Verdict::Pass,
+        verdict: VerdictSummary::Pass,
         action: Action::Forward,
         outcome: Outcome::Complete,
         latency: Latency {
@@ -48,14 +49,86 @@ async fn append(log: &AuditLog, request_id: String) -> u64 {
     log.append(new).await.unwrap()
 }
 
+/// Record `n` of a varied log: every tenth (n % 10 == 3) failed its
+/// prompt-token check and was blocked, every fifth was served locally, every
+/// third keeps a sample.
+fn varied(n: u64) -> NewRecord {
+    let failed = n % 10 == 3;
+    let check = |name: &str, result| CheckRecord {
+        name: name.into(),
+        result,
+        evidence: serde_json::json!({"n": n}),
+    };
+    let record = RequestRecord {
+        route: if n.is_multiple_of(5) {
+            Route::Local
+        } else {
+            Route::Upstream
+        },
+        checks: vec![
+            check("echo", Status::Pass),
+            check(
+                "prompt_tokens",
+                if failed { Status::Fail } else { Status::Pass },
+            ),
+        ],
+        verdict: if failed {
+            VerdictSummary::Fail
+        } else {
+            VerdictSummary::Pass
+        },
+        action: if failed {
+            Action::Block
+        } else {
+            Action::Forward
+        },
+        latency: Latency {
+            ttfb_ms: Some(10 + n % 7),
+            total_ms: 50 + n % 13,
+            overhead_ms: 1,
+        },
+        ..record(format!("req-{n:06}"))
+    };
+    let sample = n.is_multiple_of(3).then(|| Sample {
+        request_text: format!("please summarise report {n} [canary redacted]"),
+        response_text: format!("summary of report {n}"),
+    });
+    NewRecord { record, sample }
+}
+
+/// Appends records `first..first + count` of [`varied`], in order.
+async fn fill(log: &AuditLog, count: u64, first: u64) {
+    for n in first..first + count {
+        log.append(varied(n)).await.unwrap();
+    }
+}
+
 fn canarygate(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_canarygate"))
+    canarygate_with_input(dir, args, "")
+}
+
+/// `canarygate audit --data DIR ARGS` with `input` on its standard input.
+fn canarygate_with_input(dir: &Path, args: &[&str], input: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_canarygate"))
         .arg("audit")
         .arg("--data")
         .arg(dir)
         .args(args)
-        .output()
-        .unwrap()
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    std::io::Write::write_all(&mut stdin, input.as_bytes()).unwrap();
+    drop(stdin);
+    child.wait_with_output().unwrap()
+}
+
+/// Standard output of a run that must succeed.
+fn ok(output: Output) -> String {
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    text(&output.stdout)
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -294,5 +367,179 @@ fn bad_arguments_fail_with_a_message() {
         text(&bad_time.stderr).contains("cannot read time"),
         "{}",
         text(&bad_time.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tail_show_stats_and_export_print_what_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
+    fill(&log, 30, 0).await;
+    let tail = ok(canarygate(dir.path(), &["tail", "-n", "5"]));
+    let lines: Vec<_> = tail.lines().collect();
+    assert_eq!(lines.len(), 5);
+    assert!(
+        lines[0].starts_with("#26 ") && lines[4].starts_with("#30 "),
+        "{tail}"
+    );
+    let show = ok(canarygate(dir.path(), &["show", "4"]));
+    assert!(
+        show.contains("\"prev_hash\"") && show.contains("\"kind\": \"request\""),
+        "{show}"
+    );
+    let stats = ok(canarygate(dir.path(), &["stats"]));
+    assert!(stats.contains("requests: 30 (10 sampled)"), "{stats}");
+    let later = ok(canarygate(dir.path(), &["stats", "--since", "2999-01-01"]));
+    assert!(
+        later.contains("requests: 0 (0 sampled)") && later.contains("latency total: n/a"),
+        "{later}"
+    );
+    assert!(stats.contains("verdict: fail 3, pass 27"), "{stats}");
+    assert!(stats.contains("route: local 6, upstream 24"), "{stats}");
+    assert!(
+        stats.contains("check prompt_tokens: fail 3, pass 27"),
+        "{stats}"
+    );
+    assert!(stats.contains("latency total: p50"), "{stats}");
+    let export = ok(canarygate(dir.path(), &["export"]));
+    let lines: Vec<_> = export.lines().collect();
+    assert_eq!(lines.len(), 30);
+    let mut prev = hex(&GENESIS_HASH);
+    for (index, line) in lines.iter().enumerate() {
+        let value: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(value["id"], index as u64 + 1);
+        assert_eq!(value["prev_hash"], prev.as_str());
+        // The line minus its leading hash member is exactly the hashed body.
+        let hash = value["hash"].as_str().unwrap();
+        let body = format!("{{{}", &line[("{\"hash\":\"".len() + 64 + 2)..]);
+        assert_eq!(hex(&chain_hash(body.as_bytes())), hash);
+        prev = hash.to_owned();
+    }
+    let future = ok(canarygate(dir.path(), &["export", "--since", "2999-01-01"]));
+    assert!(future.is_empty());
+    let past = ok(canarygate(
+        dir.path(),
+        &["export", "--until", "2000-01-01T00:00:00Z"],
+    ));
+    assert!(past.is_empty());
+    let recent = ok(canarygate(dir.path(), &["export", "--since", "1h"]));
+    assert_eq!(recent.lines().count(), 30);
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_bad_argument_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
+    fill(&log, 3, 0).await;
+    for (args, expected) in [
+        (&["show", "99"][..], "no record 99"),
+        (&["export", "--since", "yesterday"], "cannot read time"),
+        (&["spot-check", "--mark", "x", "ok"], "not a record id"),
+        (
+            &["spot-check", "--mark", "1", "maybe"],
+            "must be `ok` or `bad`",
+        ),
+        (&["spot-check", "--mark", "77", "ok"], "no record 77"),
+        (&["tail", "-n", "many"], "invalid value"),
+    ] {
+        let out = canarygate(dir.path(), args);
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spot_check_reviews_are_chained_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
+    fill(&log, 9, 1).await; // samples at n = 3, 6, 9: records 3, 6 and 9
+    let sampled = [3, 6, 9];
+    // Interactive: the first fits, the second is skipped after a bad answer, the third is bad.
+    let out = ok(canarygate_with_input(
+        dir.path(),
+        &["spot-check"],
+        "y\nlooks right\nmaybe\ns\nn\nother customer's text\n",
+    ));
+    assert!(out.contains("fits this session? [y/n/s]"), "{out}");
+    assert!(out.contains("summary of report"), "{out}");
+    assert!(
+        out.contains("answer y (fits), n (does not) or s (skip)"),
+        "{out}"
+    );
+    assert!(out.contains("2 reviewed, 1 skipped, 1 left"), "{out}");
+    let skipped = sampled[1].to_string();
+    let marked = ok(canarygate(
+        dir.path(),
+        &[
+            "spot-check",
+            "--mark",
+            &skipped,
+            "ok",
+            "--note",
+            "checked by hand",
+        ],
+    ));
+    assert!(
+        marked.contains(&format!("record {skipped} marked ok")),
+        "{marked}"
+    );
+    let again = canarygate(dir.path(), &["spot-check", "--mark", &skipped, "bad"]);
+    assert!(!again.status.success());
+    assert!(
+        text(&again.stderr).contains("already reviewed"),
+        "{}",
+        text(&again.stderr)
+    );
+    let out = ok(canarygate(dir.path(), &["spot-check"]));
+    assert!(out.contains("0 reviewed, 0 skipped, 0 left"), "{out}");
+    let verify = ok(canarygate(dir.path(), &["verify"]));
+    assert!(verify.starts_with("ok: 12 records verified"), "{verify}");
+    let tail = ok(canarygate(dir.path(), &["tail", "-n", "3"]));
+    assert!(
+        tail.contains("review of #") && tail.contains("bad (other customer's text)"),
+        "{tail}"
+    );
+    let stats = ok(canarygate(dir.path(), &["stats"]));
+    assert!(stats.contains("review: bad 1, ok 2"), "{stats}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_prints_an_encrypted_sample_only_with_its_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_hex = "5a".repeat(32);
+    let options = AuditOptions {
+        sample_key: Some(SampleKey::parse(&key_hex).unwrap()),
+        ..AuditOptions::default()
+    };
+    let log = AuditLog::open(dir.path(), options).unwrap();
+    log.append(varied(0)).await.unwrap();
+    drop(log);
+    let var = "CANARYGATE_TEST_SHOW_KEY";
+    let without = Command::new(env!("CARGO_BIN_EXE_canarygate"))
+        .args(["audit", "--key-env", var, "--data"])
+        .arg(dir.path())
+        .args(["show", "1"])
+        .env_remove(var)
+        .output()
+        .unwrap();
+    let without = ok(without);
+    assert!(without.contains("sample is encrypted"), "{without}");
+    assert!(!without.contains("summary of report 0"), "{without}");
+    let with = Command::new(env!("CARGO_BIN_EXE_canarygate"))
+        .args(["audit", "--key-env", var, "--data"])
+        .arg(dir.path())
+        .args(["show", "1"])
+        .env(var, &key_hex)
+        .output()
+        .unwrap();
+    let with = ok(with);
+    assert!(
+        with.contains("please summarise report 0") && with.contains("summary of report 0"),
+        "{with}"
     );
 }

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use canarygate_proxy::audit::sha256_hex;
+use canarygate_audit::sha256_hex;
 use common::{
     ProxyDir, Running, chat_body, client, start_proxy, start_proxy_with_policy, start_sim,
 };

@@ -640,18 +640,23 @@ async fn client_disconnect_cancels_the_upstream_request() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let metrics = client
-        .get(format!("{}/metrics", proxy.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(
-        metrics.contains("canarygate_in_flight_requests 0"),
-        "{metrics}"
-    );
+    // The request stays in flight until its audit record (interrupted by the
+    // client) is committed, which a loaded disk may take a while to do.
+    loop {
+        let metrics = client
+            .get(format!("{}/metrics", proxy.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if metrics.contains("canarygate_in_flight_requests 0") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]

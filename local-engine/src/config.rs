@@ -103,7 +103,11 @@ impl ModelConfig {
     }
 
     /// Parses and validates the text of a `config.json`.
-    pub fn from_json(text: &str) -> Result<Self, String> {
+    pub fn from_json(text: &str) -> Result<Self, ConfigError> {
+        Self::parse(text).map_err(ConfigError)
+    }
+
+    fn parse(text: &str) -> Result<Self, String> {
         let raw: RawConfig = serde_json::from_str(text).map_err(|e| e.to_string())?;
         let architecture = architecture(&raw)?;
         if raw.num_attention_heads == 0 || raw.hidden_size == 0 || raw.num_hidden_layers == 0 {
@@ -182,6 +186,11 @@ impl ModelConfig {
             .collect()
     }
 }
+
+/// A `config.json` the engine cannot serve: what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
 
 fn architecture(raw: &RawConfig) -> Result<Architecture, String> {
     let names: Vec<&str> = raw
@@ -312,11 +321,17 @@ mod tests {
             r#"{{"architectures": ["GPT2LMHeadModel"], {BASE}}}"#
         ))
         .unwrap_err();
-        assert!(err.contains("unsupported architecture"), "{err}");
+        assert!(
+            err.to_string().contains("unsupported architecture"),
+            "{err}"
+        );
         let err = ModelConfig::from_json(&format!(
             r#"{{"model_type": "qwen2", {BASE}, "rope_scaling": {{"type": "yarn", "factor": 4.0}}}}"#
         ))
         .unwrap_err();
-        assert!(err.contains("unsupported rope_type \"yarn\""), "{err}");
+        assert!(
+            err.to_string().contains("unsupported rope_type \"yarn\""),
+            "{err}"
+        );
     }
 }

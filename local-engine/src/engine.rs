@@ -531,7 +531,7 @@ impl EngineHandle {
         request
             .sampling
             .validate()
-            .map_err(AdmissionError::Invalid)?;
+            .map_err(|error| AdmissionError::Invalid(error.to_string()))?;
         let limit = self.capacity.context_window;
         let max_tokens = match request.max_tokens {
             Some(0) => return Err(AdmissionError::Invalid("max_tokens must be > 0".into())),

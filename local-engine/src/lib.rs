@@ -22,7 +22,6 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-pub mod cli;
 pub mod config;
 mod cpu_matmul;
 mod engine;
@@ -40,7 +39,7 @@ pub use engine::{
     Capacity, Completion, DeviceKind, Engine, EngineConfig, EngineHandle, Event, FinishReason,
     Generation, GenerationRequest, Stats, Usage,
 };
-pub use sampling::SamplingParams;
+pub use sampling::{InvalidSampling, SamplingParams};
 pub use server::serve;
 pub use text::{ChatMessage, ChatTemplate};
 pub use tiny::{TinyModel, TinyTokenizer, write_tiny_model};

@@ -16,15 +16,25 @@ use crate::{AdmissionError, ChatMessage, EngineHandle, Event, GenerationRequest,
 /// Events buffered between the engine thread and the response body.
 const STREAM_BUFFER: usize = 64;
 
+/// Why the engine could not serve a chat request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChatFailure {
+    /// The request is malformed (HTTP 400, no code).
+    Invalid,
+    /// Prompt plus `max_tokens` exceed the served window (HTTP 400
+    /// `context_length_exceeded`).
+    ContextLengthExceeded,
+    /// The engine is shutting down (HTTP 503 `engine_unavailable`).
+    Unavailable,
+    /// The engine failed while generating (HTTP 500 `engine_error`).
+    Failed,
+}
+
 /// A request the engine cannot serve, in OpenAI's error vocabulary.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChatError {
-    /// HTTP status.
-    pub status: u16,
-    /// `error.type`.
-    pub kind: &'static str,
-    /// `error.code`.
-    pub code: Option<&'static str>,
+    /// What went wrong.
+    pub failure: ChatFailure,
     /// `error.param`.
     pub param: Option<&'static str>,
     /// `error.message`.
@@ -32,46 +42,68 @@ pub struct ChatError {
 }
 
 impl ChatError {
-    fn invalid(param: Option<&'static str>, message: impl Into<String>) -> Self {
+    /// A malformed request (`param` names the field at fault).
+    pub fn invalid(param: Option<&'static str>, message: impl Into<String>) -> Self {
         Self {
-            status: 400,
-            kind: "invalid_request_error",
-            code: None,
+            failure: ChatFailure::Invalid,
             param,
             message: message.into(),
         }
     }
 
-    fn server(code: &'static str, message: impl Into<String>) -> Self {
+    fn failed(message: impl Into<String>) -> Self {
         Self {
-            status: 500,
-            kind: "server_error",
-            code: Some(code),
+            failure: ChatFailure::Failed,
             param: None,
             message: message.into(),
         }
     }
 
+    /// HTTP status.
+    pub fn status(&self) -> u16 {
+        match self.failure {
+            ChatFailure::Invalid | ChatFailure::ContextLengthExceeded => 400,
+            ChatFailure::Unavailable => 503,
+            ChatFailure::Failed => 500,
+        }
+    }
+
+    /// `error.type`.
+    pub fn kind(&self) -> &'static str {
+        match self.failure {
+            ChatFailure::Invalid | ChatFailure::ContextLengthExceeded => "invalid_request_error",
+            ChatFailure::Unavailable | ChatFailure::Failed => "server_error",
+        }
+    }
+
+    /// `error.code`.
+    pub fn code(&self) -> Option<&'static str> {
+        match self.failure {
+            ChatFailure::Invalid => None,
+            ChatFailure::ContextLengthExceeded => Some("context_length_exceeded"),
+            ChatFailure::Unavailable => Some("engine_unavailable"),
+            ChatFailure::Failed => Some("engine_error"),
+        }
+    }
+
     /// `{"error": {...}}`.
     pub fn body(&self) -> Value {
-        json!({"error": {"message": self.message, "type": self.kind, "param": self.param,
-                         "code": self.code}})
+        json!({"error": {"message": self.message, "type": self.kind(), "param": self.param,
+                         "code": self.code()}})
     }
 }
 
 impl From<AdmissionError> for ChatError {
     fn from(error: AdmissionError) -> Self {
-        match error {
-            AdmissionError::ContextLengthExceeded { .. } => Self {
-                code: Some("context_length_exceeded"),
-                param: Some("messages"),
-                ..Self::invalid(None, error.to_string())
-            },
-            AdmissionError::Invalid(_) => Self::invalid(None, error.to_string()),
-            AdmissionError::Unavailable => Self {
-                status: 503,
-                ..Self::server("engine_unavailable", error.to_string())
-            },
+        let failure = match error {
+            AdmissionError::ContextLengthExceeded { .. } => ChatFailure::ContextLengthExceeded,
+            AdmissionError::Invalid(_) => ChatFailure::Invalid,
+            AdmissionError::Unavailable => ChatFailure::Unavailable,
+        };
+        Self {
+            failure,
+            param: (failure == ChatFailure::ContextLengthExceeded).then_some("messages"),
+            message: error.to_string(),
         }
     }
 }
@@ -226,8 +258,8 @@ impl ChatCall {
         } = self;
         let completion = tokio::task::spawn_blocking(move || generation.wait())
             .await
-            .map_err(|error| ChatError::server("engine_error", error.to_string()))?
-            .map_err(|error| ChatError::server("engine_error", error.to_string()))?;
+            .map_err(|error| ChatError::failed(error.to_string()))?
+            .map_err(|error| ChatError::failed(error.to_string()))?;
         let usage = &completion.usage;
         Ok(json!({
             "id": id, "object": "chat.completion", "created": created, "model": model,
@@ -291,7 +323,7 @@ impl ChatCall {
                     Event::Failed(error) => {
                         // No [DONE]: the stream ends with the error so clients
                         // cannot mistake it for a complete answer.
-                        let body = ChatError::server("engine_error", error.to_string()).body();
+                        let body = ChatError::failed(error.to_string()).body();
                         let _ = sender.blocking_send(Bytes::from(format!("data: {body}\n\n")));
                         return;
                     }

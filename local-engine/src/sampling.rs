@@ -37,18 +37,26 @@ impl SamplingParams {
     }
 
     /// Rejects values outside their meaningful range.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), InvalidSampling> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(format!(
-                "temperature must be >= 0, got {}",
-                self.temperature
-            ));
+            return Err(InvalidSampling::Temperature(self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+            return Err(InvalidSampling::TopP(self.top_p));
         }
         Ok(())
     }
+}
+
+/// Sampling settings outside their meaningful range.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+pub enum InvalidSampling {
+    /// Negative or not finite.
+    #[error("temperature must be >= 0, got {0}")]
+    Temperature(f32),
+    /// Not in (0, 1].
+    #[error("top_p must be in (0, 1], got {0}")]
+    TopP(f32),
 }
 
 /// Per-request sampler state. It travels with the request through preemption, so a recomputed

@@ -17,7 +17,7 @@ use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 use crate::EngineHandle;
-use crate::openai::{ChatError, start_chat};
+use crate::openai::{ChatError, ChatFailure, start_chat};
 
 #[derive(Clone)]
 struct AppState {
@@ -42,7 +42,7 @@ pub async fn serve(
 }
 
 fn error_response(error: &ChatError) -> Response {
-    let status = StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let status = StatusCode::from_u16(error.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (status, axum::Json(error.body())).into_response()
 }
 
@@ -59,13 +59,7 @@ async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Respons
     let request: Value = match serde_json::from_slice(&body) {
         Ok(request) => request,
         Err(e) => {
-            return error_response(&ChatError {
-                status: 400,
-                kind: "invalid_request_error",
-                code: None,
-                param: None,
-                message: format!("invalid JSON body: {e}"),
-            });
+            return error_response(&ChatError::invalid(None, format!("invalid JSON body: {e}")));
         }
     };
     let call = match start_chat(&state.engine, &request, &state.model) {
@@ -85,9 +79,7 @@ async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Respons
         .body(Body::from_stream(stream))
         .unwrap_or_else(|e| {
             error_response(&ChatError {
-                status: 500,
-                kind: "server_error",
-                code: None,
+                failure: ChatFailure::Failed,
                 param: None,
                 message: e.to_string(),
             })

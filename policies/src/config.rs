@@ -296,16 +296,26 @@ impl Policy {
         Self::from_toml_str(text, &format!("policies/presets/{name}.toml"))
     }
 
+    /// The position of provider `name` in [`Policy::providers`].
+    pub fn provider_index(&self, name: &str) -> Option<usize> {
+        self.providers
+            .iter()
+            .position(|provider| provider.name.get_ref() == name)
+    }
+
+    /// The provider called `name`.
+    pub fn provider(&self, name: &str) -> Option<&ProviderConfig> {
+        self.provider_index(name)
+            .map(|index| &self.providers[index])
+    }
+
     /// The route for a client model name, if any route matches.
     pub fn route<'a>(&'a self, model: &'a str) -> Option<ResolvedRoute<'a>> {
         let route = self
             .routes
             .iter()
             .find(|route| route.model.get_ref() == model || route.model.get_ref() == ANY_MODEL)?;
-        let provider_index = self
-            .providers
-            .iter()
-            .position(|provider| provider.name.get_ref() == route.provider.get_ref())?;
+        let provider_index = self.provider_index(route.provider.get_ref())?;
         let provider = &self.providers[provider_index];
         Some(ResolvedRoute {
             provider_index,
@@ -332,33 +342,41 @@ impl Policy {
 
     /// Sets the base URL of the only provider (`--upstream`). Errors when the
     /// policy has more than one provider or the URL is not http(s).
-    pub fn override_upstream(&mut self, base_url: &str) -> Result<(), String> {
+    pub fn override_upstream(&mut self, base_url: &str) -> Result<(), BaseUrlError> {
         match self.providers.as_slice() {
             [provider] => {
                 let name = provider.name.get_ref().clone();
                 self.set_base_url(&name, base_url)
             }
-            providers => Err(format!(
-                "--upstream needs a policy with exactly one provider, this one has {}",
-                providers.len()
-            )),
+            providers => Err(BaseUrlError::NotOneProvider(providers.len())),
         }
     }
 
     /// Sets the base URL of provider `name`. Errors when there is no such
     /// provider or the URL is not http(s).
-    pub fn set_base_url(&mut self, name: &str, base_url: &str) -> Result<(), String> {
+    pub fn set_base_url(&mut self, name: &str, base_url: &str) -> Result<(), BaseUrlError> {
         check_base_url(base_url)?;
-        let provider = self
-            .providers
-            .iter_mut()
-            .find(|provider| provider.name.get_ref() == name)
-            .ok_or_else(|| format!("the policy has no provider `{name}`"))?;
+        let index = self
+            .provider_index(name)
+            .ok_or_else(|| BaseUrlError::NoSuchProvider(name.to_owned()))?;
+        let provider = &mut self.providers[index];
         provider.base_url = Spanned::new(0..0, base_url.trim_end_matches('/').to_owned());
         Ok(())
     }
 
+    /// Checks what serde cannot: each section, then how they fit together.
     fn validate(&self) -> Result<(), (Option<Range<usize>>, String)> {
+        self.validate_limits()?;
+        self.validate_audit()?;
+        let providers = self.validate_providers()?;
+        self.local.validate()?;
+        self.probe.validate()?;
+        self.verify.validate(&providers, self.local.enabled())?;
+        self.validate_routes(&providers)?;
+        self.validate_auth()
+    }
+
+    fn validate_limits(&self) -> Result<(), (Option<Range<usize>>, String)> {
         let limits = &self.limits;
         for (name, value) in [
             ("limits.max_body_bytes", limits.max_body_bytes as u64),
@@ -374,7 +392,10 @@ impl Policy {
                 return Err((None, format!("{name} must be greater than 0")));
             }
         }
+        Ok(())
+    }
 
+    fn validate_audit(&self) -> Result<(), (Option<Range<usize>>, String)> {
         let audit = &self.audit;
         if !(0.0..=1.0).contains(audit.sample_rate.get_ref()) {
             return Err((
@@ -397,7 +418,11 @@ impl Policy {
                 ));
             }
         }
+        Ok(())
+    }
 
+    /// The providers' names, once each is valid.
+    fn validate_providers(&self) -> Result<HashSet<&str>, (Option<Range<usize>>, String)> {
         if self.providers.is_empty() {
             return Err((
                 None,
@@ -417,7 +442,7 @@ impl Policy {
                 ));
             }
             check_base_url(provider.base_url.get_ref())
-                .map_err(|message| (Some(provider.base_url.span()), message))?;
+                .map_err(|error| (Some(provider.base_url.span()), error.to_string()))?;
             if *provider.context_window.get_ref() == 0 || provider.max_context_tokens == Some(0) {
                 return Err((
                     Some(provider.context_window.span()),
@@ -436,11 +461,10 @@ impl Policy {
                 ));
             }
         }
+        Ok(names)
+    }
 
-        self.local.validate()?;
-        self.probe.validate()?;
-        self.verify.validate(&names, self.local.enabled())?;
-
+    fn validate_routes(&self, names: &HashSet<&str>) -> Result<(), (Option<Range<usize>>, String)> {
         if self.routes.is_empty() {
             return Err((None, "a policy needs at least one [[routes]] entry".into()));
         }
@@ -485,7 +509,10 @@ impl Policy {
                 ));
             }
         }
+        Ok(())
+    }
 
+    fn validate_auth(&self) -> Result<(), (Option<Range<usize>>, String)> {
         match self.auth.mode {
             AuthMode::Managed if self.auth.client_keys.is_empty() => Err((
                 None,
@@ -520,13 +547,30 @@ impl Policy {
     }
 }
 
-fn check_base_url(url: &str) -> Result<(), String> {
+/// A base URL that cannot replace a provider's.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BaseUrlError {
+    /// `--upstream` needs a policy with exactly one provider.
+    #[error("--upstream needs a policy with exactly one provider, this one has {0}")]
+    NotOneProvider(usize),
+    /// No provider of that name.
+    #[error("the policy has no provider `{0}`")]
+    NoSuchProvider(String),
+    /// Not an http(s) URL.
+    #[error("base_url `{0}` must start with http:// or https://")]
+    NotHttp(String),
+    /// No host after the scheme.
+    #[error("base_url `{0}` has no host")]
+    NoHost(String),
+}
+
+fn check_base_url(url: &str) -> Result<(), BaseUrlError> {
     let rest = url
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://"))
-        .ok_or_else(|| format!("base_url `{url}` must start with http:// or https://"))?;
+        .ok_or_else(|| BaseUrlError::NotHttp(url.to_owned()))?;
     if rest.is_empty() || rest.starts_with('/') {
-        return Err(format!("base_url `{url}` has no host"));
+        return Err(BaseUrlError::NoHost(url.to_owned()));
     }
     Ok(())
 }

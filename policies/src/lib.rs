@@ -24,5 +24,5 @@ pub use canary::{Canary, CanaryKey};
 pub use config::{Policy, PolicyError};
 pub use inject::{Injection, RequestCanaries, inject};
 pub use registry::{CanaryRegistry, MemoryRegistry, Registration};
-pub use verify::{Decision, Facts, Usage, Verdict, Verifier};
-pub use verify_config::{Action, EchoMode, ReleasePolicy, VerifyConfig};
+pub use verify::{Decision, Facts, ProviderUsage, Verdict, Verifier};
+pub use verify_config::{EchoMode, FailureAction, ReleasePolicy, VerifyConfig};

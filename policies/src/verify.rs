@@ -14,7 +14,7 @@
 //!    returns the [`Verdict`], the last text to release per choice and the
 //!    verified tool-call arguments.
 //!
-//! Then [`Verdict::decide`] turns the verdict and the policy's [`Action`] into
+//! Then [`Verdict::decide`] turns the verdict and the policy's [`FailureAction`] into
 //! a [`Decision`].
 //!
 //! Text is held until the echo (the request's canaries at the start of the
@@ -35,12 +35,12 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::canary::{Canary, Shape, match_at};
 use crate::inject::{Injection, PassiveReason};
 use crate::registry::CanaryRegistry;
-use crate::verify_config::{Action, ReleasePolicy, VerifyConfig};
+use crate::verify_config::{FailureAction, ReleasePolicy, VerifyConfig};
 
 /// Most bytes of quotes and whitespace tolerated around the echo.
 const MAX_ECHO_PADDING: usize = 256;
@@ -78,7 +78,7 @@ impl Check {
 }
 
 /// Outcome of one check.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
     /// Ran and passed.
@@ -224,13 +224,11 @@ pub enum Decision {
     /// Discard it and serve the request from the local engine.
     Fallback,
 
-    /// HTTP 502 with [`Verdict::error_body`], or, when bytes already went out
-    /// (echo-first), end the stream with that body as an error event.
+    /// HTTP 502 naming the failed checks ([`Verdict::failure_message`]), or,
+    /// when bytes already went out (echo-first), end the stream with that
+    /// error as an event.
     Block,
 }
-
-/// Error code of a blocked answer.
-pub const ERROR_CODE: &str = "canarygate_verification_failed";
 
 impl Verdict {
     /// True when no check failed.
@@ -256,15 +254,17 @@ impl Verdict {
     /// this one (0 for the first); `released_any` says whether text of this
     /// answer already reached the client (then it cannot be retried).
     /// `Fallback` re-serves locally only while nothing was released.
-    pub fn decide(&self, action: Action, attempt: u32, released_any: bool) -> Decision {
+    pub fn decide(&self, action: FailureAction, attempt: u32, released_any: bool) -> Decision {
         if self.passed() {
             return Decision::Deliver;
         }
         match action {
-            Action::Flag => Decision::Flag,
-            Action::Retry if attempt == 0 && !released_any => Decision::Retry,
-            Action::Fallback if !released_any => Decision::Fallback,
-            Action::Retry | Action::Block | Action::Fallback => Decision::Block,
+            FailureAction::Flag => Decision::Flag,
+            FailureAction::Retry if attempt == 0 && !released_any => Decision::Retry,
+            FailureAction::Fallback if !released_any => Decision::Fallback,
+            FailureAction::Retry | FailureAction::Block | FailureAction::Fallback => {
+                Decision::Block
+            }
         }
     }
 
@@ -281,22 +281,19 @@ impl Verdict {
         }
     }
 
-    /// OpenAI-style error body of a blocked answer. Names the failed checks,
-    /// never another request's identity or content.
-    pub fn error_body(&self) -> serde_json::Value {
-        let names: Vec<_> = self.failed_checks().into_iter().map(Check::name).collect();
-        serde_json::json!({
-            "error": {
-                "message": format!(
-                    "canarygate could not verify that the provider's answer belongs to this \
-                     request (failed checks: {})",
-                    names.join(", ")
-                ),
-                "type": ERROR_CODE,
-                "code": ERROR_CODE,
-                "failed_checks": names,
-            }
-        })
+    /// Names of the failed checks, as the error of a blocked answer lists them.
+    pub fn failed_check_names(&self) -> Vec<&'static str> {
+        self.failed_checks().into_iter().map(Check::name).collect()
+    }
+
+    /// The message of a blocked answer. Names the failed checks, never
+    /// another request's identity or content.
+    pub fn failure_message(&self) -> String {
+        format!(
+            "canarygate could not verify that the provider's answer belongs to this request \
+             (failed checks: {})",
+            self.failed_check_names().join(", ")
+        )
     }
 }
 
@@ -308,9 +305,9 @@ fn passive_name(reason: PassiveReason) -> &'static str {
     }
 }
 
-/// Usage figures reported by the provider.
+/// Usage figures reported by the provider (`usage` of its answer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Usage {
+pub struct ProviderUsage {
     /// `usage.prompt_tokens`.
     pub prompt_tokens: u64,
     /// `usage.completion_tokens`, if present.
@@ -324,7 +321,7 @@ pub struct Facts {
     /// the answer had (highest index seen + 1 for streams).
     pub finish_reasons: Vec<Option<String>>,
     /// The provider's usage, if it sent any.
-    pub usage: Option<Usage>,
+    pub usage: Option<ProviderUsage>,
     /// Streams: whether `data: [DONE]` arrived. `None` for non-streamed answers.
     pub done_marker: Option<bool>,
 }
@@ -430,7 +427,7 @@ impl Verifier {
             echo: injection.echo.clone(),
             passive: injection.passive,
             release,
-            gated: config.action() != Action::Flag,
+            gated: config.action() != FailureAction::Flag,
             expected_choices: injection.choices.max(1),
             client_max_tokens: injection.client_max_tokens,
             prompt_tokens: exact_prompt_tokens.unwrap_or(injection.prompt_tokens_estimate),
@@ -800,7 +797,7 @@ impl Verifier {
         }
     }
 
-    fn prompt_tokens_result(&self, usage: Option<Usage>) -> CheckResult {
+    fn prompt_tokens_result(&self, usage: Option<ProviderUsage>) -> CheckResult {
         let reported = usage.map(|usage| usage.prompt_tokens);
         let evidence = self.prompt_evidence(reported);
         let Some(reported) = reported else {

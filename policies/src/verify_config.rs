@@ -41,7 +41,7 @@ pub enum ReleasePolicy {
 /// What to do with an answer that failed a check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Action {
+pub enum FailureAction {
     /// HTTP 502 `canarygate_verification_failed` naming the failed checks.
     #[default]
     Block,
@@ -67,7 +67,7 @@ pub struct VerifyConfig {
     /// `"echo-first"` (default) or `"verdict-first"`.
     pub release: ReleasePolicy,
     /// `"block"` (default), `"flag"`, `"retry"` or `"fallback"`.
-    pub action: Spanned<Action>,
+    pub action: Spanned<FailureAction>,
     /// How long a minted canary stays registered, in seconds.
     pub canary_ttl_secs: u64,
     /// Without the provider's tokenizer: the provider must report at least
@@ -97,7 +97,7 @@ impl Default for VerifyConfig {
             enabled: true,
             echo: EchoMode::default(),
             release: ReleasePolicy::default(),
-            action: Spanned::new(0..0, Action::Block),
+            action: Spanned::new(0..0, FailureAction::Block),
             canary_ttl_secs: 3600,
             estimate_min_ratio: Spanned::new(0..0, 0.25),
             exact_tolerance: Spanned::new(0..0, 0.02),
@@ -112,7 +112,7 @@ impl Default for VerifyConfig {
 
 impl VerifyConfig {
     /// The configured action.
-    pub fn action(&self) -> Action {
+    pub fn action(&self) -> FailureAction {
         *self.action.get_ref()
     }
 
@@ -128,7 +128,7 @@ impl VerifyConfig {
         providers: &HashSet<&str>,
         local_engine: bool,
     ) -> Result<(), (Option<Range<usize>>, String)> {
-        if self.action() == Action::Fallback && !local_engine {
+        if self.action() == FailureAction::Fallback && !local_engine {
             return Err((
                 Some(self.action.span()),
                 "verify.action = \"fallback\" needs the local engine: set [local] model_dir, \

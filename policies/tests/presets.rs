@@ -4,7 +4,7 @@
 mod common;
 
 use canarygate_policies::config::PRESETS;
-use canarygate_policies::{Action, Decision, EchoMode, Policy, ReleasePolicy, Verifier};
+use canarygate_policies::{Decision, EchoMode, FailureAction, Policy, ReleasePolicy, Verifier};
 use common::*;
 
 /// Streams an honest answer and a failing one (no echo) under `name`.
@@ -63,7 +63,7 @@ fn default_is_echo_first_and_blocks() {
     let policy = Policy::preset("default").unwrap();
     assert_eq!(policy.verify.echo, EchoMode::HeadTail);
     assert_eq!(policy.verify.release, ReleasePolicy::EchoFirst);
-    assert_eq!(policy.verify.action(), Action::Block);
+    assert_eq!(policy.verify.action(), FailureAction::Block);
     let (streamed, honest, failing, stopped, decision) = exercise("default");
     assert!(streamed, "echo-first streams once the echo passed");
     assert_eq!(honest, "Buckets hold the entries. Keys are hashed.");
@@ -87,7 +87,7 @@ fn strict_is_verdict_first_and_blocks() {
 #[test]
 fn observe_flags_and_never_changes_an_answer() {
     let policy = Policy::preset("observe").unwrap();
-    assert_eq!(policy.verify.action(), Action::Flag);
+    assert_eq!(policy.verify.action(), FailureAction::Flag);
     let (streamed, honest, failing, stopped, decision) = exercise("observe");
     assert!(streamed);
     assert_eq!(honest, "Buckets hold the entries. Keys are hashed.");
@@ -158,7 +158,7 @@ fn verify_section_errors_are_located() {
     )
     .unwrap();
     assert_eq!(ok.verify.echo, EchoMode::Head);
-    assert_eq!(ok.verify.action(), Action::Retry);
+    assert_eq!(ok.verify.action(), FailureAction::Retry);
 }
 
 fn local_error_of(local: &str) -> canarygate_policies::PolicyError {

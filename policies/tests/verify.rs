@@ -4,13 +4,15 @@
 mod common;
 
 use canarygate_policies::verify::{Check, EchoOutcome, Evidence, FinishProblem, Status};
-use canarygate_policies::{Action, Decision, Facts, Policy, ReleasePolicy, Usage, Verifier};
+use canarygate_policies::{
+    Decision, Facts, FailureAction, Policy, ProviderUsage, ReleasePolicy, Verifier,
+};
 use common::*;
 use serde_json::json;
 
 const ANSWER: &str = "A hash map stores key/value pairs in buckets.\n\n```rust\nlet mut m = HashMap::new();\nm.insert(\"k\", 1);\n```\nLookups hash the key.";
 
-fn policy(release: ReleasePolicy, action: Action) -> Policy {
+fn policy(release: ReleasePolicy, action: FailureAction) -> Policy {
     let mut policy = Policy::preset("default").unwrap();
     policy.verify.release = release;
     policy.verify.action = toml::Spanned::new(0..0, action);
@@ -25,7 +27,7 @@ fn words(text: &str) -> Vec<(u32, String)> {
 
 #[test]
 fn honest_stream_is_released_after_echo_and_stripped() {
-    let policy = policy(ReleasePolicy::EchoFirst, Action::Block);
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
     let registry = registry_with_others(100);
     let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
     let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
@@ -47,7 +49,7 @@ fn honest_stream_is_released_after_echo_and_stripped() {
 
 #[test]
 fn verdict_first_releases_nothing_before_finish() {
-    let policy = policy(ReleasePolicy::VerdictFirst, Action::Block);
+    let policy = policy(ReleasePolicy::VerdictFirst, FailureAction::Block);
     let registry = registry_with_others(10);
     let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
     let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
@@ -94,7 +96,7 @@ fn failing_answers(
 fn no_failing_answer_is_delivered_under_either_release_policy() {
     for release in [ReleasePolicy::EchoFirst, ReleasePolicy::VerdictFirst] {
         for stream in [true, false] {
-            let policy = policy(release, Action::Block);
+            let policy = policy(release, FailureAction::Block);
             let registry = registry_with_others(10);
             let (_, injection) = prepare(&policy, &registry, chat_request(stream), 1);
             for (name, answer, check) in failing_answers(&injection) {
@@ -124,7 +126,7 @@ fn no_failing_answer_is_delivered_under_either_release_policy() {
                         );
                     }
                     assert_eq!(
-                        verdict.decide(Action::Block, 0, run.released_before_finish),
+                        verdict.decide(FailureAction::Block, 0, run.released_before_finish),
                         Decision::Block
                     );
                 }
@@ -135,7 +137,7 @@ fn no_failing_answer_is_delivered_under_either_release_policy() {
 
 #[test]
 fn echo_outcomes_name_what_was_lost() {
-    let policy = policy(ReleasePolicy::EchoFirst, Action::Block);
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
     let registry = registry_with_others(10);
     let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
     let expected = [
@@ -167,7 +169,7 @@ fn echo_outcomes_name_what_was_lost() {
 
 #[test]
 fn echo_first_stops_at_the_foreign_canary() {
-    let policy = policy(ReleasePolicy::EchoFirst, Action::Block);
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
     let registry = registry_with_others(10);
     let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
     let (foreign, _) = other_canaries(7);
@@ -236,7 +238,7 @@ fn flag_delivers_failing_answers_unchanged_and_marks_them() {
 
 #[test]
 fn prompt_tokens_estimate_and_exact() {
-    let policy = policy(ReleasePolicy::VerdictFirst, Action::Block);
+    let policy = policy(ReleasePolicy::VerdictFirst, FailureAction::Block);
     let registry = registry_with_others(1);
     let (_, injection) = prepare(&policy, &registry, chat_request(false), 1);
     let answer = format!("{} ok", echo_of(&injection));
@@ -253,7 +255,7 @@ fn prompt_tokens_estimate_and_exact() {
     ] {
         let mut verifier = Verifier::new(&injection, &policy.verify, "openai", exact);
         let mut facts = honest_facts(&injection, 1);
-        facts.usage = Some(Usage {
+        facts.usage = Some(ProviderUsage {
             prompt_tokens: reported,
             completion_tokens: Some(20),
         });
@@ -275,7 +277,7 @@ fn prompt_tokens_estimate_and_exact() {
 
 #[test]
 fn ttft_faster_than_prefill_fails_early() {
-    let policy = policy(ReleasePolicy::EchoFirst, Action::Block);
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
     let registry = registry_with_others(1);
     let big = "word ".repeat(400_000);
     let request =
@@ -298,7 +300,7 @@ fn ttft_faster_than_prefill_fails_early() {
 
 #[test]
 fn finish_problems() {
-    let policy = policy(ReleasePolicy::VerdictFirst, Action::Block);
+    let policy = policy(ReleasePolicy::VerdictFirst, FailureAction::Block);
     let registry = registry_with_others(1);
     let mut request = chat_request(true);
     request["max_tokens"] = json!(500);
@@ -308,7 +310,7 @@ fn finish_problems() {
         (
             Facts {
                 finish_reasons: vec![Some("length".into())],
-                usage: Some(Usage {
+                usage: Some(ProviderUsage {
                     prompt_tokens: injection.prompt_tokens_estimate,
                     completion_tokens: Some(1),
                 }),
@@ -361,7 +363,7 @@ fn finish_problems() {
     let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
     let facts = Facts {
         finish_reasons: vec![Some("length".into())],
-        usage: Some(Usage {
+        usage: Some(ProviderUsage {
             prompt_tokens: injection.prompt_tokens_estimate,
             completion_tokens: Some(2),
         }),
@@ -378,7 +380,7 @@ fn finish_problems() {
 
 #[test]
 fn several_choices_keep_separate_state() {
-    let policy = policy(ReleasePolicy::EchoFirst, Action::Block);
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
     let registry = registry_with_others(1);
     let mut request = chat_request(true);
     request["n"] = json!(2);
@@ -416,7 +418,7 @@ fn several_choices_keep_separate_state() {
 
 #[test]
 fn passive_requests_skip_echo_and_say_so() {
-    let policy = policy(ReleasePolicy::EchoFirst, Action::Block);
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
     let registry = registry_with_others(5);
     let mut request = chat_request(true);
     request["response_format"] = json!({"type": "json_object"});
@@ -449,8 +451,8 @@ fn passive_requests_skip_echo_and_say_so() {
 }
 
 #[test]
-fn retry_once_then_block_and_error_body() {
-    let policy = policy(ReleasePolicy::VerdictFirst, Action::Retry);
+fn retry_once_then_block_naming_the_failed_checks() {
+    let policy = policy(ReleasePolicy::VerdictFirst, FailureAction::Retry);
     let registry = registry_with_others(1);
     let (_, injection) = prepare(&policy, &registry, chat_request(false), 1);
     let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
@@ -461,22 +463,37 @@ fn retry_once_then_block_and_error_body() {
         &honest_facts(&injection, 1),
     );
     let verdict = &run.finished.verdict;
-    assert_eq!(verdict.decide(Action::Retry, 0, false), Decision::Retry);
-    assert_eq!(verdict.decide(Action::Retry, 1, false), Decision::Block);
-    assert_eq!(verdict.decide(Action::Retry, 0, true), Decision::Block);
     assert_eq!(
-        verdict.decide(Action::Fallback, 0, false),
+        verdict.decide(FailureAction::Retry, 0, false),
+        Decision::Retry
+    );
+    assert_eq!(
+        verdict.decide(FailureAction::Retry, 1, false),
+        Decision::Block
+    );
+    assert_eq!(
+        verdict.decide(FailureAction::Retry, 0, true),
+        Decision::Block
+    );
+    assert_eq!(
+        verdict.decide(FailureAction::Fallback, 0, false),
         Decision::Fallback
     );
     assert_eq!(
-        verdict.decide(Action::Fallback, 1, false),
+        verdict.decide(FailureAction::Fallback, 1, false),
         Decision::Fallback
     );
-    assert_eq!(verdict.decide(Action::Fallback, 0, true), Decision::Block);
+    assert_eq!(
+        verdict.decide(FailureAction::Fallback, 0, true),
+        Decision::Block
+    );
 
-    let body = verdict.error_body();
-    assert_eq!(body["error"]["code"], "canarygate_verification_failed");
-    assert_eq!(body["error"]["failed_checks"], json!(["echo"]));
+    assert_eq!(verdict.failed_check_names(), ["echo"]);
+    assert!(
+        verdict.failure_message().ends_with("(failed checks: echo)"),
+        "{}",
+        verdict.failure_message()
+    );
     let audit = serde_json::to_value(verdict).unwrap();
     assert_eq!(audit["checks"][0]["check"], "echo");
     assert_eq!(audit["checks"][0]["status"], "fail");
@@ -488,7 +505,7 @@ fn retry_once_then_block_and_error_body() {
 
 #[test]
 fn tool_call_arguments_are_scanned_and_held_to_the_end() {
-    let policy = policy(ReleasePolicy::EchoFirst, Action::Block);
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
     let registry = registry_with_others(5);
     let mut request = chat_request(true);
     request["tools"] = json!([{"type": "function", "function": {"name": "lookup"}}]);

@@ -1,4 +1,5 @@
-//! Per-request accounting of the proxy's own time.
+//! Time: the wall clock (`now_ms`, the same clock the audit log stamps
+//! records with) and per-request accounting of the proxy's own time.
 //!
 //! Overhead is wall time from the start of a request to its end, minus the
 //! time spent waiting on the provider (connect, first byte, every chunk,
@@ -11,6 +12,8 @@
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+pub use canarygate_audit::time::now_ms;
 
 use crate::metrics::{InFlightGuard, Metrics};
 

@@ -1,97 +1,250 @@
-//! Errors in OpenAI's wire format: `{"error":{"message","type","param","code"}}`.
+//! Every error canarygate itself answers with: one [`ErrorCode`] per
+//! situation, mapped to its HTTP status, error type and code in one place
+//! ([`ErrorCode::status`], [`ErrorCode::kind`], [`ErrorCode::code`]).
+//!
+//! Code decides on variants, never on the wire strings. How an error is
+//! written on the wire is the wire format's business
+//! ([`crate::wire::WireFormat::error_body`]); the README's error table lists
+//! every code (a test holds it to [`ErrorCode::ALL`]).
 
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use serde_json::json;
+use axum::http::StatusCode;
+use canarygate_policies::verify::Verdict;
 
-/// An error answered to the client in OpenAI's format.
-#[derive(Debug, Clone)]
+/// What went wrong, as canarygate tells the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ErrorCode {
+    /// The body is not JSON, or not a JSON object.
+    InvalidJson,
+    /// A field has the wrong type or value (the error names it in `param`).
+    InvalidValue,
+    /// The body could not be read from the connection.
+    InvalidBody,
+    /// `x-canarygate-session` is not visible ASCII of at most 128 bytes.
+    InvalidSessionHeader,
+    /// Prompt plus `max_tokens` exceed the context canarygate may send (the
+    /// provider's trusted limit, or what the local engine serves).
+    ContextLengthExceeded,
+    /// No `Authorization: Bearer` header.
+    MissingApiKey,
+    /// A malformed `Authorization` header, or (managed auth) an unknown key.
+    InvalidApiKey,
+    /// No route of the policy matches the model.
+    ModelNotFound,
+    /// No such endpoint.
+    UnknownUrl,
+    /// The body is over `limits.max_body_bytes`.
+    RequestTooLarge,
+    /// `limits.max_concurrent_requests` are in flight.
+    TooManyConcurrentRequests,
+    /// The provider refused the connection or could not be resolved.
+    UpstreamUnreachable,
+    /// TLS with the provider failed (untrusted certificate).
+    UpstreamTlsError,
+    /// The provider failed while answering.
+    UpstreamError,
+    /// The provider answered with a body that is not JSON.
+    UpstreamInvalidJson,
+    /// The provider's answer is over the size canarygate reads.
+    UpstreamResponseTooLarge,
+    /// The provider's stream broke off, stalled or closed early.
+    UpstreamStreamInterrupted,
+    /// The provider answered an error that is not in the client's format:
+    /// wrapped, with the provider's own HTTP status.
+    UpstreamHttpError,
+    /// Connect or first-byte timeout, or a whole answer that stalled.
+    UpstreamTimeout,
+    /// The answer failed verification and the policy withholds it.
+    VerificationFailed,
+    /// The request should be served locally but no `[local]` engine runs.
+    LocalEngineUnavailable,
+    /// The local engine refused the request as malformed.
+    LocalEngineRejected,
+    /// The local engine is shutting down.
+    LocalEngineStopping,
+    /// The local engine failed while generating.
+    LocalEngineFailed,
+    /// The audit record could not be made durable, so the answer is withheld.
+    AuditLogUnavailable,
+    /// canarygate itself failed.
+    InternalError,
+}
+
+impl ErrorCode {
+    /// Every code, in the README table's order.
+    pub const ALL: [Self; 26] = [
+        Self::InvalidJson,
+        Self::InvalidValue,
+        Self::InvalidBody,
+        Self::InvalidSessionHeader,
+        Self::ContextLengthExceeded,
+        Self::LocalEngineRejected,
+        Self::MissingApiKey,
+        Self::InvalidApiKey,
+        Self::ModelNotFound,
+        Self::UnknownUrl,
+        Self::RequestTooLarge,
+        Self::TooManyConcurrentRequests,
+        Self::UpstreamUnreachable,
+        Self::UpstreamTlsError,
+        Self::UpstreamError,
+        Self::UpstreamInvalidJson,
+        Self::UpstreamResponseTooLarge,
+        Self::UpstreamStreamInterrupted,
+        Self::UpstreamHttpError,
+        Self::VerificationFailed,
+        Self::LocalEngineUnavailable,
+        Self::UpstreamTimeout,
+        Self::AuditLogUnavailable,
+        Self::LocalEngineFailed,
+        Self::InternalError,
+        Self::LocalEngineStopping,
+    ];
+
+    /// The `code` on the wire.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::InvalidJson => "invalid_json",
+            Self::InvalidValue => "invalid_value",
+            Self::InvalidBody => "invalid_body",
+            Self::InvalidSessionHeader => "invalid_session_header",
+            Self::ContextLengthExceeded => "context_length_exceeded",
+            Self::MissingApiKey => "missing_api_key",
+            Self::InvalidApiKey => "invalid_api_key",
+            Self::ModelNotFound => "model_not_found",
+            Self::UnknownUrl => "unknown_url",
+            Self::RequestTooLarge => "request_too_large",
+            Self::TooManyConcurrentRequests => "too_many_concurrent_requests",
+            Self::UpstreamUnreachable => "upstream_unreachable",
+            Self::UpstreamTlsError => "upstream_tls_error",
+            Self::UpstreamError => "upstream_error",
+            Self::UpstreamInvalidJson => "upstream_invalid_json",
+            Self::UpstreamResponseTooLarge => "upstream_response_too_large",
+            Self::UpstreamStreamInterrupted => "upstream_stream_interrupted",
+            Self::UpstreamHttpError => "upstream_http_error",
+            Self::UpstreamTimeout => "upstream_timeout",
+            Self::VerificationFailed => "canarygate_verification_failed",
+            Self::LocalEngineUnavailable => "local_engine_unavailable",
+            Self::LocalEngineRejected => "local_engine_error",
+            Self::LocalEngineStopping => "engine_unavailable",
+            Self::LocalEngineFailed => "engine_error",
+            Self::AuditLogUnavailable => "audit_log_unavailable",
+            Self::InternalError => "internal_error",
+        }
+    }
+
+    /// The HTTP status. [`ErrorCode::UpstreamHttpError`] answers with the
+    /// provider's own status instead ([`ApiError::provider_http`]).
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::InvalidJson
+            | Self::InvalidValue
+            | Self::InvalidBody
+            | Self::InvalidSessionHeader
+            | Self::ContextLengthExceeded
+            | Self::LocalEngineRejected => StatusCode::BAD_REQUEST,
+            Self::MissingApiKey | Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
+            Self::ModelNotFound | Self::UnknownUrl => StatusCode::NOT_FOUND,
+            Self::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::TooManyConcurrentRequests => StatusCode::TOO_MANY_REQUESTS,
+            Self::UpstreamUnreachable
+            | Self::UpstreamTlsError
+            | Self::UpstreamError
+            | Self::UpstreamInvalidJson
+            | Self::UpstreamResponseTooLarge
+            | Self::UpstreamStreamInterrupted
+            | Self::UpstreamHttpError
+            | Self::VerificationFailed
+            | Self::LocalEngineUnavailable => StatusCode::BAD_GATEWAY,
+            Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Self::LocalEngineStopping => StatusCode::SERVICE_UNAVAILABLE,
+            Self::AuditLogUnavailable | Self::LocalEngineFailed | Self::InternalError => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        }
+    }
+
+    /// OpenAI's error `type`.
+    pub fn kind(self) -> &'static str {
+        match self.status() {
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            _ if self == Self::VerificationFailed => "canarygate_verification_failed",
+            status if status.is_client_error() => "invalid_request_error",
+            StatusCode::BAD_GATEWAY | StatusCode::GATEWAY_TIMEOUT => "upstream_error",
+            _ => "server_error",
+        }
+    }
+
+    /// Whether the provider could not serve at all (unreachable, no first
+    /// byte in time, failed before answering): with
+    /// `local.on_upstream_unavailable` the local engine serves instead.
+    pub fn provider_unavailable(self) -> bool {
+        matches!(
+            self,
+            Self::UpstreamUnreachable | Self::UpstreamTimeout | Self::UpstreamError
+        )
+    }
+}
+
+/// An error answered to the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
-    /// HTTP status.
-    pub status: StatusCode,
+    /// What went wrong.
+    pub code: ErrorCode,
     /// Human-readable explanation.
     pub message: String,
-    /// OpenAI error type, e.g. `invalid_request_error`.
-    pub kind: &'static str,
-    /// Machine-readable code, e.g. `model_not_found`.
-    pub code: &'static str,
     /// The request field at fault, if any.
     pub param: Option<&'static str>,
+    /// Names of the failed checks ([`ErrorCode::VerificationFailed`] only).
+    pub failed_checks: Vec<&'static str>,
+    status: StatusCode,
 }
 
 impl ApiError {
-    fn new(
-        status: StatusCode,
-        kind: &'static str,
-        code: &'static str,
-        message: impl Into<String>,
-    ) -> Self {
+    /// `code` with `message`, at the code's status.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
-            status,
-            message: message.into(),
-            kind,
             code,
+            message: message.into(),
             param: None,
+            failed_checks: Vec::new(),
+            status: code.status(),
         }
     }
 
-    /// 400: the request is malformed.
-    pub fn invalid_request(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            code,
-            message,
-        )
-    }
-
-    /// 400 about one field of the request.
-    pub fn invalid_param(param: &'static str, message: impl Into<String>) -> Self {
+    /// The same error about request field `param`.
+    pub fn with_param(self, param: &'static str) -> Self {
         Self {
             param: Some(param),
-            ..Self::invalid_request("invalid_value", message)
+            ..self
         }
     }
 
-    /// 401: no usable credential.
-    pub fn unauthorized(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::UNAUTHORIZED,
-            "invalid_request_error",
-            code,
-            message,
-        )
+    /// 400 `invalid_value` about field `param`.
+    pub fn invalid_param(param: &'static str, message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidValue, message).with_param(param)
     }
 
-    /// 404: no route for the model.
+    /// 404 `model_not_found`.
     pub fn model_not_found(model: &str) -> Self {
-        Self {
-            param: Some("model"),
-            ..Self::new(
-                StatusCode::NOT_FOUND,
-                "invalid_request_error",
-                "model_not_found",
-                format!("The model `{model}` is not routed by this canarygate policy."),
-            )
-        }
+        Self::new(
+            ErrorCode::ModelNotFound,
+            format!("The model `{model}` is not routed by this canarygate policy."),
+        )
+        .with_param("model")
     }
 
-    /// 413: body over the policy's limit.
+    /// 413 `request_too_large`.
     pub fn body_too_large(limit: usize) -> Self {
         Self::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            "request_too_large",
+            ErrorCode::RequestTooLarge,
             format!("Request body exceeds the limit of {limit} bytes (limits.max_body_bytes)."),
         )
     }
 
-    /// 429: too many requests in flight.
+    /// 429 `too_many_concurrent_requests`.
     pub fn overloaded(limit: usize) -> Self {
         Self::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limit_error",
-            "too_many_concurrent_requests",
+            ErrorCode::TooManyConcurrentRequests,
             format!(
                 "canarygate is serving its limit of {limit} concurrent requests \
                  (limits.max_concurrent_requests); retry shortly."
@@ -99,50 +252,41 @@ impl ApiError {
         )
     }
 
-    /// 502: the provider could not be reached or answered nonsense.
-    pub fn bad_gateway(code: &'static str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::BAD_GATEWAY, "upstream_error", code, message)
-    }
-
-    /// 504: the provider was too slow.
-    pub fn gateway_timeout(message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::GATEWAY_TIMEOUT,
-            "upstream_error",
-            "upstream_timeout",
-            message,
-        )
-    }
-
-    /// 500: canarygate itself failed.
+    /// 500 `internal_error`.
     pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InternalError, message)
+    }
+
+    /// 500 `audit_log_unavailable`: the answer is withheld.
+    pub fn audit_unavailable() -> Self {
         Self::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "server_error",
-            "internal_error",
-            message,
+            ErrorCode::AuditLogUnavailable,
+            "canarygate could not record this request in its audit log, so the answer is \
+             withheld.",
         )
     }
 
-    /// The JSON body `{"error":{...}}`.
-    pub fn body(&self) -> serde_json::Value {
-        error_body(&self.message, self.kind, self.code, self.param)
+    /// 502 `canarygate_verification_failed`: the answer failed `verdict` and
+    /// the policy withholds it.
+    pub fn verification_failed(verdict: &Verdict) -> Self {
+        Self {
+            failed_checks: verdict.failed_check_names(),
+            ..Self::new(ErrorCode::VerificationFailed, verdict.failure_message())
+        }
     }
-}
 
-/// An OpenAI-style error object.
-pub fn error_body(message: &str, kind: &str, code: &str, param: Option<&str>) -> serde_json::Value {
-    json!({"error": {"message": message, "type": kind, "param": param, "code": code}})
-}
+    /// A provider error that is not in the client's format, passed on with
+    /// the provider's `status`.
+    pub fn provider_http(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            ..Self::new(ErrorCode::UpstreamHttpError, message)
+        }
+    }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let mut response = (self.status, self.body().to_string()).into_response();
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        response
+    /// The HTTP status to answer with.
+    pub fn status(&self) -> StatusCode {
+        self.status
     }
 }
 
@@ -152,11 +296,13 @@ impl std::fmt::Display for ApiError {
             f,
             "{} {}: {}",
             self.status.as_u16(),
-            self.code,
+            self.code.code(),
             self.message
         )
     }
 }
+
+impl std::error::Error for ApiError {}
 
 /// The message of `error` followed by each of its sources, `: `-separated, so
 /// that a TLS failure deep in the stack ("invalid peer certificate: UnknownIssuer")
@@ -173,4 +319,54 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique_and_statuses_match_their_type() {
+        let mut seen = std::collections::HashSet::new();
+        for code in ErrorCode::ALL {
+            assert!(seen.insert(code.code()), "{code:?} reuses {}", code.code());
+            let status = code.status();
+            match code.kind() {
+                "invalid_request_error" => assert!(status.is_client_error(), "{code:?}"),
+                "rate_limit_error" => assert_eq!(status, StatusCode::TOO_MANY_REQUESTS),
+                "upstream_error" => assert!(status.is_server_error(), "{code:?}"),
+                "server_error" => assert!(status.is_server_error(), "{code:?}"),
+                "canarygate_verification_failed" => assert_eq!(code, ErrorCode::VerificationFailed),
+                other => panic!("{code:?}: unexpected type {other}"),
+            }
+        }
+    }
+
+    /// The README's error table names every code canarygate can send, with
+    /// the status it is sent with.
+    #[test]
+    fn the_readme_error_table_lists_every_code() {
+        let readme = include_str!("../../README.md");
+        let table: Vec<&str> = readme
+            .lines()
+            .skip_while(|line| !line.starts_with("| status | code | when |"))
+            .take_while(|line| line.starts_with('|'))
+            .collect();
+        assert!(table.len() > 2, "no error table in the README");
+        for code in ErrorCode::ALL {
+            let wire = format!("`{}`", code.code());
+            let status = match code {
+                ErrorCode::UpstreamHttpError => "provider's".to_owned(),
+                _ => code.status().as_u16().to_string(),
+            };
+            assert!(
+                table.iter().any(|row| {
+                    let mut cells = row.split('|').map(str::trim).skip(1);
+                    cells.next() == Some(status.as_str())
+                        && cells.next().is_some_and(|codes| codes.contains(&wire))
+                }),
+                "the README's error table has no row `| {status} | ... {wire} ... |`"
+            );
+        }
+    }
 }

@@ -10,7 +10,7 @@ use hmac::{Hmac, Mac};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorCode};
 
 /// Request header a client may set to split one credential into sessions.
 pub const SESSION_HEADER: &str = "x-canarygate-session";
@@ -40,7 +40,10 @@ impl Caller {
 /// `Authorization: Bearer <key>` as a sensitive header value.
 pub fn bearer(key: &str) -> Result<HeaderValue, ApiError> {
     let mut value = HeaderValue::try_from(format!("Bearer {key}")).map_err(|_| {
-        ApiError::unauthorized("invalid_api_key", "The API key is not valid header text.")
+        ApiError::new(
+            ErrorCode::InvalidApiKey,
+            "The API key is not valid header text.",
+        )
     })?;
     value.set_sensitive(true);
     Ok(value)
@@ -86,8 +89,8 @@ impl Authenticator {
                 .ok()
                 .filter(|label| label.len() <= MAX_SESSION_LABEL)
                 .ok_or_else(|| {
-                    ApiError::invalid_request(
-                        "invalid_session_header",
+                    ApiError::new(
+                        ErrorCode::InvalidSessionHeader,
                         format!(
                             "{SESSION_HEADER} must be visible ASCII of at most {MAX_SESSION_LABEL} bytes"
                         ),
@@ -115,8 +118,8 @@ impl Authenticator {
             }
         }
         found.ok_or_else(|| {
-            ApiError::unauthorized(
-                "invalid_api_key",
+            ApiError::new(
+                ErrorCode::InvalidApiKey,
                 "Incorrect API key provided: it is not one of this canarygate's client keys.",
             )
         })
@@ -139,8 +142,8 @@ impl Authenticator {
 /// The token of `Authorization: Bearer <token>`.
 fn bearer_token(headers: &HeaderMap) -> Result<&str, ApiError> {
     let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
-        ApiError::unauthorized(
-            "missing_api_key",
+        ApiError::new(
+            ErrorCode::MissingApiKey,
             "You didn't provide an API key: send it as `Authorization: Bearer <key>`.",
         )
     })?;
@@ -153,8 +156,8 @@ fn bearer_token(headers: &HeaderMap) -> Result<&str, ApiError> {
         })
         .filter(|token| !token.is_empty())
         .ok_or_else(|| {
-            ApiError::unauthorized(
-                "invalid_api_key",
+            ApiError::new(
+                ErrorCode::InvalidApiKey,
                 "The Authorization header must be `Bearer <key>`.",
             )
         })
@@ -209,12 +212,12 @@ mod tests {
     fn missing_and_malformed_credentials() {
         let auth = Authenticator::new(&AuthConfig::default(), [7; 32]);
         let missing = auth.authenticate(&HeaderMap::new()).err().unwrap();
-        assert_eq!(missing.code, "missing_api_key");
+        assert_eq!(missing.code, ErrorCode::MissingApiKey);
         let basic = auth
             .authenticate(&headers(&[("authorization", "Basic abc")]))
             .err()
             .unwrap();
-        assert_eq!(basic.code, "invalid_api_key");
+        assert_eq!(basic.code, ErrorCode::InvalidApiKey);
     }
 
     #[test]
@@ -235,6 +238,6 @@ mod tests {
             .authenticate(&headers(&[("authorization", "Bearer proxy-key-2")]))
             .err()
             .unwrap();
-        assert_eq!(wrong.code, "invalid_api_key");
+        assert_eq!(wrong.code, ErrorCode::InvalidApiKey);
     }
 }

@@ -1,26 +1,50 @@
-//! canarygate-proxy: the verifying reverse proxy and the simulated provider.
+//! canarygate-proxy: the serving path of the verifying reverse proxy.
 //!
-//! [`Server`] is the proxy (`canarygate serve`): it authenticates the caller,
-//! places canaries in the request, forwards it, verifies the answer as it
-//! streams and records the request in the [`audit`] log. [`sim`] is the
-//! simulated OpenAI-compatible provider (`canarygate sim-provider`) that
-//! tests, benchmarks and the [`demo`] run against.
+//! [`Server`] is `canarygate serve`: it admits a request (slot, credential,
+//! body), places canaries in it, forwards it, verifies the answer as it
+//! streams, records the request in the audit log ([`canarygate_audit`]),
+//! and serves it from the bundled engine when the provider cannot be
+//! trusted with it. [`probe`] measures the context a provider really serves.
+//!
+//! The modules form layers; each imports only from the layers below it
+//! (a test holds the crate to this, see `docs/ARCHITECTURE.md`):
+//!
+//! 1. `server`: bind and run, router, middleware, admission, background tasks.
+//! 2. `pipeline`: the one place that decides: preflight, provider or local,
+//!    fallback after a failed verdict.
+//! 3. `paths` (`verified`, `plain`, `local`) and `probe`: serving a request
+//!    one way; probing a provider.
+//! 4. The pieces they share: `context` (the request on its way and its
+//!    responses), `upstream` (the providers' clients, the one upstream
+//!    request, error mapping), `body` (the one audited response body),
+//!    `relay`, `trail` (the audit record, concluded in one place),
+//!    `registry` (live canaries), `wire` (wire formats), `state`,
+//!    `identity`, `engine`, `probe_results`.
+//! 5. `error`, `clock`, `metrics`.
 
-pub mod audit;
+mod body;
 mod clock;
-pub mod demo;
-mod error;
-pub mod identity;
-pub mod local;
+mod context;
+mod engine;
+pub mod error;
+mod identity;
 mod metrics;
+mod paths;
+mod pipeline;
 pub mod probe;
+mod probe_results;
+mod registry;
 mod relay;
-mod request;
-pub mod server;
-pub mod sim;
-pub mod tls;
+mod server;
+mod state;
 mod trail;
 mod upstream;
-mod verified;
+mod wire;
 
-pub use server::{ServeOptions, Server, Startup};
+pub use context::{REQUEST_ID_HEADER, SERVED_BY_HEADER, SESSION_ID_HEADER, VERDICT_HEADER};
+pub use engine::LocalEngineError;
+pub use identity::client_key_hash;
+pub use paths::local::LOCAL_REASON_HEADER;
+pub use probe_results::{PROBES_DIR, StoreError, store as store_probe_result};
+pub use server::{ServeOptions, Server, StartError, Startup};
+pub use upstream::{UpstreamError, provider_api_key};

@@ -1,37 +1,34 @@
-//! Context probing against a real provider, and the probe results `serve`
-//! reads ([`ProbeBook`]).
+//! Context probing against a real provider.
 //!
 //! The search, the needles and the result format are pure logic in
-//! [`canarygate_policies::probe`]; this module sends the requests. Each one
-//! carries needles and the usual canaries, is checked by the same
+//! [`canarygate_policies::probe`]; this module sends the requests, through
+//! the same upstream client as proxied ones ([`Upstream::request`]). Each
+//! one carries needles and the usual canaries, is checked by the same
 //! [`Verifier`] as proxied answers (echo, foreign canaries, prompt tokens,
-//! ttft, finish), and must recall every needle. Results are stored as JSON in
-//! `DATA_DIR/probes/`, one file per provider and model, written atomically so
-//! a running `serve` can pick them up.
+//! ttft, finish), and must recall every needle. Results are stored with
+//! [`crate::probe_results::store`], where a running `serve` picks them up.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use axum::http::{HeaderValue, header};
-use canarygate_policies::config::Policy;
-use canarygate_policies::inject::{RequestCanaries, inject};
+use axum::http::HeaderValue;
+use canarygate_policies::config::{Policy, ProviderConfig};
+use canarygate_policies::inject::{Injection, RequestCanaries};
 use canarygate_policies::probe::{
     LengthSearch, Needle, OVER_WINDOW_TOKENS, PROBE_COMPLETION_TOKENS, PROBE_MAX_TOKENS, ProbeCost,
     ProbeResult, ProbeStep, conclude, needle_text, recalled,
 };
 use canarygate_policies::registry::{MemoryRegistry, Registration};
 use canarygate_policies::tokens::count_chat_messages;
-use canarygate_policies::verify::{Facts, Usage, Verifier};
+use canarygate_policies::verify::{Facts, Verifier};
 use canarygate_policies::verify_config::EchoMode;
 use serde_json::{Value, json};
 
+use crate::clock::now_ms;
 use crate::error::error_chain;
-use crate::upstream::{Upstream, build_upstreams};
-
-/// Folder of probe results inside the data directory.
-pub const PROBES_DIR: &str = "probes";
+use crate::identity::bearer;
+use crate::upstream::{Upstream, UpstreamError, Upstreams};
+use crate::wire::WireFormat;
+use crate::wire::chat::Chat;
 
 /// Needles hidden in every probe prompt.
 const NEEDLES_PER_PROMPT: usize = 3;
@@ -41,6 +38,56 @@ const MAX_STEPS: usize = 48;
 
 /// Longest a single probe request may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Why a probe could not run or finish; nothing is stored then.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// The policy names no such provider, or the providers' clients failed.
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    /// `--provider` is needed to choose.
+    #[error("the policy has {0} providers; name one with --provider")]
+    WhichProvider(usize),
+    /// `--model` is needed to choose.
+    #[error("{0} routes lead to provider `{1}`; say which model to probe with --model")]
+    WhichModel(&'static str, String),
+    /// The OS gave no randomness for needles or canaries.
+    #[error("no OS randomness: {0}")]
+    Randomness(#[from] getrandom::Error),
+    /// The API key cannot be sent as a header.
+    #[error("the API key is not valid header text")]
+    BadKey,
+    /// The probe request could not be built.
+    #[error("building the probe request: {0}")]
+    Request(String),
+    /// The provider did not answer, or broke off.
+    #[error("provider `{provider}` {what}: {detail}")]
+    Transport {
+        /// The provider.
+        provider: String,
+        /// What failed.
+        what: &'static str,
+        /// Why.
+        detail: String,
+    },
+    /// The provider answered with a status that is no context answer
+    /// (401, 403, 429, 5xx).
+    #[error(
+        "provider `{provider}` answered the probe with HTTP {status} (not a context answer); \
+         nothing stored: {excerpt}"
+    )]
+    Status {
+        /// The provider.
+        provider: String,
+        /// Its status.
+        status: u16,
+        /// The start of its body.
+        excerpt: String,
+    },
+    /// The provider's answer is not JSON.
+    #[error("the probe answer is not JSON: {0}")]
+    NotJson(String),
+}
 
 /// What to probe.
 #[derive(Debug, Clone)]
@@ -60,21 +107,14 @@ impl ProbeTarget {
         policy: &Policy,
         provider: Option<&str>,
         model: Option<&str>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ProbeError> {
         let provider = match provider {
             Some(name) => policy
-                .providers
-                .iter()
-                .find(|p| p.name.get_ref() == name)
-                .ok_or_else(|| format!("the policy has no provider `{name}`"))?,
+                .provider(name)
+                .ok_or_else(|| UpstreamError::NoSuchProvider(name.to_owned()))?,
             None => match policy.providers.as_slice() {
                 [only] => only,
-                providers => {
-                    return Err(format!(
-                        "the policy has {} providers; name one with --provider",
-                        providers.len()
-                    ));
-                }
+                providers => return Err(ProbeError::WhichProvider(providers.len())),
             },
         };
         let name = provider.name.get_ref().as_str();
@@ -83,28 +123,7 @@ impl ProbeTarget {
                 Some(route) => (route.upstream_model.to_owned(), route.context_window),
                 None => (model.to_owned(), *provider.context_window.get_ref()),
             },
-            None => {
-                let routes: Vec<_> = policy
-                    .named_models()
-                    .filter_map(|model| policy.route(model))
-                    .filter(|route| route.provider == name)
-                    .collect();
-                match routes.as_slice() {
-                    [route] => (route.upstream_model.to_owned(), route.context_window),
-                    [] => {
-                        return Err(format!(
-                            "no named route leads to provider `{name}`; say which model to \
-                             probe with --model"
-                        ));
-                    }
-                    _ => {
-                        return Err(format!(
-                            "several routes lead to provider `{name}`; say which model to probe \
-                             with --model"
-                        ));
-                    }
-                }
-            }
+            None => single_route(policy, provider)?,
         };
         Ok(Self {
             provider: name.to_owned(),
@@ -119,6 +138,21 @@ impl ProbeTarget {
     }
 }
 
+/// The model and window of the one named route that leads to `provider`.
+fn single_route(policy: &Policy, provider: &ProviderConfig) -> Result<(String, u64), ProbeError> {
+    let name = provider.name.get_ref();
+    let routes: Vec<_> = policy
+        .named_models()
+        .filter_map(|model| policy.route(model))
+        .filter(|route| route.provider == name)
+        .collect();
+    match routes.as_slice() {
+        [route] => Ok((route.upstream_model.to_owned(), route.context_window)),
+        [] => Err(ProbeError::WhichModel("no named", name.clone())),
+        _ => Err(ProbeError::WhichModel("several", name.clone())),
+    }
+}
+
 /// Runs a probe of `target` through the policy's client for its provider,
 /// spending at most `budget_tokens` prompt tokens. `api_key` is sent as the
 /// bearer token when the policy does not manage one. `on_step` sees every
@@ -129,24 +163,19 @@ pub async fn run(
     api_key: Option<&str>,
     budget_tokens: u64,
     mut on_step: impl FnMut(&ProbeStep),
-) -> Result<ProbeResult, String> {
-    let upstreams = build_upstreams(policy)?;
-    let upstream = upstreams
-        .into_iter()
-        .find(|upstream| upstream.name == target.provider)
-        .ok_or_else(|| format!("the policy has no provider `{}`", target.provider))?;
+) -> Result<ProbeResult, ProbeError> {
+    let upstreams = Upstreams::build(policy)?;
+    let upstream = upstreams.named(&target.provider)?;
     let authorization = match (upstream.managed_key(), api_key) {
         (Some(key), _) => Some(key.clone()),
-        (None, Some(key)) => {
-            Some(crate::identity::bearer(key).map_err(|_| "the API key is not valid header text")?)
-        }
+        (None, Some(key)) => Some(bearer(key).map_err(|_| ProbeError::BadKey)?),
         (None, None) => None,
     };
     let mut secret = [0; 32];
-    getrandom::fill(&mut secret).map_err(|error| format!("no OS randomness: {error}"))?;
+    getrandom::fill(&mut secret)?;
     let mut prober = Prober {
         policy,
-        upstream: &upstream,
+        upstream,
         target,
         authorization,
         registry: MemoryRegistry::new(&secret),
@@ -190,7 +219,7 @@ pub async fn run(
         trusted,
         complete,
         tokens_spent: prober.spent,
-        probed_at_ms: crate::verified::now_ms(),
+        probed_at_ms: now_ms(),
         steps,
     })
 }
@@ -206,34 +235,26 @@ struct Prober<'a> {
     spent: u64,
 }
 
+/// One probe prompt, built and measured.
+struct Prompt {
+    body: Value,
+    injection: Injection,
+    needles: Vec<Needle>,
+    /// Prompt tokens, canarygate's additions included.
+    tokens: u64,
+    /// The same by the provider's tokenizer, when configured.
+    exact_tokens: Option<u64>,
+}
+
 impl Prober<'_> {
     /// Sends one needle prompt of about `length` prompt tokens (injection
     /// included) and judges the answer.
-    async fn step(&mut self, length: u64, max_tokens: u64) -> Result<ProbeStep, String> {
-        let needles =
-            Needle::mint(NEEDLES_PER_PROMPT).map_err(|e| format!("no OS randomness: {e}"))?;
-        let canaries = RequestCanaries::mint().map_err(|e| format!("no OS randomness: {e}"))?;
-        // Build, measure, and correct once for what injection adds.
-        let mut text_target = length;
-        let (body, injection, prompt_tokens, exact) = loop {
-            let mut body = json!({
-                "model": self.target.model,
-                "messages": [{"role": "user", "content": needle_text(text_target, &needles)}],
-                "max_tokens": max_tokens,
-                "temperature": 0,
-                "stream": false,
-            });
-            let injection = inject(&mut body, EchoMode::HeadTail, canaries)
-                .map_err(|error| format!("building the probe request: {error}"))?;
-            let messages = body["messages"].as_array().map_or(&[][..], Vec::as_slice);
-            let exact = self.upstream.count_prompt_tokens(messages);
-            let counted = exact.unwrap_or_else(|| count_chat_messages(messages));
-            if counted <= length + length / 100 || text_target == 0 {
-                break (body, injection, counted, exact);
-            }
-            text_target = text_target.saturating_sub(counted - length);
-        };
-        for canary in [canaries.head, canaries.tail] {
+    async fn step(&mut self, length: u64, max_tokens: u64) -> Result<ProbeStep, ProbeError> {
+        let prompt = self.prompt(length, max_tokens)?;
+        for canary in [
+            prompt.injection.canaries.head,
+            prompt.injection.canaries.tail,
+        ] {
             self.registry.insert(
                 &canary,
                 Registration {
@@ -243,36 +264,33 @@ impl Prober<'_> {
                 },
             );
         }
-        self.spent += prompt_tokens;
+        self.spent += prompt.tokens;
 
-        let mut request = self
-            .upstream
-            .chat_completions()
-            .header(header::CONTENT_TYPE, "application/json")
-            .timeout(REQUEST_TIMEOUT)
-            .body(body.to_string());
-        if let Some(authorization) = &self.authorization {
-            request = request.header(header::AUTHORIZATION, authorization.clone());
-        }
         let sent_at = Instant::now();
-        let response = request.send().await.map_err(|error| {
-            format!(
-                "provider `{}` did not answer the probe: {}",
-                self.target.provider,
-                error_chain(&error)
+        let transport = |what: &'static str, error: reqwest::Error| ProbeError::Transport {
+            provider: self.target.provider.clone(),
+            what,
+            detail: error_chain(&error),
+        };
+        let response = self
+            .upstream
+            .request(
+                prompt.body.to_string().into(),
+                self.authorization.clone(),
+                false,
             )
-        })?;
+            .timeout(REQUEST_TIMEOUT)
+            .send()
+            .await
+            .map_err(|error| transport("did not answer the probe", error))?;
         let ttft_ms = sent_at.elapsed().as_millis() as u64;
         let status = response.status().as_u16();
-        let bytes = response.bytes().await.map_err(|error| {
-            format!(
-                "reading the probe answer of `{}`: {}",
-                self.target.provider,
-                error_chain(&error)
-            )
-        })?;
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|error| transport("broke off its probe answer", error))?;
         let mut step = ProbeStep {
-            prompt_tokens,
+            prompt_tokens: prompt.tokens,
             status,
             ok: false,
             needles: NEEDLES_PER_PROMPT as u32,
@@ -288,47 +306,79 @@ impl Prober<'_> {
                 return Ok(step);
             }
             _ => {
-                let excerpt: String = String::from_utf8_lossy(&bytes).chars().take(300).collect();
-                return Err(format!(
-                    "provider `{}` answered the probe with HTTP {status} (not a context \
-                     answer); nothing stored: {excerpt}",
-                    self.target.provider
-                ));
+                return Err(ProbeError::Status {
+                    provider: self.target.provider.clone(),
+                    status,
+                    excerpt: String::from_utf8_lossy(&bytes).chars().take(300).collect(),
+                });
             }
         }
         let answer: Value = serde_json::from_slice(&bytes)
-            .map_err(|error| format!("the probe answer is not JSON: {error}"))?;
-        let content = answer
-            .pointer("/choices/0/message/content")
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let usage = answer.get("usage").and_then(|usage| {
-            Some(Usage {
-                prompt_tokens: usage.get("prompt_tokens")?.as_u64()?,
-                completion_tokens: usage.get("completion_tokens").and_then(Value::as_u64),
-            })
-        });
-        step.prompt_tokens_reported = usage.map(|usage| usage.prompt_tokens);
-        step.recalled = recalled(content, &needles) as u32;
+            .map_err(|error| ProbeError::NotJson(error.to_string()))?;
+        self.judge(&prompt, &answer, ttft_ms, &mut step);
+        Ok(step)
+    }
+
+    /// A needle prompt whose count, canaries included, is within 1% of
+    /// `length` tokens (built, measured, and corrected once for what the
+    /// injection adds).
+    fn prompt(&self, length: u64, max_tokens: u64) -> Result<Prompt, ProbeError> {
+        let needles = Needle::mint(NEEDLES_PER_PROMPT)?;
+        let canaries = RequestCanaries::mint()?;
+        let mut text_target = length;
+        loop {
+            let mut body = json!({
+                "model": self.target.model,
+                "messages": [{"role": "user", "content": needle_text(text_target, &needles)}],
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream": false,
+            });
+            let injection = Chat::place_canaries(&mut body, EchoMode::HeadTail, canaries)
+                .map_err(|error| ProbeError::Request(error.message))?;
+            let messages = Chat::prompt_messages(&body);
+            let exact_tokens = self.upstream.count_prompt_tokens(&messages);
+            let tokens = exact_tokens.unwrap_or_else(|| count_chat_messages(&messages));
+            drop(messages);
+            if tokens <= length + length / 100 || text_target == 0 {
+                return Ok(Prompt {
+                    body,
+                    injection,
+                    needles,
+                    tokens,
+                    exact_tokens,
+                });
+            }
+            text_target = text_target.saturating_sub(tokens - length);
+        }
+    }
+
+    /// Fills `step` from the answer: needles recalled, the verifier's checks.
+    fn judge(&self, prompt: &Prompt, answer: &Value, ttft_ms: u64, step: &mut ProbeStep) {
+        let view = Chat::read_answer(answer);
+        let first = view.choices.first();
+        let content = first
+            .and_then(|choice| choice.texts.first())
+            .filter(|field| field.kind == crate::wire::TextKind::Content)
+            .map_or("", |field| field.text.as_str());
+        step.prompt_tokens_reported = view.usage.map(|usage| usage.prompt_tokens);
+        step.recalled = recalled(content, &prompt.needles) as u32;
 
         let mut verifier = Verifier::new(
-            &injection,
+            &prompt.injection,
             &self.policy.verify,
             &self.target.provider,
-            exact,
+            prompt.exact_tokens,
         );
         if !verifier.observe_ttft(ttft_ms) {
             verifier.push(0, content, &self.registry);
         }
-        let finish = answer
-            .pointer("/choices/0/finish_reason")
-            .and_then(Value::as_str)
-            .map(str::to_owned);
+        let finish = first.and_then(|choice| choice.finish_reason.clone());
         let verdict = verifier
             .finish(
                 &Facts {
                     finish_reasons: vec![finish],
-                    usage,
+                    usage: view.usage,
                     done_marker: None,
                 },
                 &self.registry,
@@ -336,12 +386,10 @@ impl Prober<'_> {
             .verdict;
         let mut problems = Vec::new();
         if !verdict.passed() {
-            let names: Vec<_> = verdict
-                .failed_checks()
-                .into_iter()
-                .map(|check| check.name())
-                .collect();
-            problems.push(format!("checks failed: {}", names.join(",")));
+            problems.push(format!(
+                "checks failed: {}",
+                verdict.failed_check_names().join(",")
+            ));
         }
         if step.recalled < step.needles {
             problems.push(format!(
@@ -351,106 +399,5 @@ impl Prober<'_> {
         }
         step.ok = problems.is_empty();
         step.problem = (!problems.is_empty()).then(|| problems.join("; "));
-        Ok(step)
-    }
-}
-
-/// File name of the result for `provider` and `model`.
-fn result_file(data_dir: &Path, provider: &str, model: &str) -> PathBuf {
-    let clean = |text: &str| -> String {
-        text.chars()
-            .map(|c| {
-                if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
-                    c
-                } else {
-                    '_'
-                }
-            })
-            .collect()
-    };
-    data_dir
-        .join(PROBES_DIR)
-        .join(format!("{}--{}.json", clean(provider), clean(model)))
-}
-
-/// Writes `result` into `data_dir` (atomically) and returns the file.
-pub fn store(data_dir: &Path, result: &ProbeResult) -> Result<PathBuf, String> {
-    let path = result_file(data_dir, &result.provider, &result.model);
-    let dir = data_dir.join(PROBES_DIR);
-    std::fs::create_dir_all(&dir)
-        .map_err(|error| format!("cannot create {}: {error}", dir.display()))?;
-    let temporary = path.with_extension("json.tmp");
-    let text = serde_json::to_vec_pretty(result).map_err(|error| error.to_string())?;
-    std::fs::write(&temporary, text)
-        .and_then(|()| std::fs::rename(&temporary, &path))
-        .map_err(|error| format!("cannot write {}: {error}", path.display()))?;
-    Ok(path)
-}
-
-/// The probe results of a data directory, as `serve` uses them.
-pub struct ProbeBook {
-    dir: PathBuf,
-    /// Provider name, then model name.
-    results: RwLock<HashMap<String, HashMap<String, Arc<ProbeResult>>>>,
-}
-
-impl ProbeBook {
-    /// Reads every result in `data_dir` (none is fine).
-    pub fn open(data_dir: &Path) -> Self {
-        let book = Self {
-            dir: data_dir.join(PROBES_DIR),
-            results: RwLock::new(HashMap::new()),
-        };
-        book.reload();
-        book
-    }
-
-    /// Re-reads the results from disk; unreadable files are skipped with a warning.
-    pub fn reload(&self) {
-        let mut results = HashMap::new();
-        if let Ok(entries) = std::fs::read_dir(&self.dir) {
-            for entry in entries.flatten() {
-                let path = entry.path();
-                if path.extension().is_none_or(|extension| extension != "json") {
-                    continue;
-                }
-                match std::fs::read(&path)
-                    .map_err(|error| error.to_string())
-                    .and_then(|bytes| {
-                        serde_json::from_slice::<ProbeResult>(&bytes).map_err(|e| e.to_string())
-                    }) {
-                    Ok(result) => {
-                        results
-                            .entry(result.provider.clone())
-                            .or_insert_with(HashMap::new)
-                            .insert(result.model.clone(), Arc::new(result));
-                    }
-                    Err(error) => {
-                        tracing::warn!("skipping probe result {}: {error}", path.display());
-                    }
-                }
-            }
-        }
-        *self.results.write().unwrap_or_else(|e| e.into_inner()) = results;
-    }
-
-    /// The stored result for `provider` and `model`.
-    pub fn get(&self, provider: &str, model: &str) -> Option<Arc<ProbeResult>> {
-        self.results
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(provider)?
-            .get(model)
-            .cloned()
-    }
-
-    /// Every stored result.
-    pub fn all(&self) -> Vec<Arc<ProbeResult>> {
-        self.results
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .flat_map(|models| models.values().cloned())
-            .collect()
     }
 }

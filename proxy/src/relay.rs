@@ -1,7 +1,7 @@
-//! Plain streaming relay (`[verify] enabled = false`): upstream SSE in,
-//! client SSE out.
+//! SSE relay: a stream of events (the provider's, with checks off, or the
+//! local engine's) passed to the client as they come.
 //!
-//! The relay pulls from the provider only when the client's connection asks for
+//! The relay pulls from its source only when the client's connection asks for
 //! more (hyper polls the body stream when its write buffer has room), so a slow
 //! client slows the provider read instead of growing a buffer. Dropping the
 //! stream (the client went away) drops the upstream response, which closes the
@@ -12,31 +12,28 @@
 //! costs one write to the client instead of one per event, and a slow
 //! provider's tokens still leave the moment they arrive.
 //!
-//! A stream never ends in a way that looks clean unless the provider sent
-//! `[DONE]`: a failure, a timeout or an early close ends it with an explicit
-//! error event in OpenAI's format. The last bytes go out only once the audit
-//! record is durable.
+//! A stream never ends in a way that looks clean unless the source sent its
+//! end marker: a failure, a timeout or an early close ends it with an
+//! explicit error event in the wire format's shape. The last bytes go out
+//! only once the audit record is durable ([`crate::body`]).
 
-use std::convert::Infallible;
+use std::marker::PhantomData;
 use std::pin::Pin;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use axum::body::Body;
 use bytes::Bytes;
 use canarygate_policies::sse::{SseEvent, SseParser, encode_data};
 use futures_util::{FutureExt, Stream, StreamExt};
 use tokio::sync::OwnedSemaphorePermit;
 
-use crate::audit::{Action, Outcome};
+use crate::body::StreamSource;
 use crate::clock::RequestClock;
-use crate::error::{error_body, error_chain};
-use crate::trail::Trail;
-
-/// Error code of the event that ends an interrupted stream.
-pub const STREAM_INTERRUPTED: &str = "upstream_stream_interrupted";
+use crate::error::{ApiError, ErrorCode, error_chain};
+use crate::trail::{Ending, Trail};
+use crate::wire::WireFormat;
 
 /// Most bytes gathered for one write to the client.
-pub(crate) const COALESCE_BYTES: usize = 16 * 1024;
+pub const COALESCE_BYTES: usize = 16 * 1024;
 
 /// Scheduler rounds [`next_ready`] gives the provider's connection task.
 const READY_ROUNDS: usize = 2;
@@ -52,7 +49,7 @@ const READY_ROUNDS: usize = 2;
 /// worker. Yielding lets it run, so events that arrived together leave
 /// together; when the provider has sent nothing more this costs two empty
 /// scheduler rounds, microseconds.
-pub(crate) async fn next_ready<S: Stream + Unpin>(
+pub async fn next_ready<S: Stream + Unpin>(
     upstream: &mut S,
     clock: &mut RequestClock,
 ) -> Option<Option<S::Item>> {
@@ -72,8 +69,27 @@ pub(crate) async fn next_ready<S: Stream + Unpin>(
         .await
 }
 
-/// How a stream that ended without `[DONE]` ended, for the error event.
-pub(crate) fn early_end(parser: &mut SseParser) -> &'static str {
+/// The next item of `upstream`, waiting at most `idle_timeout` (the wait
+/// counts on `clock` as waiting on the provider); `Err` with what to tell
+/// the client when nothing came in time.
+pub async fn next_within<S: Stream + Unpin>(
+    upstream: &mut S,
+    clock: &mut RequestClock,
+    idle_timeout: Duration,
+) -> Result<Option<S::Item>, String> {
+    clock
+        .wait(tokio::time::timeout(idle_timeout, upstream.next()))
+        .await
+        .map_err(|_| {
+            format!(
+                "sent nothing for {} ms (limits.idle_timeout_ms)",
+                idle_timeout.as_millis()
+            )
+        })
+}
+
+/// How a stream that ended without its end marker ended, for the error event.
+pub fn early_end(parser: &mut SseParser) -> &'static str {
     if parser.finish() {
         "closed the stream in the middle of an event"
     } else {
@@ -81,125 +97,96 @@ pub(crate) fn early_end(parser: &mut SseParser) -> &'static str {
     }
 }
 
+/// The error that ends a stream the provider broke off.
+pub fn interrupted(provider: &str, detail: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::UpstreamStreamInterrupted,
+        format!("Provider `{provider}` {detail}; the answer is incomplete."),
+    )
+}
+
 /// Any error a byte source can fail with.
 type SourceError = Box<dyn std::error::Error + Send + Sync>;
 
 type ByteStream = Pin<Box<dyn Stream<Item = Result<Bytes, SourceError>> + Send>>;
 
-/// An SSE stream (the provider's, or the local engine's) on its way to the client.
-pub(crate) struct Relay {
+/// An SSE stream on its way to the client, in wire format `W`.
+pub struct Relay<W> {
     upstream: ByteStream,
-    /// What the audit record says was done with the answer.
-    action: Action,
     parser: SseParser,
     events: Vec<SseEvent>,
     idle_timeout: Duration,
-    provider: String,
-    /// The last bytes: `[DONE]` or the error event.
+    /// Who sends the events (the provider's name, or `local`).
+    source: String,
+    /// The last bytes: the end marker or the error event.
     tail: Option<Vec<u8>>,
     interrupted: bool,
     _permit: OwnedSemaphorePermit,
+    wire: PhantomData<fn() -> W>,
 }
 
-/// Relays the SSE body of `response`; the permit is held until it ends.
-pub(crate) fn relay_sse(
-    response: reqwest::Response,
-    provider: String,
-    idle_timeout: Duration,
-    permit: OwnedSemaphorePermit,
-) -> Relay {
-    Relay::new(
-        Box::pin(
-            response
-                .bytes_stream()
-                .map(|chunk| chunk.map_err(SourceError::from)),
-        ),
-        Action::Forward,
-        provider,
-        idle_timeout,
-        permit,
-    )
-}
+impl<W: WireFormat> Relay<W> {
+    /// Relays the SSE body of the provider's `response`; the permit is held
+    /// until it ends.
+    pub fn provider(
+        response: reqwest::Response,
+        provider: String,
+        idle_timeout: Duration,
+        permit: OwnedSemaphorePermit,
+    ) -> Self {
+        Self::new(
+            Box::pin(
+                response
+                    .bytes_stream()
+                    .map(|chunk| chunk.map_err(SourceError::from)),
+            ),
+            provider,
+            idle_timeout,
+            permit,
+        )
+    }
 
-/// Relays the local engine's SSE answer (served instead of the provider's);
-/// the permit is held until it ends.
-pub(crate) fn relay_local(
-    stream: impl Stream<Item = Bytes> + Send + 'static,
-    idle_timeout: Duration,
-    permit: OwnedSemaphorePermit,
-) -> Relay {
-    Relay::new(
-        Box::pin(stream.map(Ok)),
-        Action::Fallback,
-        crate::local::LOCAL_PROVIDER.to_owned(),
-        idle_timeout,
-        permit,
-    )
-}
+    /// Relays an SSE stream produced in this process (the local engine's).
+    pub fn local(
+        stream: impl Stream<Item = Bytes> + Send + 'static,
+        source: String,
+        idle_timeout: Duration,
+        permit: OwnedSemaphorePermit,
+    ) -> Self {
+        Self::new(Box::pin(stream.map(Ok)), source, idle_timeout, permit)
+    }
 
-/// The relay with the request's trail, as a response body.
-struct RelayBody {
-    relay: Relay,
-    trail: Option<Trail>,
-    last_yield: Option<Instant>,
-}
-
-impl Relay {
     fn new(
         upstream: ByteStream,
-        action: Action,
-        provider: String,
+        source: String,
         idle_timeout: Duration,
         permit: OwnedSemaphorePermit,
     ) -> Self {
         Self {
             upstream,
-            action,
             parser: SseParser::new(),
             events: Vec::new(),
             idle_timeout,
-            provider,
+            source,
             tail: None,
             interrupted: false,
             _permit: permit,
+            wire: PhantomData,
         }
-    }
-
-    /// The response body; `trail` records the request when the stream ends.
-    pub(crate) fn into_body(self: Box<Self>, trail: Trail) -> Body {
-        let body = RelayBody {
-            relay: *self,
-            trail: Some(trail),
-            last_yield: None,
-        };
-        Body::from_stream(futures_util::stream::unfold(body, |mut body| async move {
-            let chunk = body.next_chunk().await?;
-            Some((Ok::<_, Infallible>(chunk), body))
-        }))
     }
 
     /// Reads upstream until at least one event is ready or the stream ends,
     /// then takes what else is ready, up to [`COALESCE_BYTES`].
-    async fn read(&mut self, trail: &mut Trail) -> Vec<u8> {
+    async fn read(&mut self, clock: &mut RequestClock) -> Vec<u8> {
         let mut out = Vec::new();
         while out.is_empty() && self.tail.is_none() {
-            let next = trail
-                .clock
-                .wait(tokio::time::timeout(
-                    self.idle_timeout,
-                    self.upstream.next(),
-                ))
-                .await;
-            match next {
-                Err(_) => self.interrupt(&format!(
-                    "sent nothing for {} ms (limits.idle_timeout_ms)",
-                    self.idle_timeout.as_millis()
-                )),
+            match next_within(&mut self.upstream, clock, self.idle_timeout).await {
+                Err(detail) => self.interrupt(&detail),
                 Ok(next) => self.take(next, &mut out),
             }
         }
         while self.tail.is_none() && out.len() < COALESCE_BYTES {
-            match next_ready(&mut self.upstream, &mut trail.clock).await {
+            match next_ready(&mut self.upstream, clock).await {
                 Some(next) => self.take(next, &mut out),
                 None => break,
             }
@@ -218,87 +205,52 @@ impl Relay {
             Some(Ok(bytes)) => {
                 self.parser.feed(&bytes, &mut self.events);
                 for event in self.events.drain(..) {
-                    if event.is_done() {
-                        self.tail = Some(b"data: [DONE]\n\n".to_vec());
-                        break;
-                    }
+                    let start = out.len();
                     if let Some(name) = &event.event {
                         out.extend_from_slice(b"event: ");
                         out.extend_from_slice(name.as_bytes());
                         out.push(b'\n');
                     }
                     encode_data(&event.data, out);
+                    if W::is_end_marker(&event) {
+                        self.tail = Some(out.split_off(start));
+                        break;
+                    }
                 }
             }
         }
     }
 
     fn interrupt(&mut self, detail: &str) {
-        let message = format!(
-            "Provider `{}` {detail}; the answer is incomplete.",
-            self.provider
-        );
-        tracing::warn!(provider = %self.provider, "stream interrupted: {detail}");
-        let mut tail = Vec::new();
-        encode_data(
-            &error_body(&message, "upstream_error", STREAM_INTERRUPTED, None).to_string(),
-            &mut tail,
-        );
-        self.tail = Some(tail);
+        tracing::warn!(provider = %self.source, "stream interrupted: {detail}");
+        self.tail = Some(W::error_event(&interrupted(&self.source, detail)));
         self.interrupted = true;
     }
 }
 
-impl RelayBody {
-    async fn next_chunk(&mut self) -> Option<Bytes> {
-        let trail = self.trail.as_mut()?;
-        if let Some(yielded) = self.last_yield.take() {
-            // Between our yield and this poll the client connection was writing.
-            trail.clock.add_waiting(yielded.elapsed());
+impl<W: WireFormat> StreamSource for Relay<W> {
+    async fn next_bytes(&mut self, clock: &mut RequestClock) -> Option<Vec<u8>> {
+        if self.tail.is_some() {
+            return None;
         }
-        if self.relay.tail.is_none() {
-            let out = self.relay.read(trail).await;
-            if !out.is_empty() {
-                trail.sent(&out);
-                self.last_yield = Some(Instant::now());
-                return Some(Bytes::from(out));
-            }
-        }
-        // The end: record, durably, then send the last bytes.
-        let mut trail = self.trail.take()?;
-        let tail = self.relay.tail.take().unwrap_or_default();
-        trail.sent(&tail);
-        let outcome = if self.relay.interrupted {
-            Outcome::InterruptedByUpstream
-        } else {
-            Outcome::Complete
-        };
-        match trail.commit(outcome, self.relay.action).await {
-            Ok(()) => Some(Bytes::from(tail)),
-            Err(error) => {
-                tracing::error!("audit append failed: {error}; the stream ends in an error");
-                let mut bytes = Vec::new();
-                encode_data(
-                    &crate::verified::audit_failure_body().to_string(),
-                    &mut bytes,
-                );
-                Some(Bytes::from(bytes))
-            }
-        }
+        let out = self.read(clock).await;
+        (!out.is_empty()).then_some(out)
     }
-}
 
-impl Drop for RelayBody {
-    fn drop(&mut self) {
-        // The client went away before the end: record the request as interrupted.
-        if let Some(trail) = self.trail.take() {
-            let action = self.relay.action;
-            tokio::spawn(async move {
-                if let Err(error) = trail.commit(Outcome::InterruptedByClient, action).await {
-                    tracing::error!("audit append of an interrupted stream failed: {error}");
-                }
-            });
+    fn finish(&mut self, trail: &mut Trail) -> (Vec<u8>, Ending) {
+        if self.interrupted {
+            trail.upstream_interrupted();
         }
+        (
+            self.tail.take().unwrap_or_default(),
+            Ending::Stream { blocked: false },
+        )
+    }
+
+    fn abandon(&mut self, _trail: &mut Trail) {}
+
+    fn error_event(&self, error: &ApiError) -> Vec<u8> {
+        W::error_event(error)
     }
 }
 
@@ -309,8 +261,8 @@ mod tests {
     use tokio::sync::{Notify, Semaphore, mpsc};
 
     use super::*;
-    use crate::audit::{AuditLog, AuditOptions};
     use crate::metrics::Metrics;
+    use crate::wire::chat::Chat;
 
     /// SSE events handed over one at a time, as hyper hands over a response
     /// body: the producer task pushes the next event only once the previous
@@ -343,15 +295,9 @@ mod tests {
         ))
     }
 
-    fn relay(upstream: ByteStream) -> Relay {
+    fn relay(upstream: ByteStream) -> Relay<Chat> {
         let permit = Arc::new(Semaphore::new(1)).try_acquire_owned().unwrap();
-        Relay::new(
-            upstream,
-            Action::Forward,
-            "sim".into(),
-            Duration::from_secs(5),
-            permit,
-        )
+        Relay::new(upstream, "sim".into(), Duration::from_secs(5), permit)
     }
 
     fn events_in(bytes: &[u8]) -> usize {
@@ -360,22 +306,20 @@ mod tests {
 
     #[tokio::test]
     async fn events_already_sent_leave_in_one_write_and_a_pause_ends_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
-        let mut trail = Trail::start(log, "r1", Arc::new(Metrics::new()));
+        let mut clock = RequestClock::start(Arc::new(Metrics::new()));
         let resume = Arc::new(Notify::new());
         let mut relay = relay(one_at_a_time(60, 40, resume.clone()));
 
         // 40 events are ready, one at a time: one read takes them all, and
         // returns without waiting for the 41st.
-        let first = tokio::time::timeout(Duration::from_secs(5), relay.read(&mut trail))
+        let first = tokio::time::timeout(Duration::from_secs(5), relay.read(&mut clock))
             .await
             .expect("a pause upstream must not hold back what is ready");
         assert_eq!(events_in(&first), 40);
         assert!(relay.tail.is_none());
 
         resume.notify_one();
-        let rest = relay.read(&mut trail).await;
+        let rest = relay.read(&mut clock).await;
         assert_eq!(events_in(&rest), 20);
         assert_eq!(relay.tail.as_deref(), Some(b"data: [DONE]\n\n".as_slice()));
         assert!(String::from_utf8_lossy(&rest).ends_with("data: {\"n\":59}\n\n"));
@@ -383,9 +327,7 @@ mod tests {
 
     #[tokio::test]
     async fn time_yielded_to_the_provider_counts_as_waiting() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
-        let mut trail = Trail::start(log, "r1", Arc::new(Metrics::new()));
+        let mut clock = RequestClock::start(Arc::new(Metrics::new()));
         // The provider's side works 20 ms on each event after the first,
         // blocking this single-threaded runtime as a busy connection task
         // would: some of that falls in the relay's yields.
@@ -405,10 +347,10 @@ mod tests {
         let mut relay = relay(received(receiver));
         let mut events = 0;
         while relay.tail.is_none() {
-            events += events_in(&relay.read(&mut trail).await);
+            events += events_in(&relay.read(&mut clock).await);
         }
         assert_eq!(events, 5);
-        let overhead = trail.clock.overhead();
+        let overhead = clock.overhead();
         assert!(
             overhead < Duration::from_millis(15),
             "the provider's 80 ms counted as the proxy's own time: {overhead:?}"

@@ -1,21 +1,22 @@
-//! The audit trail of one chat request: facts gathered as the request goes,
-//! appended as one durable record ([`crate::audit`]) before the client gets
-//! the last byte of its answer.
+//! The audit trail of one request: facts gathered as the request goes,
+//! concluded in one place ([`Trail::conclude`]) and appended as one durable
+//! record ([`canarygate_audit`]) before the client gets the last byte of
+//! its answer.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::http::StatusCode;
-
+use canarygate_audit::{
+    Action, AuditError, AuditLog, CheckRecord, Latency, NewRecord, Outcome, RequestRecord, Route,
+    Sample, VerdictSummary, sha256_hex, should_sample,
+};
 use canarygate_policies::canary::find_canaries;
-use canarygate_policies::verify::{Status, Verdict};
+use canarygate_policies::verify::Verdict;
 use sha2::{Digest, Sha256};
 
-use crate::audit::{
-    self, Action, AuditError, AuditLog, CheckRecord, CheckResult, Latency, NewRecord, Outcome,
-    RequestRecord, Route, Sample,
-};
-use crate::clock::RequestClock;
+use crate::clock::{RequestClock, now_ms};
+use crate::identity::Caller;
 use crate::metrics::Metrics;
 
 /// Most response bytes kept for a spot-check sample.
@@ -24,31 +25,45 @@ const MAX_SAMPLE_BYTES: usize = 256 * 1024;
 /// Placeholder for a canary in sampled text.
 const REDACTED: &str = "[canary]";
 
+/// How the exchange with the client ended, as the path that served it saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// One whole response with this status went out.
+    Whole(StatusCode),
+    /// A stream ended: `blocked` when it ended with canarygate's own
+    /// verification error instead of the answer's end.
+    Stream {
+        /// The answer failed after part of it went out and was cut off.
+        blocked: bool,
+    },
+    /// The client went away before the end.
+    ClientLeft,
+}
+
 /// What is known so far about one request.
-pub(crate) struct Trail {
+pub struct Trail {
     log: AuditLog,
-    /// The request's clock (overhead metric, in-flight gauge).
-    pub(crate) clock: RequestClock,
+    clock: RequestClock,
     /// The request was sent to the provider (whatever came back).
-    pub(crate) forwarded: bool,
-    /// How the exchange ended, when the path knows better than the status.
-    pub(crate) outcome: Option<Outcome>,
+    forwarded: bool,
+    /// The provider broke off, stalled or closed early.
+    upstream_interrupted: bool,
     /// Who answered: the provider or the local engine.
-    pub(crate) route: Route,
+    route: Route,
     /// Checks decided outside the verifier (the context preflight).
-    pub(crate) extra_checks: Vec<CheckRecord>,
+    extra_checks: Vec<CheckRecord>,
     started: Instant,
     started_at_ms: u64,
     request_id: String,
-    pub(crate) session: Option<String>,
-    pub(crate) credential: Option<String>,
-    pub(crate) provider: Option<String>,
-    pub(crate) model: Option<String>,
-    pub(crate) prompt_tokens_ours: Option<u64>,
-    pub(crate) prompt_tokens_provider: Option<u64>,
-    pub(crate) canary_ids: Vec<String>,
+    session: Option<String>,
+    credential: Option<String>,
+    provider: Option<String>,
+    model: Option<String>,
+    prompt_tokens_ours: Option<u64>,
+    prompt_tokens_provider: Option<u64>,
+    canary_ids: Vec<String>,
     verdict: Option<Verdict>,
-    pub(crate) ttfb_ms: Option<u64>,
+    ttfb_ms: Option<u64>,
     request_bytes: Vec<u8>,
     response_hash: Sha256,
     response_len: u64,
@@ -57,16 +72,16 @@ pub(crate) struct Trail {
 
 impl Trail {
     /// Starts the trail of request `request_id`, arriving now.
-    pub(crate) fn start(log: AuditLog, request_id: &str, metrics: Arc<Metrics>) -> Self {
+    pub fn start(log: AuditLog, request_id: &str, metrics: Arc<Metrics>) -> Self {
         Self {
             log,
             clock: RequestClock::start(metrics),
             forwarded: false,
-            outcome: None,
+            upstream_interrupted: false,
             route: Route::Upstream,
             extra_checks: Vec::new(),
             started: Instant::now(),
-            started_at_ms: crate::verified::now_ms(),
+            started_at_ms: now_ms(),
             request_id: request_id.to_owned(),
             session: None,
             credential: None,
@@ -84,18 +99,79 @@ impl Trail {
         }
     }
 
+    /// The request's clock (the proxy's own time).
+    pub fn clock(&mut self) -> &mut RequestClock {
+        &mut self.clock
+    }
+
+    /// Records who sent the request (keyed hashes only).
+    pub fn caller(&mut self, caller: &Caller) {
+        self.session = Some(caller.session_id.clone());
+        self.credential = Some(caller.credential_hash.clone());
+    }
+
     /// Records the request body as received.
-    pub(crate) fn request_body(&mut self, bytes: &[u8]) {
+    pub fn request_body(&mut self, bytes: &[u8]) {
         self.request_bytes = bytes.to_vec();
     }
 
+    /// Records the model the client asked for.
+    pub fn model(&mut self, model: &str) {
+        self.model = Some(model.to_owned());
+    }
+
+    /// Records the provider the route leads to.
+    pub fn provider(&mut self, provider: &str) {
+        self.provider = Some(provider.to_owned());
+    }
+
+    /// Records that the request went to the provider.
+    pub fn forwarded(&mut self) {
+        self.forwarded = true;
+    }
+
+    /// Records the time to the provider's response head.
+    pub fn first_byte(&mut self, ttfb_ms: u64) {
+        self.ttfb_ms = Some(ttfb_ms);
+    }
+
+    /// Records that the provider broke off, stalled or closed early.
+    pub fn upstream_interrupted(&mut self) {
+        self.upstream_interrupted = true;
+    }
+
+    /// Records that the local engine answers.
+    pub fn served_locally(&mut self) {
+        self.route = Route::Local;
+    }
+
+    /// Records our count of the prompt's tokens.
+    pub fn prompt_tokens_ours(&mut self, tokens: u64) {
+        self.prompt_tokens_ours = Some(tokens);
+    }
+
+    /// Records the prompt tokens the answering side reports.
+    pub fn prompt_tokens_provider(&mut self, tokens: Option<u64>) {
+        self.prompt_tokens_provider = tokens;
+    }
+
+    /// Records the id (never the value) of a canary of this request.
+    pub fn canary(&mut self, id: String) {
+        self.canary_ids.push(id);
+    }
+
+    /// Records a check decided outside the verifier.
+    pub fn check(&mut self, check: CheckRecord) {
+        self.extra_checks.push(check);
+    }
+
     /// Records the verdict of the attempt whose answer the client gets.
-    pub(crate) fn verdict(&mut self, verdict: &Verdict) {
+    pub fn verdict(&mut self, verdict: &Verdict) {
         self.verdict = Some(verdict.clone());
     }
 
     /// Records bytes sent to the client.
-    pub(crate) fn sent(&mut self, bytes: &[u8]) {
+    pub fn sent(&mut self, bytes: &[u8]) {
         self.response_hash.update(bytes);
         self.response_len += bytes.len() as u64;
         let room = MAX_SAMPLE_BYTES.saturating_sub(self.response_kept.len());
@@ -103,65 +179,64 @@ impl Trail {
             .extend_from_slice(&bytes[..bytes.len().min(room)]);
     }
 
-    /// Outcome and action of a request answered with one whole response of `status`.
-    pub(crate) fn conclude(&self, status: StatusCode) -> (Outcome, Action) {
-        let outcome = self.outcome.unwrap_or(if status.is_success() {
-            Outcome::Complete
-        } else {
-            Outcome::Error
-        });
-        let failed = self
-            .verdict
+    fn failed(&self) -> bool {
+        self.verdict
             .as_ref()
-            .is_some_and(|verdict| !verdict.passed());
-        let action = match (failed, status.is_success()) {
+            .is_some_and(|verdict| !verdict.passed())
+    }
+
+    /// The record's outcome and action: how the exchange ended, and what was
+    /// done with the answer. The one place these are decided.
+    ///
+    /// | | outcome | action |
+    /// |---|---|---|
+    /// | local engine answered | as below | `fallback` |
+    /// | client left | `interrupted_by_client` | `block` if the verdict failed, else `forward` |
+    /// | provider broke off | `interrupted_by_upstream` | as below |
+    /// | stream cut by a failed verdict | `complete` | `block` |
+    /// | stream ended | `complete` | `flag` if the verdict failed (and the provider did not break off), else `forward` |
+    /// | whole response | `complete` (2xx) or `error` | failed: `flag` (2xx) / `block`; passed or unchecked: `forward` (2xx, or anything the provider answered) / `reject` |
+    pub fn conclude(&self, ending: Ending) -> (Outcome, Action) {
+        let failed = self.failed();
+        let outcome = match ending {
+            Ending::ClientLeft => Outcome::InterruptedByClient,
+            _ if self.upstream_interrupted => Outcome::InterruptedByUpstream,
+            Ending::Whole(status) if !status.is_success() => Outcome::Error,
+            Ending::Whole(_) | Ending::Stream { .. } => Outcome::Complete,
+        };
+        let action = match ending {
             _ if self.route == Route::Local => Action::Fallback,
-            (true, true) => Action::Flag,
-            (true, false) => Action::Block,
-            (false, true) => Action::Forward,
-            (false, false) if self.forwarded => Action::Forward,
-            (false, false) => Action::Reject,
+            Ending::ClientLeft if failed => Action::Block,
+            Ending::ClientLeft => Action::Forward,
+            Ending::Stream { blocked: true } => Action::Block,
+            Ending::Stream { blocked: false } if failed && !self.upstream_interrupted => {
+                Action::Flag
+            }
+            Ending::Stream { blocked: false } => Action::Forward,
+            Ending::Whole(status) => match (failed, status.is_success()) {
+                (true, true) => Action::Flag,
+                (true, false) => Action::Block,
+                (false, true) => Action::Forward,
+                (false, false) if self.forwarded => Action::Forward,
+                (false, false) => Action::Reject,
+            },
         };
         (outcome, action)
     }
 
-    /// Appends the record; durable when this returns `Ok` (queued, with
-    /// `[audit] durability = "background"`).
-    pub(crate) async fn commit(self, outcome: Outcome, action: Action) -> Result<(), AuditError> {
+    /// Concludes and appends the record; durable when this returns `Ok`
+    /// (queued, with `[audit] durability = "background"`).
+    pub async fn commit(self, ending: Ending) -> Result<(), AuditError> {
+        let (outcome, action) = self.conclude(ending);
         let overhead_ms = self.clock.overhead().as_millis() as u64;
-        let failed = self
-            .verdict
-            .as_ref()
-            .is_some_and(|verdict| !verdict.passed());
-        let verdict = match &self.verdict {
-            None => audit::Verdict::Unchecked,
-            Some(verdict) if verdict.passed() => audit::Verdict::Pass,
-            Some(_) => audit::Verdict::Fail,
-        };
+        let failed = self.failed();
         let mut checks: Vec<CheckRecord> = self
             .verdict
-            .as_ref()
-            .map(|verdict| {
-                verdict
-                    .checks
-                    .iter()
-                    .map(|check| CheckRecord {
-                        name: check.check.name().to_owned(),
-                        result: match check.status {
-                            Status::Pass => CheckResult::Pass,
-                            Status::Fail => CheckResult::Fail,
-                            Status::Skip => CheckResult::Skip,
-                        },
-                        evidence: serde_json::json!({
-                            "reason": check.reason,
-                            "seen": check.evidence,
-                        }),
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+            .iter()
+            .flat_map(|verdict| verdict.checks.iter().map(CheckRecord::from))
+            .collect();
         checks.extend(self.extra_checks);
-        let sample = audit::should_sample(self.log.sample_rate(), failed).then(|| Sample {
+        let sample = should_sample(self.log.sample_rate(), failed).then(|| Sample {
             request_text: redact(&String::from_utf8_lossy(&self.request_bytes)),
             response_text: redact(&String::from_utf8_lossy(&self.response_kept)),
         });
@@ -177,7 +252,7 @@ impl Trail {
             prompt_tokens_provider: self.prompt_tokens_provider,
             canary_ids: self.canary_ids,
             checks,
-            verdict,
+            verdict: VerdictSummary::of(self.verdict.as_ref()),
             action,
             outcome,
             latency: Latency {
@@ -187,10 +262,23 @@ impl Trail {
             },
             bytes_in: self.request_bytes.len() as u64,
             bytes_out: self.response_len,
-            request_sha256: audit::sha256_hex(&self.request_bytes),
+            request_sha256: sha256_hex(&self.request_bytes),
             response_sha256: hex::encode(self.response_hash.finalize()),
         };
         self.log.record(NewRecord { record, sample }).await
+    }
+
+    /// Appends the record from a task of its own, for a request whose
+    /// handler or body is going away; failures are logged.
+    pub fn commit_later(self, ending: Ending) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            if let Err(error) = self.commit(ending).await {
+                tracing::error!("audit append of an interrupted request failed: {error}");
+            }
+        });
     }
 }
 
@@ -198,46 +286,29 @@ impl Trail {
 /// handler is dropped before the trail is handed on (the client went away
 /// while the provider was still thinking, so hyper cancelled the handler),
 /// the request is still recorded, as interrupted by the client.
-pub(crate) struct PendingTrail(Option<Trail>);
+pub struct PendingTrail(Option<Trail>);
 
 impl PendingTrail {
     /// Guards `trail`.
-    pub(crate) fn new(trail: Trail) -> Self {
+    pub fn new(trail: Trail) -> Self {
         Self(Some(trail))
     }
 
     /// The guarded trail.
-    pub(crate) fn get(&mut self) -> &mut Trail {
+    pub fn get(&mut self) -> &mut Trail {
         self.0.as_mut().expect("the trail is guarded until taken")
     }
 
     /// Hands the trail on; whoever takes it records the request.
-    pub(crate) fn take(mut self) -> Trail {
+    pub fn take(mut self) -> Trail {
         self.0.take().expect("the trail is guarded until taken")
     }
 }
 
 impl Drop for PendingTrail {
     fn drop(&mut self) {
-        let Some(trail) = self.0.take() else {
-            return;
-        };
-        let failed = trail
-            .verdict
-            .as_ref()
-            .is_some_and(|verdict| !verdict.passed());
-        // Nothing reached the client; a failed answer would not have either.
-        let action = if failed {
-            Action::Block
-        } else {
-            Action::Forward
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                if let Err(error) = trail.commit(Outcome::InterruptedByClient, action).await {
-                    tracing::error!("audit append of an abandoned request failed: {error}");
-                }
-            });
+        if let Some(trail) = self.0.take() {
+            trail.commit_later(Ending::ClientLeft);
         }
     }
 }

@@ -1,18 +1,137 @@
-//! HTTP(S) clients for the policy's providers.
+//! The providers of the policy: one HTTP(S) client each, the one place an
+//! upstream request is built ([`Upstream::request`]), reading its answer with
+//! deadlines, and mapping what can go wrong to the client-facing
+//! [`ApiError`].
 
 use std::time::Duration;
 
-use axum::http::HeaderValue;
+use axum::body::Bytes;
+use axum::http::{HeaderValue, StatusCode, header};
 use canarygate_policies::config::{AuthMode, Policy, ProviderConfig};
+use futures_util::StreamExt;
 
-use crate::error::{ApiError, error_chain};
+use crate::clock::RequestClock;
+use crate::error::{ApiError, ErrorCode, error_chain};
 use crate::identity::bearer;
+
+/// Largest upstream response body read for a non-streaming request.
+const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
+
+/// Why the providers' clients could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    /// `extra_ca_file` is unreadable, not PEM, or empty.
+    #[error("provider `{provider}`: extra_ca_file {path} {problem}")]
+    ExtraCa {
+        /// The provider.
+        provider: String,
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        problem: String,
+    },
+    /// `base_url` does not give a valid endpoint URL.
+    #[error("provider `{provider}`: base_url gives `{url}`: {problem}")]
+    BaseUrl {
+        /// The provider.
+        provider: String,
+        /// The URL it gives.
+        url: String,
+        /// Why it is not valid.
+        problem: String,
+    },
+    /// The environment variable that holds the provider's API key is unset
+    /// or not header text.
+    #[error("provider `{provider}`: environment variable {variable} {problem}")]
+    ApiKey {
+        /// The provider.
+        provider: String,
+        /// The variable.
+        variable: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
+    /// `tokenizer_file` cannot be loaded.
+    #[error("provider `{provider}`: cannot load tokenizer_file {path}: {problem}")]
+    Tokenizer {
+        /// The provider.
+        provider: String,
+        /// The file.
+        path: String,
+        /// Why.
+        problem: String,
+    },
+    /// The HTTP client could not be built.
+    #[error("provider `{provider}`: {problem}")]
+    Client {
+        /// The provider.
+        provider: String,
+        /// Why.
+        problem: String,
+    },
+    /// No provider of that name in the policy.
+    #[error("the policy has no provider `{0}`")]
+    NoSuchProvider(String),
+}
+
+/// The provider's API key from the environment: `variable` when given,
+/// else the provider's `api_key_env`. `Ok(None)` when neither names one.
+pub fn provider_api_key(
+    provider: &ProviderConfig,
+    variable: Option<&str>,
+) -> Result<Option<String>, UpstreamError> {
+    let Some(variable) = variable.or(provider.api_key_env.as_deref()) else {
+        return Ok(None);
+    };
+    std::env::var(variable)
+        .map(Some)
+        .map_err(|_| UpstreamError::ApiKey {
+            provider: provider.name.get_ref().clone(),
+            variable: variable.to_owned(),
+            problem: "is not set",
+        })
+}
+
+/// Every provider of the policy, in policy order (a route's `provider_index`
+/// indexes it).
+pub struct Upstreams(Vec<Upstream>);
+
+impl Upstreams {
+    /// Builds one client per provider of `policy`.
+    pub fn build(policy: &Policy) -> Result<Self, UpstreamError> {
+        policy
+            .providers
+            .iter()
+            .map(|provider| Upstream::new(provider, policy))
+            .collect::<Result<_, _>>()
+            .map(Self)
+    }
+
+    /// The provider at `index` in policy order.
+    pub fn at(&self, index: usize) -> &Upstream {
+        &self.0[index]
+    }
+
+    /// The provider called `name`.
+    pub fn named(&self, name: &str) -> Result<&Upstream, UpstreamError> {
+        self.0
+            .iter()
+            .find(|upstream| upstream.name == name)
+            .ok_or_else(|| UpstreamError::NoSuchProvider(name.to_owned()))
+    }
+
+    /// Every provider.
+    pub fn iter(&self) -> impl Iterator<Item = &Upstream> {
+        self.0.iter()
+    }
+}
 
 /// One provider: its client (own connection pool and trust roots) and key.
 pub struct Upstream {
     /// Provider name from the policy.
     pub name: String,
-    /// Parsed once: parsing a URL per request is measurable in a profile.
+    /// `base_url/chat/completions`, parsed once: parsing a URL per request is
+    /// measurable in a profile.
     chat_completions_url: reqwest::Url,
     client: reqwest::Client,
     /// Provider key from `api_key_env`, attached in managed auth.
@@ -21,17 +140,8 @@ pub struct Upstream {
     tokenizer: Option<tokenizers::Tokenizer>,
 }
 
-/// Builds one [`Upstream`] per provider of `policy`, in policy order.
-pub fn build_upstreams(policy: &Policy) -> Result<Vec<Upstream>, String> {
-    policy
-        .providers
-        .iter()
-        .map(|provider| Upstream::new(provider, policy))
-        .collect()
-}
-
 impl Upstream {
-    fn new(provider: &ProviderConfig, policy: &Policy) -> Result<Self, String> {
+    fn new(provider: &ProviderConfig, policy: &Policy) -> Result<Self, UpstreamError> {
         let name = provider.name.get_ref().clone();
         let mut builder = reqwest::Client::builder()
             .use_rustls_tls()
@@ -45,16 +155,17 @@ impl Upstream {
             .retry(reqwest::retry::never())
             .no_proxy();
         if let Some(path) = &provider.extra_ca_file {
-            let pem = std::fs::read(path).map_err(|error| {
-                format!("provider `{name}`: cannot read extra_ca_file {path}: {error}")
-            })?;
-            let certificates = reqwest::Certificate::from_pem_bundle(&pem).map_err(|error| {
-                format!("provider `{name}`: extra_ca_file {path} is not PEM: {error}")
-            })?;
+            let bad_ca = |problem: String| UpstreamError::ExtraCa {
+                provider: name.clone(),
+                path: path.clone(),
+                problem,
+            };
+            let pem =
+                std::fs::read(path).map_err(|error| bad_ca(format!("cannot be read: {error}")))?;
+            let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|error| bad_ca(format!("is not PEM: {error}")))?;
             if certificates.is_empty() {
-                return Err(format!(
-                    "provider `{name}`: extra_ca_file {path} holds no certificate"
-                ));
+                return Err(bad_ca("holds no certificate".into()));
             }
             for certificate in certificates {
                 builder = builder.add_root_certificate(certificate);
@@ -64,28 +175,34 @@ impl Upstream {
             "{}/chat/completions",
             provider.base_url.get_ref().trim_end_matches('/')
         );
-        let chat_completions_url = reqwest::Url::parse(&url)
-            .map_err(|error| format!("provider `{name}`: base_url gives `{url}`: {error}"))?;
-        let client = builder
-            .build()
-            .map_err(|error| format!("provider `{name}`: {}", error_chain(&error)))?;
-        let managed_key = match (policy.auth.mode, &provider.api_key_env) {
-            (AuthMode::Managed, Some(variable)) => {
-                let key = std::env::var(variable).map_err(|_| {
-                    format!(
-                        "provider `{name}`: auth is managed but environment variable {variable} \
-                         (api_key_env) is not set"
-                    )
-                })?;
-                Some(bearer(&key).map_err(|_| {
-                    format!("provider `{name}`: {variable} is not valid header text")
-                })?)
-            }
-            _ => None,
+        let chat_completions_url =
+            reqwest::Url::parse(&url).map_err(|error| UpstreamError::BaseUrl {
+                provider: name.clone(),
+                url: url.clone(),
+                problem: error.to_string(),
+            })?;
+        let client = builder.build().map_err(|error| UpstreamError::Client {
+            provider: name.clone(),
+            problem: error_chain(&error),
+        })?;
+        let managed_key = match policy.auth.mode {
+            AuthMode::Managed => match provider_api_key(provider, None)? {
+                Some(key) => Some(bearer(&key).map_err(|_| UpstreamError::ApiKey {
+                    provider: name.clone(),
+                    variable: provider.api_key_env.clone().unwrap_or_default(),
+                    problem: "is not valid header text",
+                })?),
+                None => None,
+            },
+            AuthMode::Passthrough => None,
         };
         let tokenizer = match &provider.tokenizer_file {
             Some(path) => Some(tokenizers::Tokenizer::from_file(path).map_err(|error| {
-                format!("provider `{name}`: cannot load tokenizer_file {path}: {error}")
+                UpstreamError::Tokenizer {
+                    provider: name.clone(),
+                    path: path.clone(),
+                    problem: error.to_string(),
+                }
             })?),
             None => None,
         };
@@ -137,7 +254,7 @@ impl Upstream {
     }
 
     /// Whether the provider answers HTTP at all (any status counts), within 5 s.
-    pub async fn check_reachable(&self) -> Result<(), String> {
+    pub async fn check_reachable(&self) -> Result<(), reqwest::Error> {
         let mut url = self.chat_completions_url.clone();
         url.set_path(&url.path().replace("/chat/completions", "/models"));
         self.client
@@ -146,39 +263,133 @@ impl Upstream {
             .send()
             .await
             .map(drop)
-            .map_err(|error| error_chain(&error))
     }
 
-    /// A POST to the provider's `/chat/completions`.
-    pub fn chat_completions(&self) -> reqwest::RequestBuilder {
-        self.client.post(self.chat_completions_url.clone())
+    /// The one upstream request canarygate sends: a POST of the JSON `body`
+    /// to the provider's chat completions endpoint, with `authorization`
+    /// (the managed key, or whatever the caller passes on) and, for a stream,
+    /// `Accept: text/event-stream`. Callers add their deadline and headers.
+    pub fn request(
+        &self,
+        body: Bytes,
+        authorization: Option<HeaderValue>,
+        stream: bool,
+    ) -> reqwest::RequestBuilder {
+        let mut request = self
+            .client
+            .post(self.chat_completions_url.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(body);
+        if let Some(authorization) = authorization {
+            request = request.header(header::AUTHORIZATION, authorization);
+        }
+        if stream {
+            request = request.header(header::ACCEPT, "text/event-stream");
+        }
+        request
+    }
+
+    /// Maps a failed upstream send to the client-facing error (502 or 504).
+    pub fn send_error(&self, error: &reqwest::Error) -> ApiError {
+        let provider = &self.name;
+        let detail = error_chain(error);
+        if error.is_timeout() {
+            ApiError::new(
+                ErrorCode::UpstreamTimeout,
+                format!("Provider `{provider}` did not accept the connection in time: {detail}"),
+            )
+        } else if error.is_connect() && detail.contains("certificate") {
+            ApiError::new(
+                ErrorCode::UpstreamTlsError,
+                format!(
+                    "TLS with provider `{provider}` failed: {detail}. For a private CA, set the \
+                     provider's extra_ca_file."
+                ),
+            )
+        } else if error.is_connect() {
+            ApiError::new(
+                ErrorCode::UpstreamUnreachable,
+                format!("Provider `{provider}` is unreachable: {detail}"),
+            )
+        } else {
+            ApiError::new(
+                ErrorCode::UpstreamError,
+                format!("Request to provider `{provider}` failed: {detail}"),
+            )
+        }
+    }
+
+    /// Reads a whole (non-streamed) answer, at most `idle_timeout` between
+    /// two chunks; the waits count on `clock` as waiting on the provider.
+    pub async fn read_whole(
+        &self,
+        clock: &mut RequestClock,
+        response: reqwest::Response,
+        idle_timeout: Duration,
+    ) -> Result<Bytes, ApiError> {
+        let provider = &self.name;
+        let mut stream = response.bytes_stream();
+        let mut body = Vec::new();
+        loop {
+            match clock
+                .wait(tokio::time::timeout(idle_timeout, stream.next()))
+                .await
+            {
+                Err(_) => {
+                    return Err(ApiError::new(
+                        ErrorCode::UpstreamTimeout,
+                        format!(
+                            "Provider `{provider}` stopped sending its answer for {} ms \
+                             (limits.idle_timeout_ms).",
+                            idle_timeout.as_millis()
+                        ),
+                    ));
+                }
+                Ok(None) => return Ok(Bytes::from(body)),
+                Ok(Some(Err(error))) => {
+                    return Err(ApiError::new(
+                        ErrorCode::UpstreamError,
+                        format!(
+                            "Provider `{provider}` failed while sending its answer: {}",
+                            error_chain(&error)
+                        ),
+                    ));
+                }
+                Ok(Some(Ok(chunk))) => {
+                    if body.len() + chunk.len() > MAX_UPSTREAM_BODY {
+                        return Err(ApiError::new(
+                            ErrorCode::UpstreamResponseTooLarge,
+                            format!(
+                                "Provider `{provider}` sent more than {MAX_UPSTREAM_BODY} bytes."
+                            ),
+                        ));
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+            }
+        }
+    }
+
+    /// An error answer of the provider (`status`, `body`) that is not in the
+    /// client's format, wrapped: its first 200 characters, the provider's status.
+    pub fn wrapped_error(&self, status: StatusCode, body: &[u8]) -> ApiError {
+        let excerpt: String = String::from_utf8_lossy(body).chars().take(200).collect();
+        ApiError::provider_http(
+            status,
+            format!(
+                "Provider `{}` answered HTTP {}: {excerpt}",
+                self.name,
+                status.as_u16()
+            ),
+        )
     }
 }
 
-/// Maps a failed upstream send to the client-facing error (502 or 504).
-pub fn send_error(provider: &str, error: &reqwest::Error) -> ApiError {
-    let detail = error_chain(error);
-    if error.is_timeout() {
-        ApiError::gateway_timeout(format!(
-            "Provider `{provider}` did not accept the connection in time: {detail}"
-        ))
-    } else if error.is_connect() && detail.contains("certificate") {
-        ApiError::bad_gateway(
-            "upstream_tls_error",
-            format!(
-                "TLS with provider `{provider}` failed: {detail}. For a private CA, set the \
-                 provider's extra_ca_file."
-            ),
-        )
-    } else if error.is_connect() {
-        ApiError::bad_gateway(
-            "upstream_unreachable",
-            format!("Provider `{provider}` is unreachable: {detail}"),
-        )
-    } else {
-        ApiError::bad_gateway(
-            "upstream_error",
-            format!("Request to provider `{provider}` failed: {detail}"),
-        )
-    }
+/// Whether the provider answered with an SSE stream.
+pub fn is_event_stream(response: &reqwest::Response) -> bool {
+    response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("text/event-stream"))
 }

@@ -5,7 +5,7 @@
 use canarygate_policies::inject::RequestCanaries;
 use canarygate_policies::verify::Finished;
 use canarygate_policies::{
-    Canary, Facts, Injection, MemoryRegistry, Policy, Registration, Usage, Verifier, inject,
+    Canary, Facts, Injection, MemoryRegistry, Policy, ProviderUsage, Registration, Verifier, inject,
 };
 use serde_json::{Value, json};
 
@@ -105,7 +105,7 @@ pub struct Run {
 pub fn honest_facts(injection: &Injection, choices: usize) -> Facts {
     Facts {
         finish_reasons: vec![Some("stop".into()); choices],
-        usage: Some(Usage {
+        usage: Some(ProviderUsage {
             prompt_tokens: injection.prompt_tokens_estimate,
             completion_tokens: Some(50),
         }),

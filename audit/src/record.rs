@@ -1,0 +1,358 @@
+//! Record types and the hash chain.
+//!
+//! A stored record is its body, a JSON object written once at append time,
+//! preceded by its 32-byte hash. The body carries its own `id` and the
+//! previous record's hash (`prev_hash`), and the hash is
+//! `SHA-256("canarygate-audit-v1\n" || body)`. The stored body bytes *are* the
+//! canonical serialisation: nothing is re-serialised to verify, so the chain
+//! does not depend on JSON key order or number formatting.
+
+use canarygate_policies::verify::{CheckResult, Status, Verdict};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::AuditError;
+
+/// Identifier of a record: 1, 2, 3, ... in append order, never reused.
+pub type RecordId = u64;
+
+/// Schema version written into every record body (`"v"`).
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// `prev_hash` of the very first record of a log.
+pub const GENESIS_HASH: [u8; 32] = [0; 32];
+
+const HASH_DOMAIN: &[u8] = b"canarygate-audit-v1\n";
+
+/// Where the answer came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Route {
+    /// Forwarded to the provider.
+    Upstream,
+    /// Served by the bundled local engine.
+    Local,
+}
+
+/// How the exchange with the client ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The client received the whole answer.
+    Complete,
+    /// The client went away before the answer ended.
+    InterruptedByClient,
+    /// The provider's stream broke off or timed out.
+    InterruptedByUpstream,
+    /// The request failed before an answer could be given.
+    Error,
+}
+
+/// Overall result of the checks, as recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerdictSummary {
+    /// Every check that ran passed.
+    Pass,
+    /// At least one check failed.
+    Fail,
+    /// No check could judge the answer (local route, error before an answer).
+    Unchecked,
+}
+
+impl VerdictSummary {
+    /// The summary of the verifier's verdict; `Unchecked` when there is none.
+    pub fn of(verdict: Option<&Verdict>) -> Self {
+        match verdict {
+            None => Self::Unchecked,
+            Some(verdict) if verdict.passed() => Self::Pass,
+            Some(_) => Self::Fail,
+        }
+    }
+}
+
+/// What the proxy did with the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// The answer was delivered as verified.
+    Forward,
+    /// The answer was withheld and the client got an error.
+    Block,
+    /// The request was (re)served by the local engine.
+    Fallback,
+    /// The answer was delivered but marked as suspicious.
+    Flag,
+    /// canarygate refused the request itself (bad input, auth, limits).
+    Reject,
+}
+
+/// One check that ran on the answer, with its evidence.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckRecord {
+    /// Check name, e.g. `echo`, `foreign_canary`, `prompt_tokens`.
+    pub name: String,
+    /// What it concluded: pass, fail or skip.
+    pub result: Status,
+    /// What it saw (numbers, canary ids, offsets). Never canary values.
+    pub evidence: serde_json::Value,
+}
+
+impl From<&CheckResult> for CheckRecord {
+    /// The verifier's result of one check, as recorded: its reason and
+    /// evidence under `reason` and `seen`.
+    fn from(check: &CheckResult) -> Self {
+        Self {
+            name: check.check.name().to_owned(),
+            result: check.status,
+            evidence: serde_json::json!({"reason": check.reason, "seen": check.evidence}),
+        }
+    }
+}
+
+/// Latencies of one request, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Latency {
+    /// Time to the first byte of the answer, when one arrived.
+    pub ttfb_ms: Option<u64>,
+    /// Time from the request's arrival to the end of the answer.
+    pub total_ms: u64,
+    /// Time spent in the proxy itself (total minus waiting on the provider).
+    pub overhead_ms: u64,
+}
+
+/// What is recorded about one request. Every string here must already be
+/// safe to store: hashes for sessions and credentials, ids for canaries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestRecord {
+    /// The id the client saw in `x-canarygate-request-id`.
+    pub request_id: String,
+    /// When the request arrived, unix milliseconds.
+    pub started_at_ms: u64,
+    /// Keyed hash of the session (hex).
+    pub session: String,
+    /// HMAC of the client credential (hex, see `AuditLog::hash_credential`); `None` when absent.
+    pub credential: Option<String>,
+    /// Provider name from the policy (`local` for the local engine).
+    pub provider: String,
+    /// Model name the client asked for.
+    pub model: String,
+    /// Upstream or local.
+    pub route: Route,
+    /// Our own prompt-token count.
+    pub prompt_tokens_ours: Option<u64>,
+    /// The provider's `usage.prompt_tokens`, when it reported one.
+    pub prompt_tokens_provider: Option<u64>,
+    /// Ids of the canaries minted for this request (never their values).
+    pub canary_ids: Vec<String>,
+    /// Checks that ran, in order.
+    pub checks: Vec<CheckRecord>,
+    /// Overall verdict.
+    pub verdict: VerdictSummary,
+    /// What was done.
+    pub action: Action,
+    /// How the exchange ended.
+    pub outcome: Outcome,
+    /// Latencies.
+    pub latency: Latency,
+    /// Request body bytes received from the client.
+    pub bytes_in: u64,
+    /// Response body bytes sent to the client.
+    pub bytes_out: u64,
+    /// SHA-256 (hex) of the request body as received.
+    pub request_sha256: String,
+    /// SHA-256 (hex) of the response body as sent.
+    pub response_sha256: String,
+}
+
+/// Full text kept for spot-check review. The caller redacts canaries first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sample {
+    /// Request text (e.g. the messages), canaries redacted.
+    pub request_text: String,
+    /// Response text as the client received it, canaries redacted.
+    pub response_text: String,
+}
+
+/// One request to record: what happened, and optionally the sampled text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewRecord {
+    /// The record fields.
+    pub record: RequestRecord,
+    /// Text kept for review; see [`should_sample`](crate::should_sample).
+    pub sample: Option<Sample>,
+}
+
+/// Reference from a request record to its stored sample.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SampleRef {
+    /// Whether the sample is encrypted at rest.
+    pub encrypted: bool,
+    /// SHA-256 (hex) of the stored sample bytes, so `verify` covers them.
+    pub sha256: String,
+}
+
+/// A stored request record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RequestEntry {
+    /// The fields the proxy supplied.
+    #[serde(flatten)]
+    pub record: RequestRecord,
+    /// The stored sample, when this request was sampled.
+    pub sample: Option<SampleRef>,
+}
+
+/// A reviewer's judgement of a sample.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReviewVerdict {
+    /// The answer fits the session that asked.
+    Ok,
+    /// The answer does not fit: a leak or a wrong answer.
+    Bad,
+}
+
+/// A spot-check review of a sampled record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReviewEntry {
+    /// The reviewed request record.
+    pub reviewed_id: RecordId,
+    /// The reviewer's judgement.
+    pub verdict: ReviewVerdict,
+    /// Free-text note.
+    pub note: Option<String>,
+}
+
+/// Left by `prune`: where the remaining chain starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckpointEntry {
+    /// Records with a lower id than this were removed.
+    pub first_kept_id: RecordId,
+    /// Hash of the last removed record: the `prev_hash` of `first_kept_id`.
+    pub first_kept_prev_hash: String,
+    /// Number of records removed by this prune.
+    pub pruned: u64,
+    /// The `--before` bound of the prune, unix milliseconds.
+    pub before_ms: u64,
+}
+
+/// What a record is about.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Entry {
+    /// One proxied request.
+    Request(Box<RequestEntry>),
+    /// A spot-check review.
+    Review(ReviewEntry),
+    /// A prune checkpoint.
+    Checkpoint(CheckpointEntry),
+}
+
+/// A record body as stored and hashed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Record {
+    /// Schema version ([`SCHEMA_VERSION`]).
+    pub v: u32,
+    /// Position in the chain.
+    pub id: RecordId,
+    /// Hash (hex) of the record before this one.
+    pub prev_hash: String,
+    /// When the record was written, unix milliseconds (writer's clock).
+    pub recorded_at_ms: u64,
+    /// The content.
+    #[serde(flatten)]
+    pub entry: Entry,
+}
+
+/// A [`Record`] that borrows its entry, for writing without copying it.
+/// Serialises to exactly the same bytes.
+#[derive(Debug, Serialize)]
+pub(crate) struct RecordRef<'a> {
+    pub v: u32,
+    pub id: RecordId,
+    pub prev_hash: String,
+    pub recorded_at_ms: u64,
+    #[serde(flatten)]
+    pub entry: &'a Entry,
+}
+
+/// A record as read from the store: the hash kept next to it and the body bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawRecord {
+    /// The id it is stored under.
+    pub key: RecordId,
+    /// The stored hash.
+    pub hash: [u8; 32],
+    /// The stored body (JSON).
+    pub body: Vec<u8>,
+}
+
+impl RawRecord {
+    /// Splits a stored value (`hash || body`).
+    pub(crate) fn from_stored(key: RecordId, value: &[u8]) -> Result<Self, AuditError> {
+        if value.len() < 32 {
+            return Err(AuditError::Corrupt(format!(
+                "record {key}: stored value is {} bytes, shorter than its hash",
+                value.len()
+            )));
+        }
+        let mut hash = [0; 32];
+        hash.copy_from_slice(&value[..32]);
+        Ok(Self {
+            key,
+            hash,
+            body: value[32..].to_vec(),
+        })
+    }
+
+    /// Parses the body.
+    pub fn parse(&self) -> Result<Record, AuditError> {
+        serde_json::from_slice(&self.body).map_err(|error| {
+            AuditError::Corrupt(format!(
+                "record {}: body is not a valid record: {error}",
+                self.key
+            ))
+        })
+    }
+
+    /// The body with the hash as first member: one export line (no newline).
+    pub fn export_line(&self) -> Result<String, AuditError> {
+        let body = std::str::from_utf8(&self.body)
+            .map_err(|_| AuditError::Corrupt(format!("record {}: body is not UTF-8", self.key)))?;
+        let rest = body.strip_prefix('{').ok_or_else(|| {
+            AuditError::Corrupt(format!("record {}: body is not a JSON object", self.key))
+        })?;
+        Ok(format!("{{\"hash\":\"{}\",{rest}", hex::encode(self.hash)))
+    }
+}
+
+/// Serialises `record` and returns the stored value (`hash || body`) and the hash.
+pub(crate) fn seal(record: &impl Serialize) -> Result<(Vec<u8>, [u8; 32]), AuditError> {
+    let body = serde_json::to_vec(record)
+        .map_err(|error| AuditError::Corrupt(format!("cannot serialise record: {error}")))?;
+    let hash = chain_hash(&body);
+    let mut value = Vec::with_capacity(32 + body.len());
+    value.extend_from_slice(&hash);
+    value.extend_from_slice(&body);
+    Ok((value, hash))
+}
+
+/// The chain hash of a record body.
+pub fn chain_hash(body: &[u8]) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    hasher.update(HASH_DOMAIN);
+    hasher.update(body);
+    hasher.finalize().into()
+}
+
+/// Lowercase hex SHA-256 of `bytes` (request and response bodies).
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Parses a 64-character hex hash.
+pub(crate) fn parse_hash(text: &str) -> Option<[u8; 32]> {
+    let mut out = [0; 32];
+    hex::decode_to_slice(text, &mut out).ok()?;
+    Some(out)
+}

@@ -1,0 +1,206 @@
+//! One client request on its way: who sent it, where its route leads, and
+//! the responses it is answered with (every one tagged with the session and
+//! who served it).
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::Response;
+use canarygate_policies::config::ResolvedRoute;
+
+use crate::clock::RequestClock;
+use crate::error::{ApiError, ErrorCode};
+use crate::identity::Caller;
+use crate::state::AppState;
+use crate::upstream::Upstream;
+use crate::wire::{ClientRequest, WireFormat};
+
+/// Response header carrying the id of the request (also in the audit log).
+pub const REQUEST_ID_HEADER: &str = "x-canarygate-request-id";
+
+/// Response header carrying the caller's session id.
+pub const SESSION_ID_HEADER: &str = "x-canarygate-session";
+
+/// Response header carrying the verification verdict.
+pub const VERDICT_HEADER: &str = "x-canarygate-verdict";
+
+/// Response header naming who answered: `upstream` or `local`.
+pub const SERVED_BY_HEADER: &str = "x-canarygate-served-by";
+
+/// Request headers forwarded to the provider besides `Authorization`.
+const FORWARDED_HEADERS: [&str; 3] = ["openai-organization", "openai-project", "openai-beta"];
+
+/// Marks a response that passes a provider's own error on.
+#[derive(Debug, Clone, Copy)]
+pub struct ProviderError;
+
+/// A request canarygate accepted, in wire format `W`: what every path needs.
+pub struct RequestContext<'a, W> {
+    /// Shared state.
+    pub state: &'a AppState,
+    /// The provider the route leads to.
+    pub upstream: &'a Upstream,
+    /// Who sent it.
+    pub caller: Caller,
+    /// Its id.
+    pub request_id: Arc<str>,
+    /// `model` reported if the local engine answers.
+    pub local_model: &'a str,
+    client_headers: &'a HeaderMap,
+    session_header: HeaderValue,
+    /// `model` sent upstream.
+    upstream_model: &'a str,
+    wire: PhantomData<W>,
+}
+
+impl<'a, W: WireFormat> RequestContext<'a, W> {
+    /// The context of a request from `caller` with `headers`, routed by `route`.
+    pub fn new(
+        state: &'a AppState,
+        caller: Caller,
+        request_id: Arc<str>,
+        headers: &'a HeaderMap,
+        route: &ResolvedRoute<'a>,
+    ) -> Result<Self, ApiError> {
+        Ok(Self {
+            session_header: HeaderValue::from_str(&caller.session_id)
+                .map_err(|_| ApiError::internal("session id is not header text"))?,
+            state,
+            upstream: state.upstreams.at(route.provider_index),
+            caller,
+            request_id,
+            local_model: route.local_model,
+            client_headers: headers,
+            upstream_model: route.upstream_model,
+            wire: PhantomData,
+        })
+    }
+
+    /// The client's request parsed again from the bytes received, with the
+    /// model renamed for the provider (retries and fallbacks).
+    pub fn reparse(&self, original: &Bytes) -> Result<ClientRequest, ApiError> {
+        let mut request = W::parse_request(original)?;
+        if request.model != self.upstream_model {
+            W::set_model(&mut request.body, self.upstream_model);
+        }
+        Ok(request)
+    }
+
+    /// The policy's idle timeout between upstream chunks.
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.state.policy.limits.idle_timeout_ms)
+    }
+
+    /// Sends `body` to the provider and waits (at most the first-byte
+    /// timeout) for the response head; the wait counts on `clock`.
+    pub async fn send(
+        &self,
+        clock: &mut RequestClock,
+        body: Bytes,
+        stream: bool,
+    ) -> Result<reqwest::Response, ApiError> {
+        let upstream = self.upstream;
+        let authorization = match upstream.managed_key() {
+            Some(key) => key.clone(),
+            None => self.caller.passthrough_authorization()?,
+        };
+        let mut outgoing = upstream.request(body, Some(authorization), stream);
+        for name in FORWARDED_HEADERS {
+            if let Some(value) = self.client_headers.get(name) {
+                outgoing = outgoing.header(name, value);
+            }
+        }
+        let limit_ms = self.state.policy.limits.first_byte_timeout_ms;
+        match clock
+            .wait(tokio::time::timeout(
+                Duration::from_millis(limit_ms),
+                outgoing.send(),
+            ))
+            .await
+        {
+            Err(_) => Err(ApiError::new(
+                ErrorCode::UpstreamTimeout,
+                format!(
+                    "Provider `{}` sent no response within {limit_ms} ms \
+                     (limits.first_byte_timeout_ms).",
+                    upstream.name
+                ),
+            )),
+            Ok(Err(error)) => Err(upstream.send_error(&error)),
+            Ok(Ok(response)) => Ok(response),
+        }
+    }
+
+    /// A JSON response carrying the session (and verdict, when known) headers.
+    pub fn json_response(&self, status: StatusCode, body: Body, verdict: Option<&str>) -> Response {
+        let mut response = json_response(status, body);
+        self.tag(&mut response, verdict);
+        response
+    }
+
+    /// A `text/event-stream` response head carrying the session (and verdict) headers.
+    pub fn event_stream_response(&self, verdict: Option<&str>) -> Response {
+        let mut response = Response::new(Body::empty());
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        self.tag(&mut response, verdict);
+        response
+    }
+
+    /// `error` as a response carrying the session header.
+    pub fn error_response(&self, error: &ApiError, verdict: Option<&str>) -> Response {
+        let mut response = error_response::<W>(error);
+        self.tag(&mut response, verdict);
+        response
+    }
+
+    /// The provider's error answer: passed on when it is in the client's
+    /// format, wrapped otherwise; marked [`ProviderError`].
+    pub fn provider_error_response(&self, status: StatusCode, body: Bytes) -> Response {
+        let mut response = if W::is_error_body(&body) {
+            self.json_response(status, Body::from(body), None)
+        } else {
+            self.error_response(&self.upstream.wrapped_error(status, &body), None)
+        };
+        response.extensions_mut().insert(ProviderError);
+        response
+    }
+
+    fn tag(&self, response: &mut Response, verdict: Option<&str>) {
+        let headers = response.headers_mut();
+        headers.insert(
+            HeaderName::from_static(SESSION_ID_HEADER),
+            self.session_header.clone(),
+        );
+        headers.insert(
+            HeaderName::from_static(SERVED_BY_HEADER),
+            HeaderValue::from_static("upstream"),
+        );
+        if let Some(value) = verdict.and_then(|v| HeaderValue::from_str(v).ok()) {
+            headers.insert(HeaderName::from_static(VERDICT_HEADER), value);
+        }
+    }
+}
+
+/// A JSON response.
+pub fn json_response(status: StatusCode, body: Body) -> Response {
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// `error` in wire format `W`, at its status.
+pub fn error_response<W: WireFormat>(error: &ApiError) -> Response {
+    json_response(error.status(), Body::from(W::error_body(error)))
+}

@@ -1,0 +1,128 @@
+//! The local path: the request answered by the bundled engine instead of
+//! the provider.
+//!
+//! The pipeline sends a request here when the provider cannot be trusted
+//! with its context (the preflight), when the provider's answer failed
+//! verification under `verify.action = "fallback"` before anything reached
+//! the client, or, with `local.on_upstream_unavailable`, when the provider
+//! cannot be reached. Local answers are not canary-checked: the engine's KV
+//! pool cannot leak (see the `canarygate-engine` crate). They carry
+//! `x-canarygate-served-by: local` and the route's `local_model` name, and
+//! are recorded with route `local` (action `fallback`).
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use canarygate_engine::openai::{ChatError, ChatFailure, start_chat};
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::body::{PendingBody, Served};
+use crate::context::{RequestContext, SERVED_BY_HEADER};
+use crate::error::{ApiError, ErrorCode};
+use crate::relay::Relay;
+use crate::trail::Trail;
+use crate::wire::{ClientRequest, WireFormat};
+
+/// Response header saying why a request was served locally.
+pub const LOCAL_REASON_HEADER: &str = "x-canarygate-local-reason";
+
+/// Name of the local engine where a provider name is expected (logs, errors).
+const LOCAL_PROVIDER: &str = "local";
+
+/// The engine is in this process: a silence this long means it is stuck.
+const LOCAL_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Why a request is served by the local engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LocalReason {
+    /// Its prompt plus `max_tokens` exceed the provider's trusted limit.
+    UntrustedContext,
+    /// The provider's answer failed verification (`action = "fallback"`).
+    VerificationFailed,
+    /// The provider could not be reached, answered 5xx, or timed out.
+    UpstreamUnavailable,
+}
+
+impl LocalReason {
+    /// Value of [`LOCAL_REASON_HEADER`].
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::UntrustedContext => "untrusted_context",
+            Self::VerificationFailed => "verification_failed",
+            Self::UpstreamUnavailable => "upstream_unavailable",
+        }
+    }
+}
+
+/// Serves `request` (the client's own body, without canaries) from the local
+/// engine, reporting the route's local model name. `Err` when no engine is
+/// running or the engine refuses the request.
+pub async fn serve<W: WireFormat>(
+    context: &RequestContext<'_, W>,
+    request: &ClientRequest,
+    reason: LocalReason,
+    trail: &mut Trail,
+    permit: &mut Option<OwnedSemaphorePermit>,
+) -> Result<Served, ApiError> {
+    let state = context.state;
+    let engine = state.local.as_ref().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::LocalEngineUnavailable,
+            "No local engine is configured ([local] model_dir), so this request cannot be \
+             served locally.",
+        )
+    })?;
+    tracing::info!(
+        request_id = %context.request_id,
+        reason = reason.as_str(),
+        "serving from the local engine"
+    );
+    state.metrics.count_local(reason.as_str());
+    trail.served_locally();
+    let call =
+        start_chat(engine.handle(), &request.body, context.local_model).map_err(api_error)?;
+    trail.prompt_tokens_provider(Some(call.prompt_tokens() as u64));
+    if call.is_stream() {
+        let permit = permit
+            .take()
+            .ok_or_else(|| ApiError::internal("the request's concurrency slot is gone"))?;
+        let relay = Relay::<W>::local(
+            call.into_sse(),
+            LOCAL_PROVIDER.to_owned(),
+            LOCAL_IDLE_TIMEOUT,
+            permit,
+        );
+        let mut head = context.event_stream_response(None);
+        mark(head.headers_mut(), reason);
+        return Ok(Served::Stream(head, PendingBody::new(relay)));
+    }
+    let answer = call.complete().await.map_err(api_error)?;
+    let mut response = context.json_response(StatusCode::OK, Body::from(answer.to_string()), None);
+    mark(response.headers_mut(), reason);
+    Ok(Served::Whole(response))
+}
+
+fn mark(headers: &mut HeaderMap, reason: LocalReason) {
+    headers.insert(
+        HeaderName::from_static(SERVED_BY_HEADER),
+        HeaderValue::from_static("local"),
+    );
+    headers.insert(
+        HeaderName::from_static(LOCAL_REASON_HEADER),
+        HeaderValue::from_static(reason.as_str()),
+    );
+}
+
+/// The engine's refusal as canarygate's error.
+fn api_error(error: ChatError) -> ApiError {
+    let code = match error.failure {
+        ChatFailure::Invalid => ErrorCode::LocalEngineRejected,
+        ChatFailure::ContextLengthExceeded => ErrorCode::ContextLengthExceeded,
+        ChatFailure::Unavailable => ErrorCode::LocalEngineStopping,
+        ChatFailure::Failed => ErrorCode::LocalEngineFailed,
+    };
+    let mut api_error = ApiError::new(code, format!("Local engine: {}", error.message));
+    api_error.param = error.param;
+    api_error
+}

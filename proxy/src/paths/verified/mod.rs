@@ -1,0 +1,156 @@
+//! The verified path: canaries in, verdict out, for any wire format.
+//!
+//! Per upstream attempt: mint two canaries, place them in the request where
+//! the format puts them ([`WireFormat::place_canaries`]), register them
+//! ([`crate::registry`]), send, feed every piece of the answer to a
+//! [`Verifier`], and act on its verdict: deliver, flag, retry once, block,
+//! or hand the request back for the local engine ([`Verified::Fallback`];
+//! the pipeline decides what that means).
+//!
+//! A whole answer is read, verified and rewritten at once ([`whole`]). A
+//! stream is verified as it is relayed ([`stream`]).
+
+mod attempt;
+mod stream;
+mod whole;
+
+use std::time::Instant;
+
+use attempt::{Attempt, Decided, elapsed_ms};
+use axum::body::Bytes;
+use axum::response::Response;
+use canarygate_policies::inject::RequestCanaries;
+use canarygate_policies::verify::Verifier;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::body::Served;
+use crate::context::RequestContext;
+use crate::error::ApiError;
+use crate::registry::Owner;
+use crate::trail::Trail;
+use crate::upstream::is_event_stream;
+use crate::wire::{ClientRequest, WireFormat};
+
+/// What became of a verified request.
+pub enum Verified {
+    /// Answer the client with this (the verified answer, a block, or the
+    /// provider's own error).
+    Served(Served),
+    /// The answer failed and the policy serves locally; nothing of it reached
+    /// the client.
+    Fallback,
+}
+
+/// Serves one request on the verified path.
+///
+/// `request` is the client's request (model renamed for the provider); its
+/// body gets the canaries in place. `original` is the body as received: a
+/// retry parses it again rather than every request paying for a deep copy.
+pub async fn serve<W: WireFormat>(
+    context: &RequestContext<'_, W>,
+    request: ClientRequest,
+    original: &Bytes,
+    trail: &mut Trail,
+    permit: &mut Option<OwnedSemaphorePermit>,
+) -> Result<Verified, ApiError> {
+    let mut unused = Some(request);
+    for attempt in 0..2 {
+        let request = match unused.take() {
+            Some(request) => request,
+            None => context.reparse(original)?,
+        };
+        let (attempt, response) = match send(context, request, attempt, trail).await? {
+            Sent::Answer(attempt, response) => (*attempt, response),
+            Sent::ProviderError(response) => {
+                return Ok(Verified::Served(Served::Whole(response)));
+            }
+        };
+        let decided = if attempt.injection.stream && is_event_stream(&response) {
+            stream::serve(context, response, attempt, trail, permit).await
+        } else {
+            whole::serve(context, response, attempt, trail).await?
+        };
+        match decided {
+            Decided::Served(served) => return Ok(Verified::Served(served)),
+            Decided::Fallback => return Ok(Verified::Fallback),
+            Decided::Retry => tracing::warn!(
+                request_id = %context.request_id,
+                "verification failed; retrying upstream once with fresh canaries"
+            ),
+        }
+    }
+    Err(ApiError::internal(
+        "verification retry loop ended without a decision",
+    ))
+}
+
+/// What the provider answered one attempt with.
+enum Sent {
+    /// A 2xx answer, to verify (the attempt's state is large: boxed).
+    Answer(Box<Attempt>, reqwest::Response),
+    /// The provider's error, read whole, as the client gets it.
+    ProviderError(Response),
+}
+
+/// Places fresh canaries in `request`, registers them, and sends it.
+async fn send<W: WireFormat>(
+    context: &RequestContext<'_, W>,
+    request: ClientRequest,
+    attempt: u32,
+    trail: &mut Trail,
+) -> Result<Sent, ApiError> {
+    let config = &context.state.policy.verify;
+    let mut body = request.body;
+    let canaries = RequestCanaries::mint()
+        .map_err(|error| ApiError::internal(format!("no OS randomness: {error}")))?;
+    let injection = W::place_canaries(&mut body, config.echo, canaries)?;
+    let owner = Owner {
+        session: &context.caller.session_id,
+        request_id: &context.request_id,
+    };
+    for id in context
+        .state
+        .registry
+        .register(&canaries, owner, config.canary_ttl_secs)
+        .await
+    {
+        trail.canary(id);
+    }
+    let exact_prompt_tokens = context
+        .upstream
+        .count_prompt_tokens(&W::prompt_messages(&body));
+    trail.prompt_tokens_ours(exact_prompt_tokens.unwrap_or(injection.prompt_tokens_estimate));
+    let bytes =
+        Bytes::from(serde_json::to_vec(&body).map_err(|error| {
+            ApiError::internal(format!("re-encoding the request failed: {error}"))
+        })?);
+    let verifier = Verifier::new(
+        &injection,
+        config,
+        &context.upstream.name,
+        exact_prompt_tokens,
+    );
+    let sent_at = Instant::now();
+    trail.forwarded();
+    let response = context.send(trail.clock(), bytes, injection.stream).await?;
+    trail.first_byte(elapsed_ms(sent_at));
+    let status = response.status();
+    if !status.is_success() {
+        let body = context
+            .upstream
+            .read_whole(trail.clock(), response, context.idle_timeout())
+            .await?;
+        return Ok(Sent::ProviderError(
+            context.provider_error_response(status, body),
+        ));
+    }
+    Ok(Sent::Answer(
+        Box::new(Attempt {
+            injection,
+            verifier,
+            sent_at,
+            attempt,
+        }),
+        response,
+    ))
+}

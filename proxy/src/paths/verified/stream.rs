@@ -1,0 +1,380 @@
+//! A streamed answer, verified as it is relayed.
+//!
+//! The stream is driven here until the first verified byte can go out
+//! (`echo-first`) or until the verdict (`verdict-first`): so a failed echo,
+//! or any failure under verdict-first, is answered with a plain HTTP 502 and
+//! no byte of the suspect answer. After that the rest goes out through the
+//! audited body ([`crate::body`]), the events of each burst in one write
+//! (see [`crate::relay`]), and a later failure ends the stream with an
+//! explicit error event. What the client sees is written by the wire
+//! format's [`StreamWriter`] from the verified text.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use canarygate_policies::sse::{SseEvent, SseParser};
+use canarygate_policies::verify::{Decision, Facts, Finished, ProviderUsage, Verdict};
+use canarygate_policies::verify_config::{FailureAction, ReleasePolicy};
+use futures_util::Stream;
+use tokio::sync::OwnedSemaphorePermit;
+
+use super::attempt::{Attempt, Decided, blocked, elapsed_ms, set_reason};
+use crate::body::{PendingBody, Served, StreamSource};
+use crate::clock::RequestClock;
+use crate::context::RequestContext;
+use crate::error::{ApiError, ErrorCode, error_chain};
+use crate::registry::CanaryBook;
+use crate::relay::{COALESCE_BYTES, early_end, interrupted, next_ready, next_within};
+use crate::trail::{Ending, Trail};
+use crate::wire::{EventView, StreamEnd, StreamWriter, TextKind, WireFormat};
+
+/// `x-canarygate-verdict` of a stream whose verdict comes after the head;
+/// the final verdict then goes in the stream's end marker where the format
+/// can carry it.
+const VERDICT_PENDING: &str = "pending; release=echo-first";
+
+/// Verifies the stream in `response` up to the point where the client can
+/// be answered, and decides.
+pub async fn serve<W: WireFormat>(
+    context: &RequestContext<'_, W>,
+    response: reqwest::Response,
+    attempt: Attempt,
+    trail: &mut Trail,
+    permit: &mut Option<OwnedSemaphorePermit>,
+) -> Decided {
+    let mut stream = VerifiedStream::<W>::new(context, response, attempt);
+    let driven = stream.drive_to_release(trail.clock()).await;
+    stream.fill(trail);
+    match driven {
+        Driven::Retry => Decided::Retry,
+        Driven::Fallback => Decided::Fallback,
+        Driven::Blocked(verdict) => Decided::Served(Served::Whole(blocked(context, &verdict))),
+        Driven::Failed(error) => {
+            Decided::Served(Served::Whole(context.error_response(&error, None)))
+        }
+        Driven::Stream(verdict) => {
+            stream.permit = permit.take();
+            let head = context.event_stream_response(Some(&verdict));
+            Decided::Served(Served::Stream(head, PendingBody::new(stream)))
+        }
+    }
+}
+
+/// Result of driving a stream before answering the client.
+enum Driven {
+    /// The verdict failed before anything was released and the policy retries.
+    Retry,
+    /// The verdict failed before anything was released: serve locally.
+    Fallback,
+    /// The verdict failed before anything was released: HTTP 502.
+    Blocked(Verdict),
+    /// The provider failed before anything was released.
+    Failed(ApiError),
+    /// Answer 200 and relay the rest; the string is the verdict header.
+    Stream(String),
+}
+
+/// How a verified stream ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    /// Delivered (possibly flagged), ending in the end marker.
+    Delivered,
+    /// Failed verification with this decision (block or retry).
+    Failed(Decision),
+    /// The provider failed, stalled or closed early.
+    Interrupted,
+}
+
+type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+
+/// A verified SSE relay (see the module docs).
+struct VerifiedStream<W: WireFormat> {
+    upstream: ByteStream,
+    parser: SseParser,
+    attempt: Attempt,
+    release: ReleasePolicy,
+    action: FailureAction,
+    provider: String,
+    idle_timeout: Duration,
+    registry: Arc<CanaryBook>,
+    writer: W::StreamWriter,
+    finish_reasons: Vec<Option<String>>,
+    usage: Option<ProviderUsage>,
+    ttft_seen: bool,
+    /// Bytes ready for the client.
+    out: Vec<u8>,
+    /// Whether any byte was handed to the client.
+    committed: bool,
+    /// The last bytes of the stream (the end marker or an error event),
+    /// sent only once the audit record is durable.
+    tail: Option<Vec<u8>>,
+    end: Option<End>,
+    verdict: Option<Verdict>,
+    interruption: Option<String>,
+    /// The concurrency slot, released when the stream ends.
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl<W: WireFormat> VerifiedStream<W> {
+    fn new(context: &RequestContext<'_, W>, response: reqwest::Response, attempt: Attempt) -> Self {
+        let config = &context.state.policy.verify;
+        Self {
+            upstream: Box::pin(response.bytes_stream()),
+            parser: SseParser::new(),
+            attempt,
+            release: config.release,
+            action: config.action(),
+            provider: context.upstream.name.clone(),
+            idle_timeout: context.idle_timeout(),
+            registry: context.state.registry.clone(),
+            writer: W::stream_writer(),
+            finish_reasons: Vec::new(),
+            usage: None,
+            ttft_seen: false,
+            out: Vec::new(),
+            committed: false,
+            tail: None,
+            end: None,
+            verdict: None,
+            interruption: None,
+            permit: None,
+        }
+    }
+
+    /// Reads upstream until the client can be answered: the first released
+    /// bytes (echo-first), or the end (verdict-first, or any failure).
+    async fn drive_to_release(&mut self, clock: &mut RequestClock) -> Driven {
+        while self.end.is_none()
+            && (self.release == ReleasePolicy::VerdictFirst || self.out.is_empty())
+        {
+            self.advance(clock).await;
+        }
+        if self.out.is_empty() && self.tail.is_none() {
+            match self.end {
+                Some(End::Failed(Decision::Retry)) => return Driven::Retry,
+                Some(End::Failed(Decision::Fallback)) => return Driven::Fallback,
+                Some(End::Failed(_)) if self.verdict.is_some() => {
+                    return Driven::Blocked(self.verdict.clone().expect("checked just above"));
+                }
+                Some(End::Interrupted) => {
+                    let detail = self.interruption.take().unwrap_or_default();
+                    return Driven::Failed(ApiError::new(
+                        ErrorCode::UpstreamStreamInterrupted,
+                        format!("Provider `{}` {detail}; no answer.", self.provider),
+                    ));
+                }
+                _ => {}
+            }
+        }
+        let header = match (&self.verdict, self.end) {
+            (Some(verdict), Some(_)) => verdict.header_value(),
+            _ => VERDICT_PENDING.to_owned(),
+        };
+        Driven::Stream(header)
+    }
+
+    /// Copies what the stream learnt (verdict, provider usage, an
+    /// interruption) into `trail`.
+    fn fill(&self, trail: &mut Trail) {
+        if let Some(verdict) = &self.verdict {
+            trail.verdict(verdict);
+        }
+        trail.prompt_tokens_provider(self.usage.map(|usage| usage.prompt_tokens));
+        if self.end == Some(End::Interrupted) {
+            trail.upstream_interrupted();
+        }
+    }
+
+    /// One upstream read and everything it completes.
+    async fn advance(&mut self, clock: &mut RequestClock) {
+        match next_within(&mut self.upstream, clock, self.idle_timeout).await {
+            Err(detail) => self.interrupt(detail),
+            Ok(next) => self.take(next),
+        }
+    }
+
+    /// Takes what else the provider has already sent, until [`COALESCE_BYTES`]
+    /// are ready for the client or nothing more is ready now. The yields to
+    /// the provider's connection task count as waiting on the provider.
+    async fn advance_ready(&mut self, clock: &mut RequestClock) {
+        while self.end.is_none() && self.out.len() < COALESCE_BYTES {
+            match next_ready(&mut self.upstream, clock).await {
+                Some(next) => self.take(next),
+                None => return,
+            }
+        }
+    }
+
+    /// Everything one upstream read completes, or the end of the stream.
+    fn take(&mut self, next: Option<reqwest::Result<Bytes>>) {
+        match next {
+            None => {
+                let detail = early_end(&mut self.parser);
+                self.interrupt(detail.to_owned());
+            }
+            Some(Err(error)) => self.interrupt(format!("stream failed: {}", error_chain(&error))),
+            Some(Ok(bytes)) => {
+                let mut events = Vec::new();
+                self.parser.feed(&bytes, &mut events);
+                for event in events {
+                    if self.end.is_some() {
+                        break;
+                    }
+                    self.on_event(&event);
+                }
+            }
+        }
+    }
+
+    fn on_event(&mut self, event: &SseEvent) {
+        let chunk = match W::read_event(event) {
+            EventView::Done => return self.finalize(Some(true)),
+            EventView::Malformed => return self.interrupt("sent an event that is not JSON".into()),
+            EventView::Error(message) => {
+                return self.interrupt(format!("sent an error mid-stream: {message}"));
+            }
+            EventView::Chunk(chunk) => chunk,
+        };
+        self.writer.observe(&chunk);
+        if chunk.usage.is_some() {
+            self.usage = chunk.usage;
+        }
+        let registry = self.registry.clone();
+        let lookup = registry.lookup();
+        for choice in &chunk.choices {
+            for field in &choice.texts {
+                match field.kind {
+                    TextKind::Content if field.text.is_empty() => {}
+                    TextKind::Content => {
+                        if !self.ttft_seen {
+                            self.ttft_seen = true;
+                            let ttft = elapsed_ms(self.attempt.sent_at);
+                            if self.attempt.verifier.observe_ttft(ttft) {
+                                return self.finalize(None);
+                            }
+                        }
+                        let step = self
+                            .attempt
+                            .verifier
+                            .push(choice.index, &field.text, lookup);
+                        if !step.release.is_empty() {
+                            self.writer
+                                .content(choice.index, &step.release, &mut self.out);
+                        }
+                        if step.stop {
+                            return self.finalize(None);
+                        }
+                    }
+                    TextKind::ToolArguments { call } => {
+                        let stop = self.attempt.verifier.push_tool_arguments(
+                            choice.index,
+                            call,
+                            &field.text,
+                            lookup,
+                        );
+                        if stop {
+                            return self.finalize(None);
+                        }
+                    }
+                }
+            }
+            set_reason(
+                &mut self.finish_reasons,
+                choice.index,
+                choice.finish_reason.as_deref(),
+            );
+        }
+    }
+
+    /// Ends verification. `done`: whether the end marker arrived (`None`
+    /// when we stopped reading ourselves).
+    fn finalize(&mut self, done: Option<bool>) {
+        let finished = self.finish_verifier(done);
+        let released =
+            self.committed || !self.out.is_empty() || self.attempt.verifier.released_any();
+        let decision = finished
+            .verdict
+            .decide(self.action, self.attempt.attempt, released);
+        match decision {
+            Decision::Deliver | Decision::Flag => {
+                let end = StreamEnd {
+                    finished: &finished,
+                    finish_reasons: &self.finish_reasons,
+                    client_wants_usage: self.attempt.injection.client_wants_usage,
+                };
+                self.writer.finish(&end, &mut self.out);
+                self.tail = Some(self.writer.done(&finished.verdict));
+                self.end = Some(End::Delivered);
+            }
+            Decision::Retry | Decision::Block | Decision::Fallback => {
+                if released {
+                    self.tail = Some(W::error_event(&ApiError::verification_failed(
+                        &finished.verdict,
+                    )));
+                    self.end = Some(End::Failed(Decision::Block));
+                } else {
+                    self.end = Some(End::Failed(decision));
+                }
+            }
+        }
+        self.verdict = Some(finished.verdict);
+    }
+
+    /// Runs the verifier's end-of-answer checks on what the stream showed.
+    fn finish_verifier(&mut self, done: Option<bool>) -> Finished {
+        let facts = Facts {
+            finish_reasons: self.finish_reasons.clone(),
+            usage: self.usage,
+            done_marker: done,
+        };
+        self.attempt.verifier.finish(&facts, self.registry.lookup())
+    }
+
+    /// The provider broke the stream: record the verdict, end with an error.
+    fn interrupt(&mut self, detail: String) {
+        tracing::warn!(provider = %self.provider, "stream interrupted: {detail}");
+        let finished = self.finish_verifier(Some(false));
+        self.verdict = Some(finished.verdict);
+        if self.committed || !self.out.is_empty() {
+            self.tail = Some(W::error_event(&interrupted(&self.provider, &detail)));
+        }
+        self.interruption = Some(detail);
+        self.end = Some(End::Interrupted);
+    }
+}
+
+impl<W: WireFormat> StreamSource for VerifiedStream<W> {
+    /// Released text as it is verified.
+    async fn next_bytes(&mut self, clock: &mut RequestClock) -> Option<Vec<u8>> {
+        loop {
+            if !self.out.is_empty() {
+                self.advance_ready(clock).await;
+                self.committed = true;
+                return Some(std::mem::take(&mut self.out));
+            }
+            if self.end.is_some() {
+                return None;
+            }
+            self.advance(clock).await;
+        }
+    }
+
+    fn finish(&mut self, trail: &mut Trail) -> (Vec<u8>, Ending) {
+        self.fill(trail);
+        let blocked = matches!(self.end, Some(End::Failed(_)));
+        (
+            self.tail.take().unwrap_or_default(),
+            Ending::Stream { blocked },
+        )
+    }
+
+    fn abandon(&mut self, trail: &mut Trail) {
+        self.fill(trail);
+    }
+
+    fn error_event(&self, error: &ApiError) -> Vec<u8> {
+        W::error_event(error)
+    }
+}

@@ -1,0 +1,158 @@
+//! The one place that decides how a request is served.
+//!
+//! ```text
+//! parse (wire format) ─ route ─ preflight ─┬─ over the trusted limit ─> local, or 400
+//!                                          ├─ [verify] enabled ──────> verified ─┬─ failed, action = fallback ─> local
+//!                                          │                                     └─ answer / block / retry
+//!                                          └─ checks off ────────────> plain
+//! provider down (unreachable, no first byte, 5xx) and on_upstream_unavailable ─> local
+//! ```
+
+mod preflight;
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::http::HeaderMap;
+use canarygate_policies::local_config::UntrustedContext;
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::body::Served;
+use crate::context::{ProviderError, RequestContext};
+use crate::error::{ApiError, ErrorCode};
+use crate::identity::Caller;
+use crate::paths::local::{self, LocalReason};
+use crate::paths::plain;
+use crate::paths::verified::{self, Verified};
+use crate::state::AppState;
+use crate::trail::Trail;
+use crate::wire::WireFormat;
+
+/// A request the server admitted: a slot, a caller and a whole body.
+pub struct Admitted<'a> {
+    /// The request's id.
+    pub request_id: Arc<str>,
+    /// Who sent it.
+    pub caller: Caller,
+    /// Its headers.
+    pub headers: &'a HeaderMap,
+    /// Its body, as received.
+    pub body: Bytes,
+    /// Its concurrency slot; a stream takes it and holds it to its end.
+    pub permit: Option<OwnedSemaphorePermit>,
+}
+
+/// Serves one request in wire format `W`.
+pub async fn serve<W: WireFormat>(
+    state: &AppState,
+    mut admitted: Admitted<'_>,
+    trail: &mut Trail,
+) -> Result<Served, ApiError> {
+    let bytes = admitted.body.clone();
+    trail.request_body(&bytes);
+    let mut request = W::parse_request(&bytes)?;
+    let model = request.model.clone();
+    trail.model(&model);
+    let route = state
+        .policy
+        .route(&model)
+        .ok_or_else(|| ApiError::model_not_found(&model))?;
+    trail.provider(route.provider);
+    let renamed = route.upstream_model != model;
+    if renamed {
+        W::set_model(&mut request.body, route.upstream_model);
+    }
+    let context = RequestContext::<W>::new(
+        state,
+        admitted.caller,
+        admitted.request_id,
+        admitted.headers,
+        &route,
+    )?;
+    let permit = &mut admitted.permit;
+
+    if let Some(over) = preflight::check(&context, &request, bytes.len(), &route, trail) {
+        return match state.policy.local.untrusted_context() {
+            UntrustedContext::Local if state.local.is_some() => {
+                local::serve(
+                    &context,
+                    &request,
+                    LocalReason::UntrustedContext,
+                    trail,
+                    permit,
+                )
+                .await
+            }
+            _ => Err(
+                ApiError::new(ErrorCode::ContextLengthExceeded, over.message(&route))
+                    .with_param("messages"),
+            ),
+        };
+    }
+    let served = if state.policy.verify.enabled {
+        match verified::serve(&context, request, &bytes, trail, permit).await {
+            Ok(Verified::Served(served)) => Ok(served),
+            Ok(Verified::Fallback) => {
+                tracing::warn!(
+                    request_id = %context.request_id,
+                    provider = %context.upstream.name,
+                    "verification failed; serving the request from the local engine"
+                );
+                return serve_locally(
+                    &context,
+                    &bytes,
+                    LocalReason::VerificationFailed,
+                    trail,
+                    permit,
+                )
+                .await;
+            }
+            Err(error) => Err(error),
+        }
+    } else {
+        plain::serve(&context, &request, bytes.clone(), renamed, trail, permit).await
+    };
+    if state.local.is_some()
+        && state.policy.local.on_upstream_unavailable()
+        && provider_unavailable(&served)
+    {
+        if let Err(error) = &served {
+            tracing::warn!(request_id = %context.request_id, "{error}; serving locally");
+        }
+        return serve_locally(
+            &context,
+            &bytes,
+            LocalReason::UpstreamUnavailable,
+            trail,
+            permit,
+        )
+        .await;
+    }
+    served
+}
+
+/// Serves the client's request (parsed again from the `bytes` received,
+/// without canaries) from the local engine, for `reason`.
+async fn serve_locally<W: WireFormat>(
+    context: &RequestContext<'_, W>,
+    bytes: &Bytes,
+    reason: LocalReason,
+    trail: &mut Trail,
+    permit: &mut Option<OwnedSemaphorePermit>,
+) -> Result<Served, ApiError> {
+    let request = context.reparse(bytes)?;
+    local::serve(context, &request, reason, trail, permit).await
+}
+
+/// Whether the provider could not serve at all: unreachable, timed out
+/// before its first byte, or answered 5xx (nothing reached the client).
+fn provider_unavailable(served: &Result<Served, ApiError>) -> bool {
+    match served {
+        Err(error) => error.code.provider_unavailable(),
+        Ok(Served::Whole(response)) => {
+            response.status().is_server_error()
+                && response.extensions().get::<ProviderError>().is_some()
+        }
+        Ok(Served::Stream(..)) => false,
+    }
+}

@@ -1,0 +1,139 @@
+//! Routes, the middleware every response goes through, and the handlers:
+//! thin, each hands its request to admission and the pipeline.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::json;
+
+use super::admission::admit;
+use crate::body::{Served, deliver_whole};
+use crate::context::{REQUEST_ID_HEADER, error_response};
+use crate::error::{ApiError, ErrorCode};
+use crate::metrics::Metrics;
+use crate::pipeline;
+use crate::state::AppState;
+use crate::trail::{PendingTrail, Trail};
+use crate::wire::WireFormat;
+use crate::wire::chat::Chat;
+
+/// Request id of the current request, set by the middleware.
+#[derive(Clone)]
+pub struct RequestId(pub Arc<str>);
+
+/// The proxy's routes.
+pub fn router(state: Arc<AppState>) -> Router {
+    let metrics = state.metrics.clone();
+    Router::new()
+        .route("/v1/chat/completions", post(serve_endpoint::<Chat>))
+        .route("/v1/models", get(list_models))
+        .route(
+            "/healthz",
+            get(|| async { axum::Json(json!({"status": "ok"})) }),
+        )
+        .route("/metrics", get(render_metrics))
+        .fallback(|| async {
+            error_response::<Chat>(&ApiError::new(
+                ErrorCode::UnknownUrl,
+                "Unknown endpoint: canarygate serves POST /v1/chat/completions, \
+                 GET /v1/models, GET /healthz and GET /metrics.",
+            ))
+        })
+        .layer(middleware::from_fn_with_state(metrics, tag_and_count))
+        .with_state(state)
+}
+
+/// Gives every request an id (request extension + response header) and counts
+/// every response by endpoint and status.
+async fn tag_and_count(
+    State(metrics): State<Arc<Metrics>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let id: Arc<str> = format!("cg-{}", uuid::Uuid::now_v7().simple()).into();
+    let route = match request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(MatchedPath::as_str)
+    {
+        Some("/v1/chat/completions") => Chat::ENDPOINT,
+        Some("/v1/models") => "models",
+        Some("/healthz") => "healthz",
+        Some("/metrics") => "metrics",
+        _ => "unknown",
+    };
+    request.extensions_mut().insert(RequestId(id.clone()));
+    let mut response = next.run(request).await;
+    metrics.count_request(route, response.status().as_u16());
+    if let Ok(value) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, value);
+    }
+    response
+}
+
+async fn render_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    state
+        .metrics
+        .set_audit_background_failures(state.audit.background_failures());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        state.metrics.render(),
+    )
+}
+
+async fn list_models(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    let data: Vec<_> = state
+        .policy
+        .named_models()
+        .filter_map(|model| {
+            let route = state.policy.route(model)?;
+            Some(json!({"id": model, "object": "model", "created": 0, "owned_by": route.provider}))
+        })
+        .collect();
+    axum::Json(json!({"object": "list", "data": data}))
+}
+
+/// One request of an endpoint in wire format `W`: admitted, served by the
+/// pipeline, recorded.
+async fn serve_endpoint<W: WireFormat>(
+    State(state): State<Arc<AppState>>,
+    axum::Extension(request_id): axum::Extension<RequestId>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    // Recorded even when the client leaves before the answer (the guard's Drop).
+    let mut trail = PendingTrail::new(Trail::start(
+        state.audit.clone(),
+        &request_id.0,
+        state.metrics.clone(),
+    ));
+    let served = match admit(&state, request_id.0.clone(), &headers, body, trail.get()).await {
+        Ok(admitted) => pipeline::serve::<W>(&state, admitted, trail.get()).await,
+        Err(error) => Err(error),
+    };
+    let response = match served {
+        Ok(Served::Stream(mut head, body)) => {
+            *head.body_mut() = body.into_body(trail.take());
+            return head;
+        }
+        Ok(Served::Whole(response)) => response,
+        Err(error) => {
+            if error.status().is_server_error() {
+                tracing::warn!(request_id = %request_id.0, "{error}");
+            } else {
+                tracing::debug!(request_id = %request_id.0, "{error}");
+            }
+            error_response::<W>(&error)
+        }
+    };
+    deliver_whole::<W>(trail.take(), response).await
+}

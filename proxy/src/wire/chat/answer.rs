@@ -1,0 +1,80 @@
+//! Where text sits in a Chat Completions answer or stream chunk: each
+//! choice's content and tool-call arguments, located by JSON pointer, its
+//! finish reason, and the answer's usage.
+
+use canarygate_policies::verify::ProviderUsage;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::wire::format::{ChoiceView, TextField, TextKind};
+
+/// `usage` as the checks read it: numbers where numbers are expected.
+#[derive(Deserialize)]
+pub struct Usage {
+    prompt_tokens: Option<Value>,
+    completion_tokens: Option<Value>,
+}
+
+impl Usage {
+    pub fn reported(self) -> Option<ProviderUsage> {
+        Some(ProviderUsage {
+            prompt_tokens: self.prompt_tokens?.as_u64()?,
+            completion_tokens: self.completion_tokens.and_then(|tokens| tokens.as_u64()),
+        })
+    }
+}
+
+/// `usage` of an answer or chunk, when it reports prompt tokens.
+pub fn usage_of(value: &Value) -> Option<ProviderUsage> {
+    Usage::deserialize(value.get("usage")?).ok()?.reported()
+}
+
+/// The `index` field of a choice or tool call, else its position.
+pub fn index_of(item: &Value, position: usize) -> u32 {
+    item.get("index")
+        .and_then(Value::as_u64)
+        .unwrap_or(position as u64)
+        .min(u64::from(u32::MAX)) as u32
+}
+
+/// Choice `position` of an answer (`part` = `message`) or chunk (`delta`).
+pub fn read_choice(choice: &Value, position: usize, part: &str) -> ChoiceView {
+    let index = index_of(choice, position);
+    let mut texts = Vec::new();
+    let message = &choice[part];
+    if let Some(content) = message.get("content").and_then(Value::as_str) {
+        texts.push(TextField {
+            choice: index,
+            kind: TextKind::Content,
+            at: format!("/choices/{position}/{part}/content"),
+            text: content.to_owned(),
+        });
+    }
+    if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
+        for (call_position, call) in calls.iter().enumerate() {
+            // Whole answers list calls in order; stream deltas name theirs.
+            let call_index = match part {
+                "delta" => index_of(call, call_position),
+                _ => call_position as u32,
+            };
+            if let Some(arguments) = call.pointer("/function/arguments").and_then(Value::as_str) {
+                texts.push(TextField {
+                    choice: index,
+                    kind: TextKind::ToolArguments { call: call_index },
+                    at: format!(
+                        "/choices/{position}/{part}/tool_calls/{call_position}/function/arguments"
+                    ),
+                    text: arguments.to_owned(),
+                });
+            }
+        }
+    }
+    ChoiceView {
+        index,
+        texts,
+        finish_reason: choice
+            .get("finish_reason")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+    }
+}

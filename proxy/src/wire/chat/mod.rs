@@ -1,0 +1,225 @@
+//! OpenAI Chat Completions (`POST /v1/chat/completions`): the first wire format.
+//!
+//! Requests are validated only as far as canarygate relies on them
+//! ([`request`]); every other field passes through for the provider to
+//! judge. Canaries go where [`canarygate_policies::inject`] puts them in a
+//! `messages` array. Text is read from `choices[i].message.content` and
+//! `tool_calls[j].function.arguments` (whole answers) or the same fields
+//! under `delta` (stream chunks) ([`answer`]). The client's stream is rebuilt
+//! from the verified text ([`stream`]). Errors are
+//! `{"error":{"message","type","param","code"}}`.
+
+mod answer;
+mod request;
+mod stream;
+
+use std::borrow::Cow;
+
+use canarygate_policies::inject::{InjectError, Injection, RequestCanaries, inject};
+use canarygate_policies::sse::{SseEvent, encode_data};
+use canarygate_policies::verify::ProviderUsage;
+use canarygate_policies::verify_config::EchoMode;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use self::answer::{Usage, read_choice, usage_of};
+use self::stream::ChatStream;
+use crate::error::{ApiError, ErrorCode};
+use crate::wire::format::{AnswerView, Chunk, ClientRequest, EventView, WireFormat};
+
+/// OpenAI Chat Completions.
+pub struct Chat;
+
+impl WireFormat for Chat {
+    type StreamWriter = ChatStream;
+
+    const ENDPOINT: &'static str = "chat_completions";
+
+    fn parse_request(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
+        request::parse(bytes)
+    }
+
+    fn set_model(body: &mut Value, model: &str) {
+        body["model"] = json!(model);
+    }
+
+    fn prompt_messages(body: &Value) -> Cow<'_, [Value]> {
+        Cow::Borrowed(request::messages(body))
+    }
+
+    fn place_canaries(
+        body: &mut Value,
+        echo: EchoMode,
+        canaries: RequestCanaries,
+    ) -> Result<Injection, ApiError> {
+        inject(body, echo, canaries).map_err(|error| match error {
+            InjectError::BadChoiceCount => ApiError::invalid_param("n", error.to_string()),
+            InjectError::NotAnObject | InjectError::NoMessages => {
+                ApiError::invalid_param("messages", error.to_string())
+            }
+        })
+    }
+
+    fn read_answer(answer: &Value) -> AnswerView {
+        let choices = answer
+            .get("choices")
+            .and_then(Value::as_array)
+            .map_or(&[][..], Vec::as_slice);
+        AnswerView {
+            choices: choices
+                .iter()
+                .enumerate()
+                .map(|(position, choice)| read_choice(choice, position, "message"))
+                .collect(),
+            usage: usage_of(answer),
+        }
+    }
+
+    fn usage_in(answer: &[u8]) -> Option<ProviderUsage> {
+        /// Just `usage` of an answer; the rest is skipped unparsed.
+        #[derive(Deserialize)]
+        struct UsageOnly {
+            usage: Option<Usage>,
+        }
+        serde_json::from_slice::<UsageOnly>(answer)
+            .ok()?
+            .usage?
+            .reported()
+    }
+
+    fn read_event(event: &SseEvent) -> EventView {
+        if event.is_done() {
+            return EventView::Done;
+        }
+        let Ok(chunk) = serde_json::from_str::<Value>(&event.data) else {
+            return EventView::Malformed;
+        };
+        if let Some(error) = chunk.get("error") {
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("no message");
+            return EventView::Error(message.to_owned());
+        }
+        let choices = chunk
+            .get("choices")
+            .and_then(Value::as_array)
+            .map(|choices| {
+                choices
+                    .iter()
+                    .enumerate()
+                    .map(|(position, choice)| read_choice(choice, position, "delta"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        EventView::Chunk(Chunk {
+            usage: usage_of(&chunk),
+            event: chunk,
+            choices,
+        })
+    }
+
+    fn is_end_marker(event: &SseEvent) -> bool {
+        event.is_done()
+    }
+
+    fn stream_writer() -> ChatStream {
+        ChatStream::default()
+    }
+
+    fn is_error_body(body: &[u8]) -> bool {
+        serde_json::from_slice::<Value>(body)
+            .is_ok_and(|value| value.get("error").is_some_and(Value::is_object))
+    }
+
+    fn error_body(error: &ApiError) -> Vec<u8> {
+        error_json(error).to_string().into_bytes()
+    }
+
+    fn error_event(error: &ApiError) -> Vec<u8> {
+        let mut event = Vec::new();
+        encode_data(&error_json(error).to_string(), &mut event);
+        event
+    }
+}
+
+/// OpenAI's error object for `error`.
+fn error_json(error: &ApiError) -> Value {
+    let code = error.code;
+    if code == ErrorCode::VerificationFailed {
+        // This error names the failed checks, and has no `param` key.
+        return json!({"error": {
+            "message": error.message, "type": code.kind(), "code": code.code(),
+            "failed_checks": error.failed_checks,
+        }});
+    }
+    json!({"error": {
+        "message": error.message, "type": code.kind(), "param": error.param, "code": code.code(),
+    }})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::format::TextKind;
+
+    #[test]
+    fn text_fields_point_at_their_strings() {
+        let answer = json!({"choices": [{"index": 0, "message": {
+            "content": "hello",
+            "tool_calls": [{"function": {"name": "f", "arguments": "{\"a\":1}"}}],
+        }, "finish_reason": "stop"}], "usage": {"prompt_tokens": 7, "completion_tokens": "x"}});
+        let view = Chat::read_answer(&answer);
+        assert_eq!(view.choices.len(), 1);
+        let choice = &view.choices[0];
+        assert_eq!(choice.finish_reason.as_deref(), Some("stop"));
+        for field in &choice.texts {
+            assert_eq!(
+                answer.pointer(&field.at),
+                Some(&json!(field.text)),
+                "{field:?}"
+            );
+        }
+        assert_eq!(
+            choice.texts[1].kind,
+            TextKind::ToolArguments { call: 0 },
+            "{choice:?}"
+        );
+        assert_eq!(
+            view.usage,
+            Some(ProviderUsage {
+                prompt_tokens: 7,
+                completion_tokens: None
+            })
+        );
+        assert_eq!(
+            Chat::usage_in(answer.to_string().as_bytes()),
+            view.usage,
+            "both readings of usage agree"
+        );
+    }
+
+    #[test]
+    fn a_blocked_answer_names_the_failed_checks() {
+        let mut error = ApiError::new(
+            ErrorCode::VerificationFailed,
+            "failed checks: echo, foreign_canary",
+        );
+        error.failed_checks = vec!["echo", "foreign_canary"];
+        let body: Value = serde_json::from_slice(&Chat::error_body(&error)).unwrap();
+        assert_eq!(body["error"]["code"], "canarygate_verification_failed");
+        assert_eq!(body["error"]["type"], "canarygate_verification_failed");
+        assert_eq!(
+            body["error"]["failed_checks"],
+            json!(["echo", "foreign_canary"])
+        );
+        let other: Value =
+            serde_json::from_slice(&Chat::error_body(&ApiError::invalid_param("n", "bad n")))
+                .unwrap();
+        assert_eq!(
+            other,
+            json!({"error": {"message": "bad n", "type": "invalid_request_error", "param": "n",
+                             "code": "invalid_value"}})
+        );
+    }
+}

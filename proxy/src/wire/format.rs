@@ -1,0 +1,177 @@
+//! The wire-format seam itself: the [`WireFormat`] trait and the views of
+//! requests, answers and stream events that it hands the verified path (see
+//! the parent module's docs).
+
+use std::borrow::Cow;
+
+use canarygate_policies::inject::{Injection, RequestCanaries};
+use canarygate_policies::sse::SseEvent;
+use canarygate_policies::verify::{Finished, ProviderUsage, Verdict};
+use canarygate_policies::verify_config::EchoMode;
+use serde_json::Value;
+
+use crate::error::ApiError;
+
+/// What the pipeline needs of a client request, whatever its format.
+#[derive(Debug)]
+pub struct ClientRequest {
+    /// The whole body, as parsed; every field passes through to the provider.
+    pub body: Value,
+    /// The model the client asked for.
+    pub model: String,
+    /// The client asked for a stream.
+    pub stream: bool,
+    /// The client's own limit on generated tokens, if any.
+    pub max_tokens: Option<u64>,
+}
+
+/// Which kind of model output a text field holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextKind {
+    /// The answer's text.
+    Content,
+    /// The arguments of tool call number `call` of the choice.
+    ToolArguments {
+        /// Index of the call in the choice's tool calls.
+        call: u32,
+    },
+}
+
+/// One piece of model output in the provider's JSON: what the verifier reads
+/// and where the verified text goes back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextField {
+    /// Choice index.
+    pub choice: u32,
+    /// What the text is.
+    pub kind: TextKind,
+    /// JSON pointer to the string in the provider's answer or event.
+    pub at: String,
+    /// The text as the provider sent it.
+    pub text: String,
+}
+
+/// One choice of an answer or of a stream event, as the verifier reads it.
+#[derive(Debug, Default)]
+pub struct ChoiceView {
+    /// Choice index.
+    pub index: u32,
+    /// Its text fields, in order.
+    pub texts: Vec<TextField>,
+    /// Its `finish_reason`, when set.
+    pub finish_reason: Option<String>,
+}
+
+/// A provider's whole answer, as the verifier reads it.
+#[derive(Debug, Default)]
+pub struct AnswerView {
+    /// Every choice, in order.
+    pub choices: Vec<ChoiceView>,
+    /// The provider's usage, if reported.
+    pub usage: Option<ProviderUsage>,
+}
+
+/// One event of a provider's stream, as the verifier reads it.
+#[derive(Debug)]
+pub enum EventView {
+    /// The provider's end-of-stream marker.
+    Done,
+    /// The provider reported an error mid-stream (its message).
+    Error(String),
+    /// Not an event of this format (e.g. not JSON).
+    Malformed,
+    /// An event that may carry text.
+    Chunk(Chunk),
+}
+
+/// An event of a provider's stream: the event itself and what it carries.
+#[derive(Debug)]
+pub struct Chunk {
+    /// The provider's event, parsed.
+    pub event: Value,
+    /// The choices it carries, in order.
+    pub choices: Vec<ChoiceView>,
+    /// Usage it reports.
+    pub usage: Option<ProviderUsage>,
+}
+
+/// The end of a delivered stream, for the writer's last events.
+pub struct StreamEnd<'a> {
+    /// The verifier's last release and the scanned tool arguments.
+    pub finished: &'a Finished,
+    /// `finish_reason` per choice, as the provider sent them.
+    pub finish_reasons: &'a [Option<String>],
+    /// The client asked for the usage event itself.
+    pub client_wants_usage: bool,
+}
+
+/// The client-facing side of one verified stream.
+pub trait StreamWriter: Send + 'static {
+    /// Sees each provider event as it is read, before its text is verified.
+    fn observe(&mut self, chunk: &Chunk);
+    /// Writes released (verified) content text of choice `choice` to `out`.
+    fn content(&mut self, choice: u32, text: &str, out: &mut Vec<u8>);
+    /// Writes the last events of a delivered answer, up to and excluding
+    /// the end marker.
+    fn finish(&mut self, end: &StreamEnd<'_>, out: &mut Vec<u8>);
+    /// The end marker, carrying the final verdict where the format can.
+    fn done(&self, verdict: &Verdict) -> Vec<u8>;
+}
+
+/// A wire format: see the module docs.
+pub trait WireFormat: Send + Sync + 'static {
+    /// The client-facing stream of a verified answer.
+    type StreamWriter: StreamWriter;
+
+    /// Endpoint name in metrics and logs, e.g. `chat_completions`.
+    const ENDPOINT: &'static str;
+
+    /// Parses and validates the client's request.
+    fn parse_request(bytes: &[u8]) -> Result<ClientRequest, ApiError>;
+
+    /// Sets the model sent upstream.
+    fn set_model(body: &mut Value, model: &str);
+
+    /// The prompt as chat messages, for token counts.
+    fn prompt_messages(body: &Value) -> Cow<'_, [Value]>;
+
+    /// Places `canaries` in `body` per `echo`.
+    fn place_canaries(
+        body: &mut Value,
+        echo: EchoMode,
+        canaries: RequestCanaries,
+    ) -> Result<Injection, ApiError>;
+
+    /// The choices (text fields, finish reasons) and usage of a whole answer.
+    fn read_answer(answer: &Value) -> AnswerView;
+
+    /// Usage as reported in a whole answer's bytes (without reading the rest).
+    fn usage_in(answer: &[u8]) -> Option<ProviderUsage>;
+
+    /// One event of the provider's stream.
+    fn read_event(event: &SseEvent) -> EventView;
+
+    /// Whether `event` is the format's end-of-stream marker (a stream that
+    /// ends without it was cut off).
+    fn is_end_marker(event: &SseEvent) -> bool;
+
+    /// A fresh writer for one verified stream.
+    fn stream_writer() -> Self::StreamWriter;
+
+    /// Whether a provider's error body is already in this format (it is
+    /// then passed on unchanged).
+    fn is_error_body(body: &[u8]) -> bool;
+
+    /// `error` in this format's shape.
+    fn error_body(error: &ApiError) -> Vec<u8>;
+
+    /// `error` as the event that ends a stream.
+    fn error_event(error: &ApiError) -> Vec<u8>;
+}
+
+/// Puts `text` at `field.at` in `value` (the provider's answer or event).
+pub fn put_text(value: &mut Value, field: &TextField, text: &str) {
+    if let Some(slot) = value.pointer_mut(&field.at) {
+        *slot = Value::String(text.to_owned());
+    }
+}

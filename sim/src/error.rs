@@ -1,0 +1,70 @@
+//! The simulated provider's errors, in OpenAI's wire format:
+//! `{"error":{"message","type","param","code"}}`, as real providers send them.
+
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// An error answered by the simulated provider.
+#[derive(Debug, Clone)]
+pub struct SimError {
+    status: StatusCode,
+    kind: &'static str,
+    code: Option<&'static str>,
+    param: Option<&'static str>,
+    message: String,
+}
+
+impl SimError {
+    /// 400 with OpenAI's `invalid_request_error` type.
+    pub fn invalid_request(code: Option<&'static str>, message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::BAD_REQUEST,
+            kind: "invalid_request_error",
+            code,
+            param: None,
+            message: message.into(),
+        }
+    }
+
+    /// 401: no key, or not the configured one.
+    pub fn unauthorized(code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::UNAUTHORIZED,
+            ..Self::invalid_request(Some(code), message)
+        }
+    }
+
+    /// 500: the simulator itself failed.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            kind: "server_error",
+            code: None,
+            param: None,
+            message: message.into(),
+        }
+    }
+
+    /// The same error about request field `param`.
+    pub fn with_param(self, param: &'static str) -> Self {
+        Self {
+            param: Some(param),
+            ..self
+        }
+    }
+}
+
+impl IntoResponse for SimError {
+    fn into_response(self) -> Response {
+        let body = json!({"error": {
+            "message": self.message, "type": self.kind, "param": self.param, "code": self.code,
+        }});
+        let mut response = (self.status, body.to_string()).into_response();
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        response
+    }
+}

@@ -1,0 +1,846 @@
+//! canarygate-sim: the simulated provider, a real OpenAI-compatible HTTP
+//! server for tests, benchmarks and the demo. It knows nothing of the proxy:
+//! like a real provider it reads what the client sends and answers.
+//!
+//! It serves `POST /v1/chat/completions` (streamed and not, with usage),
+//! `GET /v1/models` and `GET /sim/stats`. Its model ([`model`]) is
+//! deterministic. Timing follows `--prefill-tps` (first token after
+//! prompt_tokens / rate seconds) and `--decode-tps` (one token per 1 / rate
+//! seconds); both default to instant. Prompts over the context window get
+//! HTTP 400 `context_length_exceeded`, as real providers answer.
+//!
+//! Failure modes ([`Mode`]) are chosen with `--mode` or, per request, with the
+//! test-only header `x-sim-mode`. What the model sees is decided in one place,
+//! `SimProvider::visible_context`, and what it sees is read from a paged KV
+//! pool shared by all requests ([`pool`]).
+//!
+//! # The leak of SGLang issue #30233 (`leak-on-overflow`)
+//!
+//! Two capacities, as in the incident: the advertised context window
+//! (`context_window`) and the smaller prefill KV pool (`pool_tokens`). The
+//! shared KV pool the model reads from (the decode side) is sized for the
+//! window, and every request's prompt is written into it; freed pages keep
+//! their content. In `leak-on-overflow` a prompt over `pool_tokens` (but within
+//! the window) is "rejected" the way SGLang did it: the prompt is replaced by a
+//! one-token placeholder and the error is set aside, never answered. The
+//! decode side still reserves pages for the full prompt, prefill writes one
+//! position, and the model reads the whole reservation: the placeholder, then
+//! stale positions of earlier requests, most recent first. The reply obeys
+//! the stale canary instructions and restates another request's text, with
+//! HTTP 200, `usage.prompt_tokens: 1`, and no prefill delay. Other modes serve
+//! such a prompt correctly. Prompts over the advertised window get the same
+//! placeholder in this mode (the provider checks nothing), where every other
+//! mode answers HTTP 400.
+//!
+//! # Ground truth for tests and demos
+//!
+//! Each chat response carries [`CONTEXT_HEADER`] (`own`, `stale`, `swapped`,
+//! `truncated`) and, when the context came from other requests,
+//! [`CONTEXT_FROM_HEADER`] with their response ids. `GET /sim/stats` counts
+//! them. A real provider sends nothing like it; the proxy does not forward it.
+
+mod error;
+pub mod model;
+pub mod pool;
+pub mod tls;
+
+use std::convert::Infallible;
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use canarygate_policies::sse::encode_data;
+use canarygate_policies::tokens::{content_text, count_chat_messages};
+use futures_util::StreamExt;
+use serde_json::{Value, json};
+
+pub use error::SimError;
+use model::{Reply, Segment, generate};
+use pool::{KvPool, Position, prompt_positions};
+
+/// Per-request override of the failure mode (tests only).
+pub const MODE_HEADER: &str = "x-sim-mode";
+
+/// Response header saying where the model's context came from: `own`,
+/// `stale` (KV pool pages of earlier requests), `swapped` (another request's
+/// context) or `truncated` (part of its own). Ground truth for tests.
+pub const CONTEXT_HEADER: &str = "x-sim-context";
+
+/// Response header listing, comma-separated, the response ids of the other
+/// requests whose context this response was generated from.
+pub const CONTEXT_FROM_HEADER: &str = "x-sim-context-from";
+
+/// Prefill pool size per advertised context token in the incident:
+/// 681,280 / 1,048,576. The default of [`SimConfig::pool_tokens`].
+pub const INCIDENT_POOL_RATIO: (u64, u64) = (681_280, 1_048_576);
+
+/// How the simulated provider misbehaves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// Answers correctly.
+    #[default]
+    Honest,
+    /// Sends about half the answer, then closes the connection: no `[DONE]`
+    /// on a stream, a truncated body otherwise.
+    Cut,
+    /// Accepts the request and never sends the response head.
+    StallFirstByte,
+    /// Streams the first tokens, then goes silent with the connection open.
+    StallMidStream,
+    /// SGLang issue #30233: a prompt over the prefill pool (within the
+    /// window) is answered from stale KV pages of earlier requests, with
+    /// HTTP 200 and `prompt_tokens: 1` (see the module docs).
+    LeakOnOverflow,
+    /// Silently drops the first third of the messages (at least one, never
+    /// all): the head canary message is lost. Usage reports the tokens kept.
+    TruncateHead,
+    /// Silently drops the last third of the messages (at least one, never
+    /// all): the tail canary message is lost. Usage reports the tokens kept.
+    TruncateTail,
+    /// Answers from the most recent other request's context (its canaries,
+    /// its text), reporting this request's own usage. The very first request
+    /// has nobody to swap with and is answered honestly.
+    Swap,
+}
+
+impl Mode {
+    /// Every mode, in the order of [`Mode::name`]'s documentation.
+    pub const ALL: [Self; 8] = [
+        Self::Honest,
+        Self::LeakOnOverflow,
+        Self::TruncateHead,
+        Self::TruncateTail,
+        Self::Swap,
+        Self::Cut,
+        Self::StallFirstByte,
+        Self::StallMidStream,
+    ];
+
+    /// The name used by `--mode` and `x-sim-mode`: `honest`,
+    /// `leak-on-overflow`, `truncate-head`, `truncate-tail`, `swap`, `cut`,
+    /// `stall-first-byte`, `stall-mid-stream`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Honest => "honest",
+            Self::LeakOnOverflow => "leak-on-overflow",
+            Self::TruncateHead => "truncate-head",
+            Self::TruncateTail => "truncate-tail",
+            Self::Swap => "swap",
+            Self::Cut => "cut",
+            Self::StallFirstByte => "stall-first-byte",
+            Self::StallMidStream => "stall-mid-stream",
+        }
+    }
+}
+
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A `--mode` or `x-sim-mode` that names no mode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown sim mode `{0}` ({names})", names = mode_names())]
+pub struct UnknownMode(String);
+
+fn mode_names() -> String {
+    let names: Vec<&str> = Mode::ALL.iter().map(|mode| mode.name()).collect();
+    names.join(", ")
+}
+
+impl FromStr for Mode {
+    type Err = UnknownMode;
+
+    fn from_str(text: &str) -> Result<Self, UnknownMode> {
+        Self::ALL
+            .into_iter()
+            .find(|mode| mode.name() == text)
+            .ok_or_else(|| UnknownMode(text.to_owned()))
+    }
+}
+
+/// Settings of a simulated provider.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Largest prompt accepted, in tokens.
+    pub context_window: u64,
+    /// Prefill speed in tokens/s; 0 means instant.
+    pub prefill_tps: f64,
+    /// Decode speed in tokens/s; 0 means instant.
+    pub decode_tps: f64,
+    /// Failure mode when a request names none.
+    pub mode: Mode,
+    /// When set, requests must carry `Authorization: Bearer <this>`.
+    pub api_key: Option<String>,
+    /// Prefill KV pool capacity in tokens: in `leak-on-overflow`, longer
+    /// prompts are replaced by a placeholder. `None`: the window times
+    /// [`INCIDENT_POOL_RATIO`].
+    pub pool_tokens: Option<u64>,
+    /// Positions per page of the shared KV pool (0 is taken as 1).
+    pub page_tokens: u32,
+}
+
+impl SimConfig {
+    /// The prefill pool capacity in effect ([`SimConfig::pool_tokens`]).
+    pub fn prefill_pool_tokens(&self) -> u64 {
+        self.pool_tokens.unwrap_or_else(|| {
+            let (part, whole) = INCIDENT_POOL_RATIO;
+            u64::try_from(u128::from(self.context_window) * u128::from(part) / u128::from(whole))
+                .unwrap_or(u64::MAX)
+        })
+    }
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            context_window: 128_000,
+            prefill_tps: 0.0,
+            decode_tps: 0.0,
+            mode: Mode::Honest,
+            api_key: None,
+            pool_tokens: None,
+            page_tokens: 16,
+        }
+    }
+}
+
+/// Counters served at `GET /sim/stats`.
+#[derive(Debug, Default)]
+struct Stats {
+    requests: AtomicU64,
+    completed: AtomicU64,
+    cancelled: AtomicU64,
+    rejected: AtomicU64,
+    /// Responses generated from other requests' context (stale or swapped).
+    leaked: AtomicU64,
+    /// Prompts replaced by a one-token placeholder (`leak-on-overflow`).
+    placeholder_substitutions: AtomicU64,
+    /// Prompts silently truncated.
+    truncated: AtomicU64,
+    /// Responses generated from another request's context (`swap`).
+    swapped: AtomicU64,
+}
+
+/// The simulated provider's state.
+pub struct SimProvider {
+    config: SimConfig,
+    stats: Stats,
+    next_id: AtomicU64,
+    /// The shared paged KV pool, sized for the context window.
+    pool: Mutex<KvPool>,
+    /// The most recent request's id and own context, for `swap`.
+    last_context: Mutex<Option<(u64, Arc<Vec<Segment>>)>>,
+}
+
+/// Where the model's context came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Source {
+    /// The request's own messages.
+    Own,
+    /// Stale KV pool positions written by these requests.
+    Stale(Vec<u64>),
+    /// This other request's context.
+    Swapped(u64),
+    /// Part of the request's own messages.
+    Truncated,
+}
+
+/// What the model sees for one request, and what the provider reports.
+#[derive(Debug)]
+struct Visible {
+    context: Vec<Segment>,
+    /// Prompt tokens prefilled and reported in `usage`.
+    prompt_tokens: u64,
+    source: Source,
+}
+
+/// The response id of request `number`.
+fn response_id(number: u64) -> String {
+    format!("chatcmpl-sim-{number}")
+}
+
+/// A routed simulated provider, ready for `axum::serve` or [`tls::serve_tls`].
+pub fn router(config: SimConfig) -> Router {
+    let sim = Arc::new(SimProvider {
+        pool: Mutex::new(KvPool::new(config.context_window, config.page_tokens)),
+        last_context: Mutex::new(None),
+        config,
+        stats: Stats::default(),
+        next_id: AtomicU64::new(1),
+    });
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/sim/stats", get(stats))
+        .with_state(sim)
+}
+
+async fn models() -> impl IntoResponse {
+    axum::Json(json!({"object": "list", "data": [
+        {"id": "sim-model", "object": "model", "created": 0, "owned_by": "canarygate-sim"}
+    ]}))
+}
+
+async fn stats(State(sim): State<Arc<SimProvider>>) -> impl IntoResponse {
+    let stats = &sim.stats;
+    let (pages, page_tokens) = {
+        let pool = sim.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        (pool.pages(), pool.page_tokens())
+    };
+    axum::Json(json!({
+        "requests": stats.requests.load(Ordering::Relaxed),
+        "completed": stats.completed.load(Ordering::Relaxed),
+        "cancelled": stats.cancelled.load(Ordering::Relaxed),
+        "rejected": stats.rejected.load(Ordering::Relaxed),
+        "leaked": stats.leaked.load(Ordering::Relaxed),
+        "placeholder_substitutions": stats.placeholder_substitutions.load(Ordering::Relaxed),
+        "truncated": stats.truncated.load(Ordering::Relaxed),
+        "swapped": stats.swapped.load(Ordering::Relaxed),
+        "context_window": sim.config.context_window,
+        "prefill_pool_tokens": sim.config.prefill_pool_tokens(),
+        "kv_pool": {"pages": pages, "page_tokens": page_tokens},
+    }))
+}
+
+/// One parsed request as the simulator needs it. Other fields are accepted
+/// and ignored, as a provider ignores what it does not implement.
+#[derive(serde::Deserialize)]
+struct SimRequest {
+    model: String,
+    messages: Vec<Value>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    max_tokens: Option<u64>,
+    #[serde(default)]
+    max_completion_tokens: Option<u64>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(serde::Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+impl SimRequest {
+    /// Parses a chat completion body; anything malformed is a 400, as a
+    /// provider answers it.
+    fn parse(body: &[u8]) -> Result<Self, SimError> {
+        let request: Self = serde_json::from_slice(body).map_err(|error| {
+            SimError::invalid_request(
+                None,
+                format!("We could not parse the JSON body of your request: {error}"),
+            )
+        })?;
+        if request.messages.is_empty() {
+            return Err(SimError::invalid_request(
+                None,
+                "`messages` must hold at least one message.",
+            )
+            .with_param("messages"));
+        }
+        Ok(request)
+    }
+
+    fn stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    fn max_tokens(&self) -> Option<u64> {
+        self.max_completion_tokens.or(self.max_tokens)
+    }
+
+    fn include_usage(&self) -> bool {
+        self.stream_options
+            .as_ref()
+            .and_then(|options| options.include_usage)
+            .unwrap_or(false)
+    }
+}
+
+async fn chat_completions(
+    State(sim): State<Arc<SimProvider>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    sim.stats.requests.fetch_add(1, Ordering::Relaxed);
+    match sim.serve(&headers, &body).await {
+        Ok(response) => response,
+        Err(error) => {
+            sim.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            error.into_response()
+        }
+    }
+}
+
+impl SimProvider {
+    async fn serve(
+        self: &Arc<Self>,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> Result<Response, SimError> {
+        let presented = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "))
+            .ok_or_else(|| {
+                SimError::unauthorized("missing_api_key", "You didn't provide an API key.")
+            })?;
+        if self
+            .config
+            .api_key
+            .as_deref()
+            .is_some_and(|key| key != presented)
+        {
+            return Err(SimError::unauthorized(
+                "invalid_api_key",
+                "Incorrect API key provided.",
+            ));
+        }
+        let mode = match headers.get(MODE_HEADER) {
+            Some(value) => value
+                .to_str()
+                .map_err(|_| SimError::invalid_request(Some("invalid_sim_mode"), "bad x-sim-mode"))?
+                .parse()
+                .map_err(|error: UnknownMode| {
+                    SimError::invalid_request(Some("invalid_sim_mode"), error.to_string())
+                })?,
+            None => self.config.mode,
+        };
+        let request = SimRequest::parse(body)?;
+        let prompt_tokens = count_chat_messages(&request.messages);
+        let window = self.config.context_window;
+        let requested = prompt_tokens + request.max_tokens().unwrap_or(0);
+        // leak-on-overflow never checks what it can hold, its window included.
+        if requested > window && mode != Mode::LeakOnOverflow {
+            return Err(SimError::invalid_request(
+                Some("context_length_exceeded"),
+                format!(
+                    "This model's maximum context length is {window} tokens. However, you \
+                     requested {requested} tokens ({prompt_tokens} in the messages, {} in the \
+                     completion). Please reduce the length of the messages or completion.",
+                    request.max_tokens().unwrap_or(0)
+                ),
+            ));
+        }
+
+        if mode == Mode::StallFirstByte {
+            std::future::pending::<()>().await;
+        }
+        let number = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let visible = self.visible_context(number, mode, &request.messages, prompt_tokens)?;
+        let reply = generate(&visible.context, request.max_tokens());
+        let prompt_tokens = visible.prompt_tokens;
+        let usage = json!({
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": reply.tokens.len(),
+            "total_tokens": prompt_tokens + reply.tokens.len() as u64,
+        });
+        let answer = Answer {
+            id: response_id(number),
+            created: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            model: request.model.clone(),
+            reply,
+            usage,
+            mode,
+            prefill: delay(prompt_tokens as f64, self.config.prefill_tps),
+            per_token: delay(1.0, self.config.decode_tps),
+        };
+        let (label, from) = match &visible.source {
+            Source::Own => ("own", Vec::new()),
+            Source::Truncated => ("truncated", Vec::new()),
+            Source::Stale(writers) => ("stale", writers.clone()),
+            Source::Swapped(other) => ("swapped", vec![*other]),
+        };
+        let mut response = if request.stream() {
+            self.clone().stream(answer, request.include_usage())
+        } else {
+            self.complete(answer).await
+        };
+        let headers = response.headers_mut();
+        headers.insert(
+            HeaderName::from_static(CONTEXT_HEADER),
+            HeaderValue::from_static(label),
+        );
+        if !from.is_empty() {
+            let ids: Vec<String> = from.into_iter().map(response_id).collect();
+            if let Ok(value) = HeaderValue::from_str(&ids.join(",")) {
+                headers.insert(HeaderName::from_static(CONTEXT_FROM_HEADER), value);
+            }
+        }
+        Ok(response)
+    }
+
+    /// What the model sees for request `number` in `mode`, read from the
+    /// shared KV pool (see the module docs), and the prompt tokens reported.
+    fn visible_context(
+        &self,
+        number: u64,
+        mode: Mode,
+        messages: &[Value],
+        prompt_tokens: u64,
+    ) -> Result<Visible, SimError> {
+        let own = Arc::new(segments(messages));
+        let previous = self
+            .last_context
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace((number, own.clone()));
+        let visible = match mode {
+            Mode::LeakOnOverflow if prompt_tokens > self.config.prefill_pool_tokens() => {
+                // SGLang's "rejection": a one-token placeholder replaces the
+                // prompt and the error goes to a side field nobody reads.
+                let to_finish = format!(
+                    "prompt of {prompt_tokens} tokens exceeds the prefill KV pool of {} tokens",
+                    self.config.prefill_pool_tokens()
+                );
+                tracing::debug!(%to_finish, "sim: prompt replaced by a one-token placeholder");
+                self.stats
+                    .placeholder_substitutions
+                    .fetch_add(1, Ordering::Relaxed);
+                // Decode reserves for the full prompt; prefill writes one.
+                let reserved = prompt_tokens.min(self.config.context_window);
+                let read = self.run_in_pool(number, reserved, &[Position::Control])?;
+                Visible {
+                    context: read.context,
+                    prompt_tokens: 1,
+                    source: Source::Stale(read.other_writers),
+                }
+            }
+            Mode::TruncateHead | Mode::TruncateTail => {
+                let drop = (messages.len() / 3)
+                    .max(1)
+                    .min(messages.len().saturating_sub(1));
+                let kept = if mode == Mode::TruncateHead {
+                    &messages[drop..]
+                } else {
+                    &messages[..messages.len() - drop]
+                };
+                let mut visible = self.honest(number, kept)?;
+                if drop > 0 {
+                    visible.source = Source::Truncated;
+                }
+                visible
+            }
+            Mode::Swap => {
+                // The request is processed; the replies cross.
+                let mut visible = self.honest(number, messages)?;
+                if let Some((other, context)) = previous {
+                    visible.context = context.as_ref().clone();
+                    visible.source = Source::Swapped(other);
+                }
+                visible
+            }
+            _ => self.honest(number, messages)?,
+        };
+        match &visible.source {
+            Source::Stale(writers) if !writers.is_empty() => {
+                self.stats.leaked.fetch_add(1, Ordering::Relaxed);
+            }
+            Source::Swapped(_) => {
+                self.stats.leaked.fetch_add(1, Ordering::Relaxed);
+                self.stats.swapped.fetch_add(1, Ordering::Relaxed);
+            }
+            Source::Truncated => {
+                self.stats.truncated.fetch_add(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        Ok(visible)
+    }
+
+    /// Writes `messages` into the pool and reads them back.
+    fn honest(&self, number: u64, messages: &[Value]) -> Result<Visible, SimError> {
+        let positions = prompt_positions(messages);
+        let prompt_tokens = positions.len() as u64;
+        let read = self.run_in_pool(number, prompt_tokens, &positions)?;
+        Ok(Visible {
+            context: read.context,
+            prompt_tokens,
+            source: Source::Own,
+        })
+    }
+
+    fn run_in_pool(
+        &self,
+        number: u64,
+        reserved: u64,
+        written: &[Position],
+    ) -> Result<pool::ReadBack, SimError> {
+        self.pool
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .run(number, reserved, written)
+            .ok_or_else(|| SimError::internal("sim: the KV pool has too few free pages"))
+    }
+
+    async fn complete(&self, answer: Answer) -> Response {
+        pace(answer.prefill + answer.per_token * answer.reply.tokens.len() as u32).await;
+        let body = json!({
+            "id": answer.id,
+            "object": "chat.completion",
+            "created": answer.created,
+            "model": answer.model,
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": answer.reply.text()},
+                "logprobs": null,
+                "finish_reason": answer.reply.finish_reason,
+            }],
+            "usage": answer.usage,
+        })
+        .to_string();
+        if matches!(answer.mode, Mode::Cut | Mode::StallMidStream) {
+            // Half the body, then a reset (cut) or silence with the connection open (stall).
+            let half = Bytes::from(body[..body.len() / 2].to_owned());
+            let mode = answer.mode;
+            let rest = futures_util::stream::once(async move {
+                if mode == Mode::StallMidStream {
+                    std::future::pending::<()>().await;
+                }
+                Err::<Bytes, _>(std::io::Error::other("sim: cut mid-body"))
+            });
+            let body = futures_util::stream::once(async move { Ok(half) }).chain(rest);
+            let mut response = Response::new(Body::from_stream(body));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
+            return response;
+        }
+        self.stats.completed.fetch_add(1, Ordering::Relaxed);
+        ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+    }
+
+    fn stream(self: Arc<Self>, answer: Answer, include_usage: bool) -> Response {
+        let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(4);
+        tokio::spawn(async move {
+            let mut guard = CancelGuard {
+                sim: self.clone(),
+                finished: false,
+            };
+            if send_stream(&answer, include_usage, &sender).await.is_ok() {
+                guard.finished = true;
+                if !matches!(answer.mode, Mode::Cut | Mode::StallMidStream) {
+                    self.stats.completed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+        let stream = futures_util::stream::unfold(receiver, |mut receiver| async move {
+            receiver.recv().await.map(|item| (item, receiver))
+        });
+        let mut response = Response::new(Body::from_stream(stream));
+        *response.status_mut() = StatusCode::OK;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        response
+    }
+}
+
+/// The request's own messages as the model would see them.
+fn segments(messages: &[Value]) -> Vec<Segment> {
+    messages
+        .iter()
+        .map(|message| Segment {
+            role: message["role"].as_str().unwrap_or("user").to_owned(),
+            text: message
+                .get("content")
+                .map(content_text)
+                .unwrap_or_default()
+                .into_owned(),
+        })
+        .collect()
+}
+
+fn delay(amount: f64, rate: f64) -> Duration {
+    if rate > 0.0 {
+        Duration::from_secs_f64(amount / rate)
+    } else {
+        Duration::ZERO
+    }
+}
+
+/// Everything needed to send one answer.
+struct Answer {
+    id: String,
+    created: u64,
+    model: String,
+    reply: Reply,
+    usage: Value,
+    mode: Mode,
+    prefill: Duration,
+    per_token: Duration,
+}
+
+impl Answer {
+    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Value {
+        json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
+        })
+    }
+}
+
+/// Counts a stream the client abandoned: dropped before it was finished.
+struct CancelGuard {
+    sim: Arc<SimProvider>,
+    finished: bool,
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.sim.stats.cancelled.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+type Sender = tokio::sync::mpsc::Sender<Result<Bytes, Infallible>>;
+
+/// Sends the SSE events of `answer`; `Err` when the client went away.
+async fn send_stream(answer: &Answer, include_usage: bool, sender: &Sender) -> Result<(), ()> {
+    async fn send(sender: &Sender, data: &str) -> Result<(), ()> {
+        let mut bytes = Vec::with_capacity(data.len() + 8);
+        encode_data(data, &mut bytes);
+        sender.send(Ok(Bytes::from(bytes))).await.map_err(|_| ())
+    }
+
+    send(
+        sender,
+        &answer
+            .chunk(json!({"role": "assistant", "content": ""}), None)
+            .to_string(),
+    )
+    .await?;
+    pace(answer.prefill).await;
+    let tokens = &answer.reply.tokens;
+    let cut_at = match answer.mode {
+        Mode::Cut | Mode::StallMidStream => tokens.len() / 2,
+        _ => tokens.len(),
+    };
+    for token in &tokens[..cut_at] {
+        pace(answer.per_token).await;
+        send(
+            sender,
+            &answer.chunk(json!({"content": token}), None).to_string(),
+        )
+        .await?;
+    }
+    match answer.mode {
+        Mode::Cut => return Ok(()),
+        Mode::StallMidStream => {
+            // Hold the connection open and silent until the client gives up.
+            sender.closed().await;
+            return Err(());
+        }
+        _ => {}
+    }
+    send(
+        sender,
+        &answer
+            .chunk(json!({}), Some(answer.reply.finish_reason))
+            .to_string(),
+    )
+    .await?;
+    if include_usage {
+        let usage = json!({
+            "id": answer.id,
+            "object": "chat.completion.chunk",
+            "created": answer.created,
+            "model": answer.model,
+            "choices": [],
+            "usage": answer.usage,
+        });
+        send(sender, &usage.to_string()).await?;
+    }
+    send(sender, "[DONE]").await
+}
+
+/// Serves a simulated provider on `listener` (HTTPS when `tls` is given)
+/// until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    config: SimConfig,
+    tls: Option<rustls::ServerConfig>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let router = router(config);
+    match tls {
+        Some(tls) => {
+            tokio::select! {
+                () = tls::serve_tls(listener, router, tls) => {}
+                () = shutdown => {}
+            }
+            Ok(())
+        }
+        None => {
+            let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
+            axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    }
+}
+
+/// Waits `duration`; returns at once for zero. (A zero `tokio::time::sleep`
+/// still waits for the next timer tick, up to a millisecond, which would make
+/// an "instant" provider pace every token.)
+async fn pace(duration: Duration) {
+    if !duration.is_zero() {
+        tokio::time::sleep(duration).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mode_names_round_trip() {
+        for mode in Mode::ALL {
+            assert_eq!(mode.name().parse::<Mode>(), Ok(mode));
+            assert_eq!(mode.to_string(), mode.name());
+        }
+        let error = "leaky".parse::<Mode>().unwrap_err().to_string();
+        assert!(error.contains("leak-on-overflow, truncate-head"), "{error}");
+    }
+
+    #[test]
+    fn default_prefill_pool_follows_the_incident_ratio() {
+        let config = SimConfig {
+            context_window: 1_048_576,
+            ..SimConfig::default()
+        };
+        assert_eq!(config.prefill_pool_tokens(), 681_280);
+        let config = SimConfig {
+            context_window: u64::MAX,
+            ..SimConfig::default()
+        };
+        assert!(config.prefill_pool_tokens() < u64::MAX);
+        let config = SimConfig {
+            pool_tokens: Some(665),
+            ..SimConfig::default()
+        };
+        assert_eq!(config.prefill_pool_tokens(), 665);
+    }
+}

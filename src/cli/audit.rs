@@ -1,0 +1,500 @@
+//! `canarygate audit ...`: read, verify, export, review and prune the log.
+//!
+//! The store, its chain and its samples belong to the `canarygate-audit`
+//! crate ([`Archive`]); this file parses the arguments and prints.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use canarygate_audit::time::{BadTime, format_rfc3339, now_ms, parse_time};
+use canarygate_audit::{
+    Archive, AuditError, Entry, Pruned, Record, RecordId, ReviewVerdict, Sample, SampleKey,
+    Snapshot, catch_damage,
+};
+use clap::{Args, Subcommand};
+
+pub const DEFAULT_KEY_ENV: &str = "CANARYGATE_AUDIT_KEY";
+
+/// Arguments of `canarygate audit`.
+#[derive(Debug, Args)]
+pub struct AuditArgs {
+    /// Data directory of the server (holds canarygate.redb).
+    #[arg(long, global = true, value_name = "DIR", env = "CANARYGATE_DATA")]
+    pub data: Option<PathBuf>,
+    /// Environment variable holding the sample key, to read encrypted samples.
+    #[arg(long, global = true, value_name = "VAR", default_value = DEFAULT_KEY_ENV)]
+    pub key_env: String,
+    #[command(subcommand)]
+    pub command: AuditCommand,
+}
+
+/// One `canarygate audit` subcommand.
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Print the last records, one line each.
+    Tail {
+        /// How many records.
+        #[arg(short = 'n', default_value_t = 20)]
+        n: usize,
+        /// Keep printing new records as they are written.
+        #[arg(long)]
+        follow: bool,
+    },
+    /// Print one record in full, with its sample and review.
+    Show {
+        /// Record id.
+        id: RecordId,
+    },
+    /// Counts by verdict, check, provider and route; latency percentiles.
+    Stats {
+        /// Only records written at or after this time (RFC 3339, or 24h, 7d, ...).
+        #[arg(long)]
+        since: Option<String>,
+    },
+    /// Recompute the hash chain; fails naming the first bad record.
+    Verify,
+    /// Write records as JSON Lines to standard output.
+    Export {
+        /// Only records written at or after this time.
+        #[arg(long)]
+        since: Option<String>,
+        /// Only records written before this time.
+        #[arg(long)]
+        until: Option<String>,
+    },
+    /// Review sampled requests: interactively, or one with --mark.
+    SpotCheck {
+        /// Record a review without prompting: `--mark ID ok|bad`.
+        #[arg(long, num_args = 2, value_names = ["ID", "VERDICT"])]
+        mark: Option<Vec<String>>,
+        /// Note stored with a --mark review.
+        #[arg(long, requires = "mark")]
+        note: Option<String>,
+    },
+    /// Remove records written before a time, leaving a checkpoint record.
+    Prune {
+        /// Remove records written before this time.
+        #[arg(long)]
+        before: String,
+    },
+}
+
+/// Runs an `audit` command on standard input and output. A store damaged
+/// behind redb's back is an error, never a crash ([`catch_damage`]).
+pub fn run(args: AuditArgs) -> Result<(), AuditError> {
+    let stdin = std::io::stdin();
+    let stdout = std::io::stdout();
+    catch_damage(|| run_with(args, &mut stdin.lock(), &mut stdout.lock()))
+}
+
+/// Runs an `audit` command with the given input and output.
+fn run_with(
+    args: AuditArgs,
+    input: &mut dyn BufRead,
+    out: &mut dyn Write,
+) -> Result<(), AuditError> {
+    let dir = args.data.as_deref().ok_or_else(|| {
+        AuditError::InvalidArgument("--data DIR is required (or set CANARYGATE_DATA)".into())
+    })?;
+    let key_env = args.key_env.as_str();
+    let now = now_ms();
+    let time = |text: &Option<String>| -> Result<Option<u64>, AuditError> {
+        text.as_deref()
+            .map(|text| parse_time(text, now).map_err(bad_time))
+            .transpose()
+    };
+    match &args.command {
+        AuditCommand::Tail { n, follow } => tail(dir, *n, *follow, out),
+        AuditCommand::Show { id } => show(dir, *id, key_env, out),
+        AuditCommand::Stats { since } => stats(dir, time(since)?.unwrap_or(0), out),
+        AuditCommand::Verify => {
+            let report = Archive::open_read_only(dir)?.verify()?;
+            let range = report.range.map_or_else(
+                || "no records".to_owned(),
+                |(a, b)| format!("records {a}..={b}"),
+            );
+            line(
+                out,
+                format_args!(
+                    "ok: {} records verified ({range}); head hash {}",
+                    report.records,
+                    hex::encode(report.head_hash)
+                ),
+            )
+        }
+        AuditCommand::Export { since, until } => export(
+            dir,
+            time(since)?.unwrap_or(0),
+            time(until)?.unwrap_or(u64::MAX),
+            out,
+        ),
+        AuditCommand::SpotCheck {
+            mark: Some(mark),
+            note,
+        } => {
+            let id = mark[0].parse::<RecordId>().map_err(|_| {
+                AuditError::InvalidArgument(format!("--mark: `{}` is not a record id", mark[0]))
+            })?;
+            let verdict = match mark[1].as_str() {
+                "ok" => ReviewVerdict::Ok,
+                "bad" => ReviewVerdict::Bad,
+                other => {
+                    return Err(AuditError::InvalidArgument(format!(
+                        "--mark: verdict `{other}` must be `ok` or `bad`"
+                    )));
+                }
+            };
+            let review = Archive::open_writable(dir)?.review(id, verdict, note.clone())?;
+            line(
+                out,
+                format_args!("record {id} marked {}: review record {review}", mark[1]),
+            )
+        }
+        AuditCommand::SpotCheck { mark: None, .. } => spot_check(dir, key_env, input, out),
+        AuditCommand::Prune { before } => {
+            let before = parse_time(before, now).map_err(bad_time)?;
+            match Archive::open_writable(dir)?.prune(before)? {
+                Pruned {
+                    removed,
+                    checkpoint: Some(checkpoint),
+                } => line(
+                    out,
+                    format_args!(
+                        "pruned {removed} records written before {}; checkpoint record {checkpoint}",
+                        format_rfc3339(before)
+                    ),
+                ),
+                Pruned { .. } => line(
+                    out,
+                    format_args!("nothing written before {}", format_rfc3339(before)),
+                ),
+            }
+        }
+    }
+}
+
+fn bad_time(error: BadTime) -> AuditError {
+    AuditError::InvalidArgument(error.to_string())
+}
+
+fn line(out: &mut dyn Write, text: std::fmt::Arguments<'_>) -> Result<(), AuditError> {
+    writeln!(out, "{text}").map_err(|error| AuditError::Io(format!("cannot write output: {error}")))
+}
+
+fn summary(record: &Record) -> String {
+    let time = format_rfc3339(record.recorded_at_ms);
+    match &record.entry {
+        Entry::Request(request) => {
+            let r = &request.record;
+            format!(
+                "#{} {time} {} {}/{} {} verdict={} action={} outcome={} total={}ms{}",
+                record.id,
+                r.request_id,
+                r.provider,
+                r.model,
+                name(&r.route),
+                name(&r.verdict),
+                name(&r.action),
+                name(&r.outcome),
+                r.latency.total_ms,
+                if request.sample.is_some() {
+                    " [sampled]"
+                } else {
+                    ""
+                }
+            )
+        }
+        Entry::Review(review) => format!(
+            "#{} {time} review of #{}: {}{}",
+            record.id,
+            review.reviewed_id,
+            name(&review.verdict),
+            review
+                .note
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default()
+        ),
+        Entry::Checkpoint(point) => format!(
+            "#{} {time} checkpoint: {} records written before {} pruned; chain starts at #{}",
+            record.id,
+            point.pruned,
+            format_rfc3339(point.before_ms),
+            point.first_kept_id
+        ),
+    }
+}
+
+/// The serde name of a unit enum value (`pass`, `upstream`, ...).
+fn name<T: serde::Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(text)) => text,
+        other => format!("{other:?}"),
+    }
+}
+
+fn tail(dir: &Path, n: usize, follow: bool, out: &mut dyn Write) -> Result<(), AuditError> {
+    let archive = Archive::open_read_only(dir)?;
+    let mut next = 0;
+    for stored in archive.snapshot()?.last(n)? {
+        next = stored.id() + 1;
+        line(out, format_args!("{}", summary(&stored.record)))?;
+    }
+    if !follow {
+        return Ok(());
+    }
+    loop {
+        out.flush()
+            .map_err(|error| AuditError::Io(format!("cannot write output: {error}")))?;
+        std::thread::sleep(Duration::from_millis(200));
+        for stored in archive.snapshot()?.from_id(next, 1024)? {
+            next = stored.id() + 1;
+            line(out, format_args!("{}", summary(&stored.record)))?;
+        }
+    }
+}
+
+/// The sample of record `id`, decrypted with the key in `$key_env` when set.
+fn read_sample(
+    snapshot: &Snapshot,
+    id: RecordId,
+    request_id: &str,
+    key_env: &str,
+) -> Result<Option<Sample>, AuditError> {
+    let key = SampleKey::from_env(key_env)?;
+    snapshot
+        .sample(id, request_id, key.as_ref())
+        .map_err(|error| match error {
+            AuditError::Key(message) => {
+                AuditError::Key(format!("record {id}: {message} (${key_env})"))
+            }
+            other => other,
+        })
+}
+
+fn show(dir: &Path, id: RecordId, key_env: &str, out: &mut dyn Write) -> Result<(), AuditError> {
+    let snapshot = Archive::open_read_only(dir)?.snapshot()?;
+    let stored = snapshot
+        .get(id)?
+        .ok_or_else(|| AuditError::NotFound(format!("no record {id}")))?;
+    let pretty: serde_json::Value = serde_json::from_str(&stored.export_line()?)
+        .map_err(|error| AuditError::Corrupt(format!("record {id}: {error}")))?;
+    line(
+        out,
+        format_args!(
+            "{}",
+            serde_json::to_string_pretty(&pretty).unwrap_or_default()
+        ),
+    )?;
+    if let Entry::Request(request) = &stored.record.entry {
+        match read_sample(&snapshot, id, &request.record.request_id, key_env) {
+            Ok(Some(sample)) => {
+                line(
+                    out,
+                    format_args!("--- request text ---\n{}", sample.request_text),
+                )?;
+                line(
+                    out,
+                    format_args!("--- response text ---\n{}", sample.response_text),
+                )?;
+            }
+            Ok(None) => {}
+            Err(AuditError::Key(message)) => line(out, format_args!("--- sample: {message}"))?,
+            Err(error) => return Err(error),
+        }
+        if let Some(review) = snapshot.review_of(id)? {
+            line(out, format_args!("--- reviewed in record {review}"))?;
+        }
+    }
+    Ok(())
+}
+
+fn export(dir: &Path, since: u64, until: u64, out: &mut dyn Write) -> Result<(), AuditError> {
+    let snapshot = Archive::open_read_only(dir)?.snapshot()?;
+    snapshot.for_each(|stored| {
+        if (since..until).contains(&stored.record.recorded_at_ms) {
+            line(out, format_args!("{}", stored.export_line()?))?;
+        }
+        Ok(())
+    })
+}
+
+fn percentiles(mut values: Vec<u64>) -> String {
+    if values.is_empty() {
+        return "n/a".into();
+    }
+    values.sort_unstable();
+    let at = |q: f64| values[((values.len() - 1) as f64 * q).round() as usize];
+    format!(
+        "p50 {}ms  p90 {}ms  p99 {}ms  max {}ms  (n={})",
+        at(0.5),
+        at(0.9),
+        at(0.99),
+        values[values.len() - 1],
+        values.len()
+    )
+}
+
+fn stats(dir: &Path, since: u64, out: &mut dyn Write) -> Result<(), AuditError> {
+    let snapshot = Archive::open_read_only(dir)?.snapshot()?;
+    let mut groups: BTreeMap<&str, BTreeMap<String, u64>> = BTreeMap::new();
+    let mut checks: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+    let (mut total, mut ttfb, mut overhead) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut requests, mut sampled) = (0u64, 0u64);
+    snapshot.for_each(|stored| {
+        let record = stored.record;
+        if record.recorded_at_ms < since {
+            return Ok(());
+        }
+        let mut count = |group: &'static str, key: String| {
+            *groups.entry(group).or_default().entry(key).or_default() += 1;
+        };
+        match &record.entry {
+            Entry::Request(request) => {
+                let r = &request.record;
+                requests += 1;
+                sampled += u64::from(request.sample.is_some());
+                count("verdict", name(&r.verdict));
+                count("action", name(&r.action));
+                count("outcome", name(&r.outcome));
+                count("provider", r.provider.clone());
+                count("route", name(&r.route));
+                for check in &r.checks {
+                    *checks
+                        .entry(check.name.clone())
+                        .or_default()
+                        .entry(name(&check.result))
+                        .or_default() += 1;
+                }
+                total.push(r.latency.total_ms);
+                ttfb.extend(r.latency.ttfb_ms);
+                overhead.push(r.latency.overhead_ms);
+            }
+            Entry::Review(review) => count("review", name(&review.verdict)),
+            Entry::Checkpoint(_) => {}
+        }
+        Ok(())
+    })?;
+    line(
+        out,
+        format_args!("requests: {requests} ({sampled} sampled)"),
+    )?;
+    let join = |map: &BTreeMap<String, u64>| {
+        map.iter()
+            .map(|(key, n)| format!("{key} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for (group, counts) in &groups {
+        line(out, format_args!("{group}: {}", join(counts)))?;
+    }
+    for (check, counts) in &checks {
+        line(out, format_args!("check {check}: {}", join(counts)))?;
+    }
+    line(out, format_args!("latency total: {}", percentiles(total)))?;
+    line(out, format_args!("latency ttfb: {}", percentiles(ttfb)))?;
+    line(
+        out,
+        format_args!("latency overhead: {}", percentiles(overhead)),
+    )
+}
+
+fn prompt(
+    input: &mut dyn BufRead,
+    out: &mut dyn Write,
+    question: &str,
+) -> Result<Option<String>, AuditError> {
+    write!(out, "{question}")
+        .and_then(|()| out.flush())
+        .map_err(|error| AuditError::Io(format!("cannot write output: {error}")))?;
+    let mut answer = String::new();
+    let read = input
+        .read_line(&mut answer)
+        .map_err(|error| AuditError::Io(format!("cannot read input: {error}")))?;
+    Ok((read > 0).then(|| answer.trim().to_owned()))
+}
+
+fn spot_check(
+    dir: &Path,
+    key_env: &str,
+    input: &mut dyn BufRead,
+    out: &mut dyn Write,
+) -> Result<(), AuditError> {
+    let archive = Archive::open_writable(dir)?;
+    let pending: Vec<RecordId> = {
+        let snapshot = archive.snapshot()?;
+        let mut pending = Vec::new();
+        for id in snapshot.sampled_ids()? {
+            if snapshot.review_of(id)?.is_none() {
+                pending.push(id);
+            }
+        }
+        pending
+    };
+    let (mut reviewed, mut skipped) = (0, 0);
+    'samples: for (index, id) in pending.iter().enumerate() {
+        let snapshot = archive.snapshot()?;
+        let Some(stored) = snapshot.get(*id)? else {
+            continue;
+        };
+        let record = stored.record;
+        let Entry::Request(request) = &record.entry else {
+            continue;
+        };
+        let sample = read_sample(&snapshot, *id, &request.record.request_id, key_env)?
+            .ok_or_else(|| AuditError::Corrupt(format!("record {id}: sample vanished")))?;
+        line(
+            out,
+            format_args!("\n=== sample {} of {} ===", index + 1, pending.len()),
+        )?;
+        line(out, format_args!("{}", summary(&record)))?;
+        for check in &request.record.checks {
+            line(
+                out,
+                format_args!(
+                    "  check {}: {} {}",
+                    check.name,
+                    name(&check.result),
+                    check.evidence
+                ),
+            )?;
+        }
+        line(
+            out,
+            format_args!("--- request ---\n{}", sample.request_text),
+        )?;
+        line(
+            out,
+            format_args!("--- response ---\n{}", sample.response_text),
+        )?;
+        let verdict = loop {
+            match prompt(input, out, "fits this session? [y/n/s] ")?.as_deref() {
+                None => break 'samples,
+                Some("y" | "Y") => break Some(ReviewVerdict::Ok),
+                Some("n" | "N") => break Some(ReviewVerdict::Bad),
+                Some("s" | "S") => break None,
+                Some(_) => line(
+                    out,
+                    format_args!("answer y (fits), n (does not) or s (skip)"),
+                )?,
+            }
+        };
+        let Some(verdict) = verdict else {
+            skipped += 1;
+            continue;
+        };
+        let note = prompt(input, out, "note (enter for none): ")?;
+        let review_id = archive.review(*id, verdict, note)?;
+        line(out, format_args!("recorded as review record {review_id}"))?;
+        reviewed += 1;
+    }
+    line(
+        out,
+        format_args!(
+            "{reviewed} reviewed, {skipped} skipped, {} left",
+            pending.len() - reviewed
+        ),
+    )
+}

@@ -1,0 +1,57 @@
+//! What the subcommands share: loading a policy, the async runtime, the
+//! readiness line and the shutdown signal.
+
+use std::io::Write;
+
+use anyhow::Context;
+use canarygate_policies::Policy;
+
+/// Loads the policy named on the command line (a file, or `preset:NAME`),
+/// or the default preset.
+pub fn load_policy(config: Option<&str>) -> anyhow::Result<Policy> {
+    let policy = match config {
+        None => Policy::preset("default")?,
+        Some(name) => match name.strip_prefix("preset:") {
+            Some(preset) => Policy::preset(preset)?,
+            None => {
+                let text = std::fs::read_to_string(name)
+                    .with_context(|| format!("cannot read policy file {name}"))?;
+                Policy::from_toml_str(&text, name)?
+            }
+        },
+    };
+    Ok(policy)
+}
+
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Prints the readiness line (tests and scripts wait for it) and flushes.
+pub fn announce(line: &str) {
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{line}");
+    let _ = stdout.flush();
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => return ctrl_c.await.unwrap_or(()),
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    ctrl_c.await.unwrap_or(());
+}

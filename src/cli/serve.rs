@@ -1,0 +1,89 @@
+//! `canarygate serve`: the verifying proxy.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use canarygate_proxy::{ServeOptions, Server, Startup};
+use clap::Args;
+
+use super::common::{announce, load_policy, runtime, shutdown_signal};
+
+/// Arguments of `canarygate serve`.
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Policy file, or `preset:NAME`. Default: the embedded `default` preset.
+    #[arg(long)]
+    config: Option<String>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8787")]
+    listen: SocketAddr,
+    /// Data directory (install secret, audit log).
+    #[arg(long, default_value = "canarygate-data")]
+    data: PathBuf,
+    /// Replace the base URL of the policy's only provider, e.g. http://127.0.0.1:9000/v1.
+    #[arg(long)]
+    upstream: Option<String>,
+}
+
+/// Serves until Ctrl-C or SIGTERM.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let mut policy = load_policy(args.config.as_deref())?;
+    if let Some(upstream) = &args.upstream {
+        policy.override_upstream(upstream)?;
+    }
+    let providers: Vec<String> = policy
+        .providers
+        .iter()
+        .map(|p| format!("{} -> {}", p.name.get_ref(), p.base_url.get_ref()))
+        .collect();
+    let local_dir = policy.local.model_dir().map(str::to_owned);
+    runtime()?.block_on(async move {
+        let server = Server::bind(ServeOptions {
+            policy,
+            listen: args.listen,
+            data_dir: args.data,
+        })
+        .await?;
+        let address = server.local_addr()?;
+        announce(&format!("canarygate listening on http://{address}"));
+        tracing::info!(providers = ?providers, "serving");
+        report_startup(server.startup(), local_dir.as_deref());
+        server.run(shutdown_signal()).await?;
+        Ok(())
+    })
+}
+
+/// Says what `serve` runs with: the local engine (or its absence) and probe
+/// results. (The server itself checks, in the background, that each provider
+/// answers at all.)
+fn report_startup(startup: &Startup, local_dir: Option<&str>) {
+    match (&startup.local_engine, local_dir) {
+        (Some((window, pool)), Some(dir)) => tracing::info!(
+            "local engine: model {dir}, serving a context window of {window} tokens \
+             (KV pool {pool} tokens)"
+        ),
+        _ => tracing::warn!(
+            "local engine: none ([local] model_dir is not set); requests over a provider's \
+             trusted context are rejected with context_length_exceeded and nothing can fall back"
+        ),
+    }
+    if startup.probes.is_empty() {
+        tracing::info!(
+            "no context probe results: each provider is trusted with its advertised window \
+             (run `canarygate probe`)"
+        );
+    }
+    for probe in &startup.probes {
+        tracing::info!(
+            "probe result: {}/{} trusted with {} tokens ({})",
+            probe.provider,
+            probe.model,
+            probe.effective_limit_tokens,
+            if probe.trusted {
+                "its whole advertised window"
+            } else {
+                "below its advertised window"
+            }
+        );
+    }
+}

@@ -1,0 +1,76 @@
+//! `canarygate sim-provider`: the simulated provider (the `canarygate-sim` crate).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use canarygate_sim::{Mode, SimConfig};
+use clap::Args;
+
+use super::common::{announce, runtime, shutdown_signal};
+
+/// Arguments of `canarygate sim-provider`.
+#[derive(Debug, Args)]
+pub struct SimArgs {
+    /// Address to listen on (port 0 picks a free port; the address is printed).
+    #[arg(long, default_value = "127.0.0.1:9000")]
+    listen: SocketAddr,
+    /// Context window in tokens; larger prompts get HTTP 400 context_length_exceeded.
+    #[arg(long, default_value_t = 128_000)]
+    context_window: u64,
+    /// Prefill speed, tokens per second (0: instant).
+    #[arg(long, default_value_t = 0.0)]
+    prefill_tps: f64,
+    /// Decode speed, tokens per second (0: instant).
+    #[arg(long, default_value_t = 0.0)]
+    decode_tps: f64,
+    /// Failure mode: honest, leak-on-overflow, truncate-head, truncate-tail, swap, cut,
+    /// stall-first-byte, stall-mid-stream.
+    #[arg(long, default_value = "honest")]
+    mode: Mode,
+    /// Prefill KV pool in tokens; in leak-on-overflow, longer prompts are answered from
+    /// stale KV. Default: the context window times 681,280 / 1,048,576 (the incident's).
+    #[arg(long)]
+    pool_tokens: Option<u64>,
+    /// Positions per page of the shared KV pool.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    page_tokens: u32,
+    /// Require this API key (`Authorization: Bearer KEY`) on every request.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Serve HTTPS with this PEM certificate chain (needs --tls-key).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+/// Serves the simulated provider until Ctrl-C or SIGTERM.
+pub fn run(args: SimArgs) -> anyhow::Result<()> {
+    let config = SimConfig {
+        context_window: args.context_window,
+        prefill_tps: args.prefill_tps,
+        decode_tps: args.decode_tps,
+        mode: args.mode,
+        api_key: args.api_key.clone(),
+        pool_tokens: args.pool_tokens,
+        page_tokens: args.page_tokens,
+    };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(canarygate_sim::tls::server_config(cert, key)?),
+        _ => None,
+    };
+    runtime()?.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        announce(&format!(
+            "sim-provider listening on {scheme}://{}",
+            listener.local_addr()?
+        ));
+        canarygate_sim::serve(listener, config, tls, shutdown_signal()).await?;
+        Ok(())
+    })
+}
