@@ -74,10 +74,7 @@ pub(crate) async fn serve(
             Some(request) => request.body,
             None => exchange.reparse(original)?.body,
         };
-        let canaries = RequestCanaries::mint()
-            .map_err(|error| ApiError::internal(format!("no OS randomness: {error}")))?;
-        let injection = inject(&mut body, config.echo, canaries).map_err(inject_error)?;
-        register(exchange, &injection, config, trail);
+        let injection = inject_registered(exchange, &mut body, config, trail)?;
         let messages = body["messages"].as_array().map_or(&[][..], Vec::as_slice);
         let exact_prompt_tokens = exchange.upstream.count_prompt_tokens(messages);
         trail.prompt_tokens_ours =
@@ -191,32 +188,42 @@ struct Attempt {
 fn inject_error(error: InjectError) -> ApiError {
     match error {
         InjectError::BadChoiceCount => ApiError::invalid_param("n", error.to_string()),
-        InjectError::NotAnObject | InjectError::NoMessages => {
+        InjectError::NotAnObject | InjectError::NoMessages | InjectError::BadMessage(_) => {
             ApiError::invalid_param("messages", error.to_string())
         }
     }
 }
 
-/// Registers both canaries of `injection` as this request's: in memory at
-/// once, and in the audit store with the next group commit (not awaited: a
-/// crash in the next few milliseconds forgets them; the record's canary ids
-/// still name them).
-fn register(
+/// Mints this attempt's canaries, registered as this request's (values
+/// already live are refused and drawn again, so they are unique), and places
+/// them into `body`. Registered in memory at once, and in the audit store
+/// with the next group commit (not awaited: a crash in the next few
+/// milliseconds forgets them; the record's canary ids still name them).
+fn inject_registered(
     exchange: &Exchange<'_>,
-    injection: &Injection,
+    body: &mut Value,
     config: &VerifyConfig,
     trail: &mut Trail,
-) {
+) -> Result<Injection, ApiError> {
     let state = exchange.state;
     let expires_at_ms = now_ms().saturating_add(config.canary_ttl_secs.saturating_mul(1000));
+    let registration = Registration {
+        session: exchange.caller.session_id.clone(),
+        request: exchange.request_id.to_string(),
+        expires_at_ms,
+    };
+    let (canaries, keys) = RequestCanaries::mint_registered(&state.registry, &registration)
+        .map_err(|error| ApiError::internal(format!("no OS randomness: {error}")))?;
+    let injection = match inject(body, config.echo, canaries) {
+        Ok(injection) => injection,
+        Err(error) => {
+            state.registry.remove(&canaries.head);
+            state.registry.remove(&canaries.tail);
+            return Err(inject_error(error));
+        }
+    };
     let mut entries = Vec::with_capacity(2);
-    for canary in [injection.canaries.head, injection.canaries.tail] {
-        let registration = Registration {
-            session: exchange.caller.session_id.clone(),
-            request: exchange.request_id.to_string(),
-            expires_at_ms,
-        };
-        let key = state.registry.insert(&canary, registration);
+    for key in keys {
         trail.canary_ids.push(hex::encode(key.0));
         entries.push(CanaryEntry {
             key,
@@ -228,6 +235,7 @@ fn register(
     if let Err(error) = state.audit.register_canaries_soon(entries) {
         tracing::warn!("persisting canaries: {error}");
     }
+    Ok(injection)
 }
 
 fn elapsed_ms(since: Instant) -> u64 {
