@@ -213,7 +213,9 @@ impl Prober<'_> {
         let needles =
             Needle::mint(NEEDLES_PER_PROMPT).map_err(|e| format!("no OS randomness: {e}"))?;
         let canaries = RequestCanaries::mint().map_err(|e| format!("no OS randomness: {e}"))?;
-        // Build, measure, and correct once for what injection adds.
+        // Build, measure, and correct for what injection adds until the
+        // prompt is no longer than `length` (an overshoot would push the
+        // largest probe past the window with its completion allowance).
         let mut text_target = length;
         let (body, injection, prompt_tokens, exact) = loop {
             let mut body = json!({
@@ -228,7 +230,7 @@ impl Prober<'_> {
             let messages = body["messages"].as_array().map_or(&[][..], Vec::as_slice);
             let exact = self.upstream.count_prompt_tokens(messages);
             let counted = exact.unwrap_or_else(|| count_chat_messages(messages));
-            if counted <= length + length / 100 || text_target == 0 {
+            if counted <= length || text_target == 0 {
                 break (body, injection, counted, exact);
             }
             text_target = text_target.saturating_sub(counted - length);
