@@ -361,7 +361,7 @@ impl Prober<'_> {
         let content = first
             .and_then(|choice| choice.texts.first())
             .filter(|field| field.kind == crate::wire::TextKind::Content)
-            .map_or("", |field| field.text.as_str());
+            .map_or("", |field| field.text(answer));
         step.prompt_tokens_reported = view.usage.map(|usage| usage.prompt_tokens);
         step.recalled = recalled(content, &prompt.needles) as u32;
 

@@ -161,7 +161,7 @@ fn error_json(error: &ApiError) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::format::TextKind;
+    use crate::wire::format::{TextKind, put_text};
     use axum::http::StatusCode;
 
     #[test]
@@ -174,13 +174,19 @@ mod tests {
         assert_eq!(view.choices.len(), 1);
         let choice = &view.choices[0];
         assert_eq!(choice.finish_reason.as_deref(), Some("stop"));
-        for field in &choice.texts {
-            assert_eq!(
-                answer.pointer(&field.at),
-                Some(&json!(field.text)),
-                "{field:?}"
-            );
-        }
+        let texts: Vec<&str> = choice
+            .texts
+            .iter()
+            .map(|field| field.text(&answer))
+            .collect();
+        assert_eq!(texts, ["hello", "{\"a\":1}"]);
+        let mut edited = answer.clone();
+        put_text(&mut edited, &choice.texts[0], "verified");
+        assert_eq!(edited["choices"][0]["message"]["content"], "verified");
+        assert_eq!(
+            edited["choices"][0]["message"]["tool_calls"],
+            answer["choices"][0]["message"]["tool_calls"]
+        );
         assert_eq!(
             choice.texts[1].kind,
             TextKind::ToolArguments { call: 0 },
