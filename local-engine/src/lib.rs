@@ -38,7 +38,7 @@ pub mod transfer;
 
 pub use engine::{
     Capacity, Completion, DeviceKind, Engine, EngineConfig, EngineHandle, Event, FinishReason,
-    Generation, GenerationRequest, Stats, Usage,
+    Generation, GenerationRequest, Precision, Stats, Usage,
 };
 pub use sampling::SamplingParams;
 pub use server::serve;
