@@ -156,7 +156,8 @@ impl Tolerance {
         if a.compared_rows == 0 {
             return Err("no logits to compare".into());
         }
-        if !(a.max_relative_error <= self.max_relative_error) {
+        // NaN fails too.
+        if a.max_relative_error.is_nan() || a.max_relative_error > self.max_relative_error {
             return Err(format!(
                 "logits relative error {:.2e} at step {} exceeds {:.0e}",
                 a.max_relative_error, a.worst_step, self.max_relative_error

@@ -350,14 +350,12 @@ fn time_to_first_token(
     let generation = engine
         .submit(GenerationRequest::greedy(prompt(len, salt, vocab), 1))
         .map_err(|e| e.to_string())?;
-    for event in generation {
-        match event {
-            Event::Token { .. } => return Ok(started.elapsed().as_secs_f64()),
-            Event::Failed(e) => return Err(e.to_string()),
-            Event::Done { .. } => break,
-        }
+    // The first event is the first token, unless the request failed or ended without one.
+    match generation.into_iter().next() {
+        Some(Event::Token { .. }) => Ok(started.elapsed().as_secs_f64()),
+        Some(Event::Failed(e)) => Err(e.to_string()),
+        Some(Event::Done { .. }) | None => Err("the request ended without a token".into()),
     }
-    Err("the request ended without a token".into())
 }
 
 /// Decode tokens/s with `batch` requests of `prompt_len` tokens running together.
