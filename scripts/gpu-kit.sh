@@ -154,7 +154,7 @@ cmd_build() {
         # Its own target dir: the `cuda` feature changes candle, so nothing is shared anyway.
         CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_STRIP=symbols \
             cargo build --release --target-dir target/gpu-kit-cuda \
-            -p canarygate-engine --features cuda --bin "$bin_name"
+            -p canarygate-gpu-kit --features cuda --bin "$bin_name"
         binary="target/gpu-kit-cuda/release/$bin_name"
         library_path="$(local_cuda_library_path)"
     elif [ -n "${GPU_KIT_BINARY:-}" ]; then
@@ -163,7 +163,7 @@ cmd_build() {
         binary="$GPU_KIT_BINARY"
         [ -x "$binary" ] || die "GPU_KIT_BINARY=$binary is not an executable"
     else
-        cargo build -p canarygate-engine --bin "$bin_name"
+        cargo build -p canarygate-gpu-kit --bin "$bin_name"
         binary="target/debug/$bin_name"
     fi
     rm -rf "$kit"

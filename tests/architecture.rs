@@ -11,17 +11,18 @@ fn root() -> &'static Path {
 }
 
 /// The library crates, by directory, and the crate root file.
-const CRATES: [(&str, &str); 6] = [
+const CRATES: [(&str, &str); 7] = [
     ("policies", "src/lib.rs"),
     ("audit", "src/lib.rs"),
     ("sim", "src/lib.rs"),
     ("proxy", "src/lib.rs"),
     ("local-engine", "src/lib.rs"),
+    ("local-engine/gpu-kit", "src/main.rs"),
     (".", "src/main.rs"),
 ];
 
 /// Which workspace crates each crate may depend on, and what it must not.
-const DEPENDENCIES: [(&str, &[&str], &[&str]); 6] = [
+const DEPENDENCIES: [(&str, &[&str], &[&str]); 7] = [
     (
         "policies",
         &[],
@@ -45,6 +46,11 @@ const DEPENDENCIES: [(&str, &[&str], &[&str]); 6] = [
         &["clap", "anyhow", "canarygate-sim", "redb"],
     ),
     ("local-engine", &[], &["clap", "anyhow"]),
+    (
+        "local-engine/gpu-kit",
+        &["canarygate-engine"],
+        &["tokio", "axum", "reqwest"],
+    ),
     (
         ".",
         &[
