@@ -17,6 +17,14 @@ pub struct RequestLabels {
     pub status: u16,
 }
 
+/// Labels of the client-timeout counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TimeoutLabels {
+    /// What the client was too slow with: `header`, `body`, `body_idle`,
+    /// `keepalive`.
+    pub phase: &'static str,
+}
+
 /// Labels of the local-engine counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LocalLabels {
@@ -42,6 +50,7 @@ pub struct Metrics {
     overhead: Histogram,
     local: Family<LocalLabels, Counter>,
     audit_background_failures: Gauge,
+    client_timeouts: Family<TimeoutLabels, Counter>,
 }
 
 impl Metrics {
@@ -78,6 +87,13 @@ impl Metrics {
             "Audit writes that failed with nobody waiting ([audit] durability = \"background\", canary persistence)",
             audit_background_failures.clone(),
         );
+        let client_timeouts = Family::<TimeoutLabels, Counter>::default();
+        registry.register(
+            "client_timeouts",
+            "Clients too slow with a request's head, its body, between two body chunks, \
+             or idle past the keep-alive timeout, by phase",
+            client_timeouts.clone(),
+        );
         Self {
             registry,
             requests,
@@ -85,6 +101,7 @@ impl Metrics {
             overhead,
             local,
             audit_background_failures,
+            client_timeouts,
         }
     }
 
@@ -104,6 +121,14 @@ impl Metrics {
     pub fn start_in_flight(&self) -> InFlightGuard {
         self.in_flight.inc();
         InFlightGuard(self.in_flight.clone())
+    }
+
+    /// Counts one client too slow in `phase` (`header`, `body`,
+    /// `body_idle`, `keepalive`).
+    pub fn count_client_timeout(&self, phase: &'static str) {
+        self.client_timeouts
+            .get_or_create(&TimeoutLabels { phase })
+            .inc();
     }
 
     /// Records the proxy's own time on one request.
