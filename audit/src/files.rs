@@ -81,10 +81,9 @@ pub fn ensure_private_file(path: &Path) -> io::Result<()> {
 pub fn write_private_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     create_private_dir_all(dir)?;
-    let name = path.file_name().map_or_else(
-        || "file".into(),
-        |name| name.to_string_lossy().into_owned(),
-    );
+    let name = path
+        .file_name()
+        .map_or_else(|| "file".into(), |name| name.to_string_lossy().into_owned());
     let temporary = dir.join(format!(".{name}.{}.tmp", std::process::id()));
     let _ = fs::remove_file(&temporary);
     let written = create_private_file(&temporary).and_then(|mut file| {

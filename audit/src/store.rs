@@ -166,8 +166,9 @@ impl RedbStore {
         let path = dir.join(STORE_FILE);
         // redb would create a missing file with the umask's mode: create it
         // owner-only first (redb initialises an empty file).
-        crate::files::ensure_private_file(&path)
-            .map_err(|error| AuditError::Io(format!("cannot create {}: {error}", path.display())))?;
+        crate::files::ensure_private_file(&path).map_err(|error| {
+            AuditError::Io(format!("cannot create {}: {error}", path.display()))
+        })?;
         let db = builder()
             .set_check_integrity_on_open(verify_pages)
             .create(&path)

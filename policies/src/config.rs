@@ -450,7 +450,10 @@ impl Policy {
                 "limits.client_header_timeout_ms",
                 limits.client_header_timeout_ms,
             ),
-            ("limits.client_body_timeout_ms", limits.client_body_timeout_ms),
+            (
+                "limits.client_body_timeout_ms",
+                limits.client_body_timeout_ms,
+            ),
             (
                 "limits.client_body_idle_timeout_ms",
                 limits.client_body_idle_timeout_ms,
@@ -466,9 +469,7 @@ impl Policy {
             if !(1..=MAX_TIMEOUT_MS).contains(&value) {
                 return Err((
                     None,
-                    format!(
-                        "{name} must be between 1 and {MAX_TIMEOUT_MS} (one day), not {value}"
-                    ),
+                    format!("{name} must be between 1 and {MAX_TIMEOUT_MS} (one day), not {value}"),
                 ));
             }
         }

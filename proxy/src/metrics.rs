@@ -50,6 +50,8 @@ pub struct Metrics {
     overhead: Histogram,
     local: Family<LocalLabels, Counter>,
     audit_background_failures: Gauge,
+    client_connections: Gauge,
+    client_connections_evicted: Counter,
     client_timeouts: Family<TimeoutLabels, Counter>,
 }
 
@@ -87,6 +89,18 @@ impl Metrics {
             "Audit writes that failed with nobody waiting ([audit] durability = \"background\", canary persistence)",
             audit_background_failures.clone(),
         );
+        let client_connections = Gauge::default();
+        registry.register(
+            "client_connections",
+            "Client connections open",
+            client_connections.clone(),
+        );
+        let client_connections_evicted = Counter::default();
+        registry.register(
+            "client_connections_evicted",
+            "Idle client connections closed to make room for a new one at limits.max_connections",
+            client_connections_evicted.clone(),
+        );
         let client_timeouts = Family::<TimeoutLabels, Counter>::default();
         registry.register(
             "client_timeouts",
@@ -101,6 +115,8 @@ impl Metrics {
             overhead,
             local,
             audit_background_failures,
+            client_connections,
+            client_connections_evicted,
             client_timeouts,
         }
     }
@@ -121,6 +137,17 @@ impl Metrics {
     pub fn start_in_flight(&self) -> InFlightGuard {
         self.in_flight.inc();
         InFlightGuard(self.in_flight.clone())
+    }
+
+    /// Marks a client connection as open; the guard marks it closed when dropped.
+    pub fn open_client_connection(&self) -> ConnectionGauge {
+        self.client_connections.inc();
+        ConnectionGauge(self.client_connections.clone())
+    }
+
+    /// Counts one idle client connection closed for a new one.
+    pub fn count_eviction(&self) {
+        self.client_connections_evicted.inc();
     }
 
     /// Counts one client too slow in `phase` (`header`, `body`,
@@ -153,6 +180,15 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Decrements the open-connections gauge when dropped.
+pub struct ConnectionGauge(Gauge);
+
+impl Drop for ConnectionGauge {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

@@ -63,14 +63,14 @@ pub fn router(state: Arc<AppState>) -> Router {
 }
 
 /// `methods` with every other method answered 405, naming `allow`.
-fn only(
-    allow: &'static str,
-    methods: MethodRouter<Arc<AppState>>,
-) -> MethodRouter<Arc<AppState>> {
+fn only(allow: &'static str, methods: MethodRouter<Arc<AppState>>) -> MethodRouter<Arc<AppState>> {
     methods.fallback(move |method: Method, uri: Uri| async move {
         let mut response = error_response::<Chat>(&ApiError::new(
             ErrorCode::MethodNotAllowed,
-            format!("{method} is not allowed on {}: it answers {allow}.", uri.path()),
+            format!(
+                "{method} is not allowed on {}: it answers {allow}.",
+                uri.path()
+            ),
         ));
         response
             .headers_mut()
