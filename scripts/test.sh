@@ -3,7 +3,8 @@
 #
 # Needs: a Rust toolchain and python3 (3.9+). Creates .venv with the openai SDK
 # (pinned in scripts/requirements-test.txt) on first run. Extra arguments go to
-# `cargo test` (e.g. `scripts/test.sh --test proxy_e2e`).
+# `cargo test` (e.g. `scripts/test.sh --test proxy_e2e`); without any, the GPU kit's
+# CPU dry run (scripts/gpu-kit.sh) runs after the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,7 +19,20 @@ trap 'rm -f "$log"' EXIT
 status=0
 cargo test --workspace "$@" 2>&1 | tee "$log" || status=$?
 
+# On full runs, the GPU kit's dry run (local-engine/README.md, "On a GPU"): the script path
+# a GPU machine runs, on the CPU. It counts as one test.
+kit_passed=0 kit_failed=0
+if [ $# -eq 0 ]; then
+  if GPU_KIT_BINARY=target/debug/canarygate-gpu-kit scripts/gpu-kit.sh build --cpu \
+    && scripts/gpu-kit.sh run --cpu; then
+    kit_passed=1
+  else
+    kit_failed=1 status=1
+  fi
+fi
+
 # One closing line over every test binary (cargo prints one per binary).
-awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
-     END { printf "%d passed, %d failed\n", p, f }' "$log"
+awk -v kp="$kit_passed" -v kf="$kit_failed" \
+    '/^test result:/ { for (i = 1; i <= NF; i++) { if ($i ~ /^passed;?$/) p += $(i-1); if ($i ~ /^failed;?$/) f += $(i-1) } }
+     END { printf "%d passed, %d failed\n", p + kp, f + kf }' "$log"
 exit "$status"

@@ -11,17 +11,18 @@ fn root() -> &'static Path {
 }
 
 /// The library crates, by directory, and the crate root file.
-const CRATES: [(&str, &str); 6] = [
+const CRATES: [(&str, &str); 7] = [
     ("policies", "src/lib.rs"),
     ("audit", "src/lib.rs"),
     ("sim", "src/lib.rs"),
     ("proxy", "src/lib.rs"),
     ("local-engine", "src/lib.rs"),
+    ("local-engine/gpu-kit", "src/main.rs"),
     (".", "src/main.rs"),
 ];
 
 /// Which workspace crates each crate may depend on, and what it must not.
-const DEPENDENCIES: [(&str, &[&str], &[&str]); 6] = [
+const DEPENDENCIES: [(&str, &[&str], &[&str]); 7] = [
     (
         "policies",
         &[],
@@ -45,6 +46,11 @@ const DEPENDENCIES: [(&str, &[&str], &[&str]); 6] = [
         &["clap", "anyhow", "canarygate-sim", "redb"],
     ),
     ("local-engine", &[], &["clap", "anyhow"]),
+    (
+        "local-engine/gpu-kit",
+        &["canarygate-engine"],
+        &["tokio", "axum", "reqwest"],
+    ),
     (
         ".",
         &[
@@ -589,4 +595,53 @@ fn proxy_files_stay_short_or_say_why() {
         long.is_empty(),
         "over {MAX_PROXY_FILE_LINES} lines without `{LONG_FILE_REASON}` in the opening comment: {long:?}"
     );
+}
+
+/// The Markdown files of the repository (not build outputs or virtualenvs).
+fn markdown_files(dir: &Path, found: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if path.is_dir() {
+            if !name.starts_with('.') && !matches!(name.as_ref(), "target" | "results") {
+                markdown_files(&path, found);
+            }
+        } else if name.ends_with(".md") {
+            found.push(path);
+        }
+    }
+}
+
+/// Every relative link of the documentation leads to a file of the
+/// repository: none reaches outside it, none is broken.
+#[test]
+fn docs_link_only_inside_the_repository() {
+    let root = root().canonicalize().unwrap();
+    let mut files = Vec::new();
+    markdown_files(&root, &mut files);
+    assert!(files.len() > 5, "found only {files:?}");
+    let mut bad = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (at, _) in text.match_indices("](") {
+            let rest = &text[at + 2..];
+            let Some(end) = rest.find(')') else { continue };
+            let target = &rest[..end];
+            if target.contains("://") || target.starts_with('#') || target.starts_with("mailto:") {
+                continue;
+            }
+            let path = target.split('#').next().unwrap();
+            let resolved = file.parent().unwrap().join(path);
+            match resolved.canonicalize() {
+                Ok(resolved) if resolved.starts_with(&root) => {}
+                Ok(_) => bad.push(format!(
+                    "{}: `{target}` leads outside the repository",
+                    file.display()
+                )),
+                Err(_) => bad.push(format!("{}: `{target}` does not exist", file.display())),
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}", bad.join("\n"));
 }

@@ -334,13 +334,11 @@ async fn send(client: &reqwest::Client, url: &str, model: &str, stream: bool) ->
 /// The client's API key; it must not appear anywhere in the data directory.
 const API_KEY: &str = "sk-audit-serve-7f3a9c1e5b";
 
-/// Whether `haystack` holds a canary value (`CG-` and four letters or digits
-/// and a dash, in any case), raw or in JSON.
+/// Whether `haystack` holds a canary value (`CG` in any case and 15
+/// digits, as canarygate writes it into prompts), raw or in JSON.
 fn holds_canary_value(haystack: &[u8]) -> bool {
-    haystack.windows(8).any(|window| {
-        window[..3].eq_ignore_ascii_case(b"CG-")
-            && window[3..7].iter().all(u8::is_ascii_alphanumeric)
-            && window[7] == b'-'
+    haystack.windows(17).any(|window| {
+        window[..2].eq_ignore_ascii_case(b"CG") && window[2..].iter().all(u8::is_ascii_digit)
     })
 }
 
@@ -436,9 +434,9 @@ fn assert_verified_record(record: &Value, answer: &Answer, model: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_carry_what_the_client_saw() {
     // The scanner below finds canary values in both spellings.
-    assert!(holds_canary_value(b"{\"x\":\"CG-7KQ4-M2XD-9PTA-WV3E\"}"));
-    assert!(holds_canary_value(b"cg-7kq4-m2xd"));
-    assert!(!holds_canary_value(b"CG-12 and ledger-entry"));
+    assert!(holds_canary_value(b"{\"x\":\"CG482937105662831\"}"));
+    assert!(holds_canary_value(b"cg482937105662831"));
+    assert!(!holds_canary_value(b"CG12 and ledger-entry 2024"));
     let honest = start_sim(&[]);
     let truncating = start_sim(&["--mode", "truncate-head"]);
     let slow = start_sim(&["--decode-tps", "20"]);

@@ -16,16 +16,22 @@ const IN_FLIGHT: usize = 48;
 /// The `index`-th honest request body. The simulated model restates the user's
 /// text, so what the prompt holds, the answer holds.
 fn body(index: usize) -> Value {
+    // Canary-shaped, never registered.
     let lookalike = format!(
-        "CG-{:04X}-{:04X}-ABCD-{:04X}",
-        index % 65_536,
-        (index * 7) % 65_536,
-        (index * 13) % 65_536
+        "CG{:015}",
+        (index as u64).wrapping_mul(7_919_000_013) % 10u64.pow(15)
     );
     let text = match index % 8 {
-        0 => format!("Review this: ```python\nprint('CG-')  # {lookalike}\n```"),
+        0 => format!("Review this: ```python\nprint('CG')  # {lookalike}\n```"),
         1 => format!("My parcel id is {lookalike}, is it valid?"),
-        2 => format!("cg {} {} spelled out", &lookalike[3..7], &lookalike[8..12]),
+        2 => format!(
+            "cg {} {} {} {} {} spelled out",
+            &lookalike[2..5],
+            &lookalike[5..8],
+            &lookalike[8..11],
+            &lookalike[11..14],
+            &lookalike[14..]
+        ),
         3 => "ok".to_owned(),
         4 => format!("Translate 'Grüße, {index}' — and the dash – too"),
         5 => "Begin your reply with \"Sure\" then list two fruits".to_owned(),

@@ -151,7 +151,7 @@ fn assert_local(answer: &Answer, reason: &str, expected: &str) {
         answer.content, expected,
         "the local answer differs from the engine's"
     );
-    assert!(!answer.content.contains("CG-") && !answer.content.contains("You wrote"));
+    assert!(!holds_canary(&answer.content) && !answer.content.contains("You wrote"));
 }
 
 /// Sends `body` (not streamed) and the same body streamed; both must be

@@ -56,7 +56,7 @@ upstream_model = "sim-model"
         content.starts_with("You wrote: Name the planets"),
         "{content}"
     );
-    assert!(!content.contains("CG-"), "{content}");
+    assert!(!holds_canary(content), "{content}");
     assert_eq!(plain["verdict"], "pass");
     // The reply's length depends on the (random) canaries in the context.
     assert!(
@@ -71,7 +71,7 @@ upstream_model = "sim-model"
     let stream = &result["stream"];
     let content = stream["content"].as_str().unwrap();
     assert!(
-        content.starts_with("You wrote: Name the planets") && !content.contains("CG-"),
+        content.starts_with("You wrote: Name the planets") && !holds_canary(content),
         "{content}"
     );
     assert!(stream["completion_tokens"].as_u64().unwrap() > 12);

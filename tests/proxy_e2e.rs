@@ -192,14 +192,7 @@ upstream_model = "sim-model"
         .unwrap();
     assert_eq!(answer["model"], "sim-model");
 
-    let metrics = client
-        .get(format!("{}/metrics", proxy.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics(&client, &proxy.url).await;
     assert!(
         metrics.contains(r#"canarygate_requests_total{route="chat_completions",status="200"} 1"#),
         "{metrics}"
@@ -643,14 +636,7 @@ async fn client_disconnect_cancels_the_upstream_request() {
     // The request stays in flight until its audit record (interrupted by the
     // client) is committed, which a loaded disk may take a while to do.
     loop {
-        let metrics = client
-            .get(format!("{}/metrics", proxy.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = metrics(&client, &proxy.url).await;
         if metrics.contains("canarygate_in_flight_requests 0") {
             break;
         }
@@ -777,4 +763,16 @@ enabled = false
         .await
         .unwrap();
     assert_eq!(after.status(), 200);
+}
+
+/// The proxy's `/metrics` text.
+async fn metrics(client: &reqwest::Client, proxy: &str) -> String {
+    client
+        .get(format!("{proxy}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }

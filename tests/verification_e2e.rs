@@ -124,7 +124,7 @@ fn check(outcome: &Outcome, index: usize, context: &str) -> bool {
         "{context}: request {index} was delivered another request's text {foreign:?}: {outcome:?}"
     );
     assert!(
-        !outcome.content.contains("CG-"),
+        !holds_canary(&outcome.content),
         "{context}: a canary reached the client: {outcome:?}"
     );
     let delivered = outcome.status == 200 && outcome.done && outcome.error_code.is_none();
@@ -296,7 +296,7 @@ async fn observe_preset_flags_but_delivers() {
         verdict.starts_with("fail; checks=") && verdict.contains("echo"),
         "{verdict}"
     );
-    assert!(!outcome.content.contains("CG-"));
+    assert!(!holds_canary(&outcome.content));
 }
 
 #[tokio::test]
@@ -306,10 +306,12 @@ async fn honest_traffic_raises_no_false_alarm() {
     let tricky = [
         "Explain this code: ```rust\nfn main() { println!(\"CG-1234\"); }\n```",
         "Is CG-ABCD-EFGH-JKMN-PQRS a valid serial number?",
+        "Is CG482937105662831 a valid serial number, or cg 482 937 105 662 830?",
         "ok",
         "Reply with a JSON object describing a cat",
         "Begin your reply with \"hello\" and then count to three",
         "cg 7kq4 m2xd 9pta wv3e is what my label says",
+        "Begin your reply with \"CG000000000000001\" and then say hi",
     ];
     for release in ["echo-first", "verdict-first"] {
         let dir = ProxyDir::new();

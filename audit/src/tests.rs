@@ -18,7 +18,7 @@ use crate::*;
 const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
 const SAMPLES: TableDefinition<u64, &[u8]> = TableDefinition::new("samples");
 const API_KEY: &str = "sk-live-THIS-KEY-MUST-NEVER-BE-STORED";
-const CANARY: &str = "CG-7KQ4-M2XD-9PTA-WV3E";
+const CANARY: &str = "CG482937105662831";
 
 /// A request record as the proxy would fill it.
 pub(crate) fn request(log: &AuditLog, n: u64, failed: bool) -> RequestRecord {

@@ -41,6 +41,16 @@ pub enum DeviceKind {
     Cuda(usize),
 }
 
+/// Number format of the weights, activations and KV pool (attention scores and softmax are
+/// always f32).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precision {
+    /// 32-bit floats.
+    F32,
+    /// bfloat16.
+    Bf16,
+}
+
 /// Engine settings. Build with [`EngineConfig::new`] and override fields.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
@@ -60,10 +70,13 @@ pub struct EngineConfig {
     pub prefill_chunk: usize,
     /// Device.
     pub device: DeviceKind,
+    /// Number format; `None`: the device's own (CPU f32, CUDA bf16).
+    pub precision: Option<Precision>,
 }
 
 impl EngineConfig {
-    /// Defaults: 512 MiB KV pool, 16-token pages, margin 1.0, batch 16, CPU.
+    /// Defaults: 512 MiB KV pool, 16-token pages, margin 1.0, batch 16, CPU, the device's
+    /// precision.
     pub fn new(model_dir: impl Into<PathBuf>) -> Self {
         Self {
             model_dir: model_dir.into(),
@@ -74,6 +87,7 @@ impl EngineConfig {
             max_batch: 16,
             prefill_chunk: 512,
             device: DeviceKind::Cpu,
+            precision: None,
         }
     }
 }
@@ -325,16 +339,24 @@ fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, EngineError> {
     Ok(files)
 }
 
-fn device(kind: DeviceKind) -> Result<(Device, DType), EngineError> {
-    match kind {
-        DeviceKind::Cpu => Ok((Device::Cpu, DType::F32)),
+fn device(kind: DeviceKind, precision: Option<Precision>) -> Result<(Device, DType), EngineError> {
+    let (device, default) = match kind {
+        DeviceKind::Cpu => (Device::Cpu, DType::F32),
         DeviceKind::Cuda(ordinal) if cfg!(feature = "cuda") => {
-            Ok((Device::new_cuda(ordinal)?, DType::BF16))
+            (Device::new_cuda(ordinal)?, DType::BF16)
         }
-        DeviceKind::Cuda(_) => Err(EngineError::Config(
-            "this build has no CUDA support (rebuild with --features cuda)".into(),
-        )),
-    }
+        DeviceKind::Cuda(_) => {
+            return Err(EngineError::Config(
+                "this build has no CUDA support (rebuild with --features cuda)".into(),
+            ));
+        }
+    };
+    let dtype = match precision {
+        None => default,
+        Some(Precision::F32) => DType::F32,
+        Some(Precision::Bf16) => DType::BF16,
+    };
+    Ok((device, dtype))
 }
 
 /// Context window the engine may advertise, or why it cannot start.
@@ -374,7 +396,7 @@ fn start(config: EngineConfig, fault: Option<TransferFault>) -> Result<EngineHan
     let files = safetensors_files(dir)?;
     let tokenizer = load_tokenizer(dir)?;
     let template = ChatTemplate::load(dir)?;
-    let (device, dtype) = device(config.device)?;
+    let (device, dtype) = device(config.device, config.precision)?;
     if config.max_batch == 0 || config.prefill_chunk == 0 {
         return Err(EngineError::Config(
             "max_batch and prefill_chunk must be > 0".into(),

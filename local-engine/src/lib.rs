@@ -37,7 +37,7 @@ pub mod transfer;
 
 pub use engine::{
     Capacity, Completion, DeviceKind, Engine, EngineConfig, EngineHandle, Event, FinishReason,
-    Generation, GenerationRequest, Stats, Usage,
+    Generation, GenerationRequest, Precision, Stats, Usage,
 };
 pub use sampling::{InvalidSampling, SamplingParams};
 pub use server::serve;

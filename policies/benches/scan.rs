@@ -3,8 +3,8 @@
 //!
 //! `cargo bench -p canarygate-policies --bench scan`
 //!
-//! The answer is 2 MiB of prose and code (many `c`/`C` and `CG` words, which
-//! the scanner must look at) with an unregistered canary-shaped span every
+//! The answer is 2 MiB of prose, code and log lines (many `c`/`C` and `CG`
+//! words, `cg` followed by digits, which the scanner must look at) with an unregistered canary-shaped span every
 //! [`LOOKALIKE_EVERY`] bytes, so every size does real registry lookups. It is
 //! fed to `Verifier::push` in 1 KiB deltas. Sizes are measured round-robin and
 //! the best of several rounds is kept, so drift on a shared machine hits all
@@ -60,6 +60,7 @@ fn answer() -> String {
         "```rust\nlet rect = CGRect::new(0.0, 0.0, 10.0, 10.0); // Core Graphics\n```\n",
         "Concurrency control in databases commonly uses locks or multiversioning, according to the workload. ",
         "The cgroup controller accounts CPU and memory; check /sys/fs/cgroup for its configuration.\n",
+        "Log: cg 2024-12-01 10:15:00,123 CG 1,234,567 bytes, cg7 up 99.9%, CG-48 of 512 ok.\n",
     ];
     let mut text = String::with_capacity(TEXT_BYTES + 4096);
     let mut n = 10_000_000u64;

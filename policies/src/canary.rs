@@ -1,40 +1,47 @@
 //! Canaries: minting, canonical form, keyed hash, and finding copies in text.
 //!
-//! A canary is 80 random bits written as `CG-` and 16 Crockford base32
-//! symbols in groups of four: `CG-7KQ4-M2XD-9PTA-WV3E`. Crockford base32 has
-//! no `I`, `L`, `O` or `U`, so a model's copy is unambiguous, and the `CG`
-//! prefix plus 16 symbols almost never occurs in ordinary text (and when it
-//! does, only a registered value counts as a canary).
+//! A canary is `CG` and 15 random decimal digits: `CG482937105662831`, about
+//! 49.8 bits. It costs 6 tokens in both OpenAI's o200k_base and Llama 3's
+//! vocabulary (`CG` and five 3-digit groups: both split digit runs into
+//! groups of three), where the base32 canaries it replaced cost 17. Digits
+//! copy reliably; `CG` followed by fifteen digits almost never occurs in
+//! ordinary text (and when it does, only a registered value counts).
 //!
-//! [`find_canaries`] recognises the copy variations models produce: any letter
-//! case, `O`/`I`/`L` for `0`/`1`/`1`, and up to [`MAX_SEPARATOR_RUN`] separator
-//! characters (space, `-`, `_`, `.`, no-break spaces, Unicode hyphens and
-//! dashes) before and between symbols. A match spans from the `C` of `CG` to
-//! the 16th symbol; quotes or backticks around it are not part of it. Every
-//! `C` is tried as a start, so overlapping text never hides a canary, and each
-//! try reads at most [`MAX_MATCH_BYTES`] bytes: scanning is linear in the
-//! text and does not depend on how many canaries are live.
+//! [`find_canaries`] recognises the copy variations models produce: `CG` in
+//! any letter case, and up to [`MAX_SEPARATOR_RUN`] separator characters
+//! (space, `-`, `_`, `.`, `,`, no-break and thin spaces, Unicode hyphens and
+//! dashes) before and between digits (`CG-482 937 105 662 831`,
+//! `cg 482,937,105,662,831`). A match spans from the `C` of `CG` to the 15th
+//! digit; quotes or backticks around it are not part of it. Every `C` is tried
+//! as a start, so overlapping text never hides a canary, and each try reads at
+//! most [`MAX_MATCH_BYTES`] bytes: scanning is linear in the text and does not
+//! depend on how many canaries are live.
 
 use std::fmt;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-/// Random symbols in a canary (5 bits each: 80 bits).
-pub const CANARY_SYMBOLS: usize = 16;
+/// Random decimal digits in a canary.
+pub const CANARY_DIGITS: usize = 15;
 
-/// Separator characters allowed in a row before or between two symbols.
+/// Number of distinct canaries: 10^15 (about 2^49.8).
+pub const CANARY_VALUES: u64 = 1_000_000_000_000_000;
+
+/// Separator characters allowed in a row before or between two digits.
 pub const MAX_SEPARATOR_RUN: usize = 3;
 
-/// Longest byte span a match can cover (`CG`, 16 symbols, separator runs of
-/// 3-byte characters before each symbol).
-pub const MAX_MATCH_BYTES: usize = 2 + CANARY_SYMBOLS * (1 + MAX_SEPARATOR_RUN * 3);
+/// Longest byte span a match can cover (`CG`, 15 digits, separator runs of
+/// 3-byte characters before each digit).
+pub const MAX_MATCH_BYTES: usize = 2 + CANARY_DIGITS * (1 + MAX_SEPARATOR_RUN * 3);
 
-const ALPHABET: &[u8; 32] = b"0123456789ABCDEFGHJKMNPQRSTVWXYZ";
+/// Length of the canonical form ([`Canary::canonical`]), which is also the
+/// form written into prompts.
+pub const CANONICAL_LEN: usize = 2 + CANARY_DIGITS;
 
-/// One canary: 16 symbol values in `0..32`.
+/// One canary: a value below [`CANARY_VALUES`], written as its 15 digits.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Canary([u8; CANARY_SYMBOLS]);
+pub struct Canary(u64);
 
 /// Fixed-size keyed hash of a canary ([`Canary::key`]): what registries and
 /// the audit store keep instead of the raw value.
@@ -52,25 +59,23 @@ impl fmt::Debug for CanaryKey {
 }
 
 impl Canary {
-    /// A fresh canary from the operating system's CSPRNG.
+    /// A fresh canary from the operating system's CSPRNG. Unique among live
+    /// canaries only when drawn through a registry
+    /// ([`MemoryRegistry::insert_new`](crate::registry::MemoryRegistry::insert_new)).
     pub fn mint() -> Result<Self, getrandom::Error> {
         let mut bytes = [0u8; 10];
         getrandom::fill(&mut bytes)?;
         Ok(Self::from_random(bytes))
     }
 
-    /// The canary whose 80 bits are `bytes` (for callers that bring their own
-    /// randomness, and for tests).
+    /// The canary made from 80 random bits (for callers that bring their own
+    /// randomness, and for tests): their value modulo 10^15. Each canary is
+    /// then drawn with probability within 2^-30 (relative) of 10^-15.
     pub fn from_random(bytes: [u8; 10]) -> Self {
-        let mut value = 0u128;
-        for byte in bytes {
-            value = (value << 8) | u128::from(byte);
-        }
-        let mut symbols = [0u8; CANARY_SYMBOLS];
-        for (index, symbol) in symbols.iter_mut().enumerate() {
-            *symbol = ((value >> (75 - 5 * index)) & 31) as u8;
-        }
-        Self(symbols)
+        let value = bytes
+            .iter()
+            .fold(0u128, |value, &byte| (value << 8) | u128::from(byte));
+        Self((value % u128::from(CANARY_VALUES)) as u64)
     }
 
     /// Parses text that is exactly one canary, in any variation
@@ -82,13 +87,15 @@ impl Canary {
         }
     }
 
-    /// Canonical form without separators: `CG` and 16 upper-case symbols.
-    pub fn canonical(&self) -> [u8; 2 + CANARY_SYMBOLS] {
-        let mut out = [0u8; 2 + CANARY_SYMBOLS];
+    /// Canonical form: `CG` and the 15 digits, as written into prompts.
+    pub fn canonical(&self) -> [u8; CANONICAL_LEN] {
+        let mut out = [0u8; CANONICAL_LEN];
         out[0] = b'C';
         out[1] = b'G';
-        for (slot, symbol) in out[2..].iter_mut().zip(self.0) {
-            *slot = ALPHABET[usize::from(symbol)];
+        let mut rest = self.0;
+        for slot in out[2..].iter_mut().rev() {
+            *slot = b'0' + (rest % 10) as u8;
+            rest /= 10;
         }
         out
     }
@@ -107,16 +114,10 @@ impl Canary {
 }
 
 impl fmt::Display for Canary {
-    /// `CG-XXXX-XXXX-XXXX-XXXX`, the form written into prompts.
+    /// `CG482937105662831`, the form written into prompts.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let canonical = self.canonical();
-        f.write_str("CG")?;
-        for group in canonical[2..].chunks(4) {
-            f.write_str("-")?;
-            // The alphabet is ASCII.
-            f.write_str(std::str::from_utf8(group).unwrap_or_default())?;
-        }
-        Ok(())
+        // The canonical form is ASCII.
+        f.write_str(std::str::from_utf8(&self.canonical()).unwrap_or_default())
     }
 }
 
@@ -176,8 +177,8 @@ pub(crate) fn match_at(text: &[u8], start: usize) -> Shape {
             Some(_) => return Shape::NoMatch,
         }
     }
-    let mut symbols = [0u8; CANARY_SYMBOLS];
-    for symbol in &mut symbols {
+    let mut value = 0u64;
+    for _ in 0..CANARY_DIGITS {
         let mut separators = 0;
         loop {
             let Some(rest) = text.get(index..).filter(|rest| !rest.is_empty()) else {
@@ -192,14 +193,14 @@ pub(crate) fn match_at(text: &[u8], start: usize) -> Shape {
                 None => break,
             }
         }
-        match symbol_value(text[index]) {
-            Some(value) => *symbol = value,
-            None => return Shape::NoMatch,
+        match text[index] {
+            digit @ b'0'..=b'9' => value = value * 10 + u64::from(digit - b'0'),
+            _ => return Shape::NoMatch,
         }
         index += 1;
     }
     Shape::Complete {
-        canary: Canary(symbols),
+        canary: Canary(value),
         end: index,
     }
 }
@@ -207,27 +208,15 @@ pub(crate) fn match_at(text: &[u8], start: usize) -> Shape {
 /// Length in bytes of the separator character `rest` starts with, if any.
 fn separator_len(rest: &[u8]) -> Option<usize> {
     match rest {
-        [b' ' | b'-' | b'_' | b'.', ..] => Some(1),
+        [b' ' | b'-' | b'_' | b'.' | b',', ..] => Some(1),
         // U+00A0 no-break space.
         [0xC2, 0xA0, ..] => Some(2),
-        // U+2010..U+2015 hyphens and dashes, U+202F narrow no-break space.
-        [0xE2, 0x80, 0x90..=0x95 | 0xAF, ..] => Some(3),
+        // U+2009 thin space, U+2010..U+2015 hyphens and dashes, U+202F narrow
+        // no-break space.
+        [0xE2, 0x80, 0x89 | 0x90..=0x95 | 0xAF, ..] => Some(3),
         // U+2212 minus sign.
         [0xE2, 0x88, 0x92, ..] => Some(3),
         _ => None,
-    }
-}
-
-/// Value of a Crockford base32 symbol, any case; `O` reads as 0, `I`/`L` as 1.
-fn symbol_value(byte: u8) -> Option<u8> {
-    let upper = byte.to_ascii_uppercase();
-    match upper {
-        b'O' => Some(0),
-        b'I' | b'L' => Some(1),
-        _ => ALPHABET
-            .iter()
-            .position(|&symbol| symbol == upper)
-            .map(|value| value as u8),
     }
 }
 
@@ -243,15 +232,23 @@ mod tests {
     fn display_parse_round_trip() {
         let canary = sample();
         let text = canary.to_string();
-        assert_eq!(text.len(), 22);
-        assert!(text.starts_with("CG-"));
+        assert_eq!(text.len(), CANONICAL_LEN);
+        assert!(text.starts_with("CG"));
+        assert!(text[2..].bytes().all(|b| b.is_ascii_digit()));
         assert_eq!(Canary::parse(&text), Some(canary));
+        // Leading zeros are kept.
+        let small = Canary::from_random([0, 0, 0, 0, 0, 0, 0, 0, 0, 7]);
+        assert_eq!(small.to_string(), "CG000000000000007");
+        assert_eq!(Canary::parse("CG000000000000007"), Some(small));
     }
 
     #[test]
-    fn random_bits_all_reach_symbols() {
+    fn values_cover_the_range() {
+        let top = Canary::from_random([0xff; 10]);
+        assert!(top.0 < CANARY_VALUES);
         let zero = Canary::from_random([0; 10]);
-        for byte in 0..10 {
+        // Low bits of the random value all reach the canary.
+        for byte in 5..10 {
             for bit in 0..8 {
                 let mut bytes = [0u8; 10];
                 bytes[byte] = 1 << bit;
@@ -264,18 +261,25 @@ mod tests {
     fn copy_variations_are_recognised() {
         let canary = sample();
         let text = canary.to_string();
-        let canonical = String::from_utf8(canary.canonical().to_vec()).unwrap();
+        let digits = &text[2..];
+        let grouped = |separator: &str| {
+            let groups: Vec<&str> = (0..5).map(|g| &digits[3 * g..3 * g + 3]).collect();
+            groups.join(separator)
+        };
         let variants = [
             text.to_lowercase(),
-            text.replace('-', " "),
-            text.replace('-', "_"),
-            text.replace('-', "."),
-            text.replace('-', " - "),
-            text.replace('-', "\u{2011}"),
-            text.replace('-', "\u{2014}"),
-            canonical.clone(),
-            canonical.replace('0', "O"),
-            format!("CG-{}", &canonical[2..]),
+            format!("Cg{digits}"),
+            format!("CG-{digits}"),
+            format!("CG {digits}"),
+            format!("CG {}", grouped(" ")),
+            format!("CG-{}", grouped("-")),
+            format!("CG{}", grouped(",")),
+            format!("CG {}", grouped(".")),
+            format!("CG {}", grouped(" - ")),
+            format!("CG\u{a0}{}", grouped("\u{2009}")),
+            format!("CG\u{2011}{}", grouped("\u{202f}")),
+            format!("CG\u{2014}{}", grouped("\u{2212}")),
+            format!("CG_{}", grouped("_")),
         ];
         for variant in variants {
             let found: Vec<_> = find_canaries(&format!("see `{variant}`.")).collect();
@@ -283,16 +287,19 @@ mod tests {
             assert_eq!(found[0].canary, canary, "{variant}");
             assert_eq!(found[0].start, 5, "{variant}");
             assert_eq!(found[0].end, 5 + variant.len(), "{variant}");
+            assert!(variant.len() <= MAX_MATCH_BYTES);
         }
     }
 
     #[test]
     fn non_canaries_are_not_matched() {
         for text in [
-            "CG-7KQ4-M2XD-9PTA",         // too short
-            "CG-7KQ4-M2XD-9PTA-WV3U",    // U is not a symbol
-            "CG----7KQ4-M2XD-9PTA-WV3E", // separator run too long
-            "the cgi script",
+            "CG48293710566283",      // 14 digits
+            "CG4829371056628x1",     // a letter among the digits
+            "CG----482937105662831", // separator run too long
+            "C G482937105662831",    // split prefix
+            "482937105662831",       // no prefix
+            "the cgi script, CGRect and cgroup v2",
             "",
         ] {
             assert_eq!(find_canaries(text).count(), 0, "{text}");
@@ -313,10 +320,9 @@ mod tests {
     #[test]
     fn partial_shapes() {
         assert_eq!(match_at(b"C", 0), Shape::Partial);
-        assert_eq!(match_at(b"cg-7KQ4-", 0), Shape::Partial);
+        assert_eq!(match_at(b"cg-482 937", 0), Shape::Partial);
         assert_eq!(match_at(b"cx", 0), Shape::NoMatch);
-        let long = format!("{}", sample());
-        assert!(long.len() <= MAX_MATCH_BYTES);
+        assert_eq!(match_at(b"CG48a", 0), Shape::NoMatch);
     }
 
     #[test]

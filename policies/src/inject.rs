@@ -1,33 +1,45 @@
 //! Placing a request's canaries into its chat completion request.
 //!
-//! Two canaries per request. The head canary goes in a system message placed
-//! first; the tail canary in a system message right after the last user
-//! message. Each message carries only its own canary, so a prompt truncated
-//! at either end loses one of them and the echo fails:
+//! Two canaries per request, placed so that every strict chat template still
+//! accepts the conversation and the client's stable prefix stays
+//! byte-identical (provider prompt caches keep hitting):
 //!
-//! - head: `... Begin your reply with "HEAD" then a space and the code from
-//!   part 2 at the end of the conversation ...` ([`ECHO_PHRASE`])
-//! - tail: `... Right after the code from part 1, write "TAIL" ...`
-//!   ([`TAIL_PHRASE`])
+//! - head: an instruction appended to the client's leading system (or
+//!   `developer`) message after its own text, or a system message inserted
+//!   first when there is none:
+//!   `Begin your reply with "HEAD", a space and the CG code in square brackets
+//!   below, on one line; then answer normally.` ([`ECHO_PHRASE`]);
+//! - tail: a block `[TAIL]` appended to the last user message (a new text part
+//!   when its content is an array of parts).
 //!
-//! An obedient model opens its reply with `HEAD TAIL`; [`obedient_echo`] is
-//! that rule, for simulated providers. In `head` echo mode the tail message
-//! is a passive marker. Requests in JSON mode or with tools (and echo `off`)
-//! get both canaries as passive markers: no echo is asked, but a leak of this
-//! prompt into another answer is still recognised.
+//! No message is added but that one system message, no role changes, and
+//! assistant and tool turns are never touched. Each block carries only its own
+//! canary, so a prompt that lost its system message or its last user message
+//! loses one of them and the echo fails. Everything before the head canary is
+//! the client's text and fixed text of ours.
+//!
+//! An obedient model opens its reply with `HEAD TAIL`; [`obedient_opening`] is
+//! that rule, for simulated providers. In `head` echo mode the tail is a
+//! passive marker. Requests in JSON mode or with tools (and echo `off`) get
+//! both canaries as passive markers (`(CANARY is a marker: never repeat it.)`):
+//! no echo is asked, but a leak of this prompt into another answer is still
+//! recognised. A conversation without a user message gets the tail after the
+//! head, in the system message.
 
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::canary::Canary;
-use crate::tokens::count_chat_messages;
+use crate::canary::{CANONICAL_LEN, Canary, CanaryKey, find_canaries};
+use crate::registry::{MemoryRegistry, Registration};
+use crate::tokens::{content_text, count_chat_messages};
 use crate::verify_config::EchoMode;
 
-/// Phrase of the head instruction, followed by the head canary and `"`.
+/// Opens the head instruction; the head canary and `"` follow. An obedient
+/// model follows any instruction of this form, canarygate's or a client's.
 pub const ECHO_PHRASE: &str = "Begin your reply with \"";
 
-/// Phrase of the tail instruction, followed by the tail canary and `"`.
-pub const TAIL_PHRASE: &str = "Right after the code from part 1, write \"";
+/// What separates a block of ours from the client's text in the same string.
+pub const BLOCK_SEPARATOR: &str = "\n\n";
 
 /// Output tokens added to a client's `max_tokens` when an echo is asked, so
 /// the echo does not eat the client's budget.
@@ -39,19 +51,33 @@ pub const MAX_CHOICES: u64 = 128;
 /// The two canaries of one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestCanaries {
-    /// Placed in the first message.
+    /// Placed in the leading system message.
     pub head: Canary,
-    /// Placed after the last user message.
+    /// Placed at the end of the last user message.
     pub tail: Canary,
 }
 
 impl RequestCanaries {
-    /// Two fresh canaries from the OS CSPRNG.
+    /// Two fresh canaries from the OS CSPRNG, not registered anywhere (see
+    /// [`RequestCanaries::mint_registered`]).
     pub fn mint() -> Result<Self, getrandom::Error> {
         Ok(Self {
             head: Canary::mint()?,
             tail: Canary::mint()?,
         })
+    }
+
+    /// Two fresh canaries, both registered in `registry` to `registration`
+    /// as they are drawn; values already live are refused and drawn again
+    /// ([`MemoryRegistry::mint`]), so they are unique among live canaries and
+    /// differ from each other. Returns their registry keys, head first.
+    pub fn mint_registered(
+        registry: &MemoryRegistry,
+        registration: &Registration,
+    ) -> Result<(Self, [CanaryKey; 2]), getrandom::Error> {
+        let (head, head_key) = registry.mint(registration)?;
+        let (tail, tail_key) = registry.mint(registration)?;
+        Ok((Self { head, tail }, [head_key, tail_key]))
     }
 }
 
@@ -101,22 +127,26 @@ pub enum InjectError {
     /// `n` is not a positive integer up to [`MAX_CHOICES`].
     #[error("`n` must be an integer from 1 to {MAX_CHOICES}")]
     BadChoiceCount,
+    /// A message is not an object, or the content of a message the canaries
+    /// go into is neither a string nor an array of content parts.
+    #[error("`messages[{0}]` must be an object whose `content` is a string or an array of parts")]
+    BadMessage(usize),
 }
 
-/// Places `canaries` into `request` (a chat completion body) per `echo`.
+/// Places `canaries` into `request` (a chat completion body) per `echo`. On
+/// error the request is left as it was.
 pub fn inject(
     request: &mut Value,
     echo: EchoMode,
     canaries: RequestCanaries,
 ) -> Result<Injection, InjectError> {
     let body = request.as_object_mut().ok_or(InjectError::NotAnObject)?;
-    if body
+    let messages = body
         .get("messages")
         .and_then(Value::as_array)
-        .is_none_or(Vec::is_empty)
-    {
-        return Err(InjectError::NoMessages);
-    }
+        .filter(|messages| !messages.is_empty())
+        .ok_or(InjectError::NoMessages)?;
+    let placement = Placement::of(messages)?;
     let choices = match body.get("n") {
         None | Some(Value::Null) => 1,
         Some(n) => n
@@ -144,24 +174,17 @@ pub fn inject(
         None
     };
     let RequestCanaries { head, tail } = canaries;
-    let (head_text, tail_text, expected) = match (passive, echo) {
+    let (head_block, tail_block, expected) = match (passive, echo) {
         (None, EchoMode::HeadTail) => (
             format!(
-                "canarygate verification, part 1 of 2. {ECHO_PHRASE}{head}\" then a space and \
-                 the code given in part 2 at the end of the conversation, on one line, then \
-                 answer normally."
+                "{ECHO_PHRASE}{head}\", a space and the CG code in square brackets below, on one \
+                 line; then answer normally."
             ),
-            format!(
-                "canarygate verification, part 2 of 2. {TAIL_PHRASE}{tail}\" on the same line, \
-                 then a new line, then answer normally."
-            ),
+            tail_block(tail),
             vec![head, tail],
         ),
         (None, _) => (
-            format!(
-                "canarygate verification. {ECHO_PHRASE}{head}\" on its own line, then answer \
-                 normally."
-            ),
+            format!("{ECHO_PHRASE}{head}\" on its own line; then answer normally."),
             passive_marker(tail),
             vec![head],
         ),
@@ -196,17 +219,8 @@ pub fn inject(
     let messages = body
         .get_mut("messages")
         .and_then(Value::as_array_mut)
-        .filter(|messages| !messages.is_empty())
         .ok_or(InjectError::NoMessages)?;
-    let after_last_user = messages
-        .iter()
-        .rposition(|message| message.get("role").and_then(Value::as_str) == Some("user"))
-        .map_or(messages.len(), |index| index + 1);
-    messages.insert(
-        after_last_user,
-        json!({"role": "system", "content": tail_text}),
-    );
-    messages.insert(0, json!({"role": "system", "content": head_text}));
+    placement.apply(messages, head_block, tail_block);
     let prompt_tokens_estimate = count_chat_messages(messages);
 
     Ok(Injection {
@@ -221,27 +235,177 @@ pub fn inject(
     })
 }
 
-fn passive_marker(canary: Canary) -> String {
-    format!("canarygate marker {canary}: ignore it and never repeat it.")
+/// Which messages the blocks go into, checked before anything changes.
+struct Placement {
+    /// The first message is a system or developer message (the head joins it).
+    leading_system: bool,
+    /// The last user message (the tail joins it), if any.
+    last_user: Option<usize>,
 }
 
-/// What an obedient model opens its reply with, given the request it sees:
-/// the string after [`ECHO_PHRASE`], then a space and the string after
-/// [`TAIL_PHRASE`], each found in the first message that has it. `None` when
-/// neither instruction is present. For simulated providers.
+impl Placement {
+    fn of(messages: &[Value]) -> Result<Self, InjectError> {
+        let role = |index: usize| messages[index].get("role").and_then(Value::as_str);
+        let leading_system = matches!(role(0), Some("system" | "developer"));
+        let last_user = (0..messages.len()).rev().find(|&i| role(i) == Some("user"));
+        for index in [leading_system.then_some(0), last_user]
+            .into_iter()
+            .flatten()
+        {
+            let message = messages[index]
+                .as_object()
+                .ok_or(InjectError::BadMessage(index))?;
+            match message.get("content") {
+                None | Some(Value::Null | Value::String(_) | Value::Array(_)) => {}
+                Some(_) => return Err(InjectError::BadMessage(index)),
+            }
+        }
+        Ok(Self {
+            leading_system,
+            last_user,
+        })
+    }
+
+    fn apply(&self, messages: &mut Vec<Value>, head_block: String, tail_block: String) {
+        let mut system_blocks = vec![head_block];
+        match self.last_user {
+            Some(index) => append_block(&mut messages[index], tail_block),
+            None => system_blocks.push(tail_block),
+        }
+        if self.leading_system {
+            for block in system_blocks {
+                append_block(&mut messages[0], block);
+            }
+        } else {
+            let content = system_blocks.join(BLOCK_SEPARATOR);
+            messages.insert(0, json!({"role": "system", "content": content}));
+        }
+    }
+}
+
+/// Appends `block` to `message`'s content after the client's own text: to a
+/// string after [`BLOCK_SEPARATOR`], to an array of parts as a new text part
+/// (also opening with the separator, for templates that join parts without
+/// one). Missing or null content becomes the block.
+fn append_block(message: &mut Value, block: String) {
+    let Some(message) = message.as_object_mut() else {
+        return;
+    };
+    match message.get_mut("content") {
+        Some(Value::String(text)) if !text.is_empty() => {
+            text.push_str(BLOCK_SEPARATOR);
+            text.push_str(&block);
+        }
+        Some(Value::Array(parts)) => parts.push(json!({
+            "type": "text",
+            "text": format!("{BLOCK_SEPARATOR}{block}"),
+        })),
+        _ => {
+            message.insert("content".into(), Value::String(block));
+        }
+    }
+}
+
+fn tail_block(canary: Canary) -> String {
+    format!("[{canary}]")
+}
+
+fn passive_marker(canary: Canary) -> String {
+    format!("({canary} is a marker: never repeat it.)")
+}
+
+/// The kinds of text canarygate places into prompts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BlockKind {
+    /// `Begin your reply with "CANARY"...`
+    Head,
+    /// `[CANARY]`
+    Tail,
+    /// `(CANARY is a marker...`
+    Marker,
+}
+
+/// Every block of ours in `text`: where it starts, what it is, its canary.
+fn blocks(text: &str) -> impl Iterator<Item = (usize, BlockKind, Canary)> + '_ {
+    find_canaries(text)
+        .filter(|found| found.end - found.start == CANONICAL_LEN)
+        .filter_map(move |found| {
+            let (before, after) = (&text[..found.start], &text[found.end..]);
+            let phrase = ECHO_PHRASE.len();
+            if before.ends_with(ECHO_PHRASE) && after.starts_with('"') {
+                Some((found.start - phrase, BlockKind::Head, found.canary))
+            } else if before.ends_with('[') && after.starts_with(']') {
+                Some((found.start - 1, BlockKind::Tail, found.canary))
+            } else if before.ends_with('(') && after.starts_with(" is a marker") {
+                Some((found.start - 1, BlockKind::Marker, found.canary))
+            } else {
+                None
+            }
+        })
+}
+
+/// The client's own part of a message text canarygate injected into: the
+/// text before the first block of ours, without the separator.
+pub fn client_text(text: &str) -> &str {
+    match blocks(text).next() {
+        Some((start, _, _)) => {
+            let before = &text[..start];
+            before.strip_suffix(BLOCK_SEPARATOR).unwrap_or(before)
+        }
+        None => text,
+    }
+}
+
+/// What an obedient model opens its reply with, given the texts of the
+/// messages it sees, in order: `head tail`, `head`, `tail`, or `None`.
+///
+/// - head: the text quoted after the last [`ECHO_PHRASE`] of the first text
+///   that has one (canarygate's instruction, or a client's own `Begin your
+///   reply with "..."`; a later instruction in the same message overrides an
+///   earlier one). Empty or unterminated quotes do not count;
+/// - tail: the canary of the first tail block `[CANARY]`.
+///
+/// For simulated providers, which follow whatever canarygate asks.
+pub fn obedient_opening<'a>(texts: impl IntoIterator<Item = &'a str>) -> Option<String> {
+    let mut head: Option<&str> = None;
+    let mut tail = None;
+    for text in texts {
+        if head.is_none() {
+            head = last_quoted_after(text, ECHO_PHRASE);
+        }
+        if tail.is_none() {
+            tail = blocks(text)
+                .find(|(_, kind, _)| *kind == BlockKind::Tail)
+                .map(|(_, _, canary)| canary);
+        }
+    }
+    match (head, tail) {
+        (Some(head), Some(tail)) => Some(format!("{head} {tail}")),
+        (Some(head), None) => Some(head.to_owned()),
+        (None, tail) => tail.map(|tail| tail.to_string()),
+    }
+}
+
+/// [`obedient_opening`] of a chat completion request's messages.
 pub fn obedient_echo(request: &Value) -> Option<String> {
     let messages = request.get("messages")?.as_array()?;
-    let quoted_after = |phrase: &str| {
-        messages.iter().find_map(|message| {
-            let content = message.get("content")?.as_str()?;
-            let rest = &content[content.find(phrase)? + phrase.len()..];
-            Some(rest[..rest.find('"')?].to_owned())
+    let texts: Vec<_> = messages
+        .iter()
+        .map(|message| message.get("content").map(content_text).unwrap_or_default())
+        .collect();
+    obedient_opening(texts.iter().map(|text| text.as_ref()))
+}
+
+/// The non-empty text between the last `phrase` of `text` that has one and
+/// the next `"`.
+fn last_quoted_after<'a>(text: &'a str, phrase: &str) -> Option<&'a str> {
+    text.match_indices(phrase)
+        .filter_map(|(start, _)| {
+            let rest = &text[start + phrase.len()..];
+            let quoted = &rest[..rest.find('"')?];
+            Some(quoted).filter(|quoted| !quoted.is_empty())
         })
-    };
-    match (quoted_after(ECHO_PHRASE), quoted_after(TAIL_PHRASE)) {
-        (Some(head), Some(tail)) => Some(format!("{head} {tail}")),
-        (head, tail) => head.or(tail),
-    }
+        .last()
 }
 
 #[cfg(test)]
@@ -268,22 +432,83 @@ mod tests {
         })
     }
 
+    fn text(message: &Value) -> String {
+        content_text(&message["content"]).into_owned()
+    }
+
     #[test]
-    fn head_first_tail_after_last_user() {
-        let mut body = request();
+    fn head_joins_the_system_message_and_tail_ends_the_last_user_message() {
+        let original = request();
+        let mut body = original.clone();
         let injection = inject(&mut body, EchoMode::HeadTail, canaries()).unwrap();
         let messages = body["messages"].as_array().unwrap();
-        assert_eq!(messages.len(), 6);
-        let head = messages[0]["content"].as_str().unwrap();
-        let tail = messages[5]["content"].as_str().unwrap();
-        assert!(head.contains(&canaries().head.to_string()));
-        assert!(!head.contains(&canaries().tail.to_string()));
-        assert!(tail.contains(&canaries().tail.to_string()));
-        assert!(!tail.contains(&canaries().head.to_string()));
+        assert_eq!(messages.len(), 4, "no message added");
+        let (head, tail) = (canaries().head.to_string(), canaries().tail.to_string());
+        let system = text(&messages[0]);
+        assert!(system.starts_with(&format!("Be brief.{BLOCK_SEPARATOR}{ECHO_PHRASE}{head}\"")));
+        assert!(!system.contains(&tail));
+        let last = text(&messages[3]);
+        assert_eq!(last, format!("Tell me a joke{BLOCK_SEPARATOR}[{tail}]"));
+        for index in 1..3 {
+            assert_eq!(messages[index], original["messages"][index], "untouched");
+        }
         assert_eq!(injection.echo, [canaries().head, canaries().tail]);
         assert_eq!(injection.passive, None);
         assert_eq!(injection.client_max_tokens, Some(100));
         assert_eq!(body["max_tokens"], 100 + ECHO_TOKEN_ALLOWANCE);
+        assert_eq!(obedient_echo(&body).unwrap(), format!("{head} {tail}"));
+        assert_eq!(client_text(&system), "Be brief.");
+        assert_eq!(client_text(&last), "Tell me a joke");
+        assert_eq!(client_text("no block here"), "no block here");
+    }
+
+    #[test]
+    fn a_system_message_is_added_first_only_when_there_is_none() {
+        let mut body = json!({"messages": [{"role": "user", "content": "Hi"}]});
+        inject(&mut body, EchoMode::HeadTail, canaries()).unwrap();
+        let messages = body["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 2);
+        assert_eq!(messages[0]["role"], "system");
+        assert!(text(&messages[0]).starts_with(ECHO_PHRASE));
+        assert_eq!(client_text(&text(&messages[0])), "");
+
+        // A leading developer message plays the system role.
+        let mut body = json!({"messages": [
+            {"role": "developer", "content": "Be terse."},
+            {"role": "user", "content": "Hi"}
+        ]});
+        inject(&mut body, EchoMode::HeadTail, canaries()).unwrap();
+        let messages = body["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 2);
+        assert_eq!(messages[0]["role"], "developer");
+        assert!(text(&messages[0]).contains(&canaries().head.to_string()));
+    }
+
+    #[test]
+    fn parts_get_a_new_text_part_and_keep_their_own() {
+        let mut body = json!({"messages": [
+            {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+            {"role": "user", "content": [
+                {"type": "text", "text": "What is this?"},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+            ]}
+        ]});
+        let original = body.clone();
+        inject(&mut body, EchoMode::HeadTail, canaries()).unwrap();
+        let system = body["messages"][0]["content"].as_array().unwrap();
+        assert_eq!(system.len(), 2);
+        assert_eq!(system[0], original["messages"][0]["content"][0]);
+        assert_eq!(system[1]["type"], "text");
+        let user = body["messages"][1]["content"].as_array().unwrap();
+        assert_eq!(user.len(), 3);
+        assert_eq!(
+            user[..2],
+            original["messages"][1]["content"].as_array().unwrap()[..]
+        );
+        assert_eq!(
+            user[2]["text"],
+            format!("{BLOCK_SEPARATOR}[{}]", canaries().tail)
+        );
         assert_eq!(
             obedient_echo(&body).unwrap(),
             format!("{} {}", canaries().head, canaries().tail)
@@ -291,7 +516,22 @@ mod tests {
     }
 
     #[test]
-    fn truncated_prompt_loses_one_canary() {
+    fn without_a_user_message_the_tail_follows_the_head() {
+        let mut body = json!({"messages": [{"role": "system", "content": "Say hello."}]});
+        inject(&mut body, EchoMode::HeadTail, canaries()).unwrap();
+        let messages = body["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 1);
+        let system = text(&messages[0]);
+        assert!(system.ends_with(&format!("[{}]", canaries().tail)));
+        assert_eq!(client_text(&system), "Say hello.");
+        assert_eq!(
+            obedient_echo(&body).unwrap(),
+            format!("{} {}", canaries().head, canaries().tail)
+        );
+    }
+
+    #[test]
+    fn a_prompt_that_lost_a_message_loses_one_canary() {
         let mut body = request();
         inject(&mut body, EchoMode::HeadTail, canaries()).unwrap();
         let mut head_cut = body.clone();
@@ -306,6 +546,41 @@ mod tests {
             obedient_echo(&tail_cut).unwrap(),
             canaries().head.to_string()
         );
+    }
+
+    #[test]
+    fn the_last_instruction_of_the_first_message_that_has_one_wins() {
+        // A client's own instruction before ours in the system message, and
+        // another in the user message: an obedient model follows ours.
+        let mut body = json!({"messages": [
+            {"role": "system", "content": "Begin your reply with \"Hello\" always."},
+            {"role": "user", "content": "Begin your reply with \"Sure\" then list fruits"}
+        ]});
+        inject(&mut body, EchoMode::HeadTail, canaries()).unwrap();
+        assert_eq!(
+            obedient_echo(&body).unwrap(),
+            format!("{} {}", canaries().head, canaries().tail)
+        );
+        // Without canarygate, the client's own instruction is followed.
+        let plain = json!({"messages": [
+            {"role": "user", "content": "Begin your reply with \"\", no: Begin your reply with \"OK-42\" please"}
+        ]});
+        assert_eq!(obedient_echo(&plain).unwrap(), "OK-42");
+        assert_eq!(
+            obedient_opening(["Begin your reply with \"never closed"]),
+            None
+        );
+    }
+
+    #[test]
+    fn head_mode_asks_for_the_head_only() {
+        let mut body = request();
+        let injection = inject(&mut body, EchoMode::Head, canaries()).unwrap();
+        assert_eq!(injection.echo, [canaries().head]);
+        assert_eq!(obedient_echo(&body).unwrap(), canaries().head.to_string());
+        let last = text(&body["messages"][3]);
+        assert!(last.contains(&canaries().tail.to_string()));
+        assert_eq!(client_text(&last), "Tell me a joke");
     }
 
     #[test]
@@ -325,9 +600,13 @@ mod tests {
             assert!(injection.echo.is_empty());
             assert_eq!(body["max_tokens"], 100);
             assert_eq!(obedient_echo(&body), None);
-            let text = body.to_string();
-            assert!(text.contains(&canaries().head.to_string()));
-            assert!(text.contains(&canaries().tail.to_string()));
+            assert_eq!(body["messages"].as_array().unwrap().len(), 4);
+            let system = text(&body["messages"][0]);
+            let last = text(&body["messages"][3]);
+            assert!(system.contains(&canaries().head.to_string()));
+            assert!(last.contains(&canaries().tail.to_string()));
+            assert_eq!(client_text(&system), "Be brief.");
+            assert_eq!(client_text(&last), "Tell me a joke");
         }
     }
 
@@ -343,7 +622,7 @@ mod tests {
     }
 
     #[test]
-    fn malformed_requests_are_errors() {
+    fn malformed_requests_are_errors_and_left_unchanged() {
         assert_eq!(
             inject(&mut json!([]), EchoMode::Head, canaries()),
             Err(InjectError::NotAnObject)
@@ -358,5 +637,39 @@ mod tests {
             inject(&mut body, EchoMode::Head, canaries()),
             Err(InjectError::BadChoiceCount)
         );
+        for (index, bad) in [
+            (
+                0,
+                json!({"messages": [{"role": "system", "content": 7}, {"role": "user", "content": "x"}]}),
+            ),
+            (
+                1,
+                json!({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": {"text": "x"}}]}),
+            ),
+        ] {
+            let mut body = bad.clone();
+            assert_eq!(
+                inject(&mut body, EchoMode::HeadTail, canaries()),
+                Err(InjectError::BadMessage(index))
+            );
+            assert_eq!(body, bad);
+        }
+    }
+
+    #[test]
+    fn registered_canaries_are_live_and_distinct() {
+        let registry = MemoryRegistry::new(b"secret");
+        let registration = Registration {
+            session: "s".into(),
+            request: "r".into(),
+            expires_at_ms: 1,
+        };
+        let (canaries, keys) = RequestCanaries::mint_registered(&registry, &registration).unwrap();
+        assert_ne!(canaries.head, canaries.tail);
+        assert_eq!(
+            keys,
+            [registry.key(&canaries.head), registry.key(&canaries.tail)]
+        );
+        assert_eq!(registry.len(), 2);
     }
 }

@@ -2,7 +2,7 @@
 //!
 //! A probe sends prompts of growing length (doubling, then a binary search
 //! between the last good and the first bad length, up to the advertised
-//! window). Each prompt hides fresh needles (`PROBE-XXXX-XXXX-XXXX-XXXX`) at
+//! window). Each prompt hides fresh needles (`PROBE-` and 15 digits) at
 //! several depths of filler text and asks for all of them back; the request
 //! also carries the usual canaries and echo. A length is good when every
 //! needle comes back, the echo passes and `usage.prompt_tokens` matches our
@@ -48,8 +48,8 @@ impl Needle {
     /// A needle from 10 random bytes (use the OS CSPRNG).
     pub fn from_random(bytes: [u8; 10]) -> Self {
         let canary = Canary::from_random(bytes).to_string();
-        // `CG-XXXX-...`: keep the groups, not the canary prefix.
-        Self(format!("{NEEDLE_PREFIX}{}", &canary[3..]))
+        // `CG` and 15 digits: keep the digits, not the canary prefix.
+        Self(format!("{NEEDLE_PREFIX}{}", &canary[2..]))
     }
 
     /// Fresh needles from the OS CSPRNG.
@@ -372,6 +372,7 @@ pub fn conclude(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::canary::CANARY_DIGITS;
 
     fn needles() -> Vec<Needle> {
         (0..3u8).map(|i| Needle::from_random([i; 10])).collect()
@@ -405,7 +406,11 @@ mod tests {
     }
 
     fn needle_looks_right(needle: &str) -> bool {
-        needle.len() == NEEDLE_PREFIX.len() + 19 && needle.starts_with(NEEDLE_PREFIX)
+        needle.len() == NEEDLE_PREFIX.len() + CANARY_DIGITS
+            && needle.starts_with(NEEDLE_PREFIX)
+            && needle[NEEDLE_PREFIX.len()..]
+                .bytes()
+                .all(|b| b.is_ascii_digit())
     }
 
     /// Runs a search against a provider that serves prompts up to `limit`.

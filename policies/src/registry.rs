@@ -105,6 +105,42 @@ impl MemoryRegistry {
         key
     }
 
+    /// Registers `canary` unless it is already live; `None` when it is (its
+    /// registration is left as it was).
+    pub fn insert_new(&self, canary: &Canary, registration: Registration) -> Option<CanaryKey> {
+        let key = self.key(canary);
+        let mut shard = self.write(&key);
+        if shard.entries.contains_key(&key) {
+            return None;
+        }
+        shard.insert(key, registration);
+        Some(key)
+    }
+
+    /// A fresh canary from the OS CSPRNG, registered to `registration`. A
+    /// value that is already live is refused and another one drawn, so no two
+    /// live canaries are ever equal.
+    pub fn mint(
+        &self,
+        registration: &Registration,
+    ) -> Result<(Canary, CanaryKey), getrandom::Error> {
+        self.mint_from(registration, Canary::mint)
+    }
+
+    /// [`MemoryRegistry::mint`] with canaries drawn from `draw`.
+    fn mint_from<E>(
+        &self,
+        registration: &Registration,
+        mut draw: impl FnMut() -> Result<Canary, E>,
+    ) -> Result<(Canary, CanaryKey), E> {
+        loop {
+            let canary = draw()?;
+            if let Some(key) = self.insert_new(&canary, registration.clone()) {
+                return Ok((canary, key));
+            }
+        }
+    }
+
     /// Registers an entry by key, as loaded from the persistent store.
     pub fn restore(&self, key: CanaryKey, registration: Registration) {
         self.write(&key).insert(key, registration);
@@ -217,6 +253,45 @@ mod tests {
         assert!(registry.owner(&a).is_none());
         assert!(registry.remove(&b));
         assert!(registry.is_empty());
+    }
+
+    #[test]
+    fn a_live_value_is_refused() {
+        let registry = MemoryRegistry::new(b"secret");
+        let canary = Canary::from_random([3; 10]);
+        assert!(
+            registry
+                .insert_new(&canary, registration("first", 10))
+                .is_some()
+        );
+        assert!(
+            registry
+                .insert_new(&canary, registration("second", 20))
+                .is_none()
+        );
+        assert_eq!(registry.owner(&canary).unwrap().request, "first");
+        assert_eq!(registry.purge_expired(10), 1);
+        assert!(
+            registry
+                .insert_new(&canary, registration("third", 30))
+                .is_some()
+        );
+
+        let (minted, key) = registry.mint(&registration("minted", 40)).unwrap();
+        assert_eq!(registry.key(&minted), key);
+        assert_eq!(registry.owner(&minted).unwrap().request, "minted");
+        assert_eq!(registry.len(), 2);
+
+        // A draw that hits a live value is thrown away and drawn again.
+        let mut draws = [canary, minted, Canary::from_random([4; 10])].into_iter();
+        let (fresh, _) = registry
+            .mint_from(&registration("fresh", 50), || {
+                draws.next().ok_or("no more draws")
+            })
+            .unwrap();
+        assert_eq!(fresh, Canary::from_random([4; 10]));
+        assert_eq!(draws.next(), None);
+        assert_eq!(registry.owner(&canary).unwrap().request, "third");
     }
 
     #[test]

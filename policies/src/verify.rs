@@ -18,13 +18,15 @@
 //! a [`Decision`].
 //!
 //! Text is held until the echo (the request's canaries at the start of the
-//! reply) is verified, and the echo is removed. Every canary-shaped span is
-//! looked up in the registry: this request's own canaries are removed, any
-//! other live canary fails `foreign_canary`, even one of the same session
-//! (clients never see canaries, so no honest prompt can contain one). A span that could still grow
-//! into a canary (at most [`MAX_MATCH_BYTES`](crate::canary::MAX_MATCH_BYTES))
-//! stays held until the next delta decides it, so a canary split across
-//! deltas is never released. Release policy:
+//! reply, in the forms [`ECHO_PREAMBLE_CHARS`] describes) is verified, and
+//! the echo is removed. Every canary-shaped span is looked up in the
+//! registry: this request's own canaries are removed, any other live canary
+//! fails `foreign_canary`, even one of the same session (clients never see
+//! canaries, so no honest prompt can contain one). A span that could still
+//! grow into a canary (at most
+//! [`MAX_MATCH_BYTES`](crate::canary::MAX_MATCH_BYTES)) stays held until the
+//! next delta decides it, so a canary split across deltas is never released.
+//! Release policy:
 //!
 //! - `verdict-first` (and every non-streamed answer): nothing is released
 //!   before [`Verifier::finish`], and only if the verdict passed;
@@ -42,8 +44,30 @@ use crate::inject::{Injection, PassiveReason};
 use crate::registry::CanaryRegistry;
 use crate::verify_config::{FailureAction, ReleasePolicy, VerifyConfig};
 
-/// Most bytes of quotes and whitespace tolerated around the echo.
-const MAX_ECHO_PADDING: usize = 256;
+/// Most characters before the first echoed canary: any text without a
+/// canary-shaped span (`Sure! `, `Here are the codes:\n\n`, quotes, `**`).
+/// The echo passes when the reply opens with at most this many characters,
+/// then the expected canaries in order, each in any copy variation
+/// [`find_canaries`](crate::canary::find_canaries) accepts, each at most
+/// [`ECHO_GAP_CHARS`] characters after the previous one; then at most
+/// [`ECHO_CLOSING_CHARS`] closing characters (quotes, brackets, emphasis,
+/// `.,;:!`), spaces or tabs, and at most two line breaks (and the closing
+/// fence of a code block the preamble opened). All of it is removed from the
+/// delivered text.
+pub const ECHO_PREAMBLE_CHARS: usize = 64;
+
+/// Most characters between two echoed canaries (`, `, ` and `, `` `\n` ``).
+pub const ECHO_GAP_CHARS: usize = 16;
+
+/// Most closing characters right after the last echoed canary.
+pub const ECHO_CLOSING_CHARS: usize = 8;
+
+/// Most bytes of closing characters and whitespace removed after the echo.
+const ECHO_TRAILER_BYTES: usize = 64;
+
+/// A Markdown code fence: an echo inside a code block loses its closing fence
+/// too.
+const FENCE: &str = "```";
 
 /// Foreign canaries kept as evidence (the count covers all of them).
 const MAX_FOREIGN_EVIDENCE: usize = 16;
@@ -961,87 +985,104 @@ enum EchoMatch {
     Failed(EchoOutcome),
 }
 
-/// Quotes and emphasis a model may put around the echo.
-fn is_quote(c: char) -> bool {
+/// Characters closing an echo: quotes, brackets, emphasis and punctuation.
+fn is_closing(c: char) -> bool {
     matches!(
         c,
         '"' | '\''
             | '`'
             | '*'
             | '_'
-            | '\u{201C}'
+            | ')'
+            | ']'
+            | '}'
+            | '>'
+            | '.'
+            | ','
+            | ';'
+            | ':'
+            | '!'
             | '\u{201D}'
-            | '\u{2018}'
             | '\u{2019}'
-            | '\u{AB}'
             | '\u{BB}'
     )
 }
 
-/// Padding before the echo: whitespace and quotes.
-fn is_padding(c: char) -> bool {
-    c.is_whitespace() || is_quote(c)
+/// The first canary-shaped span starting at most `window` characters after
+/// byte `from` of `text`.
+enum Next {
+    /// This canary, from this byte to this byte.
+    Found(Canary, usize, usize),
+    /// None within the window.
+    None,
+    /// The text ends inside a span that may still grow into a canary.
+    Incomplete,
+    /// Not decided until more text arrives.
+    Pending,
 }
 
-/// Separators a model may put between the head and the tail canary.
-fn is_between(c: char) -> bool {
-    is_padding(c) || matches!(c, ',' | ';' | '|' | '/' | '+')
-}
-
-fn skip_while(text: &str, from: usize, keep: fn(char) -> bool) -> usize {
-    text[from..]
-        .char_indices()
-        .find(|(_, c)| !keep(*c))
-        .map_or(text.len(), |(offset, _)| from + offset)
-}
-
-/// Matches the expected echo at the start of `text`. The echo is: padding,
-/// the canaries (with separators between them), as many closing quotes as
-/// there were opening ones, spaces or tabs, and at most two line breaks.
-/// Whatever follows is the answer, untouched.
-fn match_echo(text: &str, expected: &[Canary], end: bool) -> EchoMatch {
-    let mut index = skip_while(text, 0, is_padding);
-    let opening_quotes = text[..index].chars().filter(|c| is_quote(*c)).count();
-    for (position, want) in expected.iter().enumerate() {
-        let lost = if position == 0 {
-            EchoOutcome::Missing
-        } else {
-            index = skip_while(text, index, is_between);
-            EchoOutcome::TailMissing
-        };
-        if index > MAX_ECHO_PADDING * (position + 1) {
-            return EchoMatch::Failed(lost);
+fn next_canary(text: &str, from: usize, window: usize, end: bool) -> Next {
+    for (count, (offset, c)) in text[from..].char_indices().enumerate() {
+        if count > window {
+            return Next::None;
         }
-        if index == text.len() {
-            return if end {
-                EchoMatch::Failed(lost)
-            } else {
-                EchoMatch::Pending
-            };
-        }
-        match match_at(text.as_bytes(), index) {
-            Shape::Partial if end => return EchoMatch::Failed(EchoOutcome::Incomplete),
-            Shape::Partial => return EchoMatch::Pending,
-            Shape::NoMatch => return EchoMatch::Failed(lost),
-            Shape::Complete { canary, end: stop } => {
-                if canary == *want {
-                    index = stop;
-                } else if position == 0 && expected.get(1) == Some(&canary) {
-                    return EchoMatch::Failed(EchoOutcome::HeadMissing);
-                } else if position > 0 || expected.contains(&canary) {
-                    return EchoMatch::Failed(lost);
-                } else {
-                    return EchoMatch::Failed(EchoOutcome::WrongCanary);
+        if c == 'C' || c == 'c' {
+            match match_at(text.as_bytes(), from + offset) {
+                Shape::Complete { canary, end: stop } => {
+                    return Next::Found(canary, from + offset, stop);
                 }
+                Shape::Partial if end => return Next::Incomplete,
+                Shape::Partial => return Next::Pending,
+                Shape::NoMatch => {}
             }
         }
     }
-    // Closing quotes, spaces, up to two line breaks. Each step needs to see
-    // the character after it, so an unfinished tail waits for more text.
+    if end { Next::None } else { Next::Pending }
+}
+
+/// Matches the expected echo at the start of `text` (see [`ECHO_PREAMBLE_CHARS`]):
+/// a preamble, the canaries in order with short gaps between them, then
+/// closing characters, spaces or tabs, and at most two line breaks (with the
+/// closing fence of a code block the preamble opened). Whatever follows is
+/// the answer, untouched.
+fn match_echo(text: &str, expected: &[Canary], end: bool) -> EchoMatch {
+    let mut index = 0;
+    let mut fenced = false;
+    for (position, want) in expected.iter().enumerate() {
+        let (window, lost) = if position == 0 {
+            (ECHO_PREAMBLE_CHARS, EchoOutcome::Missing)
+        } else {
+            (ECHO_GAP_CHARS, EchoOutcome::TailMissing)
+        };
+        let canary = match next_canary(text, index, window, end) {
+            Next::Found(canary, start, stop) => {
+                if position == 0 {
+                    fenced = text[..start].contains(FENCE);
+                }
+                index = stop;
+                canary
+            }
+            Next::None => return EchoMatch::Failed(lost),
+            Next::Incomplete => return EchoMatch::Failed(EchoOutcome::Incomplete),
+            Next::Pending => return EchoMatch::Pending,
+        };
+        if canary == *want {
+            continue;
+        }
+        return EchoMatch::Failed(if position == 0 && expected.get(1) == Some(&canary) {
+            EchoOutcome::HeadMissing
+        } else if position > 0 || expected.contains(&canary) {
+            lost
+        } else {
+            EchoOutcome::WrongCanary
+        });
+    }
+    // Closing characters, spaces, up to two line breaks. Each step needs to
+    // see the character after it, so an unfinished tail waits for more text.
     let mut rest = text[index..].char_indices().peekable();
     let mut closing = 0;
     let mut breaks = 0;
-    let mut spaces_done = false;
+    let mut spaced = false;
     loop {
         let Some(&(offset, c)) = rest.peek() else {
             return if end {
@@ -1050,22 +1091,33 @@ fn match_echo(text: &str, expected: &[Canary], end: bool) -> EchoMatch {
                 EchoMatch::Pending
             };
         };
-        let take = if closing < opening_quotes && is_quote(c) && !spaces_done {
+        let after = &text[index + offset..];
+        if fenced && breaks > 0 && c == '`' {
+            if after.starts_with(FENCE) {
+                fenced = false;
+                rest.nth(FENCE.len() - 1);
+                continue;
+            }
+            if FENCE.starts_with(after) && !end {
+                return EchoMatch::Pending;
+            }
+        }
+        let take = if !spaced && closing < ECHO_CLOSING_CHARS && is_closing(c) {
             closing += 1;
             true
         } else if (c == ' ' || c == '\t') && breaks == 0 {
-            spaces_done = true;
+            spaced = true;
             true
         } else if (c == '\r' || c == '\n') && breaks < 2 {
             if c == '\n' {
                 breaks += 1;
             }
-            spaces_done = true;
+            spaced = true;
             true
         } else {
             false
         };
-        if !take || offset > MAX_ECHO_PADDING {
+        if !take || offset > ECHO_TRAILER_BYTES {
             return EchoMatch::Passed(index + offset);
         }
         rest.next();

@@ -37,8 +37,10 @@ const PROSE: &[&str] = &[
     "Use `cgroups` to limit CPU: cg create, cg set, cg exec.",
     "Sure. Here is the summary you asked for:",
     "The tracking code is CG-ABCD-EFGH-JKMN-PQRS, as printed on the label.",
+    "Part CG482937105662831 (unregistered) and cg 2024-12-01 10:15:00,123 in the log.",
+    "Call 0800 123 456 789 or cg-12, CG 1, 2, 3; costs 1,234,567.89 CG$.",
     "Résumé: naïve café, 中文, emoji \u{1F600} and a no-break\u{a0}space.",
-    "Order #CG1234567890ABCDEF shipped; invoice cg-0000-1111-2222-3333.",
+    "Order #CG1234567890ABCDEF shipped; invoice cg-0000-1111-2222-3333-444.",
     "\"Quoted\" text, *bold*, _italic_ and a > blockquote.",
     "**Answer:** it depends on the load factor.",
     "`code` first, then words.",
@@ -62,11 +64,20 @@ fn lookalike(rng: &mut Rng) -> String {
     for byte in &mut bytes {
         *byte = rng.next() as u8;
     }
-    let canary = Canary::from_random(bytes).to_string();
-    match rng.below(3) {
-        0 => canary,
-        1 => canary.to_lowercase(),
-        _ => canary.replace('-', " "),
+    copy(rng, Canary::from_random(bytes))
+}
+
+/// `canary` as a model may copy it.
+fn copy(rng: &mut Rng, canary: Canary) -> String {
+    let text = canary.to_string();
+    let digits = &text[2..];
+    let groups = || (0..5).map(|g| &digits[3 * g..3 * g + 3]);
+    match rng.below(6) {
+        0 => text.to_lowercase(),
+        1 => format!("CG-{digits}"),
+        2 => format!("CG {}", groups().collect::<Vec<_>>().join(" ")),
+        3 => format!("Cg{}", groups().collect::<Vec<_>>().join(",")),
+        _ => text,
     }
 }
 
@@ -103,29 +114,49 @@ fn json_answer(rng: &mut Rng) -> String {
     .to_string()
 }
 
-/// How a model may write the echo before the answer.
+/// How a model may write the echo before the answer: a short preamble,
+/// quotes, backticks, bold or brackets around each canary or both, a gap
+/// between them, copy variations of each, closing punctuation, line breaks.
 fn echoed(rng: &mut Rng, canaries: &[Canary], answer: &str) -> String {
+    let preamble = [
+        "",
+        "",
+        "Sure! ",
+        "Sure, here you go:\n\n",
+        "Of course. Here are the codes: ",
+        "> ",
+        "Codes:\n",
+        " ",
+    ][rng.below(8)];
     let (open, close) = [
         ("", ""),
         ("\"", "\""),
         ("`", "`"),
         ("**", "**"),
         ("\u{201C}", "\u{201D}"),
-    ][rng.below(5)];
-    let between = [" ", ", ", "  "][rng.below(3)];
-    let after = ["\n", "\n\n", " ", "\r\n", "\n\r\n"][rng.below(5)];
+        ("[", "]"),
+        ("(", ")"),
+    ][rng.below(7)];
+    let each = rng.below(2) == 0;
+    let between = [" ", ", ", "  ", "\n", " and ", " | ", "", " - "][rng.below(8)];
+    let after = ["\n", "\n\n", " ", "\r\n", "\n\r\n", ".\n\n", ":\n", "!\n"][rng.below(8)];
     let canaries: Vec<String> = canaries
         .iter()
         .map(|canary| {
-            let text = canary.to_string();
-            match rng.below(4) {
-                0 => text.to_lowercase(),
-                1 => text.replace('-', " "),
-                _ => text,
+            let text = copy(rng, *canary);
+            if each {
+                format!("{open}{text}{close}")
+            } else {
+                text
             }
         })
         .collect();
-    format!("{open}{}{close}{after}{answer}", canaries.join(between))
+    let line = canaries.join(between);
+    if each {
+        format!("{preamble}{line}{after}{answer}")
+    } else {
+        format!("{preamble}{open}{line}{close}{after}{answer}")
+    }
 }
 
 fn random_chunks(rng: &mut Rng, text: &str) -> Vec<(u32, String)> {

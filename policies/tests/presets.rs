@@ -7,6 +7,9 @@ use canarygate_policies::config::PRESETS;
 use canarygate_policies::{Decision, EchoMode, FailureAction, Policy, ReleasePolicy, Verifier};
 use common::*;
 
+const ANSWER: &str =
+    "Buckets hold the entries. Keys are hashed; a lookup hashes the key to find its bucket.";
+
 /// Streams an honest answer and a failing one (no echo) under `name`.
 /// Returns (honest released before finish, honest text, failing text,
 /// failing stopped early, failing decision).
@@ -14,7 +17,9 @@ fn exercise(name: &str) -> (bool, String, String, bool, Decision) {
     let policy = Policy::preset(name).unwrap();
     let registry = registry_with_others(10);
     let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
-    let answer = "Buckets hold the entries. Keys are hashed.";
+    // Longer than the echo's preamble window, so a missing echo is decided
+    // before the answer ends.
+    let answer = ANSWER;
     let chunks = |text: &str| -> Vec<(u32, String)> {
         text.split_inclusive(' ')
             .map(|w| (0, w.to_owned()))
@@ -66,7 +71,7 @@ fn default_is_echo_first_and_blocks() {
     assert_eq!(policy.verify.action(), FailureAction::Block);
     let (streamed, honest, failing, stopped, decision) = exercise("default");
     assert!(streamed, "echo-first streams once the echo passed");
-    assert_eq!(honest, "Buckets hold the entries. Keys are hashed.");
+    assert_eq!(honest, ANSWER);
     assert_eq!(failing, "", "nothing of an answer whose echo failed");
     assert!(stopped);
     assert_eq!(decision, Decision::Block);
@@ -78,7 +83,7 @@ fn strict_is_verdict_first_and_blocks() {
     assert_eq!(policy.verify.release, ReleasePolicy::VerdictFirst);
     let (streamed, honest, failing, stopped, decision) = exercise("strict");
     assert!(!streamed, "verdict-first releases nothing before the end");
-    assert_eq!(honest, "Buckets hold the entries. Keys are hashed.");
+    assert_eq!(honest, ANSWER);
     assert_eq!(failing, "");
     assert!(stopped);
     assert_eq!(decision, Decision::Block);
@@ -90,8 +95,8 @@ fn observe_flags_and_never_changes_an_answer() {
     assert_eq!(policy.verify.action(), FailureAction::Flag);
     let (streamed, honest, failing, stopped, decision) = exercise("observe");
     assert!(streamed);
-    assert_eq!(honest, "Buckets hold the entries. Keys are hashed.");
-    assert_eq!(failing, "Buckets hold the entries. Keys are hashed.");
+    assert_eq!(honest, ANSWER);
+    assert_eq!(failing, ANSWER);
     assert!(!stopped);
     assert_eq!(decision, Decision::Flag);
 }

@@ -9,16 +9,18 @@ use canarygate_policies::{Canary, EchoMode, Policy, Verifier};
 use common::*;
 use proptest::prelude::*;
 
-/// Text that stresses the scanner: canary letters, separators, multi-byte
-/// characters and lookalike prefixes.
+/// Text that stresses the scanner: canary letters, digits, separators,
+/// multi-byte characters and lookalike prefixes.
 fn tricky_text() -> impl Strategy<Value = String> {
     proptest::collection::vec(
         prop_oneof![
             "[CcGg]",
+            "[0-9]{1,4}",
             "[0-9A-Za-z]",
-            "[ \\-_.\n\"`']",
-            Just("CG-".to_owned()),
+            "[ \\-_.,\n\"`']",
+            Just("CG".to_owned()),
             Just("cg ".to_owned()),
+            Just("CG-48".to_owned()),
             Just("é".to_owned()),
             Just("\u{2011}".to_owned()),
             Just("中".to_owned()),
@@ -28,34 +30,35 @@ fn tricky_text() -> impl Strategy<Value = String> {
     .prop_map(|parts| parts.concat())
 }
 
-/// One of the ways a model may copy `canary`.
+/// One of the ways a model may copy `canary`: `CG` in any case, digits in
+/// groups of 1 to 15 with one of the separators between groups (and maybe
+/// before the first).
 fn variant(canary: Canary, style: u8, case_bits: u64) -> String {
-    let canonical = String::from_utf8(canary.canonical().to_vec()).unwrap();
+    let canonical = canary.to_string();
     let separators = [
-        "-", " ", "_", ".", "", " - ", "\u{2011}", "\u{2014}", "\u{a0}",
+        "", " ", "-", "_", ".", ",", " - ", "\u{2011}", "\u{2014}", "\u{a0}", "\u{2009}",
+        "\u{202f}",
     ];
     let separator = separators[usize::from(style) % separators.len()];
-    let mut out = String::from("CG");
-    for (index, symbol) in canonical[2..].chars().enumerate() {
-        if index % 4 == 0 {
-            out.push_str(separator);
-        }
-        out.push(if style % 7 == 3 && symbol == '0' {
-            'O'
+    let group = 1 + usize::from(style / 16) % 15;
+    let mut out = String::new();
+    for (index, c) in canonical[..2].chars().enumerate() {
+        out.push(if case_bits >> index & 1 == 1 {
+            c.to_ascii_lowercase()
         } else {
-            symbol
+            c
         });
     }
-    out.chars()
-        .enumerate()
-        .map(|(index, c)| {
-            if case_bits >> (index % 64) & 1 == 1 {
-                c.to_ascii_lowercase()
-            } else {
-                c
-            }
-        })
-        .collect()
+    if case_bits >> 2 & 1 == 1 {
+        out.push_str(separator);
+    }
+    for (index, digit) in canonical[2..].chars().enumerate() {
+        if index > 0 && index % group == 0 {
+            out.push_str(separator);
+        }
+        out.push(digit);
+    }
+    out
 }
 
 fn cuts() -> impl Strategy<Value = Vec<usize>> {

@@ -3,7 +3,10 @@
 
 mod common;
 
-use canarygate_policies::verify::{Check, EchoOutcome, Evidence, FinishProblem, Status};
+use canarygate_policies::canary::find_canaries;
+use canarygate_policies::verify::{
+    Check, ECHO_GAP_CHARS, ECHO_PREAMBLE_CHARS, EchoOutcome, Evidence, FinishProblem, Status,
+};
 use canarygate_policies::{
     Decision, Facts, FailureAction, Policy, ProviderUsage, ReleasePolicy, Verifier,
 };
@@ -164,6 +167,170 @@ fn echo_outcomes_name_what_was_lost() {
             },
             "{name}"
         );
+    }
+}
+
+/// Runs `answer` (whole, and word by word) through a fresh verifier of
+/// `injection`; returns the echo outcome and what was delivered.
+fn echo_outcome(
+    policy: &Policy,
+    registry: &canarygate_policies::MemoryRegistry,
+    injection: &canarygate_policies::Injection,
+    answer: &str,
+) -> (EchoOutcome, String) {
+    let mut outcomes = Vec::new();
+    for chunks in [
+        vec![(0, answer.to_owned())],
+        words(answer),
+        split_chars(answer),
+    ] {
+        let mut verifier = Verifier::new(injection, &policy.verify, "openai", None);
+        let run = feed(
+            &mut verifier,
+            registry,
+            &chunks,
+            &honest_facts(injection, 1),
+        );
+        let Evidence::Echo { choices } =
+            &run.finished.verdict.result(Check::Echo).unwrap().evidence
+        else {
+            panic!("echo evidence");
+        };
+        outcomes.push((choices[0], run.released[0].clone()));
+    }
+    assert!(
+        outcomes.windows(2).all(|pair| pair[0] == pair[1]),
+        "split points changed the outcome of {answer:?}: {outcomes:?}"
+    );
+    outcomes.remove(0)
+}
+
+fn split_chars(text: &str) -> Vec<(u32, String)> {
+    text.chars().map(|c| (0, c.to_string())).collect()
+}
+
+#[test]
+fn echo_variations_real_models_write_pass_and_are_removed() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(10);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let (head, tail) = (injection.echo[0].to_string(), injection.echo[1].to_string());
+    let spaced = |canary: &str| {
+        let digits = &canary[2..];
+        let groups: Vec<&str> = (0..5).map(|g| &digits[3 * g..3 * g + 3]).collect();
+        format!("CG {}", groups.join(" "))
+    };
+    let preamble_max = "p".repeat(ECHO_PREAMBLE_CHARS);
+    let gap_max = "-".repeat(ECHO_GAP_CHARS);
+    let variations = [
+        format!("{head} {tail}\n"),
+        format!("{head} {tail}\n\n"),
+        format!("{head} {tail} "),
+        format!("Sure! {head} {tail}\n\n"),
+        format!("Sure, here are the codes:\n\n{head} {tail}\n\n"),
+        format!("\"{head} {tail}\"\n"),
+        format!("`{head}` `{tail}`\n"),
+        format!("```\n{head} {tail}\n```\n"),
+        format!("**{head} {tail}**\n\n"),
+        format!("**{head}** **{tail}**\n"),
+        format!("\u{201C}{head} {tail}\u{201D}\n"),
+        format!("[{head}] [{tail}]\n"),
+        format!("({head}, {tail}).\n"),
+        format!("{head}{tail}\n"),
+        format!("{head}   {tail}\n"),
+        format!("{head}\n{tail}\n\n"),
+        format!("{head} and {tail}:\n"),
+        format!("{} {}\n", head.to_lowercase(), tail.to_lowercase()),
+        format!("Cg{} cG{}\n", &head[2..], &tail[2..]),
+        format!("{} {}\n", spaced(&head), spaced(&tail)),
+        format!("CG-{} CG-{}\n", &head[2..], &tail[2..]),
+        format!("{preamble_max}{head}{gap_max}{tail}\r\n"),
+        format!("> {head} {tail}\n"),
+    ];
+    for echo in variations {
+        let answer = format!("{echo}{ANSWER}");
+        let (outcome, delivered) = echo_outcome(&policy, &registry, &injection, &answer);
+        assert_eq!(outcome, EchoOutcome::Passed, "{answer:?}");
+        // Everything of the echo is removed; the answer arrives untouched.
+        assert_eq!(delivered, ANSWER, "{echo:?}");
+    }
+}
+
+#[test]
+fn echo_tolerance_lets_no_answer_from_another_context_pass() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(10);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let (head, tail) = (injection.echo[0].to_string(), injection.echo[1].to_string());
+    let (other_head, other_tail) = other_canaries(3);
+    let preamble_over = "p".repeat(ECHO_PREAMBLE_CHARS + 1);
+    let gap_over = "-".repeat(ECHO_GAP_CHARS + 1);
+    let cases = [
+        // Another request's canaries, or ours mixed with another's.
+        (
+            format!("{other_head} {other_tail}\n"),
+            EchoOutcome::WrongCanary,
+        ),
+        (
+            format!("Sure! {other_head} {tail}\n"),
+            EchoOutcome::WrongCanary,
+        ),
+        (format!("{head} {other_tail}\n"), EchoOutcome::TailMissing),
+        // Ours, out of order or alone.
+        (format!("{tail} {head}\n"), EchoOutcome::HeadMissing),
+        (format!("{tail}\n"), EchoOutcome::HeadMissing),
+        (format!("{head}\n"), EchoOutcome::TailMissing),
+        // Partial canaries: a digit lost, a digit changed, the prefix lost.
+        (
+            format!("{} {tail}\n", &head[..16]),
+            EchoOutcome::HeadMissing,
+        ),
+        (
+            format!("{head} {}\n", &tail[..16]),
+            EchoOutcome::TailMissing,
+        ),
+        (
+            format!(
+                "{}{} {tail}\n",
+                &head[..16],
+                if head.ends_with('1') { '2' } else { '1' }
+            ),
+            EchoOutcome::WrongCanary,
+        ),
+        (
+            format!("{} {}\n", &head[2..], &tail[2..]),
+            EchoOutcome::Missing,
+        ),
+        // Ours, later in the text than the echo allows.
+        (
+            format!("{preamble_over}{head} {tail}\n"),
+            EchoOutcome::Missing,
+        ),
+        (
+            format!("{head}{gap_over}{tail}\n"),
+            EchoOutcome::TailMissing,
+        ),
+        (
+            format!(
+                "Here is an answer about something else entirely, which at its end quotes {head} {tail}\n"
+            ),
+            EchoOutcome::Missing,
+        ),
+        // No canary at all; a cut canary followed by text.
+        ("Sure! Here you go.\n".to_owned(), EchoOutcome::Missing),
+        (format!("{head} {}", &tail[..9]), EchoOutcome::TailMissing),
+    ];
+    for (echo, outcome) in cases {
+        let answer = format!("{echo}{ANSWER}");
+        let (found, delivered) = echo_outcome(&policy, &registry, &injection, &answer);
+        assert_eq!(found, outcome, "{answer:?}");
+        assert_eq!(delivered, "", "a failed echo releases nothing: {answer:?}");
+    }
+    // An answer that ends inside the echo.
+    for cut in [format!("{head} {}", &tail[..9]), head[..5].to_owned()] {
+        let (found, delivered) = echo_outcome(&policy, &registry, &injection, &cut);
+        assert_eq!(found, EchoOutcome::Incomplete, "{cut:?}");
+        assert_eq!(delivered, "");
     }
 }
 
@@ -447,7 +614,7 @@ fn passive_requests_skip_echo_and_say_so() {
         &honest_facts(&injection, 1),
     );
     assert_eq!(run.finished.verdict.failed_checks(), [Check::ForeignCanary]);
-    assert!(!run.released[0].contains("CG-"));
+    assert_eq!(find_canaries(&run.released[0]).count(), 0);
 }
 
 #[test]

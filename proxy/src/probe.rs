@@ -319,9 +319,10 @@ impl Prober<'_> {
         Ok(step)
     }
 
-    /// A needle prompt whose count, canaries included, is within 1% of
-    /// `length` tokens (built, measured, and corrected once for what the
-    /// injection adds).
+    /// A needle prompt whose count, canaries included, is no more than
+    /// `length` tokens: built, measured, and corrected for what the
+    /// injection adds until it fits (an overshoot would push the largest
+    /// probe past the window with its completion allowance).
     fn prompt(&self, length: u64, max_tokens: u64) -> Result<Prompt, ProbeError> {
         let needles = Needle::mint(NEEDLES_PER_PROMPT)?;
         let canaries = RequestCanaries::mint()?;
@@ -340,7 +341,7 @@ impl Prober<'_> {
             let exact_tokens = self.upstream.count_prompt_tokens(&messages);
             let tokens = exact_tokens.unwrap_or_else(|| count_chat_messages(&messages));
             drop(messages);
-            if tokens <= length + length / 100 || text_target == 0 {
+            if tokens <= length || text_target == 0 {
                 return Ok(Prompt {
                     body,
                     injection,
@@ -360,7 +361,7 @@ impl Prober<'_> {
         let content = first
             .and_then(|choice| choice.texts.first())
             .filter(|field| field.kind == crate::wire::TextKind::Content)
-            .map_or("", |field| field.text.as_str());
+            .map_or("", |field| field.text(answer));
         step.prompt_tokens_reported = view.usage.map(|usage| usage.prompt_tokens);
         step.recalled = recalled(content, &prompt.needles) as u32;
 

@@ -2,16 +2,25 @@
 //! a request's canaries before it goes upstream, looking up who minted a
 //! canary found in an answer, and dropping expired ones.
 //!
+//! A request's canaries are drawn by the registry itself
+//! ([`CanaryBook::mint`]): a value already live is refused and drawn again,
+//! so no two live canaries are ever equal. They are live from that moment;
+//! once they are in the request, [`CanaryBook::register`] persists them and
+//! gives their ids for the record, and if they could not be placed
+//! [`CanaryBook::withdraw`] drops them.
+//!
 //! Where the entries live is the [`Backend`]'s business. Today there is one,
 //! in memory ([`MemoryRegistry`], keyed hashes only), persisted through the
 //! audit store so that canaries of requests in flight survive a restart. A
-//! shared backend (several instances on one registry) is another variant:
+//! shared backend (several instances on one registry) is another variant; it
+//! must claim each value the same way (set only if absent):
 //! [`CanaryBook::register`] is already awaited before the request is sent,
 //! and [`CanaryBook::lookup`] is the only way the verifier asks.
 
 use std::sync::Arc;
 
 use canarygate_audit::{AuditError, AuditLog, CanaryEntry};
+use canarygate_policies::CanaryKey;
 use canarygate_policies::inject::RequestCanaries;
 use canarygate_policies::registry::{CanaryRegistry, MemoryRegistry, Registration};
 
@@ -29,6 +38,17 @@ pub struct Owner<'a> {
     pub session: &'a str,
     /// The request id.
     pub request_id: &'a str,
+}
+
+/// A request's two canaries, live in the registry but not yet persisted:
+/// [`CanaryBook::register`] them once they are in the request, or
+/// [`CanaryBook::withdraw`] them.
+#[must_use = "minted canaries stay live until registered or withdrawn"]
+pub struct Minted {
+    /// The values, to place in the request.
+    pub canaries: RequestCanaries,
+    keys: [CanaryKey; 2],
+    registration: Registration,
 }
 
 /// The registry of live canaries, shared by every request.
@@ -65,40 +85,54 @@ impl CanaryBook {
         }))
     }
 
-    /// Registers both canaries as `owner`'s until `ttl_secs` from now;
-    /// returns their ids (hex keyed hashes, for the audit record). In memory
-    /// at once, and in the audit store with the next group commit (not
-    /// awaited: a crash in the next few milliseconds forgets them; the
-    /// record's canary ids still name them).
-    pub async fn register(
-        &self,
-        canaries: &RequestCanaries,
-        owner: Owner<'_>,
-        ttl_secs: u64,
-    ) -> Vec<String> {
-        let expires_at_ms = now_ms().saturating_add(ttl_secs.saturating_mul(1000));
+    /// Draws a request's two canaries from the OS CSPRNG, live as `owner`'s
+    /// until `ttl_secs` from now. Values already live are refused and drawn
+    /// again, so they are unique among live canaries and differ from each
+    /// other.
+    pub fn mint(&self, owner: Owner<'_>, ttl_secs: u64) -> Result<Minted, getrandom::Error> {
+        let registration = Registration {
+            session: owner.session.to_owned(),
+            request: owner.request_id.to_owned(),
+            expires_at_ms: now_ms().saturating_add(ttl_secs.saturating_mul(1000)),
+        };
         let Backend::Memory(registry) = &self.backend;
-        let mut ids = Vec::with_capacity(2);
-        let mut entries = Vec::with_capacity(2);
-        for canary in [canaries.head, canaries.tail] {
-            let registration = Registration {
-                session: owner.session.to_owned(),
-                request: owner.request_id.to_owned(),
-                expires_at_ms,
-            };
-            let key = registry.insert(&canary, registration);
-            ids.push(hex::encode(key.0));
-            entries.push(CanaryEntry {
+        let (canaries, keys) = RequestCanaries::mint_registered(registry, &registration)?;
+        Ok(Minted {
+            canaries,
+            keys,
+            registration,
+        })
+    }
+
+    /// Keeps `minted` for the request it was placed in; returns the
+    /// canaries' ids (hex keyed hashes, for the audit record). Persisted in
+    /// the audit store with the next group commit (not awaited: a crash in
+    /// the next few milliseconds forgets them; the record's canary ids still
+    /// name them).
+    pub async fn register(&self, minted: Minted) -> Vec<String> {
+        let Minted {
+            keys, registration, ..
+        } = minted;
+        let entries: Vec<CanaryEntry> = keys
+            .iter()
+            .map(|&key| CanaryEntry {
                 key,
-                session: owner.session.to_owned(),
-                request_id: owner.request_id.to_owned(),
-                expires_at_ms,
-            });
-        }
+                session: registration.session.clone(),
+                request_id: registration.request.clone(),
+                expires_at_ms: registration.expires_at_ms,
+            })
+            .collect();
         if let Err(error) = self.audit.register_canaries_soon(entries) {
             tracing::warn!("persisting canaries: {error}");
         }
-        ids
+        keys.iter().map(|key| hex::encode(key.0)).collect()
+    }
+
+    /// Drops `minted` canaries that were never sent (placing them failed).
+    pub fn withdraw(&self, minted: Minted) {
+        let Backend::Memory(registry) = &self.backend;
+        registry.remove(&minted.canaries.head);
+        registry.remove(&minted.canaries.tail);
     }
 
     /// The lookup the verifier scans answers with.

@@ -4,12 +4,10 @@
 //! and writes a reply. It is the obedient model of
 //! [`mod@canarygate_policies::inject`], applied to what it sees rather than to a
 //! request:
-//! 1. head = the text quoted after [`ECHO_PHRASE`] in the first segment that
-//!    has it; tail = the text quoted after [`TAIL_PHRASE`] in the first
-//!    segment that has it. The reply opens with `head tail`, or with
-//!    whichever of the two exists, then a space;
-//! 2. then it restates the *subject*, the last user segment that holds
-//!    neither instruction, cycling through its whitespace-separated words, for
+//! 1. it opens with what [`obedient_opening`] says for the segments' texts
+//!    (`head tail`, or whichever of the two it can see), then a space;
+//! 2. then it restates the *subject*, the client's text of the last user
+//!    segment ([`client_text`]), cycling through its whitespace-separated words, for
 //!    a length in words derived from the context; or, when some segment asks
 //!    for the needles of a context probe ([`RECALL_PHRASE`]), it lists every
 //!    passphrase it can see, in order.
@@ -18,7 +16,7 @@
 //! model could see: a context filled with someone else's text gives an answer
 //! about someone else's text, which is what the leak failure mode needs.
 
-use canarygate_policies::inject::{ECHO_PHRASE, TAIL_PHRASE};
+use canarygate_policies::inject::{client_text, obedient_opening};
 use canarygate_policies::probe::{RECALL_PHRASE, passphrases};
 use canarygate_policies::tokens::pieces;
 
@@ -56,12 +54,8 @@ pub fn generate(context: &[Segment], max_tokens: Option<u64>) -> Reply {
     let subject = context
         .iter()
         .rev()
-        .find(|segment| {
-            segment.role == "user"
-                && !segment.text.contains(ECHO_PHRASE)
-                && !segment.text.contains(TAIL_PHRASE)
-        })
-        .map_or("", |segment| segment.text.as_str());
+        .find(|segment| segment.role == "user")
+        .map_or("", |segment| client_text(&segment.text));
 
     let words: Vec<&str> = subject.split_whitespace().collect();
     let body_len = BODY_TOKENS.start + (fnv1a(context) % BODY_TOKENS.len() as u64) as usize;
@@ -119,22 +113,7 @@ fn finish(text: String, max_tokens: Option<u64>) -> Reply {
 /// What an obedient model opens its reply with in `context`: `head tail`,
 /// `head`, `tail`, or nothing (see the module docs).
 pub fn obedient_prefix(context: &[Segment]) -> Option<String> {
-    let first_quoted = |phrase: &str| {
-        context
-            .iter()
-            .find_map(|segment| quoted_after(&segment.text, phrase))
-    };
-    match (first_quoted(ECHO_PHRASE), first_quoted(TAIL_PHRASE)) {
-        (Some(head), Some(tail)) => Some(format!("{head} {tail}")),
-        (head, tail) => head.or(tail).map(str::to_owned),
-    }
-}
-
-/// The non-empty text between the first `phrase` in `text` and the next `"`.
-fn quoted_after<'a>(text: &'a str, phrase: &str) -> Option<&'a str> {
-    let start = text.find(phrase)? + phrase.len();
-    let length = text[start..].find('"')?;
-    Some(&text[start..start + length]).filter(|quoted| !quoted.is_empty())
+    obedient_opening(context.iter().map(|segment| segment.text.as_str()))
 }
 
 /// Splits `text` into tokens that each carry their leading whitespace, so
@@ -235,7 +214,7 @@ mod tests {
             tail_only.starts_with(&format!("{} You wrote:", canaries.tail)),
             "{tail_only}"
         );
-        let head_only = generate(&context[..2], None).text();
+        let head_only = generate(&context[..1], None).text();
         assert!(
             head_only.starts_with(&format!("{} You wrote:", canaries.head)),
             "{head_only}"

@@ -188,6 +188,14 @@ pub fn stream_content(body: &str) -> String {
         .collect()
 }
 
+/// Whether `text` holds anything canary-shaped (any copy variation the
+/// verifier's scanner recognises).
+pub fn holds_canary(text: &str) -> bool {
+    canarygate_policies::canary::find_canaries(text)
+        .next()
+        .is_some()
+}
+
 /// The workspace root.
 pub fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

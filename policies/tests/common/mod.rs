@@ -2,6 +2,8 @@
 //! requests, injection into a chat request, and feeding answers in chunks.
 #![allow(dead_code)]
 
+pub mod strict;
+
 use canarygate_policies::inject::RequestCanaries;
 use canarygate_policies::verify::Finished;
 use canarygate_policies::{
@@ -54,7 +56,8 @@ pub fn chat_request(stream: bool) -> Value {
 }
 
 /// Injects request `id`'s canaries (numbers `2 * id`, `2 * id + 1`) and
-/// registers them.
+/// registers them. Both the client's conversation and the injected one must
+/// render under the strict chat template.
 pub fn prepare(
     policy: &Policy,
     registry: &MemoryRegistry,
@@ -65,7 +68,9 @@ pub fn prepare(
         head: canary(2 * id),
         tail: canary(2 * id + 1),
     };
+    strict::assert_renders(&request);
     let injection = inject(&mut request, policy.verify.echo, canaries).expect("valid request");
+    strict::assert_renders(&request);
     for own in [canaries.head, canaries.tail] {
         registry.insert(
             &own,
@@ -79,7 +84,8 @@ pub fn prepare(
     (request, injection)
 }
 
-/// The echo an obedient model writes for `injection`.
+/// The echo an obedient model writes for `injection`: the canaries, a space
+/// between them.
 pub fn echo_of(injection: &Injection) -> String {
     injection
         .echo

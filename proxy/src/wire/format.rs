@@ -39,16 +39,94 @@ pub enum TextKind {
 
 /// One piece of model output in the provider's JSON: what the verifier reads
 /// and where the verified text goes back.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TextField {
     /// Choice index.
     pub choice: u32,
     /// What the text is.
     pub kind: TextKind,
-    /// JSON pointer to the string in the provider's answer or event.
-    pub at: String,
-    /// The text as the provider sent it.
-    pub text: String,
+    /// Where the string sits in the provider's answer or event.
+    pub at: Location,
+}
+
+impl TextField {
+    /// The text in `value` (the answer or event the field was read from).
+    pub fn text<'a>(&self, value: &'a Value) -> &'a str {
+        self.at.get(value).and_then(Value::as_str).unwrap_or("")
+    }
+}
+
+/// Most steps from the root of a JSON value to a text field.
+const MAX_STEPS: usize = 8;
+
+/// One step into a JSON value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// A member of an object.
+    Key(&'static str),
+    /// An element of an array.
+    Index(usize),
+}
+
+/// Where a value sits inside a JSON value: up to [`MAX_STEPS`] steps from
+/// its root. Copied, never allocated: every text field of every stream event
+/// has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    steps: [Step; MAX_STEPS],
+    len: usize,
+}
+
+impl Location {
+    /// The root itself.
+    pub const ROOT: Self = Self {
+        steps: [Step::Index(0); MAX_STEPS],
+        len: 0,
+    };
+
+    /// One step further: `step`. Deeper than [`MAX_STEPS`] is a bug of the
+    /// wire format that builds it (it would point at the wrong value).
+    pub fn then(mut self, step: Step) -> Self {
+        assert!(
+            self.len < MAX_STEPS,
+            "a Location holds at most {MAX_STEPS} steps"
+        );
+        self.steps[self.len] = step;
+        self.len += 1;
+        self
+    }
+
+    /// Member `key`.
+    pub fn key(self, key: &'static str) -> Self {
+        self.then(Step::Key(key))
+    }
+
+    /// Element `index`.
+    pub fn index(self, index: usize) -> Self {
+        self.then(Step::Index(index))
+    }
+
+    /// The value there, if any.
+    pub fn get<'a>(&self, mut value: &'a Value) -> Option<&'a Value> {
+        for step in &self.steps[..self.len] {
+            value = match step {
+                Step::Key(key) => value.get(*key)?,
+                Step::Index(index) => value.get(*index)?,
+            };
+        }
+        Some(value)
+    }
+
+    /// The value there, to replace, if any.
+    pub fn get_mut<'a>(&self, mut value: &'a mut Value) -> Option<&'a mut Value> {
+        for step in &self.steps[..self.len] {
+            value = match step {
+                Step::Key(key) => value.get_mut(*key)?,
+                Step::Index(index) => value.get_mut(*index)?,
+            };
+        }
+        Some(value)
+    }
 }
 
 /// One choice of an answer or of a stream event, as the verifier reads it.
@@ -171,7 +249,7 @@ pub trait WireFormat: Send + Sync + 'static {
 
 /// Puts `text` at `field.at` in `value` (the provider's answer or event).
 pub fn put_text(value: &mut Value, field: &TextField, text: &str) {
-    if let Some(slot) = value.pointer_mut(&field.at) {
+    if let Some(slot) = field.at.get_mut(value) {
         *slot = Value::String(text.to_owned());
     }
 }

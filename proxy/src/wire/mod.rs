@@ -17,7 +17,7 @@
 //! 3. [`WireFormat::read_answer`] and [`WireFormat::read_event`]: the
 //!    provider's whole answer, or one event of its stream, as text for the
 //!    verifier: every text field with its [`TextKind`] and its place
-//!    ([`TextField::at`], a JSON pointer into the provider's own JSON), so
+//!    ([`TextField::at`], a [`Location`](format::Location) in the provider's own JSON), so
 //!    the verified text can be put back where it came from
 //!    ([`put_text`]), plus finish reasons and usage.
 //! 4. [`WireFormat::StreamWriter`]: the client-facing stream, fed the

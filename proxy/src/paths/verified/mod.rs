@@ -1,8 +1,8 @@
 //! The verified path: canaries in, verdict out, for any wire format.
 //!
-//! Per upstream attempt: mint two canaries, place them in the request where
-//! the format puts them ([`WireFormat::place_canaries`]), register them
-//! ([`crate::registry`]), send, feed every piece of the answer to a
+//! Per upstream attempt: mint two canaries, live at once and unique
+//! ([`crate::registry`]), place them in the request where the format puts
+//! them ([`WireFormat::place_canaries`]), register them, send, feed every piece of the answer to a
 //! [`Verifier`], and act on its verdict: deliver, flag, retry once, block,
 //! or hand the request back for the local engine ([`Verified::Fallback`];
 //! the pipeline decides what that means).
@@ -19,7 +19,6 @@ use std::time::Instant;
 use attempt::{Attempt, Decided, elapsed_ms};
 use axum::body::Bytes;
 use axum::response::Response;
-use canarygate_policies::inject::RequestCanaries;
 use canarygate_policies::verify::Verifier;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -101,19 +100,22 @@ async fn send<W: WireFormat>(
 ) -> Result<Sent, ApiError> {
     let config = &context.state.policy.verify;
     let mut body = request.body;
-    let canaries = RequestCanaries::mint()
-        .map_err(|error| ApiError::internal(format!("no OS randomness: {error}")))?;
-    let injection = W::place_canaries(&mut body, config.echo, canaries)?;
+    let registry = &context.state.registry;
     let owner = Owner {
         session: &context.caller.session_id,
         request_id: &context.request_id,
     };
-    for id in context
-        .state
-        .registry
-        .register(&canaries, owner, config.canary_ttl_secs)
-        .await
-    {
+    let minted = registry
+        .mint(owner, config.canary_ttl_secs)
+        .map_err(|error| ApiError::internal(format!("no OS randomness: {error}")))?;
+    let injection = match W::place_canaries(&mut body, config.echo, minted.canaries) {
+        Ok(injection) => injection,
+        Err(error) => {
+            registry.withdraw(minted);
+            return Err(error);
+        }
+    };
+    for id in registry.register(minted).await {
         trail.canary(id);
     }
     let exact_prompt_tokens = context

@@ -245,8 +245,9 @@ impl<W: WireFormat> VerifiedStream<W> {
         let lookup = registry.lookup();
         for choice in &chunk.choices {
             for field in &choice.texts {
+                let text = field.text(&chunk.event);
                 match field.kind {
-                    TextKind::Content if field.text.is_empty() => {}
+                    TextKind::Content if text.is_empty() => {}
                     TextKind::Content => {
                         if !self.ttft_seen {
                             self.ttft_seen = true;
@@ -255,10 +256,7 @@ impl<W: WireFormat> VerifiedStream<W> {
                                 return self.finalize(None);
                             }
                         }
-                        let step = self
-                            .attempt
-                            .verifier
-                            .push(choice.index, &field.text, lookup);
+                        let step = self.attempt.verifier.push(choice.index, text, lookup);
                         if !step.release.is_empty() {
                             self.writer
                                 .content(choice.index, &step.release, &mut self.out);
@@ -271,7 +269,7 @@ impl<W: WireFormat> VerifiedStream<W> {
                         let stop = self.attempt.verifier.push_tool_arguments(
                             choice.index,
                             call,
-                            &field.text,
+                            text,
                             lookup,
                         );
                         if stop {

@@ -42,13 +42,15 @@ pub async fn serve<W: WireFormat>(
             for field in &choice.texts {
                 match field.kind {
                     TextKind::Content => {
-                        attempt.verifier.push(field.choice, &field.text, registry);
+                        attempt
+                            .verifier
+                            .push(field.choice, field.text(&answer), registry);
                     }
                     TextKind::ToolArguments { call } => {
                         attempt.verifier.push_tool_arguments(
                             field.choice,
                             call,
-                            &field.text,
+                            field.text(&answer),
                             registry,
                         );
                     }

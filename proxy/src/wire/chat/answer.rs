@@ -1,12 +1,12 @@
 //! Where text sits in a Chat Completions answer or stream chunk: each
-//! choice's content and tool-call arguments, located by JSON pointer, its
+//! choice's content and tool-call arguments with their location, its
 //! finish reason, and the answer's usage.
 
 use canarygate_policies::verify::ProviderUsage;
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::wire::format::{ChoiceView, TextField, TextKind};
+use crate::wire::format::{ChoiceView, Location, TextField, TextKind};
 
 /// `usage` as the checks read it: numbers where numbers are expected.
 #[derive(Deserialize)]
@@ -38,16 +38,16 @@ pub fn index_of(item: &Value, position: usize) -> u32 {
 }
 
 /// Choice `position` of an answer (`part` = `message`) or chunk (`delta`).
-pub fn read_choice(choice: &Value, position: usize, part: &str) -> ChoiceView {
+pub fn read_choice(choice: &Value, position: usize, part: &'static str) -> ChoiceView {
     let index = index_of(choice, position);
     let mut texts = Vec::new();
     let message = &choice[part];
-    if let Some(content) = message.get("content").and_then(Value::as_str) {
+    let at = Location::ROOT.key("choices").index(position).key(part);
+    if message.get("content").is_some_and(Value::is_string) {
         texts.push(TextField {
             choice: index,
             kind: TextKind::Content,
-            at: format!("/choices/{position}/{part}/content"),
-            text: content.to_owned(),
+            at: at.key("content"),
         });
     }
     if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
@@ -57,14 +57,18 @@ pub fn read_choice(choice: &Value, position: usize, part: &str) -> ChoiceView {
                 "delta" => index_of(call, call_position),
                 _ => call_position as u32,
             };
-            if let Some(arguments) = call.pointer("/function/arguments").and_then(Value::as_str) {
+            let arguments = call
+                .get("function")
+                .and_then(|function| function.get("arguments"));
+            if arguments.is_some_and(Value::is_string) {
                 texts.push(TextField {
                     choice: index,
                     kind: TextKind::ToolArguments { call: call_index },
-                    at: format!(
-                        "/choices/{position}/{part}/tool_calls/{call_position}/function/arguments"
-                    ),
-                    text: arguments.to_owned(),
+                    at: at
+                        .key("tool_calls")
+                        .index(call_position)
+                        .key("function")
+                        .key("arguments"),
                 });
             }
         }

@@ -54,7 +54,7 @@ impl WireFormat for Chat {
     ) -> Result<Injection, ApiError> {
         inject(body, echo, canaries).map_err(|error| match error {
             InjectError::BadChoiceCount => ApiError::invalid_param("n", error.to_string()),
-            InjectError::NotAnObject | InjectError::NoMessages => {
+            InjectError::NotAnObject | InjectError::NoMessages | InjectError::BadMessage(_) => {
                 ApiError::invalid_param("messages", error.to_string())
             }
         })
@@ -159,7 +159,8 @@ fn error_json(error: &ApiError) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::format::TextKind;
+    use crate::wire::format::{TextKind, put_text};
+    use axum::http::StatusCode;
 
     #[test]
     fn text_fields_point_at_their_strings() {
@@ -171,13 +172,19 @@ mod tests {
         assert_eq!(view.choices.len(), 1);
         let choice = &view.choices[0];
         assert_eq!(choice.finish_reason.as_deref(), Some("stop"));
-        for field in &choice.texts {
-            assert_eq!(
-                answer.pointer(&field.at),
-                Some(&json!(field.text)),
-                "{field:?}"
-            );
-        }
+        let texts: Vec<&str> = choice
+            .texts
+            .iter()
+            .map(|field| field.text(&answer))
+            .collect();
+        assert_eq!(texts, ["hello", "{\"a\":1}"]);
+        let mut edited = answer.clone();
+        put_text(&mut edited, &choice.texts[0], "verified");
+        assert_eq!(edited["choices"][0]["message"]["content"], "verified");
+        assert_eq!(
+            edited["choices"][0]["message"]["tool_calls"],
+            answer["choices"][0]["message"]["tool_calls"]
+        );
         assert_eq!(
             choice.texts[1].kind,
             TextKind::ToolArguments { call: 0 },
@@ -224,5 +231,35 @@ mod tests {
             json!({"error": {"message": "bad n", "type": "invalid_request_error", "param": "n",
                              "code": "invalid_value"}})
         );
+    }
+
+    #[test]
+    fn canaries_that_cannot_be_placed_are_a_400_about_the_field() {
+        let canaries = RequestCanaries::mint().unwrap();
+        for (mut body, param) in [
+            (
+                json!({"messages": [{"role": "user", "content": 5}]}),
+                "messages",
+            ),
+            (
+                json!({"messages": [{"role": "system", "content": 7}, {"role": "user", "content": "hi"}]}),
+                "messages",
+            ),
+            (json!({"messages": []}), "messages"),
+            (
+                json!({"messages": [{"role": "user", "content": "hi"}], "n": 0}),
+                "n",
+            ),
+        ] {
+            let before = body.clone();
+            let error = Chat::place_canaries(&mut body, EchoMode::HeadTail, canaries).unwrap_err();
+            assert_eq!(body, before, "nothing placed on failure");
+            assert_eq!(error.code, ErrorCode::InvalidValue, "{error}");
+            assert_eq!(error.status(), StatusCode::BAD_REQUEST);
+            let wire: Value = serde_json::from_slice(&Chat::error_body(&error)).unwrap();
+            assert_eq!(wire["error"]["type"], "invalid_request_error", "{wire}");
+            assert_eq!(wire["error"]["code"], "invalid_value", "{wire}");
+            assert_eq!(wire["error"]["param"], param, "{wire}");
+        }
     }
 }

@@ -53,10 +53,11 @@ impl StreamWriter for ChatStream {
         };
         for (position, choice) in choices.iter().enumerate() {
             let index = index_of(choice, position);
-            let Some(calls) = choice
-                .pointer("/delta/tool_calls")
-                .and_then(Value::as_array)
-            else {
+            let calls = choice
+                .get("delta")
+                .and_then(|delta| delta.get("tool_calls"))
+                .and_then(Value::as_array);
+            let Some(calls) = calls else {
                 continue;
             };
             for (call_position, call) in calls.iter().enumerate() {
