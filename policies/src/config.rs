@@ -780,6 +780,50 @@ provider = "sim"
     }
 
     #[test]
+    fn client_deadlines_and_connection_cap_default_and_validate() {
+        let policy = Policy::from_toml_str(MINIMAL, "test.toml").unwrap();
+        let limits = &policy.limits;
+        assert_eq!(limits.max_connections, None);
+        assert_eq!(
+            (
+                limits.client_header_timeout_ms,
+                limits.client_body_timeout_ms,
+                limits.client_body_idle_timeout_ms,
+                limits.client_keepalive_timeout_ms,
+            ),
+            (10_000, 60_000, 10_000, 60_000)
+        );
+        assert_eq!(policy.audit.data_readable_by, DataReaders::Owner);
+        let text = format!(
+            "[limits]\nmax_connections = 64\nclient_body_idle_timeout_ms = 250\n\
+             [audit]\ndata_readable_by = \"group\"\n{MINIMAL}"
+        );
+        let policy = Policy::from_toml_str(&text, "test.toml").unwrap();
+        assert_eq!(policy.limits.max_connections, Some(64));
+        assert_eq!(policy.limits.client_body_idle_timeout_ms, 250);
+        assert_eq!(policy.audit.data_readable_by, DataReaders::Group);
+        let error = error_of(&text.replace("= 64", "= 0"));
+        assert!(
+            error
+                .message
+                .contains("limits.max_connections must be greater than 0"),
+            "{error}"
+        );
+        for (value, what) in [("0", "not 0"), ("86400001", "not 86400001")] {
+            let error = error_of(&text.replace("= 250", &format!("= {value}")));
+            assert!(
+                error
+                    .message
+                    .contains("limits.client_body_idle_timeout_ms must be between 1")
+                    && error.message.contains(what),
+                "{error}"
+            );
+        }
+        let error = error_of(&text.replace("\"group\"", "\"world\""));
+        assert!(error.message.contains("world"), "{error}");
+    }
+
+    #[test]
     fn upstream_override_needs_single_provider() {
         let mut policy = Policy::from_toml_str(MINIMAL, "test.toml").unwrap();
         policy
