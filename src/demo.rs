@@ -160,8 +160,11 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
     let pool_tokens = sim_config.prefill_pool_tokens();
     let sim_addr = spawn_sim(sim_config).await?;
 
-    let data_dir = scratch_dir()?;
-    let model_dir = data_dir.path.join("local-model");
+    let scratch = scratch_dir()?;
+    // The model beside the data directory, not in it: serve accepts only
+    // owner-only files there.
+    let model_dir = scratch.path.join("local-model");
+    let data_dir = scratch.path.join("data");
     let writing = model_dir.clone();
     tokio::task::spawn_blocking(move || write_tiny_model(&writing, &demo_local_model()))
         .await
@@ -231,12 +234,12 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
     let probed = probe::run(&policy, &target, Some("sk-demo-probe"), u64::MAX, |_| {})
         .await
         .context("probing the simulated provider")?;
-    store_probe_result(&data_dir.path, &probed)?;
+    store_probe_result(&data_dir, &probed)?;
     report.probed_limit_tokens = probed.effective_limit_tokens;
     let server = Server::bind(ServeOptions {
         policy,
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-        data_dir: data_dir.path.clone(),
+        data_dir: data_dir.clone(),
     })
     .await?;
     let proxy_addr = server.local_addr()?;
@@ -399,7 +402,7 @@ async fn spawn_sim(config: SimConfig) -> anyhow::Result<SocketAddr> {
     Ok(addr)
 }
 
-/// A temporary data directory, removed when dropped.
+/// A temporary directory (owner-only), removed when dropped.
 struct ScratchDir {
     path: PathBuf,
 }
@@ -410,7 +413,8 @@ fn scratch_dir() -> anyhow::Result<ScratchDir> {
         std::process::id(),
         canarygate_audit::time::now_ms()
     ));
-    std::fs::create_dir_all(&path).with_context(|| format!("cannot create {}", path.display()))?;
+    canarygate_audit::files::create_private_dir_all(&path)
+        .with_context(|| format!("cannot create {}", path.display()))?;
     Ok(ScratchDir { path })
 }
 

@@ -13,6 +13,16 @@ use canarygate_audit::{
 };
 use canarygate_policies::verify::Status;
 
+/// A temporary data directory, owner-only as the audit log requires
+/// (tempfile's own default is 0777 less the umask).
+fn private_tempdir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    tempfile::Builder::new()
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .unwrap()
+}
+
 fn record(request_id: String) -> RequestRecord {
     RequestRecord {
         request_id,
@@ -137,7 +147,7 @@ fn text(bytes: &[u8]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_fails_naming_a_record_changed_in_the_raw_file() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     for n in 1..=20 {
         assert_eq!(append(&log, format!("req-{n:04}")).await, n);
@@ -175,7 +185,7 @@ async fn verify_fails_naming_a_record_changed_in_the_raw_file() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn damaged_files_give_errors_never_panics() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     for n in 1..=50 {
         append(&log, format!("req-{n:04}")).await;
@@ -189,7 +199,7 @@ async fn damaged_files_give_errors_never_panics() {
     let spread = (0..64).map(|step| step * pristine.len() / 64 + 7);
     let mut failures = 0;
     for at in header.chain(spread) {
-        let damaged_dir = tempfile::tempdir().unwrap();
+        let damaged_dir = private_tempdir();
         let mut damaged = pristine.clone();
         damaged[at] ^= 0x5a;
         std::fs::write(damaged_dir.path().join(STORE_FILE), &damaged).unwrap();
@@ -214,7 +224,7 @@ async fn damaged_files_give_errors_never_panics() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tail_verify_and_review_run_while_another_process_appends() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     for n in 0..10 {
         append(&log, format!("warm-{n}")).await;
@@ -331,7 +341,7 @@ async fn tail_verify_and_review_run_while_another_process_appends() {
 
 #[test]
 fn bad_arguments_fail_with_a_message() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let missing = canarygate(dir.path(), &["verify"]);
     assert_eq!(missing.status.code(), Some(1));
     assert!(
@@ -372,7 +382,7 @@ fn bad_arguments_fail_with_a_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tail_show_stats_and_export_print_what_is_stored() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     fill(&log, 30, 0).await;
     let tail = ok(canarygate(dir.path(), &["tail", "-n", "5"]));
@@ -432,7 +442,7 @@ fn hex(bytes: &[u8]) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_bad_argument_is_named() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     fill(&log, 3, 0).await;
     for (args, expected) in [
@@ -455,7 +465,7 @@ async fn each_bad_argument_is_named() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spot_check_reviews_are_chained_records() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     fill(&log, 9, 1).await; // samples at n = 3, 6, 9: records 3, 6 and 9
     let sampled = [3, 6, 9];
@@ -510,7 +520,7 @@ async fn spot_check_reviews_are_chained_records() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn show_prints_an_encrypted_sample_only_with_its_key() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let key_hex = "5a".repeat(32);
     let options = AuditOptions {
         sample_key: Some(SampleKey::parse(&key_hex).unwrap()),

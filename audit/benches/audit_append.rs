@@ -53,7 +53,15 @@ fn record(n: u64) -> RequestRecord {
 }
 
 fn measure(base: &std::path::Path, mode: CommitMode, writers: u64, seconds: f64) -> f64 {
-    let dir = tempfile::tempdir_in(base).expect("temporary directory");
+    // Owner-only, as AuditLog::open requires (tempfile's default is 0777
+    // less the umask).
+    let dir = {
+        use std::os::unix::fs::PermissionsExt;
+        tempfile::Builder::new()
+            .permissions(std::fs::Permissions::from_mode(0o700))
+            .tempdir_in(base)
+            .expect("temporary directory")
+    };
     let options = AuditOptions {
         commit: mode,
         ..AuditOptions::default()

@@ -13,12 +13,14 @@
 //! keep their (canary-redacted) text for spot-check review, encrypted at rest
 //! when a key is configured ([`secret`]). Everything is stored in one redb
 //! file, `DIR/canarygate.redb`, behind a two-method trait ([`store`]); the
-//! per-install secret is `DIR/secret.key`. No I/O but files: no network, no
+//! per-install secret is `DIR/secret.key`. The directory and every file in it
+//! are created owner-only ([`files`]). No I/O but files: no network, no
 //! command line (that lives in the `canarygate` binary).
 //!
 //! See this crate's `README.md` for the export schema and the storage choice.
 
 mod archive;
+pub mod files;
 mod log;
 mod record;
 mod secret;
@@ -49,6 +51,10 @@ pub enum AuditError {
     /// A file other than the store could not be read or written.
     #[error("{0}")]
     Io(String),
+    /// The data directory or a file in it is open to more users than the
+    /// policy allows ([`files::check_data_dir`]).
+    #[error("{0}")]
+    Exposed(String),
     /// Stored data is malformed.
     #[error("audit store is corrupt: {0}")]
     Corrupt(String),

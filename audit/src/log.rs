@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use canarygate_policies::config::Durability;
+use canarygate_policies::config::{DataReaders, Durability};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::AuditError;
@@ -35,6 +35,8 @@ pub struct AuditOptions {
     pub commit: CommitMode,
     /// Whether [`AuditLog::record`] waits for the disk.
     pub durability: Durability,
+    /// The access to the data directory that [`AuditLog::open`] accepts.
+    pub data_readable_by: DataReaders,
 }
 
 impl Default for AuditOptions {
@@ -44,6 +46,7 @@ impl Default for AuditOptions {
             sample_key: None,
             commit: CommitMode::Group,
             durability: Durability::BeforeAnswer,
+            data_readable_by: DataReaders::Owner,
         }
     }
 }
@@ -71,6 +74,7 @@ impl AuditOptions {
             sample_key,
             commit: CommitMode::Group,
             durability: config.durability,
+            data_readable_by: config.data_readable_by,
         })
     }
 }
@@ -128,7 +132,9 @@ impl AuditLog {
     /// Opens (creating when missing) `dir/canarygate.redb` and `dir/secret.key`,
     /// checks every page of the store (repairing it after a crash; a damaged
     /// file is an error), and starts the writer thread. Blocking; it reads the
-    /// whole store.
+    /// whole store. A missing `dir` is created owner-only; an existing one
+    /// open to more users than `options.data_readable_by` allows is an
+    /// [`AuditError::Exposed`].
     pub fn open(dir: &Path, options: AuditOptions) -> Result<Self, AuditError> {
         if !(0.0..=1.0).contains(&options.sample_rate) {
             return Err(AuditError::InvalidArgument(format!(
@@ -136,13 +142,9 @@ impl AuditLog {
                 options.sample_rate
             )));
         }
+        crate::files::prepare_data_dir(dir, options.data_readable_by)?;
         let store: Arc<dyn Store> = Arc::new(RedbStore::open_writable_with(dir, true)?);
         let secrets = Secrets::load_or_create(dir)?;
-        if options.sample_key.is_none() && options.sample_rate > 0.0 {
-            tracing::warn!(
-                "audit samples are stored unencrypted; set [audit] encryption_key_env to encrypt them"
-            );
-        }
         let (sender, receiver) = mpsc::channel(QUEUE);
         let writer_store = Arc::clone(&store);
         let commit = options.commit;
@@ -282,6 +284,11 @@ impl AuditLog {
     /// The configured sample rate, for [`should_sample`](crate::should_sample).
     pub fn sample_rate(&self) -> f64 {
         self.inner.options.sample_rate
+    }
+
+    /// Whether samples are encrypted at rest (a sample key is configured).
+    pub fn encrypts_samples(&self) -> bool {
+        self.inner.options.sample_key.is_some()
     }
 
     /// Transactions committed so far by this log's writer (for metrics: with

@@ -49,11 +49,9 @@ impl Secrets {
                     AuditError::Io(format!("cannot create {}: {error}", path.display()))
                 };
                 {
-                    let mut options = fs::OpenOptions::new();
-                    options.write(true).create(true).truncate(true);
-                    #[cfg(unix)]
-                    std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-                    let mut file = options.open(&temporary).map_err(io)?;
+                    // A leftover of a crashed creator with our pid.
+                    let _ = fs::remove_file(&temporary);
+                    let mut file = crate::files::create_private_file(&temporary).map_err(io)?;
                     file.write_all(&master).map_err(io)?;
                     file.sync_all().map_err(io)?;
                 }

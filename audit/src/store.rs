@@ -157,13 +157,18 @@ impl RedbStore {
     /// checksum of every page first, so a file damaged outside redb is an
     /// error rather than a possible panic later. Reads the whole file.
     pub(crate) fn open_writable_with(dir: &Path, verify_pages: bool) -> Result<Self, AuditError> {
-        std::fs::create_dir_all(dir).map_err(|error| {
+        crate::files::create_private_dir_all(dir).map_err(|error| {
             AuditError::Io(format!(
                 "cannot create data directory {}: {error}",
                 dir.display()
             ))
         })?;
         let path = dir.join(STORE_FILE);
+        // redb would create a missing file with the umask's mode: create it
+        // owner-only first (redb initialises an empty file).
+        crate::files::ensure_private_file(&path).map_err(|error| {
+            AuditError::Io(format!("cannot create {}: {error}", path.display()))
+        })?;
         let db = builder()
             .set_check_integrity_on_open(verify_pages)
             .create(&path)

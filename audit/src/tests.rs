@@ -20,6 +20,16 @@ const SAMPLES: TableDefinition<u64, &[u8]> = TableDefinition::new("samples");
 const API_KEY: &str = "sk-live-THIS-KEY-MUST-NEVER-BE-STORED";
 const CANARY: &str = "CG482937105662831";
 
+/// A temporary data directory, owner-only as `AuditLog::open` requires
+/// (tempfile's own default is 0777 less the umask).
+pub(crate) fn private_tempdir() -> tempfile::TempDir {
+    use std::os::unix::fs::PermissionsExt;
+    tempfile::Builder::new()
+        .permissions(std::fs::Permissions::from_mode(0o700))
+        .tempdir()
+        .unwrap()
+}
+
 /// A request record as the proxy would fill it.
 pub(crate) fn request(log: &AuditLog, n: u64, failed: bool) -> RequestRecord {
     RequestRecord {
@@ -144,7 +154,7 @@ fn stored(dir: &Path, id: u64) -> Vec<u8> {
 
 #[test]
 fn concurrent_appends_get_consecutive_ids_and_verify() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     let mut ids = fill(&log, 200, 0);
     ids.sort_unstable();
@@ -159,7 +169,7 @@ fn concurrent_appends_get_consecutive_ids_and_verify() {
 #[test]
 fn group_commit_shares_transactions_and_per_record_does_not() {
     for (mode, shares) in [(CommitMode::Group, true), (CommitMode::PerRecord, false)] {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = private_tempdir();
         let options = AuditOptions {
             commit: mode,
             ..AuditOptions::default()
@@ -213,7 +223,7 @@ async fn append_unsampled(log: &AuditLog, n: u64) {
 
 #[test]
 fn background_records_and_canaries_land_in_order_with_the_next_commit() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = open_background(dir.path());
     runtime().block_on(async {
         for n in 0..100 {
@@ -237,7 +247,7 @@ fn background_records_and_canaries_land_in_order_with_the_next_commit() {
 
 #[test]
 fn background_commits_start_at_most_once_per_interval() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = open_background(dir.path());
     let before = log.commit_count();
     let started = Instant::now();
@@ -261,7 +271,7 @@ fn background_commits_start_at_most_once_per_interval() {
 
 #[test]
 fn flipped_byte_is_named() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     fill(&log, 20, 0);
     let mut value = stored(dir.path(), 7);
@@ -281,7 +291,7 @@ fn flipped_byte_is_named() {
 fn rehashed_edit_breaks_the_link_to_the_next_record() {
     // An attacker who also fixes the stored hash of the record they edited is
     // caught by the next record's prev_hash.
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     fill(&log, 20, 0);
     let value = stored(dir.path(), 7);
@@ -309,7 +319,7 @@ fn rehashed_edit_breaks_the_link_to_the_next_record() {
 
 #[test]
 fn deleted_record_is_named() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     fill(&log, 20, 0);
     edit_records(dir.path(), |table| {
@@ -327,7 +337,7 @@ fn deleted_record_is_named() {
 
 #[test]
 fn swapped_records_are_named() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     fill(&log, 20, 0);
     let (five, six) = (stored(dir.path(), 5), stored(dir.path(), 6));
@@ -344,7 +354,7 @@ fn swapped_records_are_named() {
 
 #[test]
 fn inserted_record_is_named() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     fill(&log, 10, 0);
     // Renumber 6..=10 to 7..=11 and put a copy of record 3 at 6.
@@ -365,7 +375,7 @@ fn inserted_record_is_named() {
 
 #[test]
 fn changed_or_deleted_sample_is_named() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     fill(&log, 10, 0);
     let sampled = RedbStore::open_read_only(dir.path())
@@ -435,7 +445,7 @@ fn changed_or_deleted_sample_is_named() {
 
 #[test]
 fn prune_leaves_a_checkpoint_that_keeps_verify_meaningful() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     fill(&log, 30, 0);
     std::thread::sleep(Duration::from_millis(20));
@@ -470,7 +480,7 @@ fn prune_leaves_a_checkpoint_that_keeps_verify_meaningful() {
 
 #[test]
 fn deleting_a_checkpoint_is_caught() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     fill(&log, 5, 0);
     std::thread::sleep(Duration::from_millis(5));
@@ -498,7 +508,7 @@ fn deleting_a_checkpoint_is_caught() {
 
 #[test]
 fn prune_refuses_a_broken_chain() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     fill(&log, 5, 0);
     edit_records(dir.path(), |table| {
@@ -510,7 +520,7 @@ fn prune_refuses_a_broken_chain() {
 
 #[test]
 fn canary_registry_persists_and_expires() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let now = now_ms();
     {
         let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
@@ -555,7 +565,7 @@ fn canary_registry_persists_and_expires() {
 
 #[test]
 fn canaries_of_an_older_store_move_to_the_expiry_ordered_table() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let now = now_ms();
     // The layout before 2026-12: rows keyed by the 16-byte canary key alone.
     {
@@ -618,7 +628,7 @@ fn sampling_follows_rate_and_always_keeps_failures() {
 
 #[test]
 fn store_holds_no_credential_key_or_canary_value() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let key_hex = "5a".repeat(32);
     let options = AuditOptions {
         sample_key: Some(SampleKey::parse(&key_hex).unwrap()),
@@ -696,7 +706,7 @@ fn request_id_of(snapshot: &Snapshot, id: RecordId) -> String {
 
 #[test]
 fn opening_a_missing_store_read_only_is_not_found() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let missing = verify(dir.path()).unwrap_err();
     assert!(matches!(missing, AuditError::NotFound(_)), "{missing}");
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
@@ -709,7 +719,7 @@ fn opening_a_missing_store_read_only_is_not_found() {
 
 #[test]
 fn reviews_are_chained_records_and_each_record_is_reviewed_once() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     fill(&log, 9, 1); // samples at n = 3, 6, 9: ids are in arrival order
     let archive = Archive::open_writable(dir.path()).unwrap();
@@ -737,7 +747,7 @@ fn reviews_are_chained_records_and_each_record_is_reviewed_once() {
 
 #[test]
 fn readers_in_another_handle_follow_the_writer() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
     fill(&log, 5, 0);
     let reader = RedbStore::open_read_only(dir.path()).unwrap();
@@ -802,7 +812,7 @@ fn crash_child() {
 
 #[test]
 fn store_survives_sigkill_under_load() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = private_tempdir();
     let mut acked: Vec<(u64, String)> = Vec::new();
     let mut seed = now_ms();
     for round in 0..4 {

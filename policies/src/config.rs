@@ -99,6 +99,25 @@ pub struct AuditConfig {
     pub encryption_key_env: Option<Spanned<String>>,
     /// When a request's record must be on disk.
     pub durability: Durability,
+    /// Who besides its owner may already have access to the data directory
+    /// and its files when `serve` starts (canarygate itself always creates
+    /// them owner-only: 0700 and 0600).
+    pub data_readable_by: DataReaders,
+}
+
+/// `[audit] data_readable_by`: the access to the data directory and its
+/// files that `serve` accepts at start. More is refused with a message that
+/// names the path, its mode and the fix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DataReaders {
+    /// Nobody but the owner: no permission bit for group or others.
+    #[default]
+    Owner,
+    /// The owner and the file's group: no permission bit for others.
+    Group,
+    /// Not checked.
+    Anyone,
 }
 
 /// `[audit] durability`: when a request's record must be on disk.
@@ -124,6 +143,7 @@ impl Default for AuditConfig {
             sample_rate: Spanned::new(0..0, DEFAULT_AUDIT_SAMPLE_RATE),
             encryption_key_env: None,
             durability: Durability::BeforeAnswer,
+            data_readable_by: DataReaders::Owner,
         }
     }
 }
@@ -168,8 +188,28 @@ pub struct ClientKey {
 pub struct Limits {
     /// Largest request body accepted, in bytes.
     pub max_body_bytes: usize,
-    /// Requests served at once; more get HTTP 429.
+    /// Requests served at once; more get HTTP 429. A request takes its slot
+    /// once its whole body has arrived.
     pub max_concurrent_requests: usize,
+    /// Client connections open at once. At the cap, the connection idle the
+    /// longest (between requests, or still sending its first request's head)
+    /// is closed for a new one; when every connection has a request in
+    /// flight, new ones wait in the listen queue. Unset: 4096, lowered to
+    /// fit the open-file limit.
+    pub max_connections: Option<usize>,
+    /// Time a client has to send a request's head (request line and
+    /// headers): from accepting its connection, or from the first byte of a
+    /// later request on it. Then the connection is closed.
+    pub client_header_timeout_ms: u64,
+    /// Time a client has to send a whole request body, from its head; then
+    /// HTTP 408.
+    pub client_body_timeout_ms: u64,
+    /// Longest silence allowed between two chunks of a request body; then
+    /// HTTP 408.
+    pub client_body_idle_timeout_ms: u64,
+    /// How long a connection may stay open with no request on it (HTTP/1.1
+    /// keep-alive, HTTP/2 with no open stream); then it is closed.
+    pub client_keepalive_timeout_ms: u64,
     /// Time allowed to open a connection to the provider.
     pub connect_timeout_ms: u64,
     /// Time allowed from sending the request to the first byte of the answer.
@@ -178,11 +218,23 @@ pub struct Limits {
     pub idle_timeout_ms: u64,
 }
 
+/// `limits.max_connections` when the policy sets none (lowered at start to
+/// fit the process's open-file limit).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+
+/// The longest any `limits.*_timeout_ms` may be: one day.
+pub const MAX_TIMEOUT_MS: u64 = 24 * 60 * 60 * 1000;
+
 impl Default for Limits {
     fn default() -> Self {
         Self {
             max_body_bytes: 8 * 1024 * 1024,
             max_concurrent_requests: 1024,
+            max_connections: None,
+            client_header_timeout_ms: 10_000,
+            client_body_timeout_ms: 60_000,
+            client_body_idle_timeout_ms: 10_000,
+            client_keepalive_timeout_ms: 60_000,
             connect_timeout_ms: 10_000,
             first_byte_timeout_ms: 300_000,
             idle_timeout_ms: 120_000,
@@ -384,12 +436,41 @@ impl Policy {
                 "limits.max_concurrent_requests",
                 limits.max_concurrent_requests as u64,
             ),
+            (
+                "limits.max_connections",
+                limits.max_connections.map_or(1, |value| value as u64),
+            ),
+        ] {
+            if value == 0 {
+                return Err((None, format!("{name} must be greater than 0")));
+            }
+        }
+        for (name, value) in [
+            (
+                "limits.client_header_timeout_ms",
+                limits.client_header_timeout_ms,
+            ),
+            (
+                "limits.client_body_timeout_ms",
+                limits.client_body_timeout_ms,
+            ),
+            (
+                "limits.client_body_idle_timeout_ms",
+                limits.client_body_idle_timeout_ms,
+            ),
+            (
+                "limits.client_keepalive_timeout_ms",
+                limits.client_keepalive_timeout_ms,
+            ),
             ("limits.connect_timeout_ms", limits.connect_timeout_ms),
             ("limits.first_byte_timeout_ms", limits.first_byte_timeout_ms),
             ("limits.idle_timeout_ms", limits.idle_timeout_ms),
         ] {
-            if value == 0 {
-                return Err((None, format!("{name} must be greater than 0")));
+            if !(1..=MAX_TIMEOUT_MS).contains(&value) {
+                return Err((
+                    None,
+                    format!("{name} must be between 1 and {MAX_TIMEOUT_MS} (one day), not {value}"),
+                ));
             }
         }
         Ok(())
@@ -696,6 +777,50 @@ provider = "sim"
         assert_eq!(error.position.unwrap().0, 3, "{error}");
         let error = error_of(&text.replace("sample_rate", "sample_rat"));
         assert!(error.message.contains("sample_rat"), "{error}");
+    }
+
+    #[test]
+    fn client_deadlines_and_connection_cap_default_and_validate() {
+        let policy = Policy::from_toml_str(MINIMAL, "test.toml").unwrap();
+        let limits = &policy.limits;
+        assert_eq!(limits.max_connections, None);
+        assert_eq!(
+            (
+                limits.client_header_timeout_ms,
+                limits.client_body_timeout_ms,
+                limits.client_body_idle_timeout_ms,
+                limits.client_keepalive_timeout_ms,
+            ),
+            (10_000, 60_000, 10_000, 60_000)
+        );
+        assert_eq!(policy.audit.data_readable_by, DataReaders::Owner);
+        let text = format!(
+            "[limits]\nmax_connections = 64\nclient_body_idle_timeout_ms = 250\n\
+             [audit]\ndata_readable_by = \"group\"\n{MINIMAL}"
+        );
+        let policy = Policy::from_toml_str(&text, "test.toml").unwrap();
+        assert_eq!(policy.limits.max_connections, Some(64));
+        assert_eq!(policy.limits.client_body_idle_timeout_ms, 250);
+        assert_eq!(policy.audit.data_readable_by, DataReaders::Group);
+        let error = error_of(&text.replace("= 64", "= 0"));
+        assert!(
+            error
+                .message
+                .contains("limits.max_connections must be greater than 0"),
+            "{error}"
+        );
+        for (value, what) in [("0", "not 0"), ("86400001", "not 86400001")] {
+            let error = error_of(&text.replace("= 250", &format!("= {value}")));
+            assert!(
+                error
+                    .message
+                    .contains("limits.client_body_idle_timeout_ms must be between 1")
+                    && error.message.contains(what),
+                "{error}"
+            );
+        }
+        let error = error_of(&text.replace("\"group\"", "\"world\""));
+        assert!(error.message.contains("world"), "{error}");
     }
 
     #[test]

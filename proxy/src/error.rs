@@ -32,6 +32,11 @@ pub enum ErrorCode {
     ModelNotFound,
     /// No such endpoint.
     UnknownUrl,
+    /// The endpoint exists but not with this method (sent with `Allow`).
+    MethodNotAllowed,
+    /// The request body did not arrive within `limits.client_body_timeout_ms`,
+    /// or stalled longer than `limits.client_body_idle_timeout_ms`.
+    RequestTimeout,
     /// The body is over `limits.max_body_bytes`.
     RequestTooLarge,
     /// `limits.max_concurrent_requests` are in flight.
@@ -71,7 +76,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in the README table's order.
-    pub const ALL: [Self; 26] = [
+    pub const ALL: [Self; 28] = [
         Self::InvalidJson,
         Self::InvalidValue,
         Self::InvalidBody,
@@ -82,6 +87,8 @@ impl ErrorCode {
         Self::InvalidApiKey,
         Self::ModelNotFound,
         Self::UnknownUrl,
+        Self::MethodNotAllowed,
+        Self::RequestTimeout,
         Self::RequestTooLarge,
         Self::TooManyConcurrentRequests,
         Self::UpstreamUnreachable,
@@ -112,6 +119,8 @@ impl ErrorCode {
             Self::InvalidApiKey => "invalid_api_key",
             Self::ModelNotFound => "model_not_found",
             Self::UnknownUrl => "unknown_url",
+            Self::MethodNotAllowed => "method_not_allowed",
+            Self::RequestTimeout => "request_timeout",
             Self::RequestTooLarge => "request_too_large",
             Self::TooManyConcurrentRequests => "too_many_concurrent_requests",
             Self::UpstreamUnreachable => "upstream_unreachable",
@@ -144,6 +153,8 @@ impl ErrorCode {
             | Self::LocalEngineRejected => StatusCode::BAD_REQUEST,
             Self::MissingApiKey | Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
             Self::ModelNotFound | Self::UnknownUrl => StatusCode::NOT_FOUND,
+            Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::TooManyConcurrentRequests => StatusCode::TOO_MANY_REQUESTS,
             Self::UpstreamUnreachable
@@ -238,6 +249,15 @@ impl ApiError {
         Self::new(
             ErrorCode::RequestTooLarge,
             format!("Request body exceeds the limit of {limit} bytes (limits.max_body_bytes)."),
+        )
+    }
+
+    /// 408 `request_timeout`: the body did not arrive in time. `setting`
+    /// names the limit, `millis` its value.
+    pub fn body_timeout(setting: &'static str, millis: u64) -> Self {
+        Self::new(
+            ErrorCode::RequestTimeout,
+            format!("The request body did not arrive in time (limits.{setting} = {millis} ms)."),
         )
     }
 

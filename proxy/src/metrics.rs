@@ -17,6 +17,14 @@ pub struct RequestLabels {
     pub status: u16,
 }
 
+/// Labels of the client-timeout counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TimeoutLabels {
+    /// What the client was too slow with: `header`, `body`, `body_idle`,
+    /// `keepalive`.
+    pub phase: &'static str,
+}
+
 /// Labels of the local-engine counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LocalLabels {
@@ -42,6 +50,9 @@ pub struct Metrics {
     overhead: Histogram,
     local: Family<LocalLabels, Counter>,
     audit_background_failures: Gauge,
+    client_connections: Gauge,
+    client_connections_evicted: Counter,
+    client_timeouts: Family<TimeoutLabels, Counter>,
 }
 
 impl Metrics {
@@ -78,6 +89,25 @@ impl Metrics {
             "Audit writes that failed with nobody waiting ([audit] durability = \"background\", canary persistence)",
             audit_background_failures.clone(),
         );
+        let client_connections = Gauge::default();
+        registry.register(
+            "client_connections",
+            "Client connections open",
+            client_connections.clone(),
+        );
+        let client_connections_evicted = Counter::default();
+        registry.register(
+            "client_connections_evicted",
+            "Idle client connections closed to make room for a new one at limits.max_connections",
+            client_connections_evicted.clone(),
+        );
+        let client_timeouts = Family::<TimeoutLabels, Counter>::default();
+        registry.register(
+            "client_timeouts",
+            "Clients too slow with a request's head, its body, between two body chunks, \
+             or idle past the keep-alive timeout, by phase",
+            client_timeouts.clone(),
+        );
         Self {
             registry,
             requests,
@@ -85,6 +115,9 @@ impl Metrics {
             overhead,
             local,
             audit_background_failures,
+            client_connections,
+            client_connections_evicted,
+            client_timeouts,
         }
     }
 
@@ -104,6 +137,25 @@ impl Metrics {
     pub fn start_in_flight(&self) -> InFlightGuard {
         self.in_flight.inc();
         InFlightGuard(self.in_flight.clone())
+    }
+
+    /// Marks a client connection as open; the guard marks it closed when dropped.
+    pub fn open_client_connection(&self) -> ConnectionGauge {
+        self.client_connections.inc();
+        ConnectionGauge(self.client_connections.clone())
+    }
+
+    /// Counts one idle client connection closed for a new one.
+    pub fn count_eviction(&self) {
+        self.client_connections_evicted.inc();
+    }
+
+    /// Counts one client too slow in `phase` (`header`, `body`,
+    /// `body_idle`, `keepalive`).
+    pub fn count_client_timeout(&self, phase: &'static str) {
+        self.client_timeouts
+            .get_or_create(&TimeoutLabels { phase })
+            .inc();
     }
 
     /// Records the proxy's own time on one request.
@@ -128,6 +180,15 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// Decrements the open-connections gauge when dropped.
+pub struct ConnectionGauge(Gauge);
+
+impl Drop for ConnectionGauge {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 

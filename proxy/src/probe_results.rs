@@ -41,23 +41,17 @@ pub struct StoreError {
     pub source: std::io::Error,
 }
 
-/// Writes `result` into `data_dir` (atomically) and returns the file.
+/// Writes `result` into `data_dir` (atomically, owner-only) and returns the
+/// file.
 pub fn store(data_dir: &Path, result: &ProbeResult) -> Result<PathBuf, StoreError> {
     let path = result_file(data_dir, &result.provider, &result.model);
-    let dir = data_dir.join(PROBES_DIR);
-    std::fs::create_dir_all(&dir).map_err(|source| StoreError {
-        path: dir.clone(),
-        source,
-    })?;
-    let temporary = path.with_extension("json.tmp");
     // A result of numbers and strings always serialises.
     let text = serde_json::to_vec_pretty(result).unwrap_or_default();
-    std::fs::write(&temporary, text)
-        .and_then(|()| std::fs::rename(&temporary, &path))
-        .map_err(|source| StoreError {
-            path: path.clone(),
-            source,
-        })?;
+    // Owner-only, like everything in the data directory.
+    canarygate_audit::files::write_private_file(&path, &text).map_err(|source| StoreError {
+        path: path.clone(),
+        source,
+    })?;
     Ok(path)
 }
 

@@ -37,6 +37,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .map(|p| format!("{} -> {}", p.name.get_ref(), p.base_url.get_ref()))
         .collect();
     let local_dir = policy.local.model_dir().map(str::to_owned);
+    let data = args.data.clone();
     runtime()?.block_on(async move {
         let server = Server::bind(ServeOptions {
             policy,
@@ -48,9 +49,36 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         announce(&format!("canarygate listening on http://{address}"));
         tracing::info!(providers = ?providers, "serving");
         report_startup(server.startup(), local_dir.as_deref());
+        report_audit(server.startup(), &data);
         server.run(shutdown_signal()).await?;
         Ok(())
     })
+}
+
+/// Says, once, what the audit store keeps in clear.
+fn report_audit(startup: &Startup, data: &std::path::Path) {
+    let store = data.join(canarygate_audit::STORE_FILE);
+    if startup.samples_encrypted {
+        tracing::info!(
+            "audit: samples (prompt and answer text) are encrypted in {}; records \
+             (hashes, model, token counts, checks, timings) are in clear, readable by \
+             the owner only",
+            store.display()
+        );
+    } else {
+        tracing::warn!(
+            "audit: no [audit] encryption_key_env, so {} keeps in clear the prompt and \
+             answer text (canaries redacted) of every failed or blocked request and of \
+             {}% of the others, readable by the owner only; records (hashes, model, \
+             token counts, checks, timings) are in clear either way",
+            store.display(),
+            startup.sample_rate * 100.0
+        );
+    }
+    tracing::info!(
+        max_connections = startup.max_connections,
+        "client connections served at once"
+    );
 }
 
 /// Says what `serve` runs with: the local engine (or its absence) and probe

@@ -22,8 +22,14 @@ impl Running {
     /// Starts `canarygate <args>` and waits for its "listening on URL" line.
     pub fn start(args: &[&str], envs: &[(&str, &str)]) -> Self {
         let mut command = Command::new(binary());
+        command.args(args);
+        Self::start_command(command, envs)
+    }
+
+    /// Starts `command` (which runs canarygate, perhaps through a wrapper)
+    /// and waits for its "listening on URL" line.
+    pub fn start_command(mut command: Command, envs: &[(&str, &str)]) -> Self {
         command
-            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -38,7 +44,7 @@ impl Running {
             Some(Ok(line)) => line,
             other => {
                 let status = child.wait().ok();
-                panic!("canarygate {args:?} exited before listening: {other:?}, status {status:?}");
+                panic!("{command:?} exited before listening: {other:?}, status {status:?}");
             }
         };
         let url = line

@@ -1,20 +1,26 @@
 //! The HTTP server: starting (secrets, audit store, registry, providers'
-//! clients, local engine, probe results), binding, and serving until shut
-//! down. Everything a client connection goes through before the pipeline
-//! lives in this layer: the router and middleware ([`router`]), admission
-//! ([`admission`]: slots, credentials, body limits), and the background
-//! tasks ([`tasks`]).
+//! clients, local engine, probe results, the open-file limit), binding, and
+//! serving until shut down. Everything a client connection goes through
+//! before the pipeline lives in this layer: the accept loop and its
+//! connection cap ([`listener`]), each connection's deadlines
+//! ([`connection`]), the router and middleware ([`router`]), admission
+//! ([`admission`]: credentials, body deadlines and limits, slots), and the
+//! background tasks ([`tasks`]).
 
 mod admission;
+mod connection;
+mod listener;
 mod router;
 mod tasks;
+
+pub use listener::OpenFiles;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
-use axum::serve::ListenerExt;
 use canarygate_audit::{AuditError, AuditLog, AuditOptions};
 use canarygate_policies::config::Policy;
 use canarygate_policies::probe::ProbeResult;
@@ -48,6 +54,9 @@ pub enum StartError {
     /// `[audit]` names a key that is not usable.
     #[error("[audit]: {0}")]
     AuditConfig(AuditError),
+    /// The open-file limit leaves no room for `limits.max_connections`.
+    #[error("{0}")]
+    OpenFiles(String),
     /// The data directory cannot be created.
     #[error("cannot create data dir {}: {source}", path.display())]
     DataDir {
@@ -87,6 +96,8 @@ pub enum StartError {
 pub struct Server {
     listener: TcpListener,
     router: Router,
+    metrics: Arc<Metrics>,
+    deadlines: connection::ConnectionDeadlines,
     startup: Startup,
 }
 
@@ -97,11 +108,21 @@ pub struct Startup {
     pub local_engine: Option<(usize, usize)>,
     /// Stored probe results.
     pub probes: Vec<Arc<ProbeResult>>,
+    /// Client connections served at once (`limits.max_connections`, or
+    /// the default fitted to the open-file limit).
+    pub max_connections: usize,
+    /// The open-file limit as found and as raised (None: unreadable).
+    pub open_files: Option<OpenFiles>,
+    /// Whether audit samples are encrypted at rest.
+    pub samples_encrypted: bool,
+    /// The share of passing requests whose text is sampled.
+    pub sample_rate: f64,
 }
 
 impl Server {
     /// Loads secrets, builds provider clients and binds the listener.
     pub async fn bind(options: ServeOptions) -> Result<Self, StartError> {
+        let (max_connections, open_files) = connection_cap(&options.policy)?;
         let upstreams = Upstreams::build(&options.policy)?;
         let audit = open_audit_log(&options).await?;
         let registry = CanaryBook::open(audit.clone()).map_err(|source| StartError::Audit {
@@ -119,6 +140,10 @@ impl Server {
                 .as_ref()
                 .map(|engine| (engine.context_window(), engine.pool_tokens())),
             probes: probes.all(),
+            max_connections,
+            open_files,
+            samples_encrypted: audit.encrypts_samples(),
+            sample_rate: audit.sample_rate(),
         };
         let listener =
             TcpListener::bind(options.listen)
@@ -142,9 +167,16 @@ impl Server {
         });
         tasks::spawn_probe_tasks(Arc::downgrade(&state), options.data_dir.clone());
         tasks::spawn_reachability_check(Arc::downgrade(&state));
+        let limits = &state.policy.limits;
+        let deadlines = connection::ConnectionDeadlines {
+            header: Duration::from_millis(limits.client_header_timeout_ms),
+            keepalive: Duration::from_millis(limits.client_keepalive_timeout_ms),
+        };
         Ok(Self {
             listener,
+            metrics: state.metrics.clone(),
             router: router::router(state),
+            deadlines,
             startup,
         })
     }
@@ -164,13 +196,51 @@ impl Server {
         self,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
-        // No Nagle: a streamed token must leave at once, not wait for an ACK.
-        let listener = self.listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        axum::serve(listener, self.router)
-            .with_graceful_shutdown(shutdown)
-            .await
+        let shared = connection::Shared::new(self.router, self.deadlines, self.metrics.clone());
+        listener::serve(
+            self.listener,
+            shared,
+            self.startup.max_connections,
+            self.metrics,
+            shutdown,
+        )
+        .await
+    }
+}
+
+/// Raises the soft open-file limit to the hard one (logging both) and
+/// fits `limits.max_connections` below it.
+fn connection_cap(policy: &Policy) -> Result<(usize, Option<OpenFiles>), StartError> {
+    match listener::raise_open_file_limit() {
+        Ok(files) => {
+            tracing::info!(
+                soft = files.soft,
+                soft_before = files.soft_before,
+                hard = files.hard,
+                "open-file limit"
+            );
+            let max = listener::open_file_budget(&policy.limits, files.soft)
+                .map_err(StartError::OpenFiles)?;
+            if policy.limits.max_connections.is_none()
+                && max < canarygate_policies::config::DEFAULT_MAX_CONNECTIONS
+            {
+                tracing::warn!(
+                    "limits.max_connections: {max} client connections, below the default {}, \
+                     to fit the open-file limit of {}",
+                    canarygate_policies::config::DEFAULT_MAX_CONNECTIONS,
+                    files.soft
+                );
+            }
+            Ok((max, Some(files)))
+        }
+        Err(error) => {
+            tracing::warn!("cannot read the open-file limit: {error}");
+            let max = policy
+                .limits
+                .max_connections
+                .unwrap_or(canarygate_policies::config::DEFAULT_MAX_CONNECTIONS);
+            Ok((max, None))
+        }
     }
 }
 
@@ -179,9 +249,13 @@ async fn open_audit_log(options: &ServeOptions) -> Result<AuditLog, StartError> 
     let audit_options =
         AuditOptions::from_policy(&options.policy.audit).map_err(StartError::AuditConfig)?;
     let dir = options.data_dir.clone();
-    std::fs::create_dir_all(&dir).map_err(|source| StartError::DataDir {
-        path: dir.clone(),
-        source,
+    // Owner-only whatever the umask; an existing directory is checked by
+    // `AuditLog::open`.
+    canarygate_audit::files::create_private_dir_all(&dir).map_err(|source| {
+        StartError::DataDir {
+            path: dir.clone(),
+            source,
+        }
     })?;
     tokio::task::spawn_blocking(move || {
         AuditLog::open(&dir, audit_options)

@@ -6,10 +6,10 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderValue, Method, Uri, Version, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use serde_json::json;
 
 use super::admission::admit;
@@ -27,17 +27,30 @@ use crate::wire::chat::Chat;
 #[derive(Clone)]
 pub struct RequestId(pub Arc<str>);
 
-/// The proxy's routes.
+/// The `Allow` header of an endpoint answering POST.
+const POST_ONLY: &str = "POST";
+/// The `Allow` header of an endpoint answering GET (HEAD comes with it).
+const GET_ONLY: &str = "GET, HEAD";
+
+/// The proxy's routes. An unknown path is 404 `unknown_url`, a known one
+/// with another method 405 `method_not_allowed` with `Allow`: both
+/// OpenAI-shaped, like every error.
 pub fn router(state: Arc<AppState>) -> Router {
     let metrics = state.metrics.clone();
     Router::new()
-        .route("/v1/chat/completions", post(serve_endpoint::<Chat>))
-        .route("/v1/models", get(list_models))
+        .route(
+            "/v1/chat/completions",
+            only(POST_ONLY, post(serve_endpoint::<Chat>)),
+        )
+        .route("/v1/models", only(GET_ONLY, get(list_models)))
         .route(
             "/healthz",
-            get(|| async { axum::Json(json!({"status": "ok"})) }),
+            only(
+                GET_ONLY,
+                get(|| async { axum::Json(json!({"status": "ok"})) }),
+            ),
         )
-        .route("/metrics", get(render_metrics))
+        .route("/metrics", only(GET_ONLY, get(render_metrics)))
         .fallback(|| async {
             error_response::<Chat>(&ApiError::new(
                 ErrorCode::UnknownUrl,
@@ -47,6 +60,23 @@ pub fn router(state: Arc<AppState>) -> Router {
         })
         .layer(middleware::from_fn_with_state(metrics, tag_and_count))
         .with_state(state)
+}
+
+/// `methods` with every other method answered 405, naming `allow`.
+fn only(allow: &'static str, methods: MethodRouter<Arc<AppState>>) -> MethodRouter<Arc<AppState>> {
+    methods.fallback(move |method: Method, uri: Uri| async move {
+        let mut response = error_response::<Chat>(&ApiError::new(
+            ErrorCode::MethodNotAllowed,
+            format!(
+                "{method} is not allowed on {}: it answers {allow}.",
+                uri.path()
+            ),
+        ));
+        response
+            .headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static(allow));
+        response
+    })
 }
 
 /// Gives every request an id (request extension + response header) and counts
@@ -107,6 +137,7 @@ async fn list_models(State(state): State<Arc<AppState>>) -> impl IntoResponse {
 async fn serve_endpoint<W: WireFormat>(
     State(state): State<Arc<AppState>>,
     axum::Extension(request_id): axum::Extension<RequestId>,
+    version: Version,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -132,7 +163,15 @@ async fn serve_endpoint<W: WireFormat>(
             } else {
                 tracing::debug!(request_id = %request_id.0, "{error}");
             }
-            error_response::<W>(&error)
+            let mut response = error_response::<W>(&error);
+            if error.code == ErrorCode::RequestTimeout && version <= Version::HTTP_11 {
+                // The rest of the body may still come: this connection is
+                // done (HTTP/2 resets just the stream).
+                response
+                    .headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            }
+            response
         }
     };
     deliver_whole::<W>(trail.take(), response).await

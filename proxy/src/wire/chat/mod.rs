@@ -146,16 +146,14 @@ impl WireFormat for Chat {
 /// OpenAI's error object for `error`.
 fn error_json(error: &ApiError) -> Value {
     let code = error.code;
-    if code == ErrorCode::VerificationFailed {
-        // This error names the failed checks, and has no `param` key.
-        return json!({"error": {
-            "message": error.message, "type": code.kind(), "code": code.code(),
-            "failed_checks": error.failed_checks,
-        }});
-    }
-    json!({"error": {
+    let mut body = json!({"error": {
         "message": error.message, "type": code.kind(), "param": error.param, "code": code.code(),
-    }})
+    }});
+    if code == ErrorCode::VerificationFailed {
+        // This error also names the failed checks.
+        body["error"]["failed_checks"] = json!(error.failed_checks);
+    }
+    body
 }
 
 #[cfg(test)]
@@ -214,12 +212,17 @@ mod tests {
         );
         error.failed_checks = vec!["echo", "foreign_canary"];
         let body: Value = serde_json::from_slice(&Chat::error_body(&error)).unwrap();
-        assert_eq!(body["error"]["code"], "canarygate_verification_failed");
-        assert_eq!(body["error"]["type"], "canarygate_verification_failed");
         assert_eq!(
-            body["error"]["failed_checks"],
-            json!(["echo", "foreign_canary"])
+            body,
+            json!({"error": {"message": "failed checks: echo, foreign_canary",
+                             "type": "canarygate_verification_failed", "param": null,
+                             "code": "canarygate_verification_failed",
+                             "failed_checks": ["echo", "foreign_canary"]}})
         );
+        // The stream's error event carries the same object.
+        let event = String::from_utf8(Chat::error_event(&error)).unwrap();
+        let data = event.strip_prefix("data: ").unwrap().trim_end();
+        assert_eq!(serde_json::from_str::<Value>(data).unwrap(), body);
         let other: Value =
             serde_json::from_slice(&Chat::error_body(&ApiError::invalid_param("n", "bad n")))
                 .unwrap();
