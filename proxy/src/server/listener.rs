@@ -84,8 +84,12 @@ pub fn raise_open_file_limit() -> io::Result<OpenFiles> {
 /// The connection cap for `limits` under `soft_limit` open files. Every
 /// request in flight may hold a provider connection as well as its client
 /// connection, so `max_connections + max_concurrent_requests +
-/// RESERVED_FILES` must fit. A `max_connections` the policy sets is
-/// refused when it does not; the default is lowered to fit.
+/// RESERVED_FILES` should fit. A `max_connections` the policy sets is
+/// refused when it does not; the default is lowered to fit, and when even
+/// the concurrency does not fit (1,024 files and the default 1,024
+/// requests) it takes half of the files left, so that `serve` still starts
+/// on a small limit (the caller warns: requests beyond the other half may
+/// fail to reach the provider).
 pub fn open_file_budget(limits: &Limits, soft_limit: u64) -> Result<usize, String> {
     let others = limits.max_concurrent_requests as u64 + RESERVED_FILES;
     let room = soft_limit.saturating_sub(others);
@@ -104,7 +108,13 @@ pub fn open_file_budget(limits: &Limits, soft_limit: u64) -> Result<usize, Strin
             explain()
         )),
         Some(max) => Ok(max),
-        None if room < MIN_CONNECTIONS => Err(explain()),
+        None if room < MIN_CONNECTIONS => {
+            let half = soft_limit.saturating_sub(RESERVED_FILES) / 2;
+            if half < MIN_CONNECTIONS {
+                return Err(explain());
+            }
+            Ok(usize::try_from(half).unwrap_or(usize::MAX))
+        }
         None => Ok(usize::try_from(room)
             .unwrap_or(usize::MAX)
             .min(DEFAULT_MAX_CONNECTIONS)),
@@ -304,8 +314,14 @@ mod tests {
                 && refused.contains("the open-file limit is 1024"),
             "{refused}"
         );
-        // The default concurrency does not fit 1,024 files at all.
-        let refused = open_file_budget(&limits(None, 1024), 1024).unwrap_err();
+        // The default concurrency does not fit 1,024 files: half of what is
+        // left goes to client connections, so serve still starts.
+        assert_eq!(
+            open_file_budget(&limits(None, 1024), 1024),
+            Ok((1024 - RESERVED_FILES as usize) / 2)
+        );
+        // Too few files for even that: refused, saying what to change.
+        let refused = open_file_budget(&limits(None, 1024), 64 + 2 * 15).unwrap_err();
         assert!(
             refused.contains("lower limits.max_concurrent_requests"),
             "{refused}"

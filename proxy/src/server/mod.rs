@@ -221,6 +221,22 @@ fn connection_cap(policy: &Policy) -> Result<(usize, Option<OpenFiles>), StartEr
             );
             let max = listener::open_file_budget(&policy.limits, files.soft)
                 .map_err(StartError::OpenFiles)?;
+            let files_wanted = (max as u64)
+                .saturating_add(policy.limits.max_concurrent_requests as u64)
+                .saturating_add(listener::RESERVED_FILES);
+            if files_wanted > files.soft {
+                tracing::warn!(
+                    "limits.max_concurrent_requests = {} does not fit the open-file limit of {} \
+                     beside {max} client connections: requests beyond about {} in flight may \
+                     fail to connect to the provider; raise the limit (`ulimit -n`, systemd's \
+                     LimitNOFILE) or lower limits.max_concurrent_requests",
+                    policy.limits.max_concurrent_requests,
+                    files.soft,
+                    files
+                        .soft
+                        .saturating_sub(max as u64 + listener::RESERVED_FILES)
+                );
+            }
             if policy.limits.max_connections.is_none()
                 && max < canarygate_policies::config::DEFAULT_MAX_CONNECTIONS
             {
