@@ -224,7 +224,7 @@ async fn a_repeated_prompt_prefix_is_cached_and_prefilled_no_more() {
         let tokens = cached(&again);
         let prompt = again.usage["prompt_tokens"].as_u64().unwrap();
         assert!(
-            tokens >= 1024 && (tokens - 1024) % 128 == 0 && prompt - tokens < 128 + 16,
+            tokens >= 1024 && (tokens - 1024).is_multiple_of(128) && prompt - tokens < 128 + 16,
             "{tokens} of {prompt}"
         );
         assert!(

@@ -201,7 +201,10 @@ mod tests {
             .take_while(|(a, b)| a == b)
             .count() as u64;
         let cached = cache.serve(&config.hashes("m", &second), now);
-        assert!(cached >= 1024 && (cached - 1024) % 128 == 0, "{cached}");
+        assert!(
+            cached >= 1024 && (cached - 1024).is_multiple_of(128),
+            "{cached}"
+        );
         assert!(
             cached <= shared && shared - cached < 128,
             "{cached} of {shared}"
