@@ -597,14 +597,17 @@ fn proxy_files_stay_short_or_say_why() {
     );
 }
 
-/// The Markdown files of the repository (not build outputs or virtualenvs).
+/// The Markdown files of the repository (not build outputs, virtualenvs or
+/// the npm packages the token-cost benchmark installs).
 fn markdown_files(dir: &Path, found: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).unwrap().flatten() {
         let path = entry.path();
         let name = entry.file_name();
         let name = name.to_string_lossy();
         if path.is_dir() {
-            if !name.starts_with('.') && !matches!(name.as_ref(), "target" | "results") {
+            if !name.starts_with('.')
+                && !matches!(name.as_ref(), "target" | "results" | "node_modules")
+            {
                 markdown_files(&path, found);
             }
         } else if name.ends_with(".md") {

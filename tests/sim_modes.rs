@@ -186,6 +186,69 @@ async fn honest_model_opens_with_head_and_tail_canaries() {
     assert_eq!(stats["completed"], 2, "{stats}");
 }
 
+/// The prefix cache: a job's second request with the same long system
+/// prompt reports the cached prefix (OpenAI's 1024 + k * 128 tokens) in whole
+/// answers and in a stream's usage chunk, and prefills only the rest; the
+/// first request, a changed system prompt and a short prompt report 0.
+#[tokio::test]
+async fn a_repeated_prompt_prefix_is_cached_and_prefilled_no_more() {
+    // 5,000 tokens/s: the 4,000-token system prompt takes 0.8 s to prefill.
+    let sim = start_sim(&["--prefill-tps", "5000"]);
+    let system = long_text("House rules:", 4_000);
+    let ask = |system: &str, question: &str, stream: bool| {
+        let mut body = json!({"model": "sim-model", "stream": stream, "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question},
+        ]});
+        if stream {
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        body
+    };
+    let cached = |outcome: &Outcome| {
+        outcome.usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no cached_tokens: {}", outcome.usage))
+    };
+    let first = send(&sim.url, &ask(&system, "Which rule is first?", false), None).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(cached(&first), 0);
+    assert!(
+        first.elapsed >= Duration::from_millis(800),
+        "{:?}",
+        first.elapsed
+    );
+    for stream in [false, true] {
+        let again = send(&sim.url, &ask(&system, "And which is last?", stream), None).await;
+        assert_eq!(again.status, 200);
+        let tokens = cached(&again);
+        let prompt = again.usage["prompt_tokens"].as_u64().unwrap();
+        assert!(
+            tokens >= 1024 && (tokens - 1024).is_multiple_of(128) && prompt - tokens < 128 + 16,
+            "{tokens} of {prompt}"
+        );
+        assert!(
+            again.elapsed < first.elapsed / 2,
+            "{:?} against {:?}",
+            again.elapsed,
+            first.elapsed
+        );
+    }
+    let changed = send(&sim.url, &ask(&format!("New {system}"), "Q?", true), None).await;
+    assert_eq!(cached(&changed), 0);
+    let short = send(&sim.url, &ask("Be brief.", "Q?", false), None).await;
+    assert_eq!(cached(&short), 0);
+    let stats = sim_stats(&sim).await;
+    assert_eq!(stats["prefix_cache"]["hits"], 2, "{stats}");
+
+    // Caching off: every prompt prefilled in full.
+    let plain = start_sim(&["--cache-capacity-tokens", "0"]);
+    for _ in 0..2 {
+        let outcome = send(&plain.url, &ask(&system, "Q?", false), None).await;
+        assert_eq!(cached(&outcome), 0);
+    }
+}
+
 /// SGLang issue #30233 in miniature: window 1024, prefill pool 665 (the
 /// incident's 681,280 / 1,048,576).
 #[tokio::test]

@@ -31,7 +31,7 @@ use serde_json::{Value, json};
 
 use crate::canary::{CANONICAL_LEN, Canary, CanaryKey, find_canaries};
 use crate::registry::{MemoryRegistry, Registration};
-use crate::tokens::{content_text, count_chat_messages};
+use crate::tokens::{TOKENS_PER_MESSAGE, content_text, count_chat_messages, count_text};
 use crate::verify_config::EchoMode;
 
 /// Opens the head instruction; the head canary and `"` follow. An obedient
@@ -113,6 +113,11 @@ pub struct Injection {
     pub client_wants_usage: bool,
     /// Our prompt-token estimate of the modified request ([`crate::tokens`]).
     pub prompt_tokens_estimate: u64,
+    /// Our estimate of the prompt tokens before the head canary: the longest
+    /// prefix this request can share with an earlier one, so the most a
+    /// provider's prompt cache can honestly hold of it (the canary is fresh,
+    /// and a cache matches prefixes only).
+    pub cacheable_prompt_tokens: u64,
 }
 
 /// A request the verifier cannot work with.
@@ -222,6 +227,7 @@ pub fn inject(
         .ok_or(InjectError::NoMessages)?;
     placement.apply(messages, head_block, tail_block);
     let prompt_tokens_estimate = count_chat_messages(messages);
+    let cacheable_prompt_tokens = tokens_before(&messages[0], head);
 
     Ok(Injection {
         canaries,
@@ -232,7 +238,19 @@ pub fn inject(
         client_max_tokens,
         client_wants_usage,
         prompt_tokens_estimate,
+        cacheable_prompt_tokens,
     })
+}
+
+/// Our estimate of the prompt tokens before `canary` in a conversation whose
+/// first message is `first` (the message holding the head): that message's
+/// framing and role, and its text up to the canary.
+fn tokens_before(first: &Value, canary: Canary) -> u64 {
+    let role = first.get("role").and_then(Value::as_str).unwrap_or("");
+    let text = first.get("content").map(content_text).unwrap_or_default();
+    let canary = canary.to_string();
+    let before = text.find(&canary).map_or(text.as_ref(), |at| &text[..at]);
+    TOKENS_PER_MESSAGE + count_text(role) + count_text(before)
 }
 
 /// Which messages the blocks go into, checked before anything changes.
@@ -460,6 +478,49 @@ mod tests {
         assert_eq!(client_text(&system), "Be brief.");
         assert_eq!(client_text(&last), "Tell me a joke");
         assert_eq!(client_text("no block here"), "no block here");
+    }
+
+    #[test]
+    fn cacheable_tokens_are_those_before_the_head_canary() {
+        let long_system = "Follow the house rules. ".repeat(300);
+        let request = |question: &str, system: &str| {
+            json!({"messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": question},
+            ]})
+        };
+        let fresh = || RequestCanaries::mint().unwrap();
+        let mut first = request("What is rule 1?", &long_system);
+        let mut second = request("And rule two, in detail, please?", &long_system);
+        let a = inject(&mut first, EchoMode::HeadTail, fresh()).unwrap();
+        let b = inject(&mut second, EchoMode::HeadTail, fresh()).unwrap();
+        let before_head = format!("{long_system}{BLOCK_SEPARATOR}{ECHO_PHRASE}");
+        let expected = TOKENS_PER_MESSAGE + count_text("system") + count_text(&before_head);
+        assert_eq!(a.cacheable_prompt_tokens, expected);
+        assert_eq!(
+            b.cacheable_prompt_tokens, expected,
+            "the same for every request"
+        );
+        assert!(a.prompt_tokens_estimate > expected);
+
+        // Without a system prompt only our fixed phrase precedes the canary;
+        // passive markers start with the canary.
+        let mut body = request("Hi", "");
+        body["messages"].as_array_mut().unwrap().remove(0);
+        let injection = inject(&mut body, EchoMode::HeadTail, fresh()).unwrap();
+        assert_eq!(
+            injection.cacheable_prompt_tokens,
+            TOKENS_PER_MESSAGE + count_text("system") + count_text(ECHO_PHRASE)
+        );
+        let mut body = request("Hi", "Be brief.");
+        body["response_format"] = json!({"type": "json_object"});
+        let injection = inject(&mut body, EchoMode::HeadTail, fresh()).unwrap();
+        assert_eq!(
+            injection.cacheable_prompt_tokens,
+            TOKENS_PER_MESSAGE
+                + count_text("system")
+                + count_text(&format!("Be brief.{BLOCK_SEPARATOR}("))
+        );
     }
 
     #[test]

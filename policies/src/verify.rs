@@ -197,8 +197,13 @@ pub enum Evidence {
         ttft_ms: Option<u64>,
         /// Fastest plausible time for this prompt on this provider.
         min_plausible_ms: Option<u64>,
-        /// Prompt tokens the bound is computed from.
+        /// Prompt tokens the bound is computed from: our count, less the
+        /// cached tokens credited.
         prompt_tokens: u64,
+        /// Prompt tokens credited as served from the provider's cache: its
+        /// report, at most what precedes the head canary. `None` when the
+        /// bound did not depend on it.
+        cached_tokens: Option<u64>,
     },
     /// `finish`.
     Finish {
@@ -332,10 +337,51 @@ fn passive_name(reason: PassiveReason) -> &'static str {
 /// Usage figures reported by the provider (`usage` of its answer).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ProviderUsage {
-    /// `usage.prompt_tokens`.
+    /// `usage.prompt_tokens`: every prompt token, cached or not.
     pub prompt_tokens: u64,
     /// `usage.completion_tokens`, if present.
     pub completion_tokens: Option<u64>,
+    /// Prompt tokens served from the provider's prompt cache (not prefilled
+    /// for this request), if the provider says: OpenAI's
+    /// `prompt_tokens_details.cached_tokens`, Anthropic's
+    /// `cache_read_input_tokens`, DeepSeek's `prompt_cache_hit_tokens`.
+    pub cached_prompt_tokens: Option<u64>,
+}
+
+impl ProviderUsage {
+    /// Reads a provider's `usage` object: OpenAI's shape (`prompt_tokens`,
+    /// `completion_tokens`, `prompt_tokens_details.cached_tokens`, or
+    /// DeepSeek's `prompt_cache_hit_tokens`) or Anthropic's (`input_tokens`,
+    /// `output_tokens`, `cache_read_input_tokens`,
+    /// `cache_creation_input_tokens`). Anthropic's `input_tokens` counts only
+    /// the tokens after the last cache breakpoint, so the prompt is the sum of
+    /// the three input figures. `None` when no prompt-token count is a number.
+    pub fn from_usage(usage: &serde_json::Value) -> Option<Self> {
+        let number = |value: &serde_json::Value| value.as_u64();
+        let field = |name: &str| usage.get(name).and_then(number);
+        if let Some(prompt_tokens) = field("prompt_tokens") {
+            let cached_prompt_tokens = usage
+                .get("prompt_tokens_details")
+                .and_then(|details| details.get("cached_tokens"))
+                .and_then(number)
+                .or_else(|| field("prompt_cache_hit_tokens"));
+            return Some(Self {
+                prompt_tokens,
+                completion_tokens: field("completion_tokens"),
+                cached_prompt_tokens,
+            });
+        }
+        let input_tokens = field("input_tokens")?;
+        let cache_read = field("cache_read_input_tokens");
+        let cache_creation = field("cache_creation_input_tokens").unwrap_or(0);
+        Some(Self {
+            prompt_tokens: input_tokens
+                .saturating_add(cache_read.unwrap_or(0))
+                .saturating_add(cache_creation),
+            completion_tokens: field("output_tokens"),
+            cached_prompt_tokens: cache_read,
+        })
+    }
 }
 
 /// How the answer ended, as the proxy saw it.
@@ -425,9 +471,22 @@ pub struct Verifier {
     tool_arguments: BTreeMap<(u32, u32), (String, String)>,
     findings: Findings,
     unexpected_choice: Option<u32>,
+    /// Our estimate of the tokens before the head canary, in the units of
+    /// `prompt_tokens`: the most a prompt cache can hold of this prompt.
+    cacheable_prompt_tokens: u64,
     ttft: Option<CheckResult>,
+    /// A first token too fast for the whole prompt, not for its uncached
+    /// part: decided by [`Verifier::finish`] from the cached tokens reported.
+    ttft_pending: Option<PendingTtft>,
     failed: bool,
     released_any: bool,
+}
+
+/// A `ttft` decision waiting for the provider's usage.
+#[derive(Debug, Clone, Copy)]
+struct PendingTtft {
+    ttft_ms: u64,
+    rate: f64,
 }
 
 impl Verifier {
@@ -446,6 +505,15 @@ impl Verifier {
         } else {
             ReleasePolicy::VerdictFirst
         };
+        let prompt_tokens = exact_prompt_tokens.unwrap_or(injection.prompt_tokens_estimate);
+        // The estimate before the head canary, scaled to the count in use.
+        let cacheable_prompt_tokens = match exact_prompt_tokens {
+            Some(exact) if injection.prompt_tokens_estimate > 0 => {
+                u128::from(injection.cacheable_prompt_tokens) * u128::from(exact)
+                    / u128::from(injection.prompt_tokens_estimate)
+            }
+            _ => u128::from(injection.cacheable_prompt_tokens),
+        };
         Self {
             own: [injection.canaries.head, injection.canaries.tail],
             echo: injection.echo.clone(),
@@ -454,7 +522,7 @@ impl Verifier {
             gated: config.action() != FailureAction::Flag,
             expected_choices: injection.choices.max(1),
             client_max_tokens: injection.client_max_tokens,
-            prompt_tokens: exact_prompt_tokens.unwrap_or(injection.prompt_tokens_estimate),
+            prompt_tokens,
             exact_prompt_tokens: exact_prompt_tokens.is_some(),
             estimate_min_ratio: *config.estimate_min_ratio.get_ref(),
             exact_tolerance: *config.exact_tolerance.get_ref(),
@@ -467,7 +535,11 @@ impl Verifier {
             tool_arguments: BTreeMap::new(),
             findings: Findings::default(),
             unexpected_choice: None,
+            cacheable_prompt_tokens: u64::try_from(cacheable_prompt_tokens)
+                .unwrap_or(u64::MAX)
+                .min(prompt_tokens),
             ttft: None,
+            ttft_pending: None,
             failed: false,
             released_any: false,
         }
@@ -485,47 +557,124 @@ impl Verifier {
 
     /// Records the time to first token. Returns true when the proxy must
     /// stop (the ttft check failed and the policy withholds failed answers).
+    ///
+    /// The bound counts only the prompt tokens the provider had to prefill:
+    /// a prompt cache serves a repeated prefix without prefilling it. A first
+    /// token fast enough for the whole prompt passes here; one too fast even
+    /// for the tokens from the head canary on (which no cache can hold: the
+    /// canary is new) fails here; one in between waits for the cached tokens
+    /// the provider reports in its usage, and [`Verifier::finish`] decides.
     pub fn observe_ttft(&mut self, ttft_ms: u64) -> bool {
-        let mut evidence_min = None;
-        let result = match self.max_prefill_rate {
-            None => (
-                Status::Skip,
-                Some("no max_prefill_tokens_per_second for this provider".into()),
-            ),
-            Some(_) if self.prompt_tokens < self.ttft_min_prompt_tokens => (
-                Status::Skip,
-                Some("prompt below ttft_min_prompt_tokens".into()),
-            ),
-            Some(rate) => {
-                let min_ms = (self.prompt_tokens as f64 / rate * 1000.0).floor() as u64;
-                evidence_min = Some(min_ms);
-                if ttft_ms < min_ms {
-                    (
-                        Status::Fail,
-                        Some(format!(
-                            "first token after {ttft_ms} ms; prefilling {} tokens takes at least {min_ms} ms",
-                            self.prompt_tokens
-                        )),
-                    )
-                } else {
-                    (Status::Pass, None)
-                }
+        let rate = match self.max_prefill_rate {
+            None => {
+                self.ttft = Some(skipped(
+                    Check::Ttft,
+                    "no max_prefill_tokens_per_second for this provider",
+                    ttft_evidence(Some(ttft_ms), None, self.prompt_tokens, None),
+                ));
+                return false;
             }
+            Some(_) if self.prompt_tokens < self.ttft_min_prompt_tokens => {
+                self.ttft = Some(skipped(
+                    Check::Ttft,
+                    "prompt below ttft_min_prompt_tokens",
+                    ttft_evidence(Some(ttft_ms), None, self.prompt_tokens, None),
+                ));
+                return false;
+            }
+            Some(rate) => rate,
         };
-        if result.0 == Status::Fail {
-            self.failed = true;
+        let whole_ms = prefill_ms(self.prompt_tokens, rate);
+        if ttft_ms >= whole_ms {
+            self.ttft = Some(CheckResult {
+                check: Check::Ttft,
+                status: Status::Pass,
+                reason: None,
+                evidence: ttft_evidence(Some(ttft_ms), Some(whole_ms), self.prompt_tokens, None),
+            });
+            return false;
         }
+        let most_cached = self.most_cached_tokens(None);
+        let fresh = self.prompt_tokens - most_cached;
+        let fresh_ms = prefill_ms(fresh, rate);
+        if ttft_ms >= fresh_ms {
+            self.ttft_pending = Some(PendingTtft { ttft_ms, rate });
+            return false;
+        }
+        self.failed = true;
         self.ttft = Some(CheckResult {
             check: Check::Ttft,
-            status: result.0,
-            reason: result.1,
-            evidence: Evidence::Ttft {
-                ttft_ms: Some(ttft_ms),
-                min_plausible_ms: evidence_min,
-                prompt_tokens: self.prompt_tokens,
-            },
+            status: Status::Fail,
+            reason: Some(format!(
+                "first token after {ttft_ms} ms; prefilling the {fresh} prompt tokens from the \
+                 head canary on, which no cache holds, takes at least {fresh_ms} ms"
+            )),
+            evidence: ttft_evidence(Some(ttft_ms), Some(fresh_ms), fresh, Some(most_cached)),
         });
         self.stopped()
+    }
+
+    /// The most prompt tokens a cache can be credited with: what precedes the
+    /// head canary, plus the framing slack, and no more than the provider's
+    /// own prompt count when given.
+    fn most_cached_tokens(&self, reported_prompt_tokens: Option<u64>) -> u64 {
+        self.cacheable_prompt_tokens
+            .saturating_add(self.exact_slack_tokens)
+            .min(self.prompt_tokens)
+            .min(reported_prompt_tokens.unwrap_or(u64::MAX))
+    }
+
+    /// The `ttft` result at the end of the answer: decided already, or
+    /// decided now from the cached tokens in `usage`.
+    fn ttft_result(&self, usage: Option<ProviderUsage>, stopped_early: bool) -> CheckResult {
+        if let Some(result) = &self.ttft {
+            return result.clone();
+        }
+        let Some(PendingTtft { ttft_ms, rate }) = self.ttft_pending else {
+            return skipped(
+                Check::Ttft,
+                "time to first token not measured",
+                ttft_evidence(None, None, self.prompt_tokens, None),
+            );
+        };
+        let reported_cached = usage.and_then(|usage| usage.cached_prompt_tokens);
+        if stopped_early && usage.is_none() {
+            return skipped(
+                Check::Ttft,
+                "stopped after an earlier failure, before the usage",
+                ttft_evidence(Some(ttft_ms), None, self.prompt_tokens, None),
+            );
+        }
+        let cached = reported_cached
+            .unwrap_or(0)
+            .min(self.most_cached_tokens(usage.map(|usage| usage.prompt_tokens)));
+        let uncached = self.prompt_tokens - cached;
+        let min_ms = prefill_ms(uncached, rate);
+        let evidence = ttft_evidence(Some(ttft_ms), Some(min_ms), uncached, Some(cached));
+        if ttft_ms >= min_ms {
+            return CheckResult {
+                check: Check::Ttft,
+                status: Status::Pass,
+                reason: None,
+                evidence,
+            };
+        }
+        let cache = match reported_cached {
+            None => "the provider reported no cached tokens".to_owned(),
+            Some(reported) if reported > cached => {
+                format!("{reported} reported cached, {cached} of them possible")
+            }
+            Some(reported) => format!("{reported} reported cached"),
+        };
+        CheckResult {
+            check: Check::Ttft,
+            status: Status::Fail,
+            reason: Some(format!(
+                "first token after {ttft_ms} ms; prefilling {uncached} uncached prompt tokens \
+                 ({cache}) takes at least {min_ms} ms"
+            )),
+            evidence,
+        }
     }
 
     /// Feeds a content delta of choice `choice`; returns what the client may
@@ -625,17 +774,7 @@ impl Verifier {
             Some(reason) => skipped(Check::PromptTokens, reason, self.prompt_evidence(None)),
             None => self.prompt_tokens_result(facts.usage),
         });
-        checks.push(self.ttft.clone().unwrap_or_else(|| {
-            skipped(
-                Check::Ttft,
-                "time to first token not measured",
-                Evidence::Ttft {
-                    ttft_ms: None,
-                    min_plausible_ms: None,
-                    prompt_tokens: self.prompt_tokens,
-                },
-            )
-        }));
+        checks.push(self.ttft_result(facts.usage, stopped_early));
         checks.push(self.finish_result(facts, stopped_early));
         let verdict = Verdict {
             passive: self.passive,
@@ -965,6 +1104,25 @@ fn scan(
     ready.push_str(&text[copied..held]);
     pending.push_str(&text[held..]);
     foreign
+}
+
+/// Fastest plausible prefill of `tokens` at `rate` tokens/s, in whole ms.
+fn prefill_ms(tokens: u64, rate: f64) -> u64 {
+    (tokens as f64 / rate * 1000.0).floor() as u64
+}
+
+fn ttft_evidence(
+    ttft_ms: Option<u64>,
+    min_plausible_ms: Option<u64>,
+    prompt_tokens: u64,
+    cached_tokens: Option<u64>,
+) -> Evidence {
+    Evidence::Ttft {
+        ttft_ms,
+        min_plausible_ms,
+        prompt_tokens,
+        cached_tokens,
+    }
 }
 
 fn skipped(check: Check, reason: &str, evidence: Evidence) -> CheckResult {

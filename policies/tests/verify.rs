@@ -425,6 +425,7 @@ fn prompt_tokens_estimate_and_exact() {
         facts.usage = Some(ProviderUsage {
             prompt_tokens: reported,
             completion_tokens: Some(20),
+            cached_prompt_tokens: None,
         });
         let run = feed(&mut verifier, &registry, &[(0, answer.clone())], &facts);
         let result = run
@@ -465,6 +466,198 @@ fn ttft_faster_than_prefill_fails_early() {
     assert!(!unknown.observe_ttft(1));
 }
 
+/// A long stable system prompt and a question, as a job sends them.
+fn cached_job_request(system_words: usize, question_words: usize) -> serde_json::Value {
+    json!({"model": "m", "stream": true, "messages": [
+        {"role": "system", "content": "rule ".repeat(system_words)},
+        {"role": "user", "content": format!("Which rule applies? {}", "detail ".repeat(question_words))},
+    ]})
+}
+
+fn usage_with_cache(injection: &canarygate_policies::Injection, cached: Option<u64>) -> Facts {
+    let mut facts = honest_facts(injection, 1);
+    facts.usage = Some(ProviderUsage {
+        prompt_tokens: injection.prompt_tokens_estimate,
+        completion_tokens: Some(20),
+        cached_prompt_tokens: cached,
+    });
+    facts
+}
+
+fn ttft_result(
+    injection: &canarygate_policies::Injection,
+    registry: &canarygate_policies::MemoryRegistry,
+    ttft_ms: u64,
+    facts: &Facts,
+) -> (
+    bool,
+    Option<usize>,
+    canarygate_policies::verify::CheckResult,
+) {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let mut verifier = Verifier::new(injection, &policy.verify, "openai", None);
+    let stopped_at_once = verifier.observe_ttft(ttft_ms);
+    let run = feed(
+        &mut verifier,
+        registry,
+        &words(&format!("{} {ANSWER}", echo_of(injection))),
+        facts,
+    );
+    let result = run.finished.verdict.result(Check::Ttft).unwrap().clone();
+    (stopped_at_once, run.stopped_at, result)
+}
+
+#[test]
+fn ttft_counts_only_uncached_prompt_tokens() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(1);
+    // 400k tokens of system prompt before the head canary, a short question.
+    let (_, injection) = prepare(&policy, &registry, cached_job_request(400_000, 0), 1);
+    let cacheable = injection.cacheable_prompt_tokens;
+    assert!(
+        cacheable > 399_000 && cacheable < injection.prompt_tokens_estimate,
+        "{cacheable} of {}",
+        injection.prompt_tokens_estimate
+    );
+    // Served from a cache in 128-token blocks: 40 ms is plenty for the rest,
+    // although prefilling the whole prompt at 200k tokens/s takes 2 s.
+    let cached = cacheable / 128 * 128;
+    let (stopped, _, result) = ttft_result(
+        &injection,
+        &registry,
+        40,
+        &usage_with_cache(&injection, Some(cached)),
+    );
+    assert!(!stopped);
+    assert_eq!(result.status, Status::Pass, "{result:?}");
+    let Evidence::Ttft {
+        prompt_tokens,
+        cached_tokens,
+        min_plausible_ms,
+        ..
+    } = result.evidence
+    else {
+        panic!("{result:?}")
+    };
+    assert_eq!(cached_tokens, Some(cached));
+    assert_eq!(prompt_tokens, injection.prompt_tokens_estimate - cached);
+    assert!(min_plausible_ms.unwrap() <= 1);
+
+    // The same timing without the cache field: impossibly fast.
+    for facts in [
+        usage_with_cache(&injection, None),
+        usage_with_cache(&injection, Some(0)),
+    ] {
+        let (_, _, result) = ttft_result(&injection, &registry, 40, &facts);
+        assert_eq!(result.status, Status::Fail, "{result:?}");
+        assert!(
+            result
+                .reason
+                .as_deref()
+                .unwrap()
+                .contains("uncached prompt tokens"),
+            "{result:?}"
+        );
+    }
+    // No usage at all (a stream cut before it): nothing says it was cached.
+    let mut no_usage = honest_facts(&injection, 1);
+    no_usage.usage = None;
+    let (_, _, result) = ttft_result(&injection, &registry, 40, &no_usage);
+    assert_eq!(result.status, Status::Fail, "{result:?}");
+    // Slow enough for the whole prompt: passes whatever the usage says.
+    let (_, _, result) = ttft_result(&injection, &registry, 2_500, &no_usage);
+    assert_eq!(result.status, Status::Pass, "{result:?}");
+}
+
+#[test]
+fn ttft_credits_no_cache_past_the_head_canary() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(1);
+    // 300k cacheable tokens, then a 100k-token question no cache can hold
+    // (it follows the fresh head canary): at least 0.5 s at 200k tokens/s.
+    let (_, injection) = prepare(&policy, &registry, cached_job_request(300_000, 100_000), 1);
+    let all = Some(injection.prompt_tokens_estimate);
+    // A claim that the whole prompt was cached is credited up to the canary.
+    let (stopped, _, result) = ttft_result(
+        &injection,
+        &registry,
+        600,
+        &usage_with_cache(&injection, all),
+    );
+    assert!(!stopped);
+    assert_eq!(result.status, Status::Pass, "{result:?}");
+    let (_, _, result) = ttft_result(
+        &injection,
+        &registry,
+        480,
+        &usage_with_cache(&injection, all),
+    );
+    assert_eq!(result.status, Status::Fail, "{result:?}");
+    assert!(
+        result.reason.as_deref().unwrap().contains("no cache holds"),
+        "{result:?}"
+    );
+    // Too fast for the part after the canary: stopped at once, before any
+    // text, whatever the usage will say.
+    let (stopped, stopped_at, result) = ttft_result(
+        &injection,
+        &registry,
+        40,
+        &usage_with_cache(&injection, all),
+    );
+    assert!(stopped);
+    assert_eq!(stopped_at, Some(0));
+    assert_eq!(result.status, Status::Fail, "{result:?}");
+    // A cached count above the reported prompt is not credited beyond it.
+    let mut facts = usage_with_cache(&injection, all);
+    facts.usage.as_mut().unwrap().prompt_tokens = 1;
+    let (_, _, result) = ttft_result(&injection, &registry, 1_000, &facts);
+    assert_eq!(result.status, Status::Fail, "{result:?}");
+    assert!(
+        result
+            .reason
+            .as_deref()
+            .unwrap()
+            .contains("of them possible"),
+        "{result:?}"
+    );
+}
+
+#[test]
+fn usage_is_read_in_openai_deepseek_and_anthropic_shapes() {
+    let read = |usage: serde_json::Value| ProviderUsage::from_usage(&usage);
+    let openai = read(json!({"prompt_tokens": 2006, "completion_tokens": 300,
+        "prompt_tokens_details": {"cached_tokens": 1920, "audio_tokens": 0}}));
+    assert_eq!(
+        openai,
+        Some(ProviderUsage {
+            prompt_tokens: 2006,
+            completion_tokens: Some(300),
+            cached_prompt_tokens: Some(1920),
+        })
+    );
+    let plain = read(json!({"prompt_tokens": 12, "completion_tokens": 3}));
+    assert_eq!(plain.unwrap().cached_prompt_tokens, None);
+    let deepseek = read(json!({"prompt_tokens": 1100, "completion_tokens": 5,
+        "prompt_cache_hit_tokens": 1024, "prompt_cache_miss_tokens": 76}));
+    assert_eq!(deepseek.unwrap().cached_prompt_tokens, Some(1024));
+    // Anthropic's input_tokens leaves out what was read from or written to
+    // the cache.
+    let anthropic = read(json!({"input_tokens": 50, "output_tokens": 9,
+        "cache_read_input_tokens": 100_000, "cache_creation_input_tokens": 248}));
+    assert_eq!(
+        anthropic,
+        Some(ProviderUsage {
+            prompt_tokens: 100_298,
+            completion_tokens: Some(9),
+            cached_prompt_tokens: Some(100_000),
+        })
+    );
+    assert_eq!(read(json!({"prompt_tokens": "7"})), None);
+    assert_eq!(read(json!({"completion_tokens": 7})), None);
+    assert_eq!(read(json!("usage")), None);
+}
+
 #[test]
 fn finish_problems() {
     let policy = policy(ReleasePolicy::VerdictFirst, FailureAction::Block);
@@ -480,6 +673,7 @@ fn finish_problems() {
                 usage: Some(ProviderUsage {
                     prompt_tokens: injection.prompt_tokens_estimate,
                     completion_tokens: Some(1),
+                    cached_prompt_tokens: None,
                 }),
                 done_marker: Some(true),
             },
@@ -533,6 +727,7 @@ fn finish_problems() {
         usage: Some(ProviderUsage {
             prompt_tokens: injection.prompt_tokens_estimate,
             completion_tokens: Some(2),
+            cached_prompt_tokens: None,
         }),
         done_marker: None,
     };

@@ -5,9 +5,15 @@
 //! It serves `POST /v1/chat/completions` (streamed and not, with usage),
 //! `GET /v1/models` and `GET /sim/stats`. Its model ([`model`]) is
 //! deterministic. Timing follows `--prefill-tps` (first token after
-//! prompt_tokens / rate seconds) and `--decode-tps` (one token per 1 / rate
-//! seconds); both default to instant. Prompts over the context window get
-//! HTTP 400 `context_length_exceeded`, as real providers answer.
+//! uncached prompt tokens / rate seconds) and `--decode-tps` (one token per
+//! 1 / rate seconds); both default to instant. Prompts over the context window
+//! get HTTP 400 `context_length_exceeded`, as real providers answer.
+//!
+//! Like real providers it caches prompt prefixes ([`prefix_cache`], OpenAI's
+//! rules by default: from 1024 tokens, in increments of 128): a prompt that
+//! starts like a recent one prefills only the rest, and its usage reports
+//! the cached part in `prompt_tokens_details.cached_tokens` (in whole answers
+//! and in a stream's usage chunk).
 //!
 //! Failure modes ([`Mode`]) are chosen with `--mode` or, per request, with the
 //! test-only header `x-sim-mode`. What the model sees is decided in one place,
@@ -42,6 +48,7 @@
 mod error;
 pub mod model;
 pub mod pool;
+pub mod prefix_cache;
 pub mod tls;
 
 use std::convert::Infallible;
@@ -64,6 +71,8 @@ use serde_json::{Value, json};
 pub use error::SimError;
 use model::{Reply, Segment, generate};
 use pool::{KvPool, Position, prompt_positions};
+use prefix_cache::PrefixCache;
+pub use prefix_cache::PrefixCacheConfig;
 
 /// Per-request override of the failure mode (tests only).
 pub const MODE_HEADER: &str = "x-sim-mode";
@@ -186,6 +195,8 @@ pub struct SimConfig {
     pub pool_tokens: Option<u64>,
     /// Positions per page of the shared KV pool (0 is taken as 1).
     pub page_tokens: u32,
+    /// Prompt prefix caching; `None` prefills every prompt in full.
+    pub prefix_cache: Option<PrefixCacheConfig>,
 }
 
 impl SimConfig {
@@ -209,6 +220,7 @@ impl Default for SimConfig {
             api_key: None,
             pool_tokens: None,
             page_tokens: 16,
+            prefix_cache: Some(PrefixCacheConfig::default()),
         }
     }
 }
@@ -228,6 +240,10 @@ struct Stats {
     truncated: AtomicU64,
     /// Responses generated from another request's context (`swap`).
     swapped: AtomicU64,
+    /// Prompts served with part of them from the prefix cache.
+    cache_hits: AtomicU64,
+    /// Prompt tokens served from the prefix cache, summed.
+    cached_tokens: AtomicU64,
 }
 
 /// The simulated provider's state.
@@ -239,6 +255,8 @@ pub struct SimProvider {
     pool: Mutex<KvPool>,
     /// The most recent request's id and own context, for `swap`.
     last_context: Mutex<Option<(u64, Arc<Vec<Segment>>)>>,
+    /// Prompt prefixes seen, when caching is on.
+    prefix_cache: Option<Mutex<PrefixCache>>,
 }
 
 /// Where the model's context came from.
@@ -258,8 +276,10 @@ enum Source {
 #[derive(Debug)]
 struct Visible {
     context: Vec<Segment>,
-    /// Prompt tokens prefilled and reported in `usage`.
+    /// Prompt tokens reported in `usage`.
     prompt_tokens: u64,
+    /// Of those, tokens served from the prefix cache (not prefilled).
+    cached_tokens: u64,
     source: Source,
 }
 
@@ -273,6 +293,10 @@ pub fn router(config: SimConfig) -> Router {
     let sim = Arc::new(SimProvider {
         pool: Mutex::new(KvPool::new(config.context_window, config.page_tokens)),
         last_context: Mutex::new(None),
+        prefix_cache: config
+            .prefix_cache
+            .clone()
+            .map(|cache| Mutex::new(PrefixCache::new(cache))),
         config,
         stats: Stats::default(),
         next_id: AtomicU64::new(1),
@@ -296,6 +320,10 @@ async fn stats(State(sim): State<Arc<SimProvider>>) -> impl IntoResponse {
         let pool = sim.pool.lock().unwrap_or_else(PoisonError::into_inner);
         (pool.pages(), pool.page_tokens())
     };
+    let cache_prefixes = sim
+        .prefix_cache
+        .as_ref()
+        .map(|cache| cache.lock().unwrap_or_else(PoisonError::into_inner).len());
     axum::Json(json!({
         "requests": stats.requests.load(Ordering::Relaxed),
         "completed": stats.completed.load(Ordering::Relaxed),
@@ -308,6 +336,12 @@ async fn stats(State(sim): State<Arc<SimProvider>>) -> impl IntoResponse {
         "context_window": sim.config.context_window,
         "prefill_pool_tokens": sim.config.prefill_pool_tokens(),
         "kv_pool": {"pages": pages, "page_tokens": page_tokens},
+        "prefix_cache": {
+            "enabled": cache_prefixes.is_some(),
+            "hits": stats.cache_hits.load(Ordering::Relaxed),
+            "cached_tokens": stats.cached_tokens.load(Ordering::Relaxed),
+            "prefixes": cache_prefixes.unwrap_or(0),
+        },
     }))
 }
 
@@ -439,13 +473,20 @@ impl SimProvider {
             std::future::pending::<()>().await;
         }
         let number = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let visible = self.visible_context(number, mode, &request.messages, prompt_tokens)?;
+        let visible = self.visible_context(
+            number,
+            mode,
+            &request.model,
+            &request.messages,
+            prompt_tokens,
+        )?;
         let reply = generate(&visible.context, request.max_tokens());
         let prompt_tokens = visible.prompt_tokens;
         let usage = json!({
             "prompt_tokens": prompt_tokens,
             "completion_tokens": reply.tokens.len(),
             "total_tokens": prompt_tokens + reply.tokens.len() as u64,
+            "prompt_tokens_details": {"cached_tokens": visible.cached_tokens},
         });
         let answer = Answer {
             id: response_id(number),
@@ -456,7 +497,10 @@ impl SimProvider {
             reply,
             usage,
             mode,
-            prefill: delay(prompt_tokens as f64, self.config.prefill_tps),
+            prefill: delay(
+                (prompt_tokens - visible.cached_tokens) as f64,
+                self.config.prefill_tps,
+            ),
             per_token: delay(1.0, self.config.decode_tps),
         };
         let (label, from) = match &visible.source {
@@ -490,6 +534,7 @@ impl SimProvider {
         &self,
         number: u64,
         mode: Mode,
+        model: &str,
         messages: &[Value],
         prompt_tokens: u64,
     ) -> Result<Visible, SimError> {
@@ -517,6 +562,7 @@ impl SimProvider {
                 Visible {
                     context: read.context,
                     prompt_tokens: 1,
+                    cached_tokens: 0,
                     source: Source::Stale(read.other_writers),
                 }
             }
@@ -529,7 +575,7 @@ impl SimProvider {
                 } else {
                     &messages[..messages.len() - drop]
                 };
-                let mut visible = self.honest(number, kept)?;
+                let mut visible = self.honest(number, model, kept)?;
                 if drop > 0 {
                     visible.source = Source::Truncated;
                 }
@@ -537,14 +583,14 @@ impl SimProvider {
             }
             Mode::Swap => {
                 // The request is processed; the replies cross.
-                let mut visible = self.honest(number, messages)?;
+                let mut visible = self.honest(number, model, messages)?;
                 if let Some((other, context)) = previous {
                     visible.context = context.as_ref().clone();
                     visible.source = Source::Swapped(other);
                 }
                 visible
             }
-            _ => self.honest(number, messages)?,
+            _ => self.honest(number, model, messages)?,
         };
         match &visible.source {
             Source::Stale(writers) if !writers.is_empty() => {
@@ -562,16 +608,39 @@ impl SimProvider {
         Ok(visible)
     }
 
-    /// Writes `messages` into the pool and reads them back.
-    fn honest(&self, number: u64, messages: &[Value]) -> Result<Visible, SimError> {
+    /// Writes `messages` into the pool and reads them back; the part of
+    /// them the prefix cache holds is not prefilled.
+    fn honest(&self, number: u64, model: &str, messages: &[Value]) -> Result<Visible, SimError> {
         let positions = prompt_positions(messages);
         let prompt_tokens = positions.len() as u64;
+        let cached_tokens = self.cached_prefix(model, &positions);
         let read = self.run_in_pool(number, prompt_tokens, &positions)?;
         Ok(Visible {
             context: read.context,
             prompt_tokens,
+            cached_tokens,
             source: Source::Own,
         })
+    }
+
+    /// Tokens of `positions` (a prompt for `model`) the prefix cache holds;
+    /// remembers its prefixes for the next prompts.
+    fn cached_prefix(&self, model: &str, positions: &[Position]) -> u64 {
+        let (Some(config), Some(cache)) = (&self.config.prefix_cache, &self.prefix_cache) else {
+            return 0;
+        };
+        let hashes = config.hashes(model, positions);
+        let cached = cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .serve(&hashes, std::time::Instant::now());
+        if cached > 0 {
+            self.stats.cache_hits.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .cached_tokens
+                .fetch_add(cached, Ordering::Relaxed);
+        }
+        cached
     }
 
     fn run_in_pool(

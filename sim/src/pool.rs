@@ -39,7 +39,7 @@ use serde_json::Value;
 use super::model::{Segment, tokenize_keeping_spaces};
 
 /// One KV position, in readable form.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum Position {
     /// A token of a chat message.
     Message {

@@ -2,9 +2,10 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::Context;
-use canarygate_sim::{Mode, SimConfig};
+use canarygate_sim::{Mode, PrefixCacheConfig, SimConfig};
 use clap::Args;
 
 use super::common::{announce, runtime, shutdown_signal};
@@ -35,6 +36,21 @@ pub struct SimArgs {
     /// Positions per page of the shared KV pool.
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     page_tokens: u32,
+    /// Prompt prefix caching: shortest cached prefix, in tokens (OpenAI: 1024).
+    #[arg(long, default_value_t = PrefixCacheConfig::default().min_tokens,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    cache_min_tokens: u64,
+    /// Cached prefixes grow in steps of this many tokens (OpenAI: 128; a
+    /// block-aligned cache such as vLLM's: its block size, with the same minimum).
+    #[arg(long, default_value_t = PrefixCacheConfig::default().increment_tokens,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    cache_increment_tokens: u64,
+    /// Prompt tokens the prefix cache holds, least recently used dropped first (0: no caching).
+    #[arg(long, default_value_t = PrefixCacheConfig::default().capacity_tokens)]
+    cache_capacity_tokens: u64,
+    /// Seconds an unused cached prefix is kept.
+    #[arg(long, default_value_t = PrefixCacheConfig::default().idle_ttl.as_secs())]
+    cache_ttl_secs: u64,
     /// Require this API key (`Authorization: Bearer KEY`) on every request.
     #[arg(long)]
     api_key: Option<String>,
@@ -56,6 +72,12 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
         api_key: args.api_key.clone(),
         pool_tokens: args.pool_tokens,
         page_tokens: args.page_tokens,
+        prefix_cache: (args.cache_capacity_tokens > 0).then(|| PrefixCacheConfig {
+            min_tokens: args.cache_min_tokens,
+            increment_tokens: args.cache_increment_tokens,
+            capacity_tokens: args.cache_capacity_tokens,
+            idle_ttl: Duration::from_secs(args.cache_ttl_secs),
+        }),
     };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(canarygate_sim::tls::server_config(cert, key)?),

@@ -114,6 +114,7 @@ pub fn honest_facts(injection: &Injection, choices: usize) -> Facts {
         usage: Some(ProviderUsage {
             prompt_tokens: injection.prompt_tokens_estimate,
             completion_tokens: Some(50),
+            cached_prompt_tokens: None,
         }),
         done_marker: injection.stream.then_some(true),
     }

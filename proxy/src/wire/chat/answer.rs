@@ -3,30 +3,14 @@
 //! finish reason, and the answer's usage.
 
 use canarygate_policies::verify::ProviderUsage;
-use serde::Deserialize;
 use serde_json::Value;
 
 use crate::wire::format::{ChoiceView, Location, TextField, TextKind};
 
-/// `usage` as the checks read it: numbers where numbers are expected.
-#[derive(Deserialize)]
-pub struct Usage {
-    prompt_tokens: Option<Value>,
-    completion_tokens: Option<Value>,
-}
-
-impl Usage {
-    pub fn reported(self) -> Option<ProviderUsage> {
-        Some(ProviderUsage {
-            prompt_tokens: self.prompt_tokens?.as_u64()?,
-            completion_tokens: self.completion_tokens.and_then(|tokens| tokens.as_u64()),
-        })
-    }
-}
-
-/// `usage` of an answer or chunk, when it reports prompt tokens.
+/// `usage` of an answer or chunk, when it reports prompt tokens (with the
+/// cached ones, [`ProviderUsage::from_usage`]).
 pub fn usage_of(value: &Value) -> Option<ProviderUsage> {
-    Usage::deserialize(value.get("usage")?).ok()?.reported()
+    ProviderUsage::from_usage(value.get("usage")?)
 }
 
 /// The `index` field of a choice or tool call, else its position.

@@ -22,7 +22,7 @@ use canarygate_policies::verify_config::EchoMode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use self::answer::{Usage, read_choice, usage_of};
+use self::answer::{read_choice, usage_of};
 use self::stream::ChatStream;
 use crate::error::{ApiError, ErrorCode};
 use crate::wire::format::{AnswerView, Chunk, ClientRequest, EventView, WireFormat};
@@ -79,12 +79,9 @@ impl WireFormat for Chat {
         /// Just `usage` of an answer; the rest is skipped unparsed.
         #[derive(Deserialize)]
         struct UsageOnly {
-            usage: Option<Usage>,
+            usage: Option<Value>,
         }
-        serde_json::from_slice::<UsageOnly>(answer)
-            .ok()?
-            .usage?
-            .reported()
+        ProviderUsage::from_usage(&serde_json::from_slice::<UsageOnly>(answer).ok()?.usage?)
     }
 
     fn read_event(event: &SseEvent) -> EventView {
@@ -167,7 +164,8 @@ mod tests {
         let answer = json!({"choices": [{"index": 0, "message": {
             "content": "hello",
             "tool_calls": [{"function": {"name": "f", "arguments": "{\"a\":1}"}}],
-        }, "finish_reason": "stop"}], "usage": {"prompt_tokens": 7, "completion_tokens": "x"}});
+        }, "finish_reason": "stop"}], "usage": {"prompt_tokens": 7, "completion_tokens": "x",
+            "prompt_tokens_details": {"cached_tokens": 5}}});
         let view = Chat::read_answer(&answer);
         assert_eq!(view.choices.len(), 1);
         let choice = &view.choices[0];
@@ -194,7 +192,8 @@ mod tests {
             view.usage,
             Some(ProviderUsage {
                 prompt_tokens: 7,
-                completion_tokens: None
+                completion_tokens: None,
+                cached_prompt_tokens: Some(5),
             })
         );
         assert_eq!(

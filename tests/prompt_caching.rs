@@ -1,0 +1,175 @@
+//! Provider prompt caching through canarygate: a job sending the same long
+//! system prompt with different questions gets the same cached share of its
+//! prompt tokens through canarygate as directly (the canaries come after the
+//! client's stable prefix), and the `ttft` check does not take the fast
+//! first tokens of cached answers for an impossibly fast prefill.
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+
+/// Requests per path (direct, through canarygate).
+const REQUESTS: usize = 6;
+
+/// Cached prefixes grow in steps of this many tokens (the sim's default,
+/// OpenAI's).
+const INCREMENT: u64 = 128;
+
+/// A system prompt of about 40,000 tokens: over the default policy's
+/// `ttft_min_prompt_tokens` (4,096), so the check applies, well over the
+/// caching minimum (1,024), and long enough that the whole prompt's ttft
+/// bound (200 ms at 200,000 tokens/s) leaves a cache hit on a loaded
+/// machine plenty of time to come sooner.
+fn system_prompt() -> String {
+    let mut text = String::from("You are the ledger assistant. House rules:");
+    for rule in 0..20_000 {
+        text.push_str(&format!(" r{rule}."));
+    }
+    text
+}
+
+/// Request `index` of the job: the same system prompt, a new question;
+/// streams ask for the usage chunk.
+fn request(system: &str, index: usize) -> Value {
+    let stream = index % 2 == 1;
+    let mut body = json!({
+        "model": "sim-model",
+        "stream": stream,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": format!("Question {index}: which rule covers entry q{index}?")},
+        ],
+    });
+    if stream {
+        body["stream_options"] = json!({"include_usage": true});
+    }
+    body
+}
+
+/// (prompt tokens, cached tokens) the client was told, and the verdict header.
+async fn send(client: &reqwest::Client, url: &str, body: &Value) -> (u64, u64, Option<String>) {
+    let response = client
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth("sk-test")
+        .json(body)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 200, "{body}");
+    let verdict = response
+        .headers()
+        .get("x-canarygate-verdict")
+        .map(|value| value.to_str().unwrap().to_owned());
+    let text = response.text().await.expect("body");
+    let usage = if body["stream"] == true {
+        assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+        sse_data(&text)
+            .iter()
+            .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+            .map(|chunk| chunk["usage"].clone())
+            .find(Value::is_object)
+            .expect("a usage chunk")
+    } else {
+        serde_json::from_str::<Value>(&text).expect("JSON")["usage"].clone()
+    };
+    let prompt = usage["prompt_tokens"].as_u64().expect("prompt_tokens");
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .expect("cached_tokens");
+    (prompt, cached, verdict)
+}
+
+#[tokio::test]
+async fn a_job_keeps_its_cached_share_through_canarygate_and_passes_ttft() {
+    // Two identical caching providers, one per path, so neither path warms
+    // the other's cache. 100,000 tokens/s: slower than the fastest prefill
+    // the default policy believes (200,000 tokens/s for `openai`), so only a
+    // cache hit makes the first token come sooner than the ttft bound of the
+    // whole prompt.
+    let sim_args = ["--prefill-tps", "100000"];
+    let direct_sim = start_sim(&sim_args);
+    let proxied_sim = start_sim(&sim_args);
+    let dir = ProxyDir::new();
+    let proxy = start_proxy(&dir, &proxied_sim.url);
+    let client = client();
+    let system = system_prompt();
+
+    let mut direct = Vec::new();
+    let mut proxied = Vec::new();
+    for index in 0..REQUESTS {
+        let body = request(&system, index);
+        direct.push(send(&client, &direct_sim.url, &body).await);
+        proxied.push(send(&client, &proxy.url, &body).await);
+    }
+
+    let share = |runs: &[(u64, u64, Option<String>)]| {
+        let prompt: u64 = runs.iter().map(|run| run.0).sum();
+        let cached: u64 = runs.iter().map(|run| run.1).sum();
+        cached as f64 / prompt as f64
+    };
+    let (direct_share, proxied_share) = (share(&direct), share(&proxied));
+    for (index, (direct, proxied)) in direct.iter().zip(&proxied).enumerate() {
+        assert!(
+            direct.1.abs_diff(proxied.1) <= INCREMENT,
+            "request {index}: {} cached direct, {} through canarygate",
+            direct.1,
+            proxied.1
+        );
+        if index > 0 {
+            assert!(
+                proxied.1 * 10 >= proxied.0 * 9,
+                "request {index}: {proxied:?}"
+            );
+        }
+        // `pass`, or `pending; ...` for a stream released under echo-first.
+        let verdict = proxied.2.as_deref().unwrap_or("none");
+        assert!(
+            verdict == "pass" || verdict.starts_with("pending"),
+            "request {index}: {verdict}"
+        );
+    }
+    let allowed =
+        INCREMENT as f64 * REQUESTS as f64 / direct.iter().map(|run| run.0).sum::<u64>() as f64;
+    assert!(
+        (direct_share - proxied_share).abs() <= allowed,
+        "cached share {direct_share:.4} direct, {proxied_share:.4} through canarygate"
+    );
+    assert!(direct_share > 0.75, "{direct_share}");
+
+    // Every answer passed every check; the cached ones passed `ttft` on
+    // their uncached tokens (the whole prompt's bound is 200 ms; a hit
+    // prefills about 100 tokens).
+    let records = audit_export(&dir.data());
+    assert_eq!(records.len(), REQUESTS, "{records:?}");
+    for (index, record) in records.iter().enumerate() {
+        let checks = record["checks"].as_array().expect("checks");
+        for check in checks {
+            assert_ne!(check["result"], "fail", "request {index}: {check}");
+        }
+        let ttft = checks
+            .iter()
+            .find(|check| check["name"] == "ttft")
+            .expect("a ttft check");
+        assert_eq!(ttft["result"], "pass", "request {index}: {ttft}");
+        let seen = &ttft["evidence"]["seen"];
+        // Decided on the uncached tokens only when the first token came
+        // sooner than the whole prompt allows: then credited the cache hit.
+        if let Some(cached) = seen["cached_tokens"].as_u64() {
+            assert_eq!(cached, proxied[index].1, "request {index}: {ttft}");
+        }
+    }
+    let cached_and_fast = records
+        .iter()
+        .filter(|record| {
+            record["checks"].as_array().unwrap().iter().any(|check| {
+                check["name"] == "ttft"
+                    && check["evidence"]["seen"]["cached_tokens"].as_u64() > Some(0)
+            })
+        })
+        .count();
+    assert!(
+        cached_and_fast > 0,
+        "no cached answer came sooner than the whole prompt's bound: {records:?}"
+    );
+}
