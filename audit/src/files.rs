@@ -136,9 +136,13 @@ pub fn check_data_dir(dir: &Path, allowed: DataReaders) -> Result<(), AuditError
         Ok(metadata.is_dir())
     };
     look(dir)?;
+    let owner = owner_of(dir).map_err(|error| io(dir, error))?;
     for entry in fs::read_dir(dir).map_err(|error| io(dir, error))? {
         let path = entry.map_err(|error| io(dir, error))?.path();
-        if look(&path)? {
+        // Only the directory's owner's subdirectories are canarygate's to
+        // look into: a volume's root holds `lost+found`, owned by root and
+        // closed to us (its own mode is still checked).
+        if look(&path)? && owner_of(&path).map_err(|error| io(&path, error))? == owner {
             for inner in fs::read_dir(&path).map_err(|error| io(&path, error))? {
                 look(&inner.map_err(|error| io(&path, error))?.path())?;
             }
@@ -166,6 +170,20 @@ pub fn check_data_dir(dir: &Path, allowed: DataReaders) -> Result<(), AuditError
             _ => "anyone",
         }
     )))
+}
+
+/// The user owning `path` (no owners off Unix: every path is "ours").
+fn owner_of(path: &Path) -> io::Result<u32> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        Ok(fs::metadata(path)?.uid())
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = path;
+        Ok(0)
+    }
 }
 
 fn set_mode(path: &Path, mode: u32) -> io::Result<()> {
@@ -205,7 +223,7 @@ mod tests {
     }
 
     // The umask is the process's, so its effect is tested with real
-    // processes (tests/data_dir.rs); these check the checks.
+    // processes (tests/hostile_clients.rs); these check the checks.
 
     #[test]
     fn created_dirs_and_files_are_owner_only() {
@@ -250,5 +268,34 @@ mod tests {
         assert!(text.contains("(mode 0755)"), "{text}");
         assert!(!text.contains("p.json"), "group read is allowed: {text}");
         check_data_dir(&dir, DataReaders::Anyone).unwrap();
+    }
+
+    #[test]
+    fn another_users_subdirectory_is_not_looked_into() {
+        // The root of a freshly formatted volume holds `lost+found`, root's
+        // and 0700: `serve --data /mnt/volume` must not need to read it.
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("data");
+        create_private_dir_all(&dir).unwrap();
+        let foreign = dir.join("lost+found");
+        fs::create_dir(&foreign).unwrap();
+        fs::set_permissions(&foreign, fs::Permissions::from_mode(0o700)).unwrap();
+        fs::write(foreign.join("inode"), b"").unwrap();
+        fs::set_permissions(foreign.join("inode"), fs::Permissions::from_mode(0o644)).unwrap();
+        let nobody = 65534;
+        if std::os::unix::fs::chown(&foreign, Some(nobody), Some(nobody)).is_err() {
+            // Giving a directory away takes root; as anyone else the case
+            // cannot be built.
+            eprintln!("not root: cannot hand a subdirectory to another user");
+            return;
+        }
+        check_data_dir(&dir, DataReaders::Owner).unwrap();
+        // Its own mode still counts.
+        fs::set_permissions(&foreign, fs::Permissions::from_mode(0o755)).unwrap();
+        let text = check_data_dir(&dir, DataReaders::Owner)
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("lost+found (mode 0755)"), "{text}");
+        assert!(!text.contains("inode"), "{text}");
     }
 }
