@@ -210,6 +210,9 @@ pub struct Limits {
     /// How long a connection may stay open with no request on it (HTTP/1.1
     /// keep-alive, HTTP/2 with no open stream); then it is closed.
     pub client_keepalive_timeout_ms: u64,
+    /// How long writing an answer to a client may stay blocked (the client
+    /// reads nothing); then the connection is dropped and the request ends.
+    pub client_write_timeout_ms: u64,
     /// Time allowed to open a connection to the provider.
     pub connect_timeout_ms: u64,
     /// Time allowed from sending the request to the first byte of the answer.
@@ -235,6 +238,7 @@ impl Default for Limits {
             client_body_timeout_ms: 60_000,
             client_body_idle_timeout_ms: 10_000,
             client_keepalive_timeout_ms: 60_000,
+            client_write_timeout_ms: 60_000,
             connect_timeout_ms: 10_000,
             first_byte_timeout_ms: 300_000,
             idle_timeout_ms: 120_000,
@@ -430,19 +434,33 @@ impl Policy {
 
     fn validate_limits(&self) -> Result<(), (Option<Range<usize>>, String)> {
         let limits = &self.limits;
-        for (name, value) in [
-            ("limits.max_body_bytes", limits.max_body_bytes as u64),
+        // Upper bounds: 1 GiB for a body; for counts, Linux's default
+        // ceiling on a process's open files (fs.nr_open), which no more
+        // connections or provider requests than that could use anyway.
+        const MAX_BODY_BYTES: u64 = 1 << 30;
+        const MAX_COUNT: u64 = 1 << 20;
+        for (name, value, max) in [
+            (
+                "limits.max_body_bytes",
+                limits.max_body_bytes as u64,
+                MAX_BODY_BYTES,
+            ),
             (
                 "limits.max_concurrent_requests",
                 limits.max_concurrent_requests as u64,
+                MAX_COUNT,
             ),
             (
                 "limits.max_connections",
                 limits.max_connections.map_or(1, |value| value as u64),
+                MAX_COUNT,
             ),
         ] {
             if value == 0 {
                 return Err((None, format!("{name} must be greater than 0")));
+            }
+            if value > max {
+                return Err((None, format!("{name} must be at most {max}, not {value}")));
             }
         }
         for (name, value) in [
@@ -461,6 +479,10 @@ impl Policy {
             (
                 "limits.client_keepalive_timeout_ms",
                 limits.client_keepalive_timeout_ms,
+            ),
+            (
+                "limits.client_write_timeout_ms",
+                limits.client_write_timeout_ms,
             ),
             ("limits.connect_timeout_ms", limits.connect_timeout_ms),
             ("limits.first_byte_timeout_ms", limits.first_byte_timeout_ms),
@@ -790,8 +812,9 @@ provider = "sim"
                 limits.client_body_timeout_ms,
                 limits.client_body_idle_timeout_ms,
                 limits.client_keepalive_timeout_ms,
+                limits.client_write_timeout_ms,
             ),
-            (10_000, 60_000, 10_000, 60_000)
+            (10_000, 60_000, 10_000, 60_000, 60_000)
         );
         assert_eq!(policy.audit.data_readable_by, DataReaders::Owner);
         let text = format!(
@@ -809,6 +832,21 @@ provider = "sim"
                 .contains("limits.max_connections must be greater than 0"),
             "{error}"
         );
+        // Absurd counts are a policy error, not a panic at start (a tokio
+        // semaphore holds at most 2^61 permits).
+        for (setting, value) in [
+            ("max_connections", "3000000000000000000"),
+            ("max_concurrent_requests", "1048577"),
+        ] {
+            let line = format!("{setting} = {value}\n");
+            let error = error_of(&text.replace("max_connections = 64\n", &line));
+            assert!(
+                error.message.contains(&format!(
+                    "limits.{setting} must be at most 1048576, not {value}"
+                )),
+                "{error}"
+            );
+        }
         for (value, what) in [("0", "not 0"), ("86400001", "not 86400001")] {
             let error = error_of(&text.replace("= 250", &format!("= {value}")));
             assert!(
