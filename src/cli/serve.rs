@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use canarygate_policies::config::DataReaders;
 use canarygate_proxy::{ServeOptions, Server, Startup};
 use clap::Args;
 
@@ -37,6 +38,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         .map(|p| format!("{} -> {}", p.name.get_ref(), p.base_url.get_ref()))
         .collect();
     let local_dir = policy.local.model_dir().map(str::to_owned);
+    let readers = policy.audit.data_readable_by;
     let data = args.data.clone();
     runtime()?.block_on(async move {
         let server = Server::bind(ServeOptions {
@@ -49,27 +51,33 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         announce(&format!("canarygate listening on http://{address}"));
         tracing::info!(providers = ?providers, "serving");
         report_startup(server.startup(), local_dir.as_deref());
-        report_audit(server.startup(), &data);
+        report_audit(server.startup(), &data, readers);
         server.run(shutdown_signal()).await?;
         Ok(())
     })
 }
 
-/// Says, once, what the audit store keeps in clear.
-fn report_audit(startup: &Startup, data: &std::path::Path) {
+/// Says, once, what the audit store keeps in clear, and who may read it.
+fn report_audit(startup: &Startup, data: &std::path::Path, readers: DataReaders) {
     let store = data.join(canarygate_audit::STORE_FILE);
+    let readable_by = match readers {
+        DataReaders::Owner => "readable by the owner only",
+        DataReaders::Group => "readable by the owner and its group ([audit] data_readable_by)",
+        DataReaders::Anyone => {
+            "with the access its files have ([audit] data_readable_by = \"anyone\": not checked)"
+        }
+    };
     if startup.samples_encrypted {
         tracing::info!(
             "audit: samples (prompt and answer text) are encrypted in {}; records \
-             (hashes, model, token counts, checks, timings) are in clear, readable by \
-             the owner only",
+             (hashes, model, token counts, checks, timings) are in clear, {readable_by}",
             store.display()
         );
     } else {
         tracing::warn!(
             "audit: no [audit] encryption_key_env, so {} keeps in clear the prompt and \
              answer text (canaries redacted) of every failed or blocked request and of \
-             {}% of the others, readable by the owner only; records (hashes, model, \
+             {}% of the others, {readable_by}; records (hashes, model, \
              token counts, checks, timings) are in clear either way",
             store.display(),
             startup.sample_rate * 100.0

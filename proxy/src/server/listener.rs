@@ -69,12 +69,14 @@ pub fn raise_open_file_limit() -> io::Result<OpenFiles> {
     };
     // Linux refuses "unlimited" for open files (the ceiling is
     // fs.nr_open, 1,048,576 by default): try the hard limit, then that.
+    // `increase_nofile_limit` also keeps under macOS's per-process ceiling
+    // (kern.maxfilesperproc), which its "unlimited" hard limit hides.
     for target in [hard, hard.min(1 << 20)] {
         if target <= raised.soft {
             break;
         }
-        if rlimit::Resource::NOFILE.set(target, hard).is_ok() {
-            raised.soft = target;
+        if let Ok(soft) = rlimit::increase_nofile_limit(target) {
+            raised.soft = soft;
             break;
         }
     }
