@@ -1,7 +1,8 @@
 //! Hostile clients against a real `canarygate serve`, on raw sockets: slow
 //! uploaders, stalled and trickling bodies, heads that never end, idle
 //! keep-alive connections, more idle sockets than `limits.max_connections`;
-//! every error's shape across routes and methods; the data directory's
+//! a client that reads nothing of its answers; every error's shape across
+//! routes and methods; the data directory's
 //! modes under a permissive umask, and refusal to start on a loose one.
 //!
 //! Each attack runs while a normal request is made, which must still
@@ -29,28 +30,6 @@ const PROMPTLY: Duration = Duration::from_secs(5);
 /// Slack on top of a deadline for the server to act on it and the client
 /// to see it (the graceful close of a connection lingers up to 1 s).
 const SLACK: Duration = Duration::from_millis(2500);
-
-/// A policy for a plain proxy (checks off) to `upstream`, with `extra`
-/// sections (`[limits]`, `[audit]`) appended.
-fn policy(dir: &ProxyDir, upstream: &str, extra: &str) -> PathBuf {
-    dir.policy(&format!(
-        r#"
-[[providers]]
-name = "sim"
-base_url = "{upstream}/v1"
-context_window = 128000
-
-[[routes]]
-model = "*"
-provider = "sim"
-
-[verify]
-enabled = false
-
-{extra}
-"#
-    ))
-}
 
 fn address(url: &str) -> &str {
     url.trim_start_matches("http://")
@@ -244,7 +223,7 @@ async fn slow_uploaders_cannot_pin_the_concurrency_slots() {
     // body lets the normal requests through.
     let proxy = start_proxy_with_policy(
         &dir,
-        &policy(
+        &plain_policy(
             &dir,
             &sim.url,
             "[limits]\nmax_concurrent_requests = 2\n\
@@ -279,7 +258,7 @@ async fn stalled_and_trickling_bodies_get_408_within_their_deadlines() {
     let dir = ProxyDir::new();
     let proxy = start_proxy_with_policy(
         &dir,
-        &policy(
+        &plain_policy(
             &dir,
             &sim.url,
             "[limits]\nclient_body_timeout_ms = 2500\nclient_body_idle_timeout_ms = 800\n",
@@ -387,7 +366,7 @@ async fn unfinished_heads_and_idle_keepalive_connections_are_closed() {
     let dir = ProxyDir::new();
     let proxy = start_proxy_with_policy(
         &dir,
-        &policy(
+        &plain_policy(
             &dir,
             &sim.url,
             "[limits]\nclient_header_timeout_ms = 700\nclient_keepalive_timeout_ms = 1500\n",
@@ -474,7 +453,7 @@ async fn connections_beyond_max_connections_neither_starve_nor_evict_requests() 
     // Idle sockets never time out during the test; bodies stall for 1.5 s.
     let proxy = start_proxy_with_policy(
         &dir,
-        &policy(
+        &plain_policy(
             &dir,
             &sim.url,
             "[limits]\nmax_connections = 8\nclient_header_timeout_ms = 60000\n\
@@ -526,9 +505,93 @@ async fn connections_beyond_max_connections_neither_starve_nor_evict_requests() 
 }
 
 #[tokio::test]
+async fn a_client_that_reads_nothing_is_dropped_at_the_write_deadline() {
+    let sim = start_sim(&[]);
+    let dir = ProxyDir::new();
+    let proxy = start_proxy_with_policy(
+        &dir,
+        &plain_policy(&dir, &sim.url, "[limits]\nclient_write_timeout_ms = 800\n"),
+        &[],
+    );
+    // A small receive buffer, and 4,000 pipelined requests for /metrics (a few
+    // KB each): the answers fill both sides' buffers, so the server's writes
+    // block while this client reads nothing.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stuck = socket
+        .connect(address(&proxy.url).parse().unwrap())
+        .await
+        .unwrap();
+    let requests = "GET /metrics HTTP/1.1\r\nHost: canarygate\r\n\r\n".repeat(4000);
+    stuck.write_all(requests.as_bytes()).await.unwrap();
+    let sent = Instant::now();
+    // The write deadline is counted from the first blocked write; meanwhile
+    // other clients are served.
+    normal_request(&proxy.url).await;
+    let deadline = Instant::now() + Duration::from_millis(800) + SLACK;
+    while metric(
+        &proxy.url,
+        "canarygate_client_timeouts_total{phase=\"write\"}",
+    )
+    .await
+        < 1.0
+    {
+        if Instant::now() >= deadline {
+            let text = client()
+                .get(format!("{}/metrics", proxy.url))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let client_lines: Vec<&str> = text
+                .lines()
+                .filter(|line| line.starts_with("canarygate_client"))
+                .collect();
+            panic!(
+                "the stuck connection is still open {:?} after its requests: {client_lines:#?}",
+                sent.elapsed()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        sent.elapsed() >= Duration::from_millis(800),
+        "dropped before the deadline: {:?}",
+        sent.elapsed()
+    );
+    // The socket was dropped: what it had buffered, then the end (a reset
+    // or a close), long before 4,000 answers.
+    let mut received = 0usize;
+    let mut chunk = vec![0u8; 64 * 1024];
+    loop {
+        match tokio::time::timeout(PROMPTLY, stuck.read(&mut chunk)).await {
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(read)) => received += read,
+            Err(_) => panic!("the stuck connection was not closed ({received} bytes read)"),
+        }
+    }
+    let one_answer = client()
+        .get(format!("{}/metrics", proxy.url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+        .len();
+    assert!(
+        received < 3000 * one_answer,
+        "{received} bytes: most of the 4,000 answers ({one_answer} bytes each) went out"
+    );
+    normal_request(&proxy.url).await;
+}
+
+#[tokio::test]
 async fn every_error_has_the_four_keys_and_405_names_allow() {
     let dir = ProxyDir::new();
-    let proxy = start_proxy_with_policy(&dir, &policy(&dir, &closed_url(), ""), &[]);
+    let proxy = start_proxy_with_policy(&dir, &plain_policy(&dir, &closed_url(), ""), &[]);
     let client = client();
     let routes: [(&str, Option<&str>); 9] = [
         ("/v1/chat/completions", Some("POST")),
@@ -739,7 +802,7 @@ fn run_to_exit(mut command: Command, stderr: &Path) -> (std::process::ExitStatus
 #[tokio::test]
 async fn the_data_dir_is_owner_only_under_umask_000_and_serve_says_what_is_in_clear() {
     let dir = ProxyDir::new();
-    let policy = policy(&dir, &closed_url(), "");
+    let policy = plain_policy(&dir, &closed_url(), "");
     // Missing parents are created too, owner-only.
     let data = dir.dir.path().join("state/canarygate");
     let stderr = dir.dir.path().join("serve.stderr");
@@ -786,7 +849,7 @@ async fn serve_refuses_a_data_dir_others_can_read_unless_the_policy_allows() {
     std::fs::create_dir(&data).unwrap();
     std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
 
-    let strict = policy(&dir, &upstream, "");
+    let strict = plain_policy(&dir, &upstream, "");
     let (status, log) = run_to_exit(serve_command("022", &data, &strict, &stderr), &stderr);
     assert!(!status.success(), "{log}");
     let named = format!("{} (mode 0755)", data.display());
@@ -802,7 +865,7 @@ async fn serve_refuses_a_data_dir_others_can_read_unless_the_policy_allows() {
     );
 
     // Group access is accepted when the policy says so; others' still not.
-    let group = policy(&dir, &upstream, "[audit]\ndata_readable_by = \"group\"\n");
+    let group = plain_policy(&dir, &upstream, "[audit]\ndata_readable_by = \"group\"\n");
     let (status, log) = run_to_exit(serve_command("022", &data, &group, &stderr), &stderr);
     assert!(!status.success(), "{log}");
     assert!(log.contains("chmod -R o-rwx"), "{log}");

@@ -105,7 +105,7 @@ impl Metrics {
         registry.register(
             "client_timeouts",
             "Clients too slow with a request's head, its body, between two body chunks, \
-             or idle past the keep-alive timeout, by phase",
+             idle past the keep-alive timeout, or reading nothing of an answer, by phase",
             client_timeouts.clone(),
         );
         Self {
@@ -151,7 +151,7 @@ impl Metrics {
     }
 
     /// Counts one client too slow in `phase` (`header`, `body`,
-    /// `body_idle`, `keepalive`).
+    /// `body_idle`, `keepalive`, `write`).
     pub fn count_client_timeout(&self, phase: &'static str) {
         self.client_timeouts
             .get_or_create(&TimeoutLabels { phase })

@@ -222,9 +222,10 @@ pub fn python() -> PathBuf {
     venv
 }
 
-/// Starts `canarygate serve` as a plain proxy (`[verify] enabled = false`) to `upstream`.
-pub fn start_plain_proxy(dir: &ProxyDir, upstream: &str) -> Running {
-    let policy = dir.policy(&format!(
+/// Writes a policy for a plain proxy (`[verify] enabled = false`) to
+/// `upstream`, with `extra` sections (`[limits]`, `[audit]`) appended.
+pub fn plain_policy(dir: &ProxyDir, upstream: &str, extra: &str) -> PathBuf {
+    dir.policy(&format!(
         r#"
 [[providers]]
 name = "sim"
@@ -237,8 +238,15 @@ provider = "sim"
 
 [verify]
 enabled = false
+
+{extra}
 "#
-    ));
+    ))
+}
+
+/// Starts `canarygate serve` as a plain proxy (`[verify] enabled = false`) to `upstream`.
+pub fn start_plain_proxy(dir: &ProxyDir, upstream: &str) -> Running {
+    let policy = plain_policy(dir, upstream, "");
     start_proxy_with_policy(dir, &policy, &[])
 }
 

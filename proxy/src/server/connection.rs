@@ -13,10 +13,14 @@
 //! - no request has been on it for `client_keepalive_timeout_ms` (HTTP/1.1
 //!   keep-alive, HTTP/2 without an open stream);
 //! - the listener evicts it to make room at `limits.max_connections` (only
-//!   a connection without a request in flight is evicted).
+//!   a connection without a request in flight is evicted);
+//! - writing to it has been blocked for `client_write_timeout_ms`: the
+//!   client reads nothing of its answer (its receive window is full).
 //!
 //! Closing is graceful (an HTTP/2 GOAWAY, no cut response); a connection
-//! that has not closed a moment later with no request on it is dropped.
+//! that has not closed a moment later with no request on it is dropped. A
+//! connection whose writes are stuck is dropped at once, its requests with
+//! it (nothing could reach that client anyway).
 //! Request bodies have their own deadlines, in admission.
 
 use std::convert::Infallible;
@@ -63,6 +67,8 @@ pub struct ConnectionDeadlines {
     pub header: Duration,
     /// `limits.client_keepalive_timeout_ms`.
     pub keepalive: Duration,
+    /// `limits.client_write_timeout_ms`.
+    pub write: Duration,
 }
 
 /// What every connection shares: the router, hyper's builder, deadlines.
@@ -109,6 +115,9 @@ pub struct Activity {
     idle_since_ms: AtomicU64,
     /// The first byte read since `idle_since_ms`, or [`NO_BYTE`].
     first_byte_ms: AtomicU64,
+    /// Since when writing to the socket has been blocked, or [`NO_BYTE`]
+    /// when the last write went through.
+    write_blocked_ms: AtomicU64,
     evicted: AtomicBool,
     /// Wakes the watchdog: a request started or the last one finished, a
     /// first byte arrived, an eviction.
@@ -129,6 +138,7 @@ impl Activity {
             multiplexed: AtomicBool::new(false),
             idle_since_ms: AtomicU64::new(0),
             first_byte_ms: AtomicU64::new(NO_BYTE),
+            write_blocked_ms: AtomicU64::new(NO_BYTE),
             evicted: AtomicBool::new(false),
             changed: Notify::new(),
             went_idle,
@@ -147,8 +157,10 @@ impl Activity {
         )
     }
 
-    /// Asks the connection to close (gracefully: a request that raced in
-    /// still gets its answer). False when it was asked already.
+    /// Asks the connection to close (gracefully: a request whose head was
+    /// read still gets its answer; one whose head was still arriving is
+    /// dropped with the connection, which clients retry). False when it was
+    /// asked already.
     pub fn evict(&self) -> bool {
         let first = !self.evicted.swap(true, Ordering::AcqRel);
         if first {
@@ -166,6 +178,21 @@ impl Activity {
                 .is_ok()
         {
             self.changed.notify_one();
+        }
+    }
+
+    /// Notes how a write to the socket went: blocked (the first blocked
+    /// write of a spell wakes the watchdog) or through.
+    fn write_polled<T>(&self, polled: &Poll<T>) {
+        let blocked = self.write_blocked_ms.load(Ordering::Acquire);
+        match (polled.is_pending(), blocked == NO_BYTE) {
+            (true, true) => {
+                self.write_blocked_ms
+                    .store(self.now_ms(), Ordering::Release);
+                self.changed.notify_one();
+            }
+            (false, false) => self.write_blocked_ms.store(NO_BYTE, Ordering::Release),
+            _ => {}
         }
     }
 
@@ -215,16 +242,31 @@ impl Activity {
 enum Closed {
     /// A deadline passed: `header` or `keepalive`.
     TimedOut(&'static str),
+    /// Writing has been blocked for `client_write_timeout_ms`.
+    WriteStuck,
     /// The listener needed its place.
     Evicted,
 }
 
 /// Resolves when the connection must close: a deadline passed with no
-/// request on it, or it was evicted.
+/// request on it, writing to it stayed blocked too long, or it was evicted.
 async fn watch(activity: &Activity, deadlines: &ConnectionDeadlines) -> Closed {
+    let write_limit = u64::try_from(deadlines.write.as_millis()).unwrap_or(u64::MAX);
     loop {
         if activity.evicted.load(Ordering::Acquire) {
             return Closed::Evicted;
+        }
+        let blocked_since = activity.write_blocked_ms.load(Ordering::Acquire);
+        if blocked_since != NO_BYTE {
+            let (deadline, now) = (blocked_since.saturating_add(write_limit), activity.now_ms());
+            if now >= deadline {
+                return Closed::WriteStuck;
+            }
+            tokio::select! {
+                () = activity.changed.notified() => {}
+                () = tokio::time::sleep(Duration::from_millis(deadline - now)) => {}
+            }
+            continue;
         }
         if activity.requests.load(Ordering::Acquire) > 0 {
             // `notify_one` keeps a wake-up that comes before this wait.
@@ -278,6 +320,13 @@ pub async fn serve(
                 match closed {
                     Closed::TimedOut(phase) => shared.metrics.count_client_timeout(phase),
                     Closed::Evicted => shared.metrics.count_eviction(),
+                    Closed::WriteStuck => {
+                        // A graceful close would wait on the very writes
+                        // that are stuck: drop the connection and its
+                        // requests (their upstream requests are cancelled).
+                        shared.metrics.count_client_timeout("write");
+                        return;
+                    }
                 }
                 if !draining {
                     draining = true;
@@ -325,7 +374,10 @@ impl AsyncWrite for WatchedStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write(cx, buf)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write(cx, buf);
+        this.activity.write_polled(&polled);
+        polled
     }
 
     fn poll_write_vectored(
@@ -333,7 +385,10 @@ impl AsyncWrite for WatchedStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().stream).poll_write_vectored(cx, bufs)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_write_vectored(cx, bufs);
+        this.activity.write_polled(&polled);
+        polled
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -341,7 +396,10 @@ impl AsyncWrite for WatchedStream {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().stream).poll_flush(cx)
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.stream).poll_flush(cx);
+        this.activity.write_polled(&polled);
+        polled
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -418,6 +476,7 @@ mod tests {
     const DEADLINES: ConnectionDeadlines = ConnectionDeadlines {
         header: Duration::from_millis(100),
         keepalive: Duration::from_millis(1000),
+        write: Duration::from_millis(300),
     };
 
     fn activity() -> Arc<Activity> {
@@ -481,5 +540,31 @@ mod tests {
         assert!(connection.evict());
         assert!(!connection.evict(), "evicted once");
         assert_eq!(watch(&connection, &DEADLINES).await, Closed::Evicted);
+    }
+
+    #[tokio::test]
+    async fn a_write_blocked_past_its_deadline_closes_a_busy_connection() {
+        let connection = activity();
+        let _request = connection.request_started(Version::HTTP_11);
+        let watched = {
+            let connection = Arc::clone(&connection);
+            tokio::spawn(async move { watch(&connection, &DEADLINES).await })
+        };
+        // Blocked, then through before the deadline: nothing fires.
+        connection.write_polled(&Poll::<()>::Pending);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        connection.write_polled(&Poll::Ready(()));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!watched.is_finished(), "a write went through in time");
+        // Blocked for good: the write deadline fires though a request runs.
+        let blocked_at = Instant::now();
+        connection.write_polled(&Poll::<()>::Pending);
+        connection.write_polled(&Poll::<()>::Pending); // still the same spell
+        let closed = tokio::time::timeout(Duration::from_secs(5), watched)
+            .await
+            .expect("the write deadline fires")
+            .unwrap();
+        assert_eq!(closed, Closed::WriteStuck);
+        assert!(blocked_at.elapsed() >= Duration::from_millis(290));
     }
 }

@@ -171,6 +171,7 @@ impl Server {
         let deadlines = connection::ConnectionDeadlines {
             header: Duration::from_millis(limits.client_header_timeout_ms),
             keepalive: Duration::from_millis(limits.client_keepalive_timeout_ms),
+            write: Duration::from_millis(limits.client_write_timeout_ms),
         };
         Ok(Self {
             listener,
