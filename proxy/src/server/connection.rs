@@ -22,6 +22,9 @@
 //! connection whose writes are stuck is dropped at once, its requests with
 //! it (nothing could reach that client anyway).
 //! Request bodies have their own deadlines, in admission.
+//!
+//! Longer than 500 lines: about 100 of them are the unit tests, which drive
+//! the watchdog through `Activity`'s private state and so live here.
 
 use std::convert::Infallible;
 use std::future::Future;
