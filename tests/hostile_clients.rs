@@ -221,15 +221,11 @@ async fn slow_uploaders_cannot_pin_the_concurrency_slots() {
     let dir = ProxyDir::new();
     // Body deadlines far beyond the test: only taking the slot after the
     // body lets the normal requests through.
-    let proxy = start_proxy_with_policy(
+    let proxy = start_plain_proxy_with(
         &dir,
-        &plain_policy(
-            &dir,
-            &sim.url,
-            "[limits]\nmax_concurrent_requests = 2\n\
+        &sim.url,
+        "[limits]\nmax_concurrent_requests = 2\n\
              client_body_timeout_ms = 120000\nclient_body_idle_timeout_ms = 120000\n",
-        ),
-        &[],
     );
     let mut uploaders = Vec::new();
     for _ in 0..4 {
@@ -256,14 +252,10 @@ async fn slow_uploaders_cannot_pin_the_concurrency_slots() {
 async fn stalled_and_trickling_bodies_get_408_within_their_deadlines() {
     let sim = start_sim(&[]);
     let dir = ProxyDir::new();
-    let proxy = start_proxy_with_policy(
+    let proxy = start_plain_proxy_with(
         &dir,
-        &plain_policy(
-            &dir,
-            &sim.url,
-            "[limits]\nclient_body_timeout_ms = 2500\nclient_body_idle_timeout_ms = 800\n",
-        ),
-        &[],
+        &sim.url,
+        "[limits]\nclient_body_timeout_ms = 2500\nclient_body_idle_timeout_ms = 800\n",
     );
     let url = proxy.url.clone();
 
@@ -364,14 +356,10 @@ async fn stalled_and_trickling_bodies_get_408_within_their_deadlines() {
 async fn unfinished_heads_and_idle_keepalive_connections_are_closed() {
     let sim = start_sim(&[]);
     let dir = ProxyDir::new();
-    let proxy = start_proxy_with_policy(
+    let proxy = start_plain_proxy_with(
         &dir,
-        &plain_policy(
-            &dir,
-            &sim.url,
-            "[limits]\nclient_header_timeout_ms = 700\nclient_keepalive_timeout_ms = 1500\n",
-        ),
-        &[],
+        &sim.url,
+        "[limits]\nclient_header_timeout_ms = 700\nclient_keepalive_timeout_ms = 1500\n",
     );
     let url = proxy.url.clone();
     let header = Duration::from_millis(700);
@@ -451,15 +439,11 @@ async fn connections_beyond_max_connections_neither_starve_nor_evict_requests() 
     let sim = start_sim(&[]);
     let dir = ProxyDir::new();
     // Idle sockets never time out during the test; bodies stall for 1.5 s.
-    let proxy = start_proxy_with_policy(
+    let proxy = start_plain_proxy_with(
         &dir,
-        &plain_policy(
-            &dir,
-            &sim.url,
-            "[limits]\nmax_connections = 8\nclient_header_timeout_ms = 60000\n\
+        &sim.url,
+        "[limits]\nmax_connections = 8\nclient_header_timeout_ms = 60000\n\
              client_keepalive_timeout_ms = 60000\nclient_body_idle_timeout_ms = 1500\n",
-        ),
-        &[],
     );
     let url = proxy.url.clone();
 
@@ -508,11 +492,7 @@ async fn connections_beyond_max_connections_neither_starve_nor_evict_requests() 
 async fn a_client_that_reads_nothing_is_dropped_at_the_write_deadline() {
     let sim = start_sim(&[]);
     let dir = ProxyDir::new();
-    let proxy = start_proxy_with_policy(
-        &dir,
-        &plain_policy(&dir, &sim.url, "[limits]\nclient_write_timeout_ms = 800\n"),
-        &[],
-    );
+    let proxy = start_plain_proxy_with(&dir, &sim.url, "[limits]\nclient_write_timeout_ms = 800\n");
     // A small receive buffer, and 4,000 pipelined requests for /metrics (a few
     // KB each): the answers fill both sides' buffers, so the server's writes
     // block while this client reads nothing.
@@ -591,7 +571,7 @@ async fn a_client_that_reads_nothing_is_dropped_at_the_write_deadline() {
 #[tokio::test]
 async fn every_error_has_the_four_keys_and_405_names_allow() {
     let dir = ProxyDir::new();
-    let proxy = start_proxy_with_policy(&dir, &plain_policy(&dir, &closed_url(), ""), &[]);
+    let proxy = start_plain_proxy(&dir, &closed_url());
     let client = client();
     let routes: [(&str, Option<&str>); 9] = [
         ("/v1/chat/completions", Some("POST")),

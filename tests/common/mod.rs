@@ -246,7 +246,12 @@ enabled = false
 
 /// Starts `canarygate serve` as a plain proxy (`[verify] enabled = false`) to `upstream`.
 pub fn start_plain_proxy(dir: &ProxyDir, upstream: &str) -> Running {
-    let policy = plain_policy(dir, upstream, "");
+    start_plain_proxy_with(dir, upstream, "")
+}
+
+/// [`start_plain_proxy`] with `extra` policy sections (`[limits]`, `[audit]`).
+pub fn start_plain_proxy_with(dir: &ProxyDir, upstream: &str, extra: &str) -> Running {
+    let policy = plain_policy(dir, upstream, extra);
     start_proxy_with_policy(dir, &policy, &[])
 }
 
