@@ -8,8 +8,12 @@
 //! 2. [`Verifier::push`] for every content delta of every choice (a
 //!    non-streamed answer is one push per choice). Each push returns the text
 //!    the client may see now, and whether the proxy must stop;
-//!    Tool-call arguments go to [`Verifier::push_tool_arguments`]: scanned
-//!    the same way, held until the end;
+//!    Other texts (reasoning, refusals, tool-call and function arguments) go
+//!    to [`Verifier::push_part`] ([`Verifier::push_tool_arguments`] for tool
+//!    calls): scanned the same way, released with the choice's content.
+//!    [`Verifier::release_of`] gives any text's release as positions in the
+//!    text received (how far the client may see it, and the spans removed),
+//!    for a proxy that edits the provider's own events;
 //! 3. [`Verifier::finish`] with the [`Facts`] of the end of the answer. It
 //!    returns the [`Verdict`], the last text to release per choice and the
 //!    verified tool-call arguments.
@@ -36,6 +40,7 @@
 //!   decided, pass or fail, with the echo and own canaries stripped.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
@@ -412,22 +417,63 @@ pub struct Step {
 pub struct Finished {
     /// All check results.
     pub verdict: Verdict,
-    /// Last text to release, per choice index (empty when withheld).
+    /// Last content to release, per choice index (empty when withheld).
     pub release: Vec<String>,
-    /// Complete, scanned arguments of every tool call fed with
-    /// [`Verifier::push_tool_arguments`] (empty when withheld).
-    pub tool_arguments: Vec<ToolArguments>,
+    /// Every other text fed with [`Verifier::push_part`] (reasoning, refusals,
+    /// tool-call and function arguments): what was not yet taken as a
+    /// [`Step::release`], own canaries removed; tool-call and function
+    /// arguments whole (empty when withheld).
+    pub parts: Vec<PartText>,
 }
 
-/// The verified `function.arguments` of one tool call.
+impl Finished {
+    /// The text of `part` of choice `choice` in [`Finished::parts`], if any.
+    pub fn part(&self, choice: u32, part: Part) -> Option<&str> {
+        self.parts
+            .iter()
+            .find(|text| text.choice == choice && text.part == part)
+            .map(|text| text.text.as_str())
+    }
+}
+
+/// Which text of a choice a piece of model output is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Part {
+    /// The answer's text: the echo is expected at its start.
+    Content,
+    /// The model's reasoning (`reasoning_content`, `reasoning`), which comes
+    /// before the content: scanned like content, held until the choice's echo
+    /// is decided.
+    Reasoning,
+    /// A refusal's text.
+    Refusal,
+    /// The `function.arguments` of tool call `n` of the choice.
+    ToolArguments(u32),
+    /// The `arguments` of a legacy `function_call`.
+    FunctionArguments,
+}
+
+/// The verified text of one part of one choice.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ToolArguments {
+pub struct PartText {
     /// Choice index.
     pub choice: u32,
-    /// Index of the tool call in the choice's `tool_calls`.
-    pub tool_call: u32,
-    /// The arguments, own canaries removed.
-    pub arguments: String,
+    /// Which text.
+    pub part: Part,
+    /// The text, own canaries removed.
+    pub text: String,
+}
+
+/// How much of one text of a choice the client may see, in bytes of the text
+/// as received (the concatenation of its pushed deltas).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Release<'a> {
+    /// Everything received before this offset is decided and may be shown,
+    /// except the `removed` spans.
+    pub through: usize,
+    /// Spans removed from the text (the echo, this request's canaries), in
+    /// order, all before `through` or still undecided text's past.
+    pub removed: &'a [Range<usize>],
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -437,13 +483,38 @@ enum EchoState {
     NotExpected,
 }
 
-#[derive(Debug)]
-struct ChoiceState {
+/// One text of one choice, as received and as decided.
+#[derive(Debug, Default)]
+struct Track {
     /// Received text not yet scanned to a decision (held).
     pending: String,
-    /// Scanned, cleaned text not yet released.
+    /// Scanned, cleaned text not yet taken as a string release.
     ready: String,
+    /// Bytes received before `pending`: scanned, kept or removed.
+    decided: usize,
+    /// Bytes received that the client may see ([`Release::through`]).
+    released: usize,
+    /// Spans removed, in received bytes, in order.
+    removed: Vec<Range<usize>>,
+}
+
+impl Track {
+    fn received(&self) -> usize {
+        self.decided + self.pending.len()
+    }
+}
+
+#[derive(Debug)]
+struct ChoiceState {
+    /// Every text of the choice; `Content` always present.
+    tracks: BTreeMap<Part, Track>,
     echo: EchoState,
+}
+
+impl ChoiceState {
+    fn content(&mut self) -> &mut Track {
+        self.tracks.entry(Part::Content).or_default()
+    }
 }
 
 /// Streaming verifier of one upstream answer (see the module docs).
@@ -467,8 +538,6 @@ pub struct Verifier {
     max_prefill_rate: Option<f64>,
     finish_min_length_tokens: u64,
     choices: Vec<ChoiceState>,
-    /// Tool-call arguments by (choice, tool call index): (pending, ready).
-    tool_arguments: BTreeMap<(u32, u32), (String, String)>,
     findings: Findings,
     unexpected_choice: Option<u32>,
     /// Our estimate of the tokens before the head canary, in the units of
@@ -532,7 +601,6 @@ impl Verifier {
             max_prefill_rate: config.max_prefill_rate(provider),
             finish_min_length_tokens: config.finish_min_length_tokens,
             choices: Vec::new(),
-            tool_arguments: BTreeMap::new(),
             findings: Findings::default(),
             unexpected_choice: None,
             cacheable_prompt_tokens: u64::try_from(cacheable_prompt_tokens)
@@ -680,6 +748,38 @@ impl Verifier {
     /// Feeds a content delta of choice `choice`; returns what the client may
     /// see now (see [`Step`]).
     pub fn push(&mut self, choice: u32, delta: &str, registry: &dyn CanaryRegistry) -> Step {
+        self.push_part(choice, Part::Content, delta, registry)
+    }
+
+    /// Feeds a fragment of the `function.arguments` of tool call `tool_call`
+    /// in choice `choice`; returns true when the proxy must stop. Arguments
+    /// are scanned like content; as strings they come whole in
+    /// [`Finished::parts`], as positions they are released like content
+    /// ([`Verifier::release_of`]).
+    pub fn push_tool_arguments(
+        &mut self,
+        choice: u32,
+        tool_call: u32,
+        delta: &str,
+        registry: &dyn CanaryRegistry,
+    ) -> bool {
+        self.push_part(choice, Part::ToolArguments(tool_call), delta, registry)
+            .stop
+    }
+
+    /// Feeds a delta of `part` of choice `choice`. Every part is scanned for
+    /// canaries; content also carries the echo. The step's release is the
+    /// pushed part's newly released text for content, reasoning and
+    /// refusals, and always empty for arguments (whole in
+    /// [`Finished::parts`]). Whatever the part, [`Verifier::release_of`]
+    /// then tells how much of each text of the choice the client may see.
+    pub fn push_part(
+        &mut self,
+        choice: u32,
+        part: Part,
+        delta: &str,
+        registry: &dyn CanaryRegistry,
+    ) -> Step {
         if self.stopped() {
             return Step {
                 release: String::new(),
@@ -696,48 +796,49 @@ impl Verifier {
         }
         let index = choice as usize;
         self.ensure_choices(index + 1);
-        self.choices[index].pending.push_str(delta);
-        self.process(index, false, registry);
-        let release = self.take_release(index, false);
+        self.choices[index]
+            .tracks
+            .entry(part)
+            .or_default()
+            .pending
+            .push_str(delta);
+        self.process(index, part, false, registry);
+        self.open(index, false);
+        let release = match part {
+            Part::Content | Part::Reasoning | Part::Refusal => {
+                self.take_release(index, part, false)
+            }
+            Part::ToolArguments(_) | Part::FunctionArguments => String::new(),
+        };
         Step {
             release,
             stop: self.stopped(),
         }
     }
 
-    /// Feeds a fragment of the `function.arguments` of tool call `tool_call`
-    /// in choice `choice`. Arguments are scanned like content but never
-    /// released before [`Verifier::finish`] (a client acts on a tool call only
-    /// once it is complete): the proxy holds tool-call deltas and sends
-    /// [`Finished::tool_arguments`] in their place. Returns true when the
-    /// proxy must stop.
-    pub fn push_tool_arguments(
-        &mut self,
-        choice: u32,
-        tool_call: u32,
-        delta: &str,
-        registry: &dyn CanaryRegistry,
-    ) -> bool {
-        if self.stopped() {
-            return true;
+    /// Bytes of `part` of choice `choice` pushed so far.
+    pub fn received(&self, choice: u32, part: Part) -> usize {
+        self.track(choice, part).map_or(0, Track::received)
+    }
+
+    /// How much of `part` of choice `choice` the client may see now (nothing
+    /// before the choice's echo is decided, nothing more after a failure
+    /// under a withholding policy, everything decided once released).
+    pub fn release_of(&self, choice: u32, part: Part) -> Release<'_> {
+        match self.track(choice, part) {
+            Some(track) => Release {
+                through: track.released,
+                removed: &track.removed,
+            },
+            None => Release {
+                through: 0,
+                removed: &[],
+            },
         }
-        if choice >= self.expected_choices {
-            self.unexpected_choice.get_or_insert(choice);
-            self.failed = true;
-            return self.stopped();
-        }
-        let (pending, ready) = self.tool_arguments.entry((choice, tool_call)).or_default();
-        pending.push_str(delta);
-        self.failed |= scan(
-            pending,
-            ready,
-            false,
-            &self.own,
-            registry,
-            choice,
-            &mut self.findings,
-        );
-        self.stopped()
+    }
+
+    fn track(&self, choice: u32, part: Part) -> Option<&Track> {
+        self.choices.get(choice as usize)?.tracks.get(&part)
     }
 
     /// Ends the answer: decides what is still held, runs the end-of-answer
@@ -753,18 +854,10 @@ impl Verifier {
         self.ensure_choices(seen);
         if !stopped_early {
             for index in 0..self.choices.len() {
-                self.process(index, true, registry);
-            }
-            for (&(choice, _), (pending, ready)) in &mut self.tool_arguments {
-                self.failed |= scan(
-                    pending,
-                    ready,
-                    true,
-                    &self.own,
-                    registry,
-                    choice,
-                    &mut self.findings,
-                );
+                let parts: Vec<Part> = self.choices[index].tracks.keys().copied().collect();
+                for part in parts {
+                    self.process(index, part, true, registry);
+                }
             }
         }
         let stopped_reason = stopped_early.then(|| "stopped after an earlier failure".to_owned());
@@ -783,23 +876,33 @@ impl Verifier {
         if !verdict.passed() {
             self.failed = true;
         }
-        let release = (0..self.choices.len())
-            .map(|index| self.take_release(index, true))
-            .collect();
-        let withheld = self.gated && self.failed;
-        let tool_arguments = std::mem::take(&mut self.tool_arguments)
-            .into_iter()
-            .filter(|_| !withheld)
-            .map(|((choice, tool_call), (_, arguments))| ToolArguments {
-                choice,
-                tool_call,
-                arguments,
-            })
-            .collect();
+        let mut release = Vec::with_capacity(self.choices.len());
+        let mut parts = Vec::new();
+        for index in 0..self.choices.len() {
+            self.open(index, true);
+            let others: Vec<Part> = self.choices[index]
+                .tracks
+                .keys()
+                .copied()
+                .filter(|part| *part != Part::Content)
+                .collect();
+            release.push(self.take_release(index, Part::Content, true));
+            for part in others {
+                let text = self.take_release(index, part, true);
+                if self.gated && self.failed {
+                    continue;
+                }
+                parts.push(PartText {
+                    choice: index as u32,
+                    part,
+                    text,
+                });
+            }
+        }
         Finished {
             verdict,
             release,
-            tool_arguments,
+            parts,
         }
     }
 
@@ -810,22 +913,27 @@ impl Verifier {
             } else {
                 EchoState::Waiting
             };
-            self.choices.push(ChoiceState {
-                pending: String::new(),
-                ready: String::new(),
+            let mut state = ChoiceState {
+                tracks: BTreeMap::new(),
                 echo,
-            });
+            };
+            state.content();
+            self.choices.push(state);
         }
     }
 
-    /// Decides as much of choice `index`'s pending text as possible.
-    fn process(&mut self, index: usize, end: bool, registry: &dyn CanaryRegistry) {
+    /// Decides as much of `part` of choice `index` as possible: the echo at
+    /// the start of the content, then canaries.
+    fn process(&mut self, index: usize, part: Part, end: bool, registry: &dyn CanaryRegistry) {
         let state = &mut self.choices[index];
-        if state.echo == EchoState::Waiting {
-            match match_echo(&state.pending, &self.echo, end) {
+        if part == Part::Content && state.echo == EchoState::Waiting {
+            let track = state.tracks.entry(Part::Content).or_default();
+            match match_echo(&track.pending, &self.echo, end) {
                 EchoMatch::Pending => return,
                 EchoMatch::Passed(len) => {
-                    state.pending.drain(..len);
+                    track.pending.drain(..len);
+                    track.removed.push(track.decided..track.decided + len);
+                    track.decided += len;
                     state.echo = EchoState::Done(EchoOutcome::Passed);
                 }
                 EchoMatch::Failed(outcome) => {
@@ -834,9 +942,9 @@ impl Verifier {
                 }
             }
         }
+        let track = state.tracks.entry(part).or_default();
         let found = scan(
-            &mut state.pending,
-            &mut state.ready,
+            track,
             end,
             &self.own,
             registry,
@@ -846,20 +954,47 @@ impl Verifier {
         self.failed |= found;
         if self.failed && self.gated {
             // Withheld for good: keep nothing that could be released later.
-            state.ready.clear();
+            for track in state.tracks.values_mut() {
+                track.ready.clear();
+            }
         }
     }
 
-    /// Takes choice `index`'s ready text if the policy lets it out now.
-    fn take_release(&mut self, index: usize, at_finish: bool) -> String {
-        let state = &mut self.choices[index];
+    /// Whether choice `index`'s decided text may reach the client now.
+    fn may_release(&self, index: usize, at_finish: bool) -> bool {
         let withheld = self.gated && self.failed;
-        let allowed = state.echo != EchoState::Waiting
-            && (at_finish || self.release == ReleasePolicy::EchoFirst);
-        if withheld || !allowed {
+        !withheld
+            && self.choices[index].echo != EchoState::Waiting
+            && (at_finish || self.release == ReleasePolicy::EchoFirst)
+    }
+
+    /// Releases, as positions, everything decided of choice `index` if the
+    /// policy lets it out now.
+    fn open(&mut self, index: usize, at_finish: bool) {
+        if !self.may_release(index, at_finish) {
+            return;
+        }
+        for track in self.choices[index].tracks.values_mut() {
+            let newly = track.released..track.decided;
+            let removed: usize = track
+                .removed
+                .iter()
+                .map(|span| span.end.min(newly.end).saturating_sub(span.start.max(newly.start)))
+                .sum();
+            self.released_any |= newly.len() > removed;
+            track.released = track.decided;
+        }
+    }
+
+    /// Takes `part` of choice `index`'s ready text if the policy lets it out now.
+    fn take_release(&mut self, index: usize, part: Part, at_finish: bool) -> String {
+        if !self.may_release(index, at_finish) {
             return String::new();
         }
-        let text = std::mem::take(&mut state.ready);
+        let Some(track) = self.choices[index].tracks.get_mut(&part) else {
+            return String::new();
+        };
+        let text = std::mem::take(&mut track.ready);
         self.released_any |= !text.is_empty();
         text
     }
@@ -1052,19 +1187,19 @@ struct Findings {
     lookalikes: u64,
 }
 
-/// Moves the decided part of `pending` to `ready`, without own canaries;
-/// keeps in `pending` a suffix that may still grow into a canary (nothing
-/// when `end`). Returns true when a foreign canary was found.
+/// Moves the decided part of the track's pending text to `ready`, without
+/// own canaries (recorded as removed spans); keeps pending a suffix that may
+/// still grow into a canary (nothing when `end`). Returns true when a
+/// foreign canary was found.
 fn scan(
-    pending: &mut String,
-    ready: &mut String,
+    track: &mut Track,
     end: bool,
     own: &[Canary; 2],
     registry: &dyn CanaryRegistry,
     choice: u32,
     findings: &mut Findings,
 ) -> bool {
-    let text = std::mem::take(pending);
+    let text = std::mem::take(&mut track.pending);
     let bytes = text.as_bytes();
     let mut foreign = false;
     let mut copied = 0;
@@ -1081,7 +1216,10 @@ fn scan(
             Shape::Partial | Shape::NoMatch => {}
             Shape::Complete { canary, end: stop } => {
                 if own.contains(&canary) {
-                    ready.push_str(&text[copied..start]);
+                    track.ready.push_str(&text[copied..start]);
+                    track
+                        .removed
+                        .push(track.decided + start..track.decided + stop);
                     copied = stop;
                     from = stop;
                 } else if let Some(owner) = registry.owner(&canary) {
@@ -1101,8 +1239,9 @@ fn scan(
             }
         }
     }
-    ready.push_str(&text[copied..held]);
-    pending.push_str(&text[held..]);
+    track.ready.push_str(&text[copied..held]);
+    track.pending.push_str(&text[held..]);
+    track.decided += held;
     foreign
 }
 

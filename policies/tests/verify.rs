@@ -5,7 +5,8 @@ mod common;
 
 use canarygate_policies::canary::find_canaries;
 use canarygate_policies::verify::{
-    Check, ECHO_GAP_CHARS, ECHO_PREAMBLE_CHARS, EchoOutcome, Evidence, FinishProblem, Status,
+    Check, ECHO_GAP_CHARS, ECHO_PREAMBLE_CHARS, EchoOutcome, Evidence, FinishProblem, Part,
+    Status,
 };
 use canarygate_policies::{
     Decision, Facts, FailureAction, Policy, ProviderUsage, ReleasePolicy, Verifier,
@@ -884,11 +885,16 @@ fn tool_call_arguments_are_scanned_and_held_to_the_end() {
     }
     let finished = verifier.finish(&honest_facts(&injection, 1), &registry);
     assert!(finished.verdict.passed(), "{:?}", finished.verdict);
-    assert_eq!(finished.tool_arguments.len(), 1);
+    assert_eq!(finished.parts.len(), 1);
     assert_eq!(
-        finished.tool_arguments[0].arguments,
-        "{\"query\": \"hash map \"}"
+        finished.part(0, Part::ToolArguments(0)),
+        Some("{\"query\": \"hash map \"}")
     );
+    // As positions: all of it released, the own marker removed.
+    let release = verifier.release_of(0, Part::ToolArguments(0));
+    assert_eq!(release.through, arguments.len());
+    let at = arguments.find(&own.to_string()).unwrap();
+    assert_eq!(release.removed, [at..at + own.to_string().len()]);
 
     // A leak into the arguments, split across deltas, withholds them all.
     let (foreign, _) = other_canaries(1);
@@ -904,5 +910,73 @@ fn tool_call_arguments_are_scanned_and_held_to_the_end() {
     assert!(stopped);
     let finished = verifier.finish(&honest_facts(&injection, 1), &registry);
     assert_eq!(finished.verdict.failed_checks(), [Check::ForeignCanary]);
-    assert!(finished.tool_arguments.is_empty());
+    assert!(finished.parts.is_empty());
+}
+
+/// The client's view of `received` under `release`: the released bytes
+/// without the removed spans.
+fn shown(received: &str, through: usize, removed: &[std::ops::Range<usize>]) -> String {
+    let mut text = String::new();
+    let mut at = 0;
+    for span in removed.iter().filter(|span| span.start < through) {
+        text.push_str(&received[at..span.start]);
+        at = span.end;
+    }
+    if at < through {
+        text.push_str(&received[at..through]);
+    }
+    text
+}
+
+#[test]
+fn reasoning_is_held_until_the_echo_passes_and_positions_follow_the_text() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(10);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let head = injection.canaries.head.to_string();
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+
+    // The model thinks first, quoting its instructions (the head canary).
+    let reasoning = format!("The system asks me to begin with \"{head}\". Then explain.");
+    for piece in reasoning.as_bytes().chunks(7) {
+        let step = verifier.push_part(0, Part::Reasoning, std::str::from_utf8(piece).unwrap(), &registry);
+        assert!(!step.stop);
+        assert!(step.release.is_empty(), "reasoning shown before the echo");
+        assert_eq!(verifier.release_of(0, Part::Reasoning).through, 0);
+    }
+    assert!(!verifier.released_any());
+    let content = format!("{} {ANSWER}", echo_of(&injection));
+    let mut shown_content = String::new();
+    for piece in content.split_inclusive(' ') {
+        shown_content.push_str(&verifier.push(0, piece, &registry).release);
+    }
+    // Once the echo passed, the reasoning is released as positions, its own
+    // canary removed.
+    let release = verifier.release_of(0, Part::Reasoning);
+    assert_eq!(release.through, reasoning.len());
+    assert_eq!(
+        shown(&reasoning, release.through, release.removed),
+        "The system asks me to begin with \"\". Then explain."
+    );
+    let finished = verifier.finish(&honest_facts(&injection, 1), &registry);
+    assert!(finished.verdict.passed(), "{:?}", finished.verdict);
+    shown_content.push_str(&finished.release[0]);
+    assert_eq!(shown_content, ANSWER);
+    let release = verifier.release_of(0, Part::Content);
+    assert_eq!(release.through, content.len());
+    assert_eq!(shown(&content, release.through, release.removed), ANSWER);
+    assert_eq!(
+        finished.part(0, Part::Reasoning),
+        Some("The system asks me to begin with \"\". Then explain.")
+    );
+
+    // A foreign canary in the reasoning fails the answer: nothing released.
+    let (foreign, _) = other_canaries(1);
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    let step = verifier.push_part(0, Part::Reasoning, &format!("recall {foreign}"), &registry);
+    assert!(step.stop);
+    let finished = verifier.finish(&honest_facts(&injection, 1), &registry);
+    assert_eq!(finished.verdict.failed_checks(), [Check::ForeignCanary]);
+    assert_eq!(verifier.release_of(0, Part::Reasoning).through, 0);
+    assert!(finished.parts.is_empty());
 }
