@@ -34,6 +34,8 @@ fn record(request_id: String) -> RequestRecord {
         route: Route::Upstream,
         prompt_tokens_ours: Some(12),
         prompt_tokens_provider: Some(12),
+        provider_request_id: None,
+        overhead_tokens: None,
         canary_ids: vec![],
         checks: vec![],
         verdict: VerdictSummary::Pass,

@@ -28,6 +28,8 @@ fn record(n: u64) -> RequestRecord {
         route: Route::Upstream,
         prompt_tokens_ours: Some(1234),
         prompt_tokens_provider: Some(1230),
+        provider_request_id: None,
+        overhead_tokens: None,
         canary_ids: vec!["c1".into(), "c2".into()],
         checks: ["echo", "foreign_canary", "prompt_tokens", "ttft", "finish"]
             .iter()

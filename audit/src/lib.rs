@@ -36,7 +36,7 @@ pub use log::{AuditLog, AuditOptions, CommitMode, DEFAULT_SAMPLE_RATE};
 pub use record::{
     Action, CheckRecord, CheckpointEntry, Entry, GENESIS_HASH, Latency, NewRecord, Outcome, Record,
     RecordId, RequestEntry, RequestRecord, ReviewEntry, ReviewVerdict, Route, Sample, SampleRef,
-    VerdictSummary, chain_hash, sha256_hex,
+    TokenOverhead, VerdictSummary, chain_hash, sha256_hex,
 };
 pub use secret::{SampleKey, Secrets, hmac_sha256};
 pub use store::{CanaryEntry, Retire, STORE_FILE};

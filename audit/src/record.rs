@@ -121,6 +121,17 @@ pub struct Latency {
     pub overhead_ms: u64,
 }
 
+/// canarygate's own tokens in one exchange.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenOverhead {
+    /// Prompt tokens it added (the canaries and their instructions), by its
+    /// estimate.
+    pub prompt: u64,
+    /// Completion tokens the provider generated that the client did not get:
+    /// the echo and canaries removed, the tokens cut at the client's limit.
+    pub completion: u64,
+}
+
 /// What is recorded about one request. Every string here must already be
 /// safe to store: hashes for sessions and credentials, ids for canaries.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -143,6 +154,13 @@ pub struct RequestRecord {
     pub prompt_tokens_ours: Option<u64>,
     /// The provider's `usage.prompt_tokens`, when it reported one.
     pub prompt_tokens_provider: Option<u64>,
+    /// The provider's own id for the request (its `x-request-id` or
+    /// `request-id` header), when it sent one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_request_id: Option<String>,
+    /// canarygate's own tokens in the exchange, when it verified an answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub overhead_tokens: Option<TokenOverhead>,
     /// Ids of the canaries minted for this request (never their values).
     pub canary_ids: Vec<String>,
     /// Checks that ran, in order.

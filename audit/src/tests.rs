@@ -46,6 +46,8 @@ pub(crate) fn request(log: &AuditLog, n: u64, failed: bool) -> RequestRecord {
         },
         prompt_tokens_ours: Some(100 + n),
         prompt_tokens_provider: Some(if failed { 1 } else { 100 + n }),
+        provider_request_id: None,
+        overhead_tokens: None,
         canary_ids: vec![format!("c{n}")],
         checks: vec![
             CheckRecord {

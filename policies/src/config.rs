@@ -388,6 +388,15 @@ impl Policy {
         })
     }
 
+    /// The provider of the wildcard route (`model = "*"`, always the last
+    /// route), if there is one.
+    pub fn wildcard_provider(&self) -> Option<&str> {
+        self.routes
+            .iter()
+            .find(|route| route.model.get_ref() == ANY_MODEL)
+            .map(|route| route.provider.get_ref().as_str())
+    }
+
     /// Model names clients can ask for by name (wildcard routes excluded).
     pub fn named_models(&self) -> impl Iterator<Item = &str> {
         self.routes

@@ -113,6 +113,9 @@ pub struct Injection {
     pub client_wants_usage: bool,
     /// Our prompt-token estimate of the modified request ([`crate::tokens`]).
     pub prompt_tokens_estimate: u64,
+    /// Of those, the tokens canarygate added (the blocks and any message of
+    /// ours), by the same estimate.
+    pub prompt_tokens_added: u64,
     /// Our estimate of the prompt tokens before the head canary: the longest
     /// prefix this request can share with an earlier one, so the most a
     /// provider's prompt cache can honestly hold of it (the canary is fresh,
@@ -225,6 +228,7 @@ pub fn inject(
         .get_mut("messages")
         .and_then(Value::as_array_mut)
         .ok_or(InjectError::NoMessages)?;
+    let prompt_tokens_before = count_chat_messages(messages);
     placement.apply(messages, head_block, tail_block);
     let prompt_tokens_estimate = count_chat_messages(messages);
     let cacheable_prompt_tokens = tokens_before(&messages[0], head);
@@ -238,6 +242,7 @@ pub fn inject(
         client_max_tokens,
         client_wants_usage,
         prompt_tokens_estimate,
+        prompt_tokens_added: prompt_tokens_estimate.saturating_sub(prompt_tokens_before),
         cacheable_prompt_tokens,
     })
 }

@@ -549,6 +549,8 @@ pub struct Verifier {
     ttft_pending: Option<PendingTtft>,
     failed: bool,
     released_any: bool,
+    /// [`Verifier::finish`] ran.
+    finished: bool,
 }
 
 /// A `ttft` decision waiting for the provider's usage.
@@ -610,6 +612,7 @@ impl Verifier {
             ttft_pending: None,
             failed: false,
             released_any: false,
+            finished: false,
         }
     }
 
@@ -845,6 +848,7 @@ impl Verifier {
     /// checks and returns the verdict with the last text per choice.
     pub fn finish(&mut self, facts: &Facts, registry: &dyn CanaryRegistry) -> Finished {
         let stopped_early = self.stopped();
+        self.finished = true;
         let seen = facts
             .finish_reasons
             .len()
@@ -958,6 +962,22 @@ impl Verifier {
                 track.ready.clear();
             }
         }
+    }
+
+    /// Whether anything of choice `choice` may reach the client now: its
+    /// echo is decided (or none is asked), the policy releases before the
+    /// verdict (`echo-first`), and nothing failed that withholds the answer.
+    /// After [`Verifier::finish`], only failures withhold.
+    pub fn may_show(&self, choice: u32) -> bool {
+        let index = choice as usize;
+        if index < self.choices.len() {
+            return self.may_release(index, self.finished);
+        }
+        // Nothing of it arrived yet: as a fresh choice would be.
+        let withheld = self.gated && self.failed;
+        !withheld
+            && (self.finished
+                || self.echo.is_empty() && self.release == ReleasePolicy::EchoFirst)
     }
 
     /// Whether choice `index`'s decided text may reach the client now.

@@ -55,6 +55,20 @@ pub enum FailureAction {
     Fallback,
 }
 
+/// Which `usage` numbers the client gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UsageReport {
+    /// The provider's billed numbers, unchanged.
+    #[default]
+    Provider,
+    /// As the client would have seen them without canarygate: the prompt
+    /// tokens it added and the completion tokens it removed (the echo) or
+    /// cut (past the client's limit) taken out. For client-side cost
+    /// trackers that compare usage with their own counts.
+    WithoutCanarygate,
+}
+
 /// `[verify]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -89,6 +103,10 @@ pub struct VerifyConfig {
     /// `finish_reason: "length"` with fewer completion tokens than this (and
     /// fewer than the client's own `max_tokens`) fails the finish check.
     pub finish_min_length_tokens: u64,
+    /// `"provider"` (default): `usage` is the provider's billed numbers;
+    /// `"without-canarygate"`: canarygate's own tokens taken out. Either way
+    /// they are in `x-canarygate-overhead-tokens` and the audit record.
+    pub usage: UsageReport,
 }
 
 impl Default for VerifyConfig {
@@ -106,6 +124,7 @@ impl Default for VerifyConfig {
             ttft_min_prompt_tokens: 4096,
             max_prefill_tokens_per_second: HashMap::new(),
             finish_min_length_tokens: 4,
+            usage: UsageReport::default(),
         }
     }
 }

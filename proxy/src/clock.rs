@@ -49,6 +49,11 @@ impl RequestClock {
         self.waiting += duration;
     }
 
+    /// The metrics the request counts in.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// The proxy's own time so far.
     pub fn overhead(&self) -> Duration {
         self.start.elapsed().saturating_sub(self.waiting)

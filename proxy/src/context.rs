@@ -3,7 +3,7 @@
 //! who served it).
 
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -15,7 +15,7 @@ use crate::clock::RequestClock;
 use crate::error::{ApiError, ErrorCode};
 use crate::identity::Caller;
 use crate::state::AppState;
-use crate::upstream::Upstream;
+use crate::upstream::{Upstream, relayed_headers};
 use crate::wire::{ClientRequest, WireFormat};
 
 /// Response header carrying the id of the request (also in the audit log).
@@ -29,6 +29,14 @@ pub const VERDICT_HEADER: &str = "x-canarygate-verdict";
 
 /// Response header naming who answered: `upstream` or `local`.
 pub const SERVED_BY_HEADER: &str = "x-canarygate-served-by";
+
+/// Response header with canarygate's own tokens in the answer:
+/// `prompt=41, completion=12` (a stream's head says `completion=pending`;
+/// its last comment carries the number).
+pub const OVERHEAD_HEADER: &str = "x-canarygate-overhead-tokens";
+
+/// Response headers naming the provider's id for the request.
+const PROVIDER_REQUEST_ID_HEADERS: [&str; 2] = ["x-request-id", "request-id"];
 
 /// Request headers forwarded to the provider besides `Authorization`.
 const FORWARDED_HEADERS: [&str; 3] = ["openai-organization", "openai-project", "openai-beta"];
@@ -53,6 +61,9 @@ pub struct RequestContext<'a, W> {
     session_header: HeaderValue,
     /// `model` sent upstream.
     upstream_model: &'a str,
+    /// What of the provider's last response head the client gets
+    /// ([`relayed_headers`]): rate limits, retry hints, its request id.
+    provider_headers: Mutex<HeaderMap>,
     wire: PhantomData<W>,
 }
 
@@ -75,6 +86,7 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
             local_model: route.local_model,
             client_headers: headers,
             upstream_model: route.upstream_model,
+            provider_headers: Mutex::new(HeaderMap::new()),
             wire: PhantomData,
         })
     }
@@ -130,8 +142,31 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
                 ),
             )),
             Ok(Err(error)) => Err(upstream.send_error(&error)),
-            Ok(Ok(response)) => Ok(response),
+            Ok(Ok(response)) => {
+                *self.provider_headers() = relayed_headers(response.headers());
+                Ok(response)
+            }
         }
+    }
+
+    fn provider_headers(&self) -> std::sync::MutexGuard<'_, HeaderMap> {
+        self.provider_headers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The provider's id for its last response to this request, if it sent one.
+    pub fn provider_request_id(&self) -> Option<String> {
+        let headers = self.provider_headers();
+        PROVIDER_REQUEST_ID_HEADERS
+            .iter()
+            .find_map(|name| headers.get(*name)?.to_str().ok())
+            .map(str::to_owned)
+    }
+
+    /// Stops passing the provider's headers on (the local engine answers).
+    pub fn forget_provider_headers(&self) {
+        self.provider_headers().clear();
     }
 
     /// A JSON response carrying the session (and verdict, when known) headers.
@@ -175,6 +210,11 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
 
     fn tag(&self, response: &mut Response, verdict: Option<&str>) {
         let headers = response.headers_mut();
+        for (name, value) in self.provider_headers().iter() {
+            if !headers.contains_key(name) {
+                headers.append(name.clone(), value.clone());
+            }
+        }
         headers.insert(
             HeaderName::from_static(SESSION_ID_HEADER),
             self.session_header.clone(),

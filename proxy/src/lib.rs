@@ -41,7 +41,9 @@ mod trail;
 mod upstream;
 mod wire;
 
-pub use context::{REQUEST_ID_HEADER, SERVED_BY_HEADER, SESSION_ID_HEADER, VERDICT_HEADER};
+pub use context::{
+    OVERHEAD_HEADER, REQUEST_ID_HEADER, SERVED_BY_HEADER, SESSION_ID_HEADER, VERDICT_HEADER,
+};
 pub use engine::LocalEngineError;
 pub use identity::client_key_hash;
 pub use paths::local::LOCAL_REASON_HEADER;

@@ -17,6 +17,13 @@ pub struct RequestLabels {
     pub status: u16,
 }
 
+/// Labels of the overhead-token counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLabels {
+    /// `prompt` or `completion`.
+    pub kind: &'static str,
+}
+
 /// Labels of the client-timeout counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TimeoutLabels {
@@ -53,6 +60,7 @@ pub struct Metrics {
     client_connections: Gauge,
     client_connections_evicted: Counter,
     client_timeouts: Family<TimeoutLabels, Counter>,
+    overhead_tokens: Family<TokenLabels, Counter>,
 }
 
 impl Metrics {
@@ -108,6 +116,13 @@ impl Metrics {
              idle past the keep-alive timeout, or reading nothing of an answer, by phase",
             client_timeouts.clone(),
         );
+        let overhead_tokens = Family::<TokenLabels, Counter>::default();
+        registry.register(
+            "overhead_tokens",
+            "canarygate's own tokens in verified answers: prompt tokens it added, completion \
+             tokens the client did not get (the echo, canaries, tokens cut at its limit), by kind",
+            overhead_tokens.clone(),
+        );
         Self {
             registry,
             requests,
@@ -118,6 +133,16 @@ impl Metrics {
             client_connections,
             client_connections_evicted,
             client_timeouts,
+            overhead_tokens,
+        }
+    }
+
+    /// Counts canarygate's own tokens in one verified answer.
+    pub fn count_overhead_tokens(&self, prompt: u64, completion: u64) {
+        for (kind, tokens) in [("prompt", prompt), ("completion", completion)] {
+            self.overhead_tokens
+                .get_or_create(&TokenLabels { kind })
+                .inc_by(tokens);
         }
     }
 

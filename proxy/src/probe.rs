@@ -359,8 +359,12 @@ impl Prober<'_> {
         let view = Chat::read_answer(answer);
         let first = view.choices.first();
         let content = first
-            .and_then(|choice| choice.texts.first())
-            .filter(|field| field.kind == crate::wire::TextKind::Content)
+            .and_then(|choice| {
+                choice
+                    .texts
+                    .iter()
+                    .find(|field| field.kind == canarygate_policies::verify::Part::Content)
+            })
             .map_or("", |field| field.text(answer));
         step.prompt_tokens_reported = view.usage.map(|usage| usage.prompt_tokens);
         step.recalled = recalled(content, &prompt.needles) as u32;

@@ -9,7 +9,7 @@ use std::time::Instant;
 use axum::http::StatusCode;
 use canarygate_audit::{
     Action, AuditError, AuditLog, CheckRecord, Latency, NewRecord, Outcome, RequestRecord, Route,
-    Sample, VerdictSummary, sha256_hex, should_sample,
+    Sample, TokenOverhead, VerdictSummary, sha256_hex, should_sample,
 };
 use canarygate_policies::canary::find_canaries;
 use canarygate_policies::verify::Verdict;
@@ -61,6 +61,8 @@ pub struct Trail {
     model: Option<String>,
     prompt_tokens_ours: Option<u64>,
     prompt_tokens_provider: Option<u64>,
+    provider_request_id: Option<String>,
+    overhead_tokens: Option<TokenOverhead>,
     canary_ids: Vec<String>,
     verdict: Option<Verdict>,
     ttfb_ms: Option<u64>,
@@ -89,6 +91,8 @@ impl Trail {
             model: None,
             prompt_tokens_ours: None,
             prompt_tokens_provider: None,
+            provider_request_id: None,
+            overhead_tokens: None,
             canary_ids: Vec::new(),
             verdict: None,
             ttfb_ms: None,
@@ -153,6 +157,18 @@ impl Trail {
     /// Records the prompt tokens the answering side reports.
     pub fn prompt_tokens_provider(&mut self, tokens: Option<u64>) {
         self.prompt_tokens_provider = tokens;
+    }
+
+    /// Records the provider's own id for the request.
+    pub fn provider_request_id(&mut self, id: Option<String>) {
+        self.provider_request_id = id;
+    }
+
+    /// Records canarygate's own tokens in the answer (and counts them in
+    /// the metrics).
+    pub fn overhead_tokens(&mut self, prompt: u64, completion: u64) {
+        self.clock.metrics().count_overhead_tokens(prompt, completion);
+        self.overhead_tokens = Some(TokenOverhead { prompt, completion });
     }
 
     /// Records the id (never the value) of a canary of this request.
@@ -250,6 +266,8 @@ impl Trail {
             route: self.route,
             prompt_tokens_ours: self.prompt_tokens_ours,
             prompt_tokens_provider: self.prompt_tokens_provider,
+            provider_request_id: self.provider_request_id,
+            overhead_tokens: self.overhead_tokens,
             canary_ids: self.canary_ids,
             checks,
             verdict: VerdictSummary::of(self.verdict.as_ref()),

@@ -3,16 +3,18 @@
 //! deadlines, and mapping what can go wrong to the client-facing
 //! [`ApiError`].
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use canarygate_policies::config::{AuthMode, Policy, ProviderConfig};
 use futures_util::StreamExt;
 
 use crate::clock::RequestClock;
 use crate::error::{ApiError, ErrorCode, error_chain};
 use crate::identity::bearer;
+use crate::wire::edit::TokenCounter;
 
 /// Largest upstream response body read for a non-streaming request.
 const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
@@ -136,8 +138,9 @@ pub struct Upstream {
     client: reqwest::Client,
     /// Provider key from `api_key_env`, attached in managed auth.
     managed_key: Option<HeaderValue>,
-    /// The provider's tokenizer (`tokenizer_file`), for exact prompt counts.
-    tokenizer: Option<tokenizers::Tokenizer>,
+    /// The provider's tokenizer (`tokenizer_file`), for exact prompt counts
+    /// and completion cuts.
+    tokenizer: Option<Arc<tokenizers::Tokenizer>>,
 }
 
 impl Upstream {
@@ -197,13 +200,13 @@ impl Upstream {
             AuthMode::Passthrough => None,
         };
         let tokenizer = match &provider.tokenizer_file {
-            Some(path) => Some(tokenizers::Tokenizer::from_file(path).map_err(|error| {
+            Some(path) => Some(Arc::new(tokenizers::Tokenizer::from_file(path).map_err(|error| {
                 UpstreamError::Tokenizer {
                     provider: name.clone(),
                     path: path.clone(),
                     problem: error.to_string(),
                 }
-            })?),
+            })?)),
             None => None,
         };
         Ok(Self {
@@ -248,9 +251,72 @@ impl Upstream {
             .unwrap_or_else(|| canarygate_policies::tokens::count_chat_messages(messages))
     }
 
+    /// A completion-token counter: the provider's tokenizer, else a high
+    /// estimate.
+    pub fn token_counter(&self) -> TokenCounter {
+        TokenCounter::new(self.tokenizer.clone())
+    }
+
     /// The provider's key for managed auth, if configured.
     pub fn managed_key(&self) -> Option<&HeaderValue> {
         self.managed_key.as_ref()
+    }
+
+    /// The provider's `GET /models` list (`data`), asked with
+    /// `authorization`; the head within `first_byte`, the body with at most
+    /// `idle` between chunks (the waits count on `clock`). The provider's own
+    /// error answer comes back as [`ModelsError::Provider`], to pass on.
+    pub async fn list_models(
+        &self,
+        clock: &mut RequestClock,
+        authorization: HeaderValue,
+        first_byte: Duration,
+        idle: Duration,
+    ) -> Result<Vec<serde_json::Value>, ModelsError> {
+        let mut url = self.chat_completions_url.clone();
+        url.set_path(&url.path().replace("/chat/completions", "/models"));
+        let request = self
+            .client
+            .get(url)
+            .header(header::AUTHORIZATION, authorization);
+        let response = match clock
+            .wait(tokio::time::timeout(first_byte, request.send()))
+            .await
+        {
+            Err(_) => {
+                return Err(ModelsError::Canarygate(ApiError::new(
+                    ErrorCode::UpstreamTimeout,
+                    format!(
+                        "Provider `{}` sent no model list within {} ms \
+                         (limits.first_byte_timeout_ms).",
+                        self.name,
+                        first_byte.as_millis()
+                    ),
+                )));
+            }
+            Ok(Err(error)) => return Err(ModelsError::Canarygate(self.send_error(&error))),
+            Ok(Ok(response)) => response,
+        };
+        let status = response.status();
+        let body = self
+            .read_whole(clock, response, idle)
+            .await
+            .map_err(ModelsError::Canarygate)?;
+        if !status.is_success() {
+            return Err(ModelsError::Provider(status, body));
+        }
+        let listed = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|list| list.get("data")?.as_array().cloned());
+        listed.ok_or_else(|| {
+            ModelsError::Canarygate(ApiError::new(
+                ErrorCode::UpstreamInvalidJson,
+                format!(
+                    "Provider `{}` answered GET /models without a `data` list.",
+                    self.name
+                ),
+            ))
+        })
     }
 
     /// Whether the provider answers HTTP at all (any status counts), within 5 s.
@@ -383,6 +449,46 @@ impl Upstream {
             ),
         )
     }
+}
+
+/// Why a provider's model list could not be had.
+#[derive(Debug)]
+pub enum ModelsError {
+    /// The provider answered with this error (status, body).
+    Provider(StatusCode, Bytes),
+    /// It could not be asked, or its answer was not a list.
+    Canarygate(ApiError),
+}
+
+/// Provider response headers passed on to the client by name.
+const RELAYED_HEADERS: [&str; 6] = [
+    "retry-after",
+    "retry-after-ms",
+    "x-request-id",
+    "request-id",
+    "openai-processing-ms",
+    "openai-version",
+];
+
+/// Provider response headers passed on to the client by prefix.
+const RELAYED_PREFIXES: [&str; 2] = ["x-ratelimit-", "anthropic-ratelimit-"];
+
+/// What of a provider's response head the client gets: rate limits
+/// (`x-ratelimit-*`, `anthropic-ratelimit-*`), retry hints (`retry-after`,
+/// `retry-after-ms`), the provider's request id, processing time and API
+/// version. An allowlist: hop-by-hop headers, `set-cookie` and anything
+/// else the provider (or a CDN in front of it) sends never reach the client.
+pub fn relayed_headers(headers: &HeaderMap) -> HeaderMap {
+    let mut relayed = HeaderMap::new();
+    for (name, value) in headers {
+        let text = name.as_str();
+        if RELAYED_HEADERS.contains(&text)
+            || RELAYED_PREFIXES.iter().any(|prefix| text.starts_with(prefix))
+        {
+            relayed.append(name.clone(), value.clone());
+        }
+    }
+    relayed
 }
 
 /// Whether the provider answered with an SSE stream.

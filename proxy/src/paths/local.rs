@@ -65,6 +65,9 @@ pub async fn serve<W: WireFormat>(
     trail: &mut Trail,
     permit: &mut Option<OwnedSemaphorePermit>,
 ) -> Result<Served, ApiError> {
+    // The provider's headers (its request id, rate limits) are not about
+    // this answer.
+    context.forget_provider_headers();
     let state = context.state;
     let engine = state.local.as_ref().ok_or_else(|| {
         ApiError::new(

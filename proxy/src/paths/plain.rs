@@ -40,6 +40,7 @@ pub async fn serve<W: WireFormat>(
         .send(trail.clock(), upstream_body, request.stream)
         .await?;
     trail.first_byte(sent_at.elapsed().as_millis() as u64);
+    trail.provider_request_id(context.provider_request_id());
     let status = response.status();
     let upstream = context.upstream;
     if status.is_success() && request.stream && is_event_stream(&response) {

@@ -2,6 +2,7 @@
 //! thin, each hands its request to admission and the pipeline.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -10,16 +11,18 @@ use axum::http::{HeaderMap, HeaderValue, Method, Uri, Version, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::admission::admit;
 use crate::body::{Served, deliver_whole};
-use crate::context::{REQUEST_ID_HEADER, error_response};
+use crate::clock::RequestClock;
+use crate::context::{REQUEST_ID_HEADER, error_response, json_response};
 use crate::error::{ApiError, ErrorCode};
 use crate::metrics::Metrics;
 use crate::pipeline;
 use crate::state::AppState;
 use crate::trail::{PendingTrail, Trail};
+use crate::upstream::ModelsError;
 use crate::wire::WireFormat;
 use crate::wire::chat::Chat;
 
@@ -120,16 +123,71 @@ async fn render_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse
     )
 }
 
-async fn list_models(State(state): State<Arc<AppState>>) -> impl IntoResponse {
-    let data: Vec<_> = state
-        .policy
+/// `GET /v1/models`: the named routes, then, for a wildcard route, the
+/// provider's own list (asked with the provider key in managed auth, the
+/// caller's credentials in passthrough), without duplicates. A provider's
+/// error is passed on; every other failure is an OpenAI-shaped error.
+async fn list_models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let policy = &state.policy;
+    let mut data: Vec<Value> = policy
         .named_models()
         .filter_map(|model| {
-            let route = state.policy.route(model)?;
+            let route = policy.route(model)?;
             Some(json!({"id": model, "object": "model", "created": 0, "owned_by": route.provider}))
         })
         .collect();
-    axum::Json(json!({"object": "list", "data": data}))
+    if let Some(provider) = policy.wildcard_provider() {
+        match provider_models(&state, provider, &headers).await {
+            Ok(models) => {
+                for model in models {
+                    let id = model.get("id").and_then(Value::as_str);
+                    let listed = data
+                        .iter()
+                        .any(|named| named.get("id").and_then(Value::as_str) == id);
+                    if id.is_some() && !listed {
+                        data.push(model);
+                    }
+                }
+            }
+            Err(response) => return response,
+        }
+    }
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// The model list of `provider`, or the response to answer with instead.
+async fn provider_models(
+    state: &AppState,
+    provider: &str,
+    headers: &HeaderMap,
+) -> Result<Vec<Value>, Response> {
+    let fail = |error: &ApiError| error_response::<Chat>(error);
+    let upstream = state
+        .upstreams
+        .named(provider)
+        .map_err(|error| fail(&ApiError::internal(error.to_string())))?;
+    let caller = state.auth.authenticate(headers).map_err(|error| fail(&error))?;
+    let authorization = match upstream.managed_key() {
+        Some(key) => key.clone(),
+        None => caller.passthrough_authorization().map_err(|error| fail(&error))?,
+    };
+    let limits = &state.policy.limits;
+    let mut clock = RequestClock::start(state.metrics.clone());
+    upstream
+        .list_models(
+            &mut clock,
+            authorization,
+            Duration::from_millis(limits.first_byte_timeout_ms),
+            Duration::from_millis(limits.idle_timeout_ms),
+        )
+        .await
+        .map_err(|error| match error {
+            ModelsError::Provider(status, body) if Chat::is_error_body(&body) => {
+                json_response(status, Body::from(body))
+            }
+            ModelsError::Provider(status, body) => fail(&upstream.wrapped_error(status, &body)),
+            ModelsError::Canarygate(error) => fail(&error),
+        })
 }
 
 /// One request of an endpoint in wire format `W`: admitted, served by the

@@ -3,14 +3,16 @@
 //! the parent module's docs).
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use canarygate_policies::inject::{Injection, RequestCanaries};
 use canarygate_policies::sse::SseEvent;
-use canarygate_policies::verify::{Finished, ProviderUsage, Verdict};
+use canarygate_policies::verify::{Part, ProviderUsage, Verdict, Verifier};
 use canarygate_policies::verify_config::EchoMode;
 use serde_json::Value;
 
 use crate::error::ApiError;
+use crate::wire::edit::Delivery;
 
 /// What the pipeline needs of a client request, whatever its format.
 #[derive(Debug)]
@@ -25,26 +27,14 @@ pub struct ClientRequest {
     pub max_tokens: Option<u64>,
 }
 
-/// Which kind of model output a text field holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TextKind {
-    /// The answer's text.
-    Content,
-    /// The arguments of tool call number `call` of the choice.
-    ToolArguments {
-        /// Index of the call in the choice's tool calls.
-        call: u32,
-    },
-}
-
 /// One piece of model output in the provider's JSON: what the verifier reads
 /// and where the verified text goes back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TextField {
     /// Choice index.
     pub choice: u32,
-    /// What the text is.
-    pub kind: TextKind,
+    /// Which text of the choice it is part of.
+    pub kind: Part,
     /// Where the string sits in the provider's answer or event.
     pub at: Location,
 }
@@ -173,26 +163,30 @@ pub struct Chunk {
     pub usage: Option<ProviderUsage>,
 }
 
-/// The end of a delivered stream, for the writer's last events.
-pub struct StreamEnd<'a> {
-    /// The verifier's last release and the scanned tool arguments.
-    pub finished: &'a Finished,
-    /// `finish_reason` per choice, as the provider sent them.
-    pub finish_reasons: &'a [Option<String>],
-    /// The client asked for the usage event itself.
-    pub client_wants_usage: bool,
+impl Chunk {
+    /// Every text field of the chunk, choice by choice.
+    pub fn texts(&self) -> impl Iterator<Item = &TextField> {
+        self.choices.iter().flat_map(|choice| &choice.texts)
+    }
 }
 
-/// The client-facing side of one verified stream.
+/// The client-facing side of one verified stream: the provider's events,
+/// held until the verifier lets their text out, then passed on edited (the
+/// echo and canaries removed, the client's token limit applied), every
+/// other field as the provider sent it.
 pub trait StreamWriter: Send + 'static {
-    /// Sees each provider event as it is read, before its text is verified.
-    fn observe(&mut self, chunk: &Chunk);
-    /// Writes released (verified) content text of choice `choice` to `out`.
-    fn content(&mut self, choice: u32, text: &str, out: &mut Vec<u8>);
-    /// Writes the last events of a delivered answer, up to and excluding
-    /// the end marker.
-    fn finish(&mut self, end: &StreamEnd<'_>, out: &mut Vec<u8>);
-    /// The end marker, carrying the final verdict where the format can.
+    /// Takes one provider event, already fed to the verifier: `spans[i]` is
+    /// the span of its part that text field `i` of [`Chunk::texts`] carried.
+    /// `data` is the event's data as received, for events passed unchanged.
+    fn take(&mut self, chunk: Chunk, data: String, spans: Vec<Range<usize>>);
+    /// Writes to `out`, in order, every event held that `verifier` now lets
+    /// out. `at_end`: the answer was verified and is delivered, so the
+    /// events that end it (finish reasons, usage) go too.
+    fn flush(&mut self, verifier: &Verifier, at_end: bool, out: &mut Vec<u8>);
+    /// What was delivered so far: budgets, cuts, canarygate's own tokens.
+    fn delivery(&self) -> &Delivery;
+    /// The end marker, carrying the final verdict and canarygate's token
+    /// overhead where the format can.
     fn done(&self, verdict: &Verdict) -> Vec<u8>;
 }
 
@@ -233,8 +227,20 @@ pub trait WireFormat: Send + Sync + 'static {
     /// ends without it was cut off).
     fn is_end_marker(event: &SseEvent) -> bool;
 
-    /// A fresh writer for one verified stream.
-    fn stream_writer() -> Self::StreamWriter;
+    /// A fresh writer for one verified stream, delivering by `delivery`.
+    fn stream_writer(delivery: Delivery) -> Self::StreamWriter;
+
+    /// Edits a verified whole answer for the client: each text field of
+    /// `view` (whose span of its part is `spans[i]`, in the order of the
+    /// view's fields) becomes what `verifier` and `delivery` leave of it,
+    /// with what follows the text (logprobs, finish reasons, usage).
+    fn deliver_answer(
+        answer: &mut Value,
+        view: &AnswerView,
+        spans: &[Range<usize>],
+        verifier: &Verifier,
+        delivery: &mut Delivery,
+    );
 
     /// Whether a provider's error body is already in this format (it is
     /// then passed on unchanged).
@@ -248,8 +254,8 @@ pub trait WireFormat: Send + Sync + 'static {
 }
 
 /// Puts `text` at `field.at` in `value` (the provider's answer or event).
-pub fn put_text(value: &mut Value, field: &TextField, text: &str) {
+pub fn put_text(value: &mut Value, field: &TextField, text: String) {
     if let Some(slot) = field.at.get_mut(value) {
-        *slot = Value::String(text.to_owned());
+        *slot = Value::String(text);
     }
 }

@@ -16,21 +16,23 @@
 //!    choices, the client's `max_tokens`).
 //! 3. [`WireFormat::read_answer`] and [`WireFormat::read_event`]: the
 //!    provider's whole answer, or one event of its stream, as text for the
-//!    verifier: every text field with its [`TextKind`] and its place
-//!    ([`TextField::at`], a [`Location`](format::Location) in the provider's own JSON), so
+//!    verifier: every text field with its
+//!    [`Part`](canarygate_policies::verify::Part) and its place
+//!    ([`TextField::at`](format::TextField::at), a [`Location`](format::Location) in the provider's own JSON), so
 //!    the verified text can be put back where it came from
-//!    ([`put_text`]), plus finish reasons and usage.
-//! 4. [`WireFormat::StreamWriter`]: the client-facing stream, fed the
-//!    provider's events as they are read and the verified text as it is
-//!    released. Chat Completions rebuilds its chunks from the verified text
-//!    today; a writer that edits the provider's own events in place (every
-//!    field passes through, only canary text is replaced at
-//!    [`TextField::at`]) fits the same calls.
+//!    ([`put_text`](format::put_text)), plus finish reasons and usage.
+//! 4. [`WireFormat::deliver_answer`] and [`WireFormat::StreamWriter`]: the
+//!    client gets the provider's own answer and events, edited, not rebuilt:
+//!    each text field becomes what the verifier's release leaves of it
+//!    ([`edit`]: the echo and canaries removed, the client's token limit
+//!    applied), and what follows the text (logprobs, finish reasons, usage)
+//!    is edited to match; every other field passes as the provider sent it.
+//!    A stream's events are held until the verifier lets their text out,
+//!    and an event nothing changed goes out as the provider's own bytes.
 //! 5. [`WireFormat::error_body`]: every error in the format's shape.
 
 pub mod chat;
+pub mod edit;
 mod format;
 
-pub use format::{
-    ClientRequest, EventView, StreamEnd, StreamWriter, TextField, TextKind, WireFormat, put_text,
-};
+pub use format::{ClientRequest, EventView, StreamWriter, WireFormat};

@@ -11,6 +11,7 @@ use crate::body::Served;
 use crate::context::RequestContext;
 use crate::error::ApiError;
 use crate::wire::WireFormat;
+use crate::wire::edit::Delivery;
 
 /// What became of one upstream attempt.
 pub enum Decided {
@@ -32,6 +33,8 @@ pub struct Attempt {
     pub sent_at: Instant,
     /// Attempts before this one.
     pub attempt: u32,
+    /// How the verified answer reaches the client.
+    pub delivery: Delivery,
 }
 
 pub fn elapsed_ms(since: Instant) -> u64 {

@@ -19,7 +19,9 @@ use std::time::Instant;
 use attempt::{Attempt, Decided, elapsed_ms};
 use axum::body::Bytes;
 use axum::response::Response;
+use canarygate_policies::inject::Injection;
 use canarygate_policies::verify::Verifier;
+use canarygate_policies::verify_config::UsageReport;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::body::Served;
@@ -28,6 +30,7 @@ use crate::error::ApiError;
 use crate::registry::Owner;
 use crate::trail::Trail;
 use crate::upstream::is_event_stream;
+use crate::wire::edit::{Delivery, UsageOptions};
 use crate::wire::{ClientRequest, WireFormat};
 
 /// What became of a verified request.
@@ -132,10 +135,12 @@ async fn send<W: WireFormat>(
         &context.upstream.name,
         exact_prompt_tokens,
     );
+    let delivery = delivery_of(context, &injection, exact_prompt_tokens);
     let sent_at = Instant::now();
     trail.forwarded();
     let response = context.send(trail.clock(), bytes, injection.stream).await?;
     trail.first_byte(elapsed_ms(sent_at));
+    trail.provider_request_id(context.provider_request_id());
     let status = response.status();
     if !status.is_success() {
         let body = context
@@ -152,7 +157,38 @@ async fn send<W: WireFormat>(
             verifier,
             sent_at,
             attempt,
+            delivery,
         }),
         response,
     ))
+}
+
+/// How the answer to `injection` reaches the client: cut at the client's
+/// `max_tokens` when canarygate raised the provider's limit for the echo,
+/// usage as the policy says, canarygate's prompt tokens (its estimate,
+/// scaled to the provider's tokenizer when there is one).
+fn delivery_of<W: WireFormat>(
+    context: &RequestContext<'_, W>,
+    injection: &Injection,
+    exact_prompt_tokens: Option<u64>,
+) -> Delivery {
+    let overhead_prompt = match exact_prompt_tokens {
+        Some(exact) if injection.prompt_tokens_estimate > 0 => {
+            let scaled = u128::from(injection.prompt_tokens_added) * u128::from(exact)
+                / u128::from(injection.prompt_tokens_estimate);
+            u64::try_from(scaled).unwrap_or(u64::MAX)
+        }
+        _ => injection.prompt_tokens_added,
+    };
+    let raised = !injection.echo.is_empty();
+    Delivery::new(
+        context.upstream.token_counter(),
+        injection.client_max_tokens.filter(|_| raised),
+        UsageOptions {
+            client_wants_usage: injection.client_wants_usage,
+            without_canarygate: context.state.policy.verify.usage
+                == UsageReport::WithoutCanarygate,
+            overhead_prompt,
+        },
+    )
 }

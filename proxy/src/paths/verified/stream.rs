@@ -6,14 +6,16 @@
 //! no byte of the suspect answer. After that the rest goes out through the
 //! audited body ([`crate::body`]), the events of each burst in one write
 //! (see [`crate::relay`]), and a later failure ends the stream with an
-//! explicit error event. What the client sees is written by the wire
-//! format's [`StreamWriter`] from the verified text.
+//! explicit error event. What the client sees is the provider's own events,
+//! held by the wire format's [`StreamWriter`] until the verifier lets their
+//! text out and edited there.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
+use axum::http::HeaderValue;
 use canarygate_policies::sse::{SseEvent, SseParser};
 use canarygate_policies::verify::{Decision, Facts, Finished, ProviderUsage, Verdict};
 use canarygate_policies::verify_config::{FailureAction, ReleasePolicy};
@@ -23,12 +25,12 @@ use tokio::sync::OwnedSemaphorePermit;
 use super::attempt::{Attempt, Decided, blocked, elapsed_ms, set_reason};
 use crate::body::{PendingBody, Served, StreamSource};
 use crate::clock::RequestClock;
-use crate::context::RequestContext;
+use crate::context::{OVERHEAD_HEADER, RequestContext};
 use crate::error::{ApiError, ErrorCode, error_chain};
 use crate::registry::CanaryBook;
 use crate::relay::{COALESCE_BYTES, early_end, interrupted, next_ready, next_within};
 use crate::trail::{Ending, Trail};
-use crate::wire::{EventView, StreamEnd, StreamWriter, TextKind, WireFormat};
+use crate::wire::{EventView, StreamWriter, WireFormat};
 
 /// `x-canarygate-verdict` of a stream whose verdict comes after the head;
 /// the final verdict then goes in the stream's end marker where the format
@@ -56,7 +58,14 @@ pub async fn serve<W: WireFormat>(
         }
         Driven::Stream(verdict) => {
             stream.permit = permit.take();
-            let head = context.event_stream_response(Some(&verdict));
+            let mut head = context.event_stream_response(Some(&verdict));
+            let overhead = format!(
+                "prompt={}, completion=pending",
+                stream.writer.delivery().overhead_prompt()
+            );
+            if let Ok(value) = HeaderValue::from_str(&overhead) {
+                head.headers_mut().insert(OVERHEAD_HEADER, value);
+            }
             Decided::Served(Served::Stream(head, PendingBody::new(stream)))
         }
     }
@@ -118,8 +127,13 @@ struct VerifiedStream<W: WireFormat> {
 }
 
 impl<W: WireFormat> VerifiedStream<W> {
-    fn new(context: &RequestContext<'_, W>, response: reqwest::Response, attempt: Attempt) -> Self {
+    fn new(
+        context: &RequestContext<'_, W>,
+        response: reqwest::Response,
+        attempt: Attempt,
+    ) -> Self {
         let config = &context.state.policy.verify;
+        let delivery = attempt.delivery.clone();
         Self {
             upstream: Box::pin(response.bytes_stream()),
             parser: SseParser::new(),
@@ -129,7 +143,7 @@ impl<W: WireFormat> VerifiedStream<W> {
             provider: context.upstream.name.clone(),
             idle_timeout: context.idle_timeout(),
             registry: context.state.registry.clone(),
-            writer: W::stream_writer(),
+            writer: W::stream_writer(delivery),
             finish_reasons: Vec::new(),
             usage: None,
             ttft_seen: false,
@@ -182,6 +196,10 @@ impl<W: WireFormat> VerifiedStream<W> {
             trail.verdict(verdict);
         }
         trail.prompt_tokens_provider(self.usage.map(|usage| usage.prompt_tokens));
+        if self.end == Some(End::Delivered) {
+            let delivery = self.writer.delivery();
+            trail.overhead_tokens(delivery.overhead_prompt(), delivery.overhead_completion());
+        }
         if self.end == Some(End::Interrupted) {
             trail.upstream_interrupted();
         }
@@ -222,14 +240,14 @@ impl<W: WireFormat> VerifiedStream<W> {
                     if self.end.is_some() {
                         break;
                     }
-                    self.on_event(&event);
+                    self.on_event(event);
                 }
             }
         }
     }
 
-    fn on_event(&mut self, event: &SseEvent) {
-        let chunk = match W::read_event(event) {
+    fn on_event(&mut self, event: SseEvent) {
+        let chunk = match W::read_event(&event) {
             EventView::Done => return self.finalize(Some(true)),
             EventView::Malformed => return self.interrupt("sent an event that is not JSON".into()),
             EventView::Error(message) => {
@@ -237,46 +255,34 @@ impl<W: WireFormat> VerifiedStream<W> {
             }
             EventView::Chunk(chunk) => chunk,
         };
-        self.writer.observe(&chunk);
         if chunk.usage.is_some() {
             self.usage = chunk.usage;
         }
         let registry = self.registry.clone();
         let lookup = registry.lookup();
+        let verifier = &mut self.attempt.verifier;
+        let mut spans = Vec::with_capacity(chunk.texts().count());
+        let mut stop = false;
         for choice in &chunk.choices {
             for field in &choice.texts {
                 let text = field.text(&chunk.event);
-                match field.kind {
-                    TextKind::Content if text.is_empty() => {}
-                    TextKind::Content => {
-                        if !self.ttft_seen {
-                            self.ttft_seen = true;
-                            let ttft = elapsed_ms(self.attempt.sent_at);
-                            if self.attempt.verifier.observe_ttft(ttft) {
-                                return self.finalize(None);
-                            }
-                        }
-                        let step = self.attempt.verifier.push(choice.index, text, lookup);
-                        if !step.release.is_empty() {
-                            self.writer
-                                .content(choice.index, &step.release, &mut self.out);
-                        }
-                        if step.stop {
-                            return self.finalize(None);
-                        }
-                    }
-                    TextKind::ToolArguments { call } => {
-                        let stop = self.attempt.verifier.push_tool_arguments(
-                            choice.index,
-                            call,
-                            text,
-                            lookup,
-                        );
-                        if stop {
-                            return self.finalize(None);
-                        }
+                let start = verifier.received(field.choice, field.kind);
+                spans.push(start..start + text.len());
+                if stop || text.is_empty() {
+                    continue;
+                }
+                if !self.ttft_seen {
+                    // The first generated text of any kind: reasoning
+                    // models think before they answer.
+                    self.ttft_seen = true;
+                    if verifier.observe_ttft(elapsed_ms(self.attempt.sent_at)) {
+                        stop = true;
+                        continue;
                     }
                 }
+                stop = verifier
+                    .push_part(field.choice, field.kind, text, lookup)
+                    .stop;
             }
             set_reason(
                 &mut self.finish_reasons,
@@ -284,25 +290,26 @@ impl<W: WireFormat> VerifiedStream<W> {
                 choice.finish_reason.as_deref(),
             );
         }
+        self.writer.take(chunk, event.data, spans);
+        if stop {
+            return self.finalize(None);
+        }
+        self.writer
+            .flush(&self.attempt.verifier, false, &mut self.out);
     }
 
     /// Ends verification. `done`: whether the end marker arrived (`None`
     /// when we stopped reading ourselves).
     fn finalize(&mut self, done: Option<bool>) {
         let finished = self.finish_verifier(done);
-        let released =
-            self.committed || !self.out.is_empty() || self.attempt.verifier.released_any();
+        let released = self.committed || !self.out.is_empty();
         let decision = finished
             .verdict
             .decide(self.action, self.attempt.attempt, released);
         match decision {
             Decision::Deliver | Decision::Flag => {
-                let end = StreamEnd {
-                    finished: &finished,
-                    finish_reasons: &self.finish_reasons,
-                    client_wants_usage: self.attempt.injection.client_wants_usage,
-                };
-                self.writer.finish(&end, &mut self.out);
+                self.writer
+                    .flush(&self.attempt.verifier, true, &mut self.out);
                 self.tail = Some(self.writer.done(&finished.verdict));
                 self.end = Some(End::Delivered);
             }

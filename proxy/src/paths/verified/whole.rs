@@ -1,16 +1,17 @@
-//! A non-streamed answer: read whole, verify, put the verified text back
-//! where it came from.
+//! A non-streamed answer: read whole, verify, and deliver the provider's
+//! own answer edited (the wire format's [`WireFormat::deliver_answer`]).
 
 use axum::body::Body;
-use canarygate_policies::verify::{Decision, Facts, Finished};
+use axum::http::HeaderValue;
+use canarygate_policies::verify::{Decision, Facts};
 use serde_json::Value;
 
 use super::attempt::{Attempt, Decided, blocked, elapsed_ms, set_reason};
 use crate::body::Served;
-use crate::context::RequestContext;
+use crate::context::{OVERHEAD_HEADER, RequestContext};
 use crate::error::{ApiError, ErrorCode};
 use crate::trail::Trail;
-use crate::wire::{TextField, TextKind, WireFormat, put_text};
+use crate::wire::WireFormat;
 
 /// Verifies the whole answer in `response` and decides.
 pub async fn serve<W: WireFormat>(
@@ -37,25 +38,20 @@ pub async fn serve<W: WireFormat>(
     })?;
     let view = W::read_answer(&answer);
     let mut finish_reasons = Vec::new();
-    if !stop {
-        for choice in &view.choices {
-            for field in &choice.texts {
-                match field.kind {
-                    TextKind::Content => {
-                        attempt
-                            .verifier
-                            .push(field.choice, field.text(&answer), registry);
-                    }
-                    TextKind::ToolArguments { call } => {
-                        attempt.verifier.push_tool_arguments(
-                            field.choice,
-                            call,
-                            field.text(&answer),
-                            registry,
-                        );
-                    }
-                }
+    // Each field's span of its part, in the order of the view's fields.
+    let mut spans = Vec::new();
+    for choice in &view.choices {
+        for field in &choice.texts {
+            let text = field.text(&answer);
+            let start = attempt.verifier.received(field.choice, field.kind);
+            spans.push(start..start + text.len());
+            if !stop && !text.is_empty() {
+                attempt
+                    .verifier
+                    .push_part(field.choice, field.kind, text, registry);
             }
+        }
+        if !stop {
             set_reason(
                 &mut finish_reasons,
                 choice.index,
@@ -80,34 +76,18 @@ pub async fn serve<W: WireFormat>(
         Decision::Fallback => Decided::Fallback,
         Decision::Block => Decided::Served(Served::Whole(blocked(context, verdict))),
         Decision::Deliver | Decision::Flag => {
-            for field in view.choices.iter().flat_map(|choice| &choice.texts) {
-                if let Some(text) = verified_text(&finished, field) {
-                    put_text(&mut answer, field, text);
-                }
-            }
-            Decided::Served(Served::Whole(context.json_response(
+            let delivery = &mut attempt.delivery;
+            W::deliver_answer(&mut answer, &view, &spans, &attempt.verifier, delivery);
+            trail.overhead_tokens(delivery.overhead_prompt(), delivery.overhead_completion());
+            let mut response = context.json_response(
                 status,
                 Body::from(answer.to_string()),
                 Some(&verdict.header_value()),
-            )))
+            );
+            if let Ok(value) = HeaderValue::from_str(&delivery.overhead_header()) {
+                response.headers_mut().insert(OVERHEAD_HEADER, value);
+            }
+            Decided::Served(Served::Whole(response))
         }
     })
-}
-
-/// The verified text for `field`: the choice's released content (empty when
-/// nothing was released), or the scanned arguments of its tool call.
-fn verified_text<'a>(finished: &'a Finished, field: &TextField) -> Option<&'a str> {
-    match field.kind {
-        TextKind::Content => Some(
-            finished
-                .release
-                .get(field.choice as usize)
-                .map_or("", String::as_str),
-        ),
-        TextKind::ToolArguments { call } => finished
-            .tool_arguments
-            .iter()
-            .find(|tool| tool.choice == field.choice && tool.tool_call == call)
-            .map(|tool| tool.arguments.as_str()),
-    }
 }

@@ -1,11 +1,11 @@
 //! Where text sits in a Chat Completions answer or stream chunk: each
-//! choice's content and tool-call arguments with their location, its
-//! finish reason, and the answer's usage.
+//! choice's reasoning, content, refusal, tool-call and function-call
+//! arguments with their location, its finish reason, and the answer's usage.
 
-use canarygate_policies::verify::ProviderUsage;
+use canarygate_policies::verify::{Part, ProviderUsage};
 use serde_json::Value;
 
-use crate::wire::format::{ChoiceView, Location, TextField, TextKind};
+use crate::wire::format::{ChoiceView, Location, TextField};
 
 /// `usage` of an answer or chunk, when it reports prompt tokens (with the
 /// cached ones, [`ProviderUsage::from_usage`]).
@@ -21,18 +21,31 @@ pub fn index_of(item: &Value, position: usize) -> u32 {
         .min(u64::from(u32::MAX)) as u32
 }
 
+/// The text fields of a message or delta that are model output, in the
+/// order a model writes them, with the part each belongs to. Reasoning:
+/// `reasoning_content` (DeepSeek, vLLM, SGLang, GLM, Qwen) and `reasoning`
+/// (OpenRouter, newer vLLM).
+const TEXT_FIELDS: [(&str, Part); 4] = [
+    ("reasoning_content", Part::Reasoning),
+    ("reasoning", Part::Reasoning),
+    ("content", Part::Content),
+    ("refusal", Part::Refusal),
+];
+
 /// Choice `position` of an answer (`part` = `message`) or chunk (`delta`).
 pub fn read_choice(choice: &Value, position: usize, part: &'static str) -> ChoiceView {
     let index = index_of(choice, position);
     let mut texts = Vec::new();
     let message = &choice[part];
     let at = Location::ROOT.key("choices").index(position).key(part);
-    if message.get("content").is_some_and(Value::is_string) {
-        texts.push(TextField {
-            choice: index,
-            kind: TextKind::Content,
-            at: at.key("content"),
-        });
+    for (field, kind) in TEXT_FIELDS {
+        if message.get(field).is_some_and(Value::is_string) {
+            texts.push(TextField {
+                choice: index,
+                kind,
+                at: at.key(field),
+            });
+        }
     }
     if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
         for (call_position, call) in calls.iter().enumerate() {
@@ -47,7 +60,7 @@ pub fn read_choice(choice: &Value, position: usize, part: &'static str) -> Choic
             if arguments.is_some_and(Value::is_string) {
                 texts.push(TextField {
                     choice: index,
-                    kind: TextKind::ToolArguments { call: call_index },
+                    kind: Part::ToolArguments(call_index),
                     at: at
                         .key("tool_calls")
                         .index(call_position)
@@ -56,6 +69,17 @@ pub fn read_choice(choice: &Value, position: usize, part: &'static str) -> Choic
                 });
             }
         }
+    }
+    if message
+        .get("function_call")
+        .and_then(|call| call.get("arguments"))
+        .is_some_and(Value::is_string)
+    {
+        texts.push(TextField {
+            choice: index,
+            kind: Part::FunctionArguments,
+            at: at.key("function_call").key("arguments"),
+        });
     }
     ChoiceView {
         index,

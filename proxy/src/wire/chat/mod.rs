@@ -5,19 +5,25 @@
 //! judge. Canaries go where [`canarygate_policies::inject`] puts them in a
 //! `messages` array. Text is read from `choices[i].message.content` and
 //! `tool_calls[j].function.arguments` (whole answers) or the same fields
-//! under `delta` (stream chunks) ([`answer`]). The client's stream is rebuilt
-//! from the verified text ([`stream`]). Errors are
+//! under `delta` (stream chunks), with reasoning, refusals and legacy
+//! `function_call` arguments ([`answer`]). The client gets the provider's
+//! own answer and chunks, edited where their text changed ([`edit_fields`];
+//! logprobs follow the content, [`logprobs`]; a stream's chunks are held
+//! until verified, [`stream`]). Errors are
 //! `{"error":{"message","type","param","code"}}`.
 
 mod answer;
+mod logprobs;
 mod request;
 mod stream;
+
+use std::ops::Range;
 
 use std::borrow::Cow;
 
 use canarygate_policies::inject::{InjectError, Injection, RequestCanaries, inject};
 use canarygate_policies::sse::{SseEvent, encode_data};
-use canarygate_policies::verify::ProviderUsage;
+use canarygate_policies::verify::{Part, ProviderUsage, Verifier};
 use canarygate_policies::verify_config::EchoMode;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -25,7 +31,11 @@ use serde_json::{Value, json};
 use self::answer::{read_choice, usage_of};
 use self::stream::ChatStream;
 use crate::error::{ApiError, ErrorCode};
-use crate::wire::format::{AnswerView, Chunk, ClientRequest, EventView, WireFormat};
+use crate::wire::edit::{Delivery, apply};
+use crate::wire::format::{
+    AnswerView, ChoiceView, Chunk, ClientRequest, EventView, Location, TextField, WireFormat,
+    put_text,
+};
 
 /// OpenAI Chat Completions.
 pub struct Chat;
@@ -120,8 +130,28 @@ impl WireFormat for Chat {
         event.is_done()
     }
 
-    fn stream_writer() -> ChatStream {
-        ChatStream::default()
+    fn stream_writer(delivery: Delivery) -> ChatStream {
+        ChatStream::new(delivery)
+    }
+
+    fn deliver_answer(
+        answer: &mut Value,
+        view: &AnswerView,
+        spans: &[Range<usize>],
+        verifier: &Verifier,
+        delivery: &mut Delivery,
+    ) {
+        let fields: Vec<_> = view
+            .choices
+            .iter()
+            .flat_map(|choice| &choice.texts)
+            .copied()
+            .zip(spans.iter().cloned())
+            .collect();
+        edit_fields(answer, &view.choices, &fields, verifier, delivery);
+        if let Some(usage) = answer.get_mut("usage").filter(|usage| usage.is_object()) {
+            delivery.report_usage(usage);
+        }
     }
 
     fn is_error_body(body: &[u8]) -> bool {
@@ -140,6 +170,94 @@ impl WireFormat for Chat {
     }
 }
 
+/// Keys of a message or delta that hold text the verifier reads.
+const TEXT_KEYS: [&str; 4] = ["content", "reasoning_content", "reasoning", "refusal"];
+
+/// What [`edit_fields`] did to an answer or chunk.
+#[derive(Debug, Default)]
+pub struct Edited {
+    /// Some field or finish reason changed.
+    pub changed: bool,
+    /// Text was there and all of it was removed.
+    pub emptied: bool,
+    /// A choice carries something besides text: a role, a finish reason,
+    /// tool calls, audio.
+    pub keeps_other_fields: bool,
+}
+
+/// Edits the text `fields` of `value` (an answer or chunk whose choices are
+/// `choices`; each field with the span of its part it carried) to what the
+/// verifier's release and `delivery` leave of them: content's logprobs
+/// follow, and a choice cut at the client's limit finishes with `length`.
+fn edit_fields(
+    value: &mut Value,
+    choices: &[ChoiceView],
+    fields: &[(TextField, Range<usize>)],
+    verifier: &Verifier,
+    delivery: &mut Delivery,
+) -> Edited {
+    let mut edited = Edited::default();
+    let mut had_text = false;
+    let mut shows_text = false;
+    for (field, span) in fields {
+        let text = field.text(value).to_owned();
+        had_text |= !text.is_empty();
+        let edit = delivery.admit(
+            field.choice,
+            field.kind,
+            &text,
+            span.clone(),
+            verifier.release_of(field.choice, field.kind),
+        );
+        shows_text |= edit.kept.iter().any(|range| !range.is_empty());
+        if edit.unchanged() {
+            continue;
+        }
+        edited.changed = true;
+        if field.kind == Part::Content
+            && let Some(logprobs) = choice_location(value, field.choice)
+                .map(|at| at.key("logprobs"))
+                .and_then(|at| at.get_mut(value))
+        {
+            logprobs::follow(logprobs, &text, &edit);
+        }
+        put_text(value, field, apply(&text, &edit.kept));
+    }
+    edited.emptied = had_text && !shows_text;
+    for choice in choices {
+        let Some(at) = choice_location(value, choice.index) else {
+            continue;
+        };
+        let Some(slot) = at.get_mut(value) else {
+            continue;
+        };
+        if choice.finish_reason.is_some() {
+            edited.keeps_other_fields = true;
+            if delivery.was_cut(choice.index) && choice.finish_reason.as_deref() != Some("length") {
+                slot["finish_reason"] = json!("length");
+                edited.changed = true;
+            }
+        }
+        let body = slot.get("delta").or_else(|| slot.get("message"));
+        if let Some(body) = body.and_then(Value::as_object) {
+            edited.keeps_other_fields |= body
+                .iter()
+                .any(|(key, value)| !TEXT_KEYS.contains(&key.as_str()) && !value.is_null());
+        }
+    }
+    edited
+}
+
+/// Where choice `index` sits in `value`'s `choices`.
+fn choice_location(value: &Value, index: u32) -> Option<Location> {
+    let choices = value.get("choices")?.as_array()?;
+    let position = choices
+        .iter()
+        .enumerate()
+        .position(|(position, choice)| answer::index_of(choice, position) == index)?;
+    Some(Location::ROOT.key("choices").index(position))
+}
+
 /// OpenAI's error object for `error`.
 fn error_json(error: &ApiError) -> Value {
     let code = error.code;
@@ -156,7 +274,7 @@ fn error_json(error: &ApiError) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::format::{TextKind, put_text};
+    use crate::wire::format::put_text;
     use axum::http::StatusCode;
 
     #[test]
@@ -177,7 +295,7 @@ mod tests {
             .collect();
         assert_eq!(texts, ["hello", "{\"a\":1}"]);
         let mut edited = answer.clone();
-        put_text(&mut edited, &choice.texts[0], "verified");
+        put_text(&mut edited, &choice.texts[0], "verified".into());
         assert_eq!(edited["choices"][0]["message"]["content"], "verified");
         assert_eq!(
             edited["choices"][0]["message"]["tool_calls"],
@@ -185,7 +303,7 @@ mod tests {
         );
         assert_eq!(
             choice.texts[1].kind,
-            TextKind::ToolArguments { call: 0 },
+            Part::ToolArguments(0),
             "{choice:?}"
         );
         assert_eq!(

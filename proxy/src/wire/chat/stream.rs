@@ -1,217 +1,141 @@
-//! The client's side of a verified Chat Completions stream: chunks rebuilt
-//! from the verified text.
+//! The client's side of a verified Chat Completions stream: the provider's
+//! own chunks, held until their text is verified, passed on edited.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
+use std::ops::Range;
 
 use canarygate_policies::sse::encode_data;
-use canarygate_policies::verify::Verdict;
-use serde_json::{Map, Value, json};
+use canarygate_policies::verify::{Verdict, Verifier};
+use serde_json::Value;
 
-use super::answer::index_of;
-use crate::wire::format::{Chunk, StreamEnd, StreamWriter};
+use super::edit_fields;
+use crate::wire::edit::Delivery;
+use crate::wire::format::{Chunk, StreamWriter};
 
-/// Identity of a tool call, from its first delta.
-#[derive(Debug, Default)]
-struct ToolCallHead {
-    id: Option<Value>,
-    kind: Option<Value>,
-    name: Option<Value>,
+/// One provider chunk waiting for its text to be verified.
+struct Held {
+    chunk: Chunk,
+    /// The chunk's data as received.
+    data: String,
+    /// The span of its part each text field carried.
+    spans: Vec<Range<usize>>,
+    /// It ends a choice or the answer (a finish reason, usage, or no
+    /// choice at all): it waits for the verdict.
+    ends: bool,
 }
 
-/// The client's side of a verified Chat Completions stream: chunks rebuilt
-/// from the verified text, the provider's `id`, `object`, `created`,
-/// `model` and `system_fingerprint` kept.
-#[derive(Debug, Default)]
+/// The client's side of a verified Chat Completions stream (see the module
+/// docs). Chunks leave in the order they came; a chunk whose every text
+/// was removed (the echo) is dropped, one that nothing changed goes out as
+/// the provider's own bytes.
 pub struct ChatStream {
-    /// `id`, `object`, `created`, `model`, `system_fingerprint` of the
-    /// provider's first chunk.
-    template: Map<String, Value>,
-    /// [`Self::chunk_prefix`], once built.
-    chunk_prefix: Vec<u8>,
-    /// The provider's last usage object.
-    usage: Option<Value>,
-    tool_calls: BTreeMap<(u32, u32), ToolCallHead>,
-    /// Choices whose first chunk (with `role`) went out.
-    role_sent: Vec<bool>,
+    delivery: Delivery,
+    held: VecDeque<Held>,
+}
+
+impl ChatStream {
+    /// A writer delivering by `delivery`.
+    pub fn new(delivery: Delivery) -> Self {
+        Self {
+            delivery,
+            held: VecDeque::new(),
+        }
+    }
+
+    /// Whether `held` may go out now, before the verdict.
+    fn ready(held: &Held, verifier: &Verifier) -> bool {
+        !held.ends
+            && held
+                .chunk
+                .choices
+                .iter()
+                .all(|choice| verifier.may_show(choice.index))
+            && held.chunk.texts().zip(&held.spans).all(|(field, span)| {
+                verifier.release_of(field.choice, field.kind).through >= span.end
+            })
+    }
+
+    fn write(&mut self, held: Held, verifier: &Verifier, out: &mut Vec<u8>) {
+        let Held {
+            mut chunk,
+            data,
+            spans,
+            ..
+        } = held;
+        let fields: Vec<_> = chunk.texts().copied().zip(spans).collect();
+        let edited = edit_fields(
+            &mut chunk.event,
+            &chunk.choices,
+            &fields,
+            verifier,
+            &mut self.delivery,
+        );
+        let mut changed = edited.changed;
+        if chunk.event.get("usage").is_some_and(Value::is_object) {
+            if self.delivery.client_wants_usage() {
+                if let Some(usage) = chunk.event.get_mut("usage") {
+                    changed |= self.delivery.report_usage(usage);
+                }
+            } else if let Some(event) = chunk.event.as_object_mut() {
+                // canarygate asked for it; the client did not.
+                event.remove("usage");
+                changed = true;
+            }
+        }
+        let has_choices = chunk
+            .event
+            .get("choices")
+            .and_then(Value::as_array)
+            .is_some_and(|choices| !choices.is_empty());
+        let has_usage = chunk.event.get("usage").is_some_and(Value::is_object);
+        let only_removed_text = edited.emptied && !edited.keeps_other_fields;
+        if (!has_choices && !has_usage && changed) || (has_choices && only_removed_text) {
+            return;
+        }
+        if changed {
+            encode_data(&chunk.event.to_string(), out);
+        } else {
+            encode_data(&data, out);
+        }
+    }
 }
 
 impl StreamWriter for ChatStream {
-    fn observe(&mut self, chunk: &Chunk) {
-        let event = &chunk.event;
-        if self.template.is_empty() {
-            for field in ["id", "object", "created", "model", "system_fingerprint"] {
-                if let Some(value) = event.get(field) {
-                    self.template.insert(field.to_owned(), value.clone());
-                }
-            }
-        }
-        if event.get("usage").is_some_and(Value::is_object) {
-            self.usage = Some(event["usage"].clone());
-        }
-        let Some(choices) = event.get("choices").and_then(Value::as_array) else {
-            return;
-        };
-        for (position, choice) in choices.iter().enumerate() {
-            let index = index_of(choice, position);
-            let calls = choice
-                .get("delta")
-                .and_then(|delta| delta.get("tool_calls"))
-                .and_then(Value::as_array);
-            let Some(calls) = calls else {
-                continue;
-            };
-            for (call_position, call) in calls.iter().enumerate() {
-                let head = self
-                    .tool_calls
-                    .entry((index, index_of(call, call_position)))
-                    .or_default();
-                for (slot, pointer) in [
-                    (&mut head.id, "/id"),
-                    (&mut head.kind, "/type"),
-                    (&mut head.name, "/function/name"),
-                ] {
-                    if let Some(value) = call.pointer(pointer).filter(|v| !v.is_null()) {
-                        *slot = Some(value.clone());
-                    }
-                }
-            }
-        }
-    }
-
-    /// The hot path of a stream: one content delta, written straight out.
-    fn content(&mut self, choice: u32, text: &str, out: &mut Vec<u8>) {
-        let role = self.take_role(choice);
-        self.emit_with(out, |out| {
-            out.extend_from_slice(b"[{\"index\":");
-            out.extend_from_slice(choice.to_string().as_bytes());
-            out.extend_from_slice(b",\"delta\":{");
-            if role {
-                out.extend_from_slice(b"\"role\":\"assistant\",");
-            }
-            out.extend_from_slice(b"\"content\":");
-            // A string always serialises.
-            let _ = serde_json::to_writer(&mut *out, text);
-            out.extend_from_slice(b"},\"logprobs\":null,\"finish_reason\":null}]");
+    fn take(&mut self, chunk: Chunk, data: String, spans: Vec<Range<usize>>) {
+        let ends = chunk.choices.is_empty()
+            || chunk.event.get("usage").is_some_and(Value::is_object)
+            || chunk
+                .choices
+                .iter()
+                .any(|choice| choice.finish_reason.is_some());
+        self.held.push_back(Held {
+            chunk,
+            data,
+            spans,
+            ends,
         });
     }
 
-    fn finish(&mut self, end: &StreamEnd<'_>, out: &mut Vec<u8>) {
-        for (index, text) in end.finished.release.iter().enumerate() {
-            if !text.is_empty() {
-                self.content(index as u32, text, out);
+    fn flush(&mut self, verifier: &Verifier, at_end: bool, out: &mut Vec<u8>) {
+        while let Some(held) = self.held.front() {
+            if !at_end && !Self::ready(held, verifier) {
+                return;
             }
+            let held = self.held.pop_front().expect("just looked at it");
+            self.write(held, verifier, out);
         }
-        for tool in &end.finished.tool_arguments {
-            self.emit_tool_call(tool.choice, tool.tool_call, &tool.arguments, out);
-        }
-        for (index, reason) in end.finish_reasons.iter().enumerate() {
-            let mut delta = Map::new();
-            if self.take_role(index as u32) {
-                delta.insert("role".into(), json!("assistant"));
-            }
-            self.emit_choices(
-                out,
-                &json!([{
-                    "index": index, "delta": delta, "logprobs": null, "finish_reason": reason,
-                }]),
-            );
-        }
-        if end.client_wants_usage
-            && let Some(usage) = self.usage.clone()
-        {
-            let mut chunk = self.chunk_base();
-            chunk.insert("choices".into(), json!([]));
-            chunk.insert("usage".into(), usage);
-            encode_data(&Value::Object(chunk).to_string(), out);
-        }
+    }
+
+    fn delivery(&self) -> &Delivery {
+        &self.delivery
     }
 
     fn done(&self, verdict: &Verdict) -> Vec<u8> {
         let mut tail = b": x-canarygate-verdict ".to_vec();
         tail.extend_from_slice(verdict.header_value().as_bytes());
+        tail.extend_from_slice(b"\n: x-canarygate-overhead-tokens ");
+        tail.extend_from_slice(self.delivery.overhead_header().as_bytes());
         tail.extend_from_slice(b"\n\ndata: [DONE]\n\n");
         tail
-    }
-}
-
-impl ChatStream {
-    fn chunk_base(&self) -> Map<String, Value> {
-        let mut chunk = self.template.clone();
-        chunk
-            .entry("object")
-            .or_insert_with(|| json!("chat.completion.chunk"));
-        chunk
-    }
-
-    /// `data: {"id":…,"object":…,"created":…,"model":…,"choices":` of every
-    /// rebuilt chunk, serialised once per stream.
-    fn chunk_prefix(&mut self) -> &[u8] {
-        if self.chunk_prefix.is_empty() {
-            let mut prefix = b"data: ".to_vec();
-            let base = Value::Object(self.chunk_base());
-            // A map of plain values always serialises.
-            let _ = serde_json::to_writer(&mut prefix, &base);
-            prefix.pop(); // the closing brace
-            if prefix.last() != Some(&b'{') {
-                prefix.push(b',');
-            }
-            prefix.extend_from_slice(b"\"choices\":");
-            self.chunk_prefix = prefix;
-        }
-        &self.chunk_prefix
-    }
-
-    /// Appends one chunk event whose `choices` is written by `choices`.
-    fn emit_with(&mut self, out: &mut Vec<u8>, choices: impl FnOnce(&mut Vec<u8>)) {
-        out.extend_from_slice(self.chunk_prefix());
-        choices(out);
-        out.extend_from_slice(b"}\n\n");
-    }
-
-    fn emit_choices(&mut self, out: &mut Vec<u8>, choices: &Value) {
-        // JSON values always serialise.
-        self.emit_with(out, |out| drop(serde_json::to_writer(out, choices)));
-    }
-
-    /// Whether the next delta of choice `index` is its first (and carries `role`).
-    fn take_role(&mut self, index: u32) -> bool {
-        let index = index as usize;
-        if self.role_sent.len() <= index {
-            self.role_sent.resize(index + 1, false);
-        }
-        !std::mem::replace(&mut self.role_sent[index], true)
-    }
-
-    fn emit_tool_call(&mut self, index: u32, call_index: u32, arguments: &str, out: &mut Vec<u8>) {
-        let head = self
-            .tool_calls
-            .remove(&(index, call_index))
-            .unwrap_or_default();
-        let mut call = Map::new();
-        call.insert("index".into(), json!(call_index));
-        if let Some(id) = head.id {
-            call.insert("id".into(), id);
-        }
-        call.insert(
-            "type".into(),
-            head.kind.unwrap_or_else(|| json!("function")),
-        );
-        let mut function = Map::new();
-        if let Some(name) = head.name {
-            function.insert("name".into(), name);
-        }
-        function.insert("arguments".into(), json!(arguments));
-        call.insert("function".into(), Value::Object(function));
-        let mut delta = Map::new();
-        if self.take_role(index) {
-            delta.insert("role".into(), json!("assistant"));
-        }
-        delta.insert("tool_calls".into(), json!([call]));
-        self.emit_choices(
-            out,
-            &json!([{
-                "index": index, "delta": delta, "logprobs": null, "finish_reason": null,
-            }]),
-        );
     }
 }

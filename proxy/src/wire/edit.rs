@@ -1,0 +1,357 @@
+//! Editing the provider's own answer: what of each text field the client
+//! gets, whatever the wire format.
+//!
+//! The verifier sees each part of a choice (content, reasoning, arguments)
+//! as one text, the concatenation of the fields that carried it; it reports
+//! what the client may see as positions in that text
+//! ([`Release`]: how far, and the spans it removed). A field that carried
+//! bytes `span` of its part is shown as the bytes of `span` the release
+//! keeps ([`kept`]), further cut where the client's token limit runs out
+//! ([`Delivery::admit`]). The wire format applies the kept ranges to the
+//! string and to whatever else follows the text (logprobs).
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use canarygate_policies::tokens::{count_text_high, pieces_high};
+use canarygate_policies::verify::{Part, Release};
+use serde_json::Value;
+
+/// Counts completion tokens: with the provider's tokenizer when the policy
+/// names one, else [`count_text_high`], an estimate meant to count at least
+/// as many tokens as a BPE tokenizer, so a cut errs short.
+#[derive(Clone, Default)]
+pub struct TokenCounter {
+    tokenizer: Option<Arc<tokenizers::Tokenizer>>,
+}
+
+impl TokenCounter {
+    /// A counter using `tokenizer`, if any.
+    pub fn new(tokenizer: Option<Arc<tokenizers::Tokenizer>>) -> Self {
+        Self { tokenizer }
+    }
+
+    /// Tokens of `text`.
+    pub fn count(&self, text: &str) -> u64 {
+        match &self.tokenizer {
+            Some(tokenizer) => match tokenizer.encode(text, false) {
+                Ok(encoding) => encoding.get_ids().len() as u64,
+                Err(_) => count_text_high(text),
+            },
+            None => count_text_high(text),
+        }
+    }
+
+    /// The longest prefix of `text` of at most `limit` tokens, as a byte
+    /// length (on a char boundary).
+    pub fn prefix_within(&self, text: &str, limit: u64) -> usize {
+        if let Some(tokenizer) = &self.tokenizer
+            && let Ok(encoding) = tokenizer.encode(text, false)
+        {
+            let offsets = encoding.get_offsets();
+            let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+            if offsets.len() <= limit {
+                return text.len();
+            }
+            // Offsets are in bytes of `text`; the token `limit` starts the cut.
+            let mut cut = offsets[limit].0.min(text.len());
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            return cut;
+        }
+        let mut used = 0;
+        for (start, _, tokens) in pieces_high(text) {
+            if used + tokens > limit {
+                return start;
+            }
+            used += tokens;
+        }
+        text.len()
+    }
+}
+
+/// The byte ranges of a field's text (local to the field) that survive
+/// `removed`, for a field that carried bytes `span` of its part.
+pub fn kept(span: Range<usize>, removed: &[Range<usize>]) -> Vec<Range<usize>> {
+    let mut ranges = Vec::new();
+    let mut at = span.start;
+    for cut in removed {
+        if cut.end <= at || cut.start >= span.end {
+            continue;
+        }
+        if cut.start > at {
+            ranges.push(at - span.start..cut.start - span.start);
+        }
+        at = at.max(cut.end);
+    }
+    if at < span.end {
+        ranges.push(at - span.start..span.end - span.start);
+    }
+    ranges
+}
+
+/// `text` with only `ranges` kept.
+pub fn apply(text: &str, ranges: &[Range<usize>]) -> String {
+    let mut shown = String::with_capacity(text.len());
+    for range in ranges {
+        shown.push_str(&text[range.clone()]);
+    }
+    shown
+}
+
+/// Whether `ranges` keep all of a text of `len` bytes.
+pub fn keeps_all(ranges: &[Range<usize>], len: usize) -> bool {
+    len == 0 || ranges == [0..len]
+}
+
+/// What one field becomes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldEdit {
+    /// Byte ranges of the field's text the client gets.
+    pub kept: Vec<Range<usize>>,
+    /// The field's text length as received.
+    pub len: usize,
+}
+
+impl FieldEdit {
+    /// Whether the field passes unchanged.
+    pub fn unchanged(&self) -> bool {
+        keeps_all(&self.kept, self.len)
+    }
+}
+
+/// How an answer's `usage` reaches the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UsageOptions {
+    /// The client asked for a stream's usage itself (canarygate always does).
+    pub client_wants_usage: bool,
+    /// Report usage as the client would have seen it without canarygate
+    /// (canarygate's own tokens taken out) instead of the provider's billed
+    /// numbers.
+    pub without_canarygate: bool,
+    /// Prompt tokens canarygate added (its estimate).
+    pub overhead_prompt: u64,
+}
+
+/// The client-facing side of one answer's delivery: each choice's token
+/// budget (the client's `max_tokens`, when canarygate raised the provider's
+/// limit to make room for the echo), canarygate's own completion tokens
+/// (the echo and canaries removed, the tokens cut), and how usage is
+/// reported.
+#[derive(Clone)]
+pub struct Delivery {
+    counter: TokenCounter,
+    /// Tokens each choice may deliver; `None`: no limit of ours.
+    limit: Option<u64>,
+    used: Vec<u64>,
+    cut: Vec<bool>,
+    overhead_completion: u64,
+    usage: UsageOptions,
+}
+
+impl Delivery {
+    /// A delivery cutting each choice at `limit` tokens (counted by
+    /// `counter`), reporting usage per `usage`.
+    pub fn new(counter: TokenCounter, limit: Option<u64>, usage: UsageOptions) -> Self {
+        Self {
+            counter,
+            limit,
+            used: Vec::new(),
+            cut: Vec::new(),
+            overhead_completion: 0,
+            usage,
+        }
+    }
+
+    /// Whether the client asked for a stream's usage itself.
+    pub fn client_wants_usage(&self) -> bool {
+        self.usage.client_wants_usage
+    }
+
+    /// Prompt tokens canarygate added (its estimate).
+    pub fn overhead_prompt(&self) -> u64 {
+        self.usage.overhead_prompt
+    }
+
+    /// `x-canarygate-overhead-tokens`: `prompt=41, completion=12`.
+    pub fn overhead_header(&self) -> String {
+        format!(
+            "prompt={}, completion={}",
+            self.usage.overhead_prompt, self.overhead_completion
+        )
+    }
+
+    /// Rewrites a provider's `usage` object (OpenAI's or Anthropic's shape)
+    /// as the client would have seen it without canarygate, when the policy
+    /// says so; returns whether it changed.
+    pub fn report_usage(&self, usage: &mut Value) -> bool {
+        if !self.usage.without_canarygate {
+            return false;
+        }
+        let mut changed = false;
+        let mut less = |key: &str, by: u64| {
+            if let Some(number) = usage.get(key).and_then(Value::as_u64) {
+                usage[key] = Value::from(number.saturating_sub(by));
+                changed = true;
+            }
+        };
+        less("prompt_tokens", self.usage.overhead_prompt);
+        less("completion_tokens", self.overhead_completion);
+        less("input_tokens", self.usage.overhead_prompt);
+        less("output_tokens", self.overhead_completion);
+        if let (Some(prompt), Some(completion)) = (
+            usage.get("prompt_tokens").and_then(Value::as_u64),
+            usage.get("completion_tokens").and_then(Value::as_u64),
+        ) && usage.get("total_tokens").is_some()
+        {
+            usage["total_tokens"] = Value::from(prompt + completion);
+        }
+        changed
+    }
+
+    /// What field `text` of `part` of choice `choice`, which carried bytes
+    /// `span` of its part, becomes under `release` (which must cover `span`)
+    /// and the choice's budget.
+    pub fn admit(
+        &mut self,
+        choice: u32,
+        part: Part,
+        text: &str,
+        span: Range<usize>,
+        release: Release<'_>,
+    ) -> FieldEdit {
+        let index = choice as usize;
+        if self.used.len() <= index {
+            self.used.resize(index + 1, 0);
+            self.cut.resize(index + 1, false);
+        }
+        let mut ranges = kept(span, release.removed);
+        let removed_len = text.len() - ranges.iter().map(Range::len).sum::<usize>();
+        if removed_len > 0 {
+            let removed_text = removed_text(text, &ranges);
+            self.overhead_completion += self.counter.count(&removed_text);
+        }
+        let budgeted = matches!(part, Part::Content | Part::Reasoning | Part::Refusal);
+        if let (Some(limit), true) = (self.limit, budgeted) {
+            if self.cut[index] {
+                self.overhead_completion += self.counter.count(&apply(text, &ranges));
+                ranges.clear();
+            } else {
+                ranges = self.within_budget(index, limit, text, ranges);
+            }
+        }
+        FieldEdit {
+            kept: ranges,
+            len: text.len(),
+        }
+    }
+
+    /// Trims `ranges` of `text` to what choice `index`'s budget allows.
+    fn within_budget(
+        &mut self,
+        index: usize,
+        limit: u64,
+        text: &str,
+        ranges: Vec<Range<usize>>,
+    ) -> Vec<Range<usize>> {
+        let shown = apply(text, &ranges);
+        let tokens = self.counter.count(&shown);
+        let left = limit.saturating_sub(self.used[index]);
+        if tokens <= left {
+            self.used[index] += tokens;
+            return ranges;
+        }
+        // Over the limit: keep the prefix of the shown text that fits.
+        let keep = self.counter.prefix_within(&shown, left);
+        self.used[index] = limit;
+        self.cut[index] = true;
+        self.overhead_completion += self.counter.count(&shown[keep..]);
+        let mut trimmed = Vec::new();
+        let mut budget = keep;
+        for range in ranges {
+            if budget == 0 {
+                break;
+            }
+            let take = range.len().min(budget);
+            trimmed.push(range.start..range.start + take);
+            budget -= take;
+        }
+        trimmed
+    }
+
+    /// Whether choice `choice` was cut at the client's limit (its finish
+    /// reason becomes `length`).
+    pub fn was_cut(&self, choice: u32) -> bool {
+        self.cut.get(choice as usize).copied().unwrap_or(false)
+    }
+
+    /// Completion tokens the client did not get: the echo and canaries
+    /// removed and the tokens cut at its limit.
+    pub fn overhead_completion(&self) -> u64 {
+        self.overhead_completion
+    }
+}
+
+/// The bytes of `text` outside `ranges`.
+fn removed_text(text: &str, ranges: &[Range<usize>]) -> String {
+    let mut removed = String::new();
+    let mut at = 0;
+    for range in ranges {
+        removed.push_str(&text[at..range.start]);
+        at = range.end;
+    }
+    removed.push_str(&text[at..]);
+    removed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kept_ranges_are_local_to_the_field() {
+        // The part: "[CG1] Hello" with the echo `[CG1] ` removed (0..6).
+        let removed = [0..6];
+        assert_eq!(kept(0..3, &removed), Vec::<Range<usize>>::new());
+        assert_eq!(kept(3..8, &removed), [3..5]);
+        assert_eq!(kept(8..11, &removed), [0..3]);
+        assert_eq!(kept(2..11, &[4..6, 8..9]), [0..2, 4..6, 7..9]);
+        assert!(keeps_all(&kept(20..25, &removed), 5));
+    }
+
+    #[test]
+    fn a_choice_is_cut_at_its_limit_and_the_rest_dropped() {
+        let usage = UsageOptions {
+            client_wants_usage: true,
+            without_canarygate: true,
+            overhead_prompt: 40,
+        };
+        let mut delivery = Delivery::new(TokenCounter::default(), Some(3), usage);
+        let release = Release {
+            through: usize::MAX,
+            removed: &[],
+        };
+        // Words of up to four letters: one token each by the estimate.
+        let text = "one two six ten";
+        let edit = delivery.admit(0, Part::Content, text, 0..text.len(), release);
+        assert_eq!(apply(text, &edit.kept), "one two six ");
+        assert!(delivery.was_cut(0));
+        let later = delivery.admit(0, Part::Content, " five", 15..20, release);
+        assert!(later.kept.is_empty());
+        assert!(!delivery.was_cut(1));
+        assert!(delivery.overhead_completion() >= 2);
+        // Arguments are never cut.
+        let arguments = delivery.admit(0, Part::ToolArguments(0), "{}", 0..2, release);
+        assert!(arguments.unchanged());
+
+        let mut usage = serde_json::json!({"prompt_tokens": 100, "completion_tokens": 10,
+                                           "total_tokens": 110});
+        assert!(delivery.report_usage(&mut usage));
+        let overhead = delivery.overhead_completion();
+        assert_eq!(usage["prompt_tokens"], 60);
+        assert_eq!(usage["completion_tokens"], 10 - overhead);
+        assert_eq!(usage["total_tokens"], 60 + 10 - overhead);
+        assert_eq!(delivery.overhead_header(), format!("prompt=40, completion={overhead}"));
+    }
+}

@@ -1,0 +1,507 @@
+//! A drop-in for Chat Completions: everything the provider sends reaches the
+//! client (reasoning, logprobs, tool-call and function-call increments,
+//! unknown fields, rate-limit headers), with only canarygate's own text
+//! removed, and nothing the client asked for is bent (`max_tokens`, `n`).
+//! The simulated provider answers like real ones do (reasoning models,
+//! logprobs, `obfuscation` padding, `x-ratelimit-*`, a CDN's `set-cookie`).
+//!
+//! One simulator and two proxies (usage as billed, usage without
+//! canarygate) serve every case, streamed and not.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+use reqwest::header::HeaderMap;
+use serde_json::{Value, json};
+
+/// The routes every case uses: the plain model, both reasoning models, and
+/// anything else through the wildcard.
+fn policy(sim: &str, extra: &str) -> String {
+    format!(
+        r#"
+[[providers]]
+name = "sim"
+base_url = "{sim}/v1"
+context_window = 32000
+
+[[routes]]
+model = "reporter"
+provider = "sim"
+upstream_model = "sim-model"
+
+[[routes]]
+model = "*"
+provider = "sim"
+
+{extra}
+"#
+    )
+}
+
+/// Posts `body` and returns status, headers and the body text.
+async fn post(proxy: &Running, body: &Value, headers: &[(&str, &str)]) -> (u16, HeaderMap, String) {
+    let mut request = client()
+        .post(format!("{}/v1/chat/completions", proxy.url))
+        .bearer_auth("sk-fidelity")
+        .json(body);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.expect("send");
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    (status, headers, response.text().await.expect("body"))
+}
+
+/// The JSON chunks of a stream body (without `[DONE]`).
+fn chunks(body: &str) -> Vec<Value> {
+    sse_data(body)
+        .iter()
+        .filter(|data| *data != "[DONE]")
+        .map(|data| serde_json::from_str(data).expect("a JSON chunk"))
+        .collect()
+}
+
+/// Joined `delta[field]` of choice `index` over `chunks`.
+fn joined(chunks: &[Value], index: u64, field: &str) -> String {
+    chunks
+        .iter()
+        .flat_map(|chunk| chunk["choices"].as_array().cloned().unwrap_or_default())
+        .filter(|choice| choice["index"] == index)
+        .filter_map(|choice| choice["delta"][field].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Asserts that nothing canary-shaped and none of the instructions around
+/// them reached the client anywhere in `body`.
+fn assert_clean(body: &str) {
+    assert!(!holds_canary(body), "a canary reached the client: {body}");
+    assert!(
+        !body.contains("Begin your reply with"),
+        "the head instruction reached the client: {body}"
+    );
+}
+
+/// The overhead header's two numbers.
+fn overhead(value: &str) -> (u64, Option<u64>) {
+    let mut prompt = None;
+    let mut completion = None;
+    for part in value.split(", ") {
+        match part.split_once('=') {
+            Some(("prompt", n)) => prompt = n.parse().ok(),
+            Some(("completion", n)) => completion = n.parse().ok(),
+            _ => panic!("bad overhead header {value}"),
+        }
+    }
+    (prompt.expect("prompt overhead"), completion)
+}
+
+fn user(model: &str, text: &str, stream: bool) -> Value {
+    let mut body = chat_body(model, text, stream);
+    body["messages"]
+        .as_array_mut()
+        .unwrap()
+        .insert(0, json!({"role": "system", "content": "You are terse."}));
+    body
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_provider_answer_reaches_the_client_whole_and_clean() {
+    let sim = start_sim(&[]);
+    let dir = ProxyDir::new();
+    let policy_path = dir.policy(&policy(&sim.url, ""));
+    let proxy = start_proxy_with_policy(&dir, &policy_path, &[]);
+
+    reasoning_models(&proxy).await;
+    logprobs_follow_the_content(&proxy).await;
+    tool_and_function_calls_keep_their_increments(&proxy).await;
+    provider_fields_and_headers_pass(&proxy, &dir).await;
+    limits_are_honoured(&proxy).await;
+    every_choice_is_verified(&proxy).await;
+    models_of_the_wildcard_route_are_listed(&proxy).await;
+
+    // The same answers through the official SDK, both modes.
+    let output = Command::new(python())
+        .arg(workspace_root().join("tests/python/sdk_fidelity.py"))
+        .arg(format!("{}/v1", proxy.url))
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "sdk_fidelity.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let sdk: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+    for mode in ["plain", "stream"] {
+        let seen = &sdk[mode];
+        assert!(
+            seen["reasoning"].as_str().is_some_and(|text| !text.is_empty()),
+            "{mode}: {seen}"
+        );
+        assert_clean(&seen.to_string());
+        assert_eq!(seen["logprob_tokens"], seen["content"], "{mode}: {seen}");
+        assert!(
+            seen["short_completion_tokens"].as_u64().unwrap() <= 5,
+            "{mode}: {seen}"
+        );
+        assert_eq!(seen["short_finish_reason"], "length", "{mode}: {seen}");
+    }
+
+    // Usage as the client would have seen it without canarygate.
+    let dir = ProxyDir::new();
+    let policy_path = dir.policy(&policy(
+        &sim.url,
+        "[verify]\nusage = \"without-canarygate\"\n",
+    ));
+    let honest_usage = start_proxy_with_policy(&dir, &policy_path, &[]);
+    let body = user("reporter", "Count the moons of Mars", false);
+    let (status, headers, billed) = post(&proxy, &body, &[]).await;
+    assert_eq!(status, 200, "{billed}");
+    let billed: Value = serde_json::from_str(&billed).unwrap();
+    let (status, headers_without, without) = post(&honest_usage, &body, &[]).await;
+    assert_eq!(status, 200, "{without}");
+    let without: Value = serde_json::from_str(&without).unwrap();
+    let (prompt, completion) = overhead(headers["x-canarygate-overhead-tokens"].to_str().unwrap());
+    let (_, completion_without) =
+        overhead(headers_without["x-canarygate-overhead-tokens"].to_str().unwrap());
+    assert!(prompt > 0 && completion.unwrap() > 0, "{headers:?}");
+    let usage = &billed["usage"];
+    assert_eq!(
+        without["usage"]["prompt_tokens"],
+        usage["prompt_tokens"].as_u64().unwrap() - prompt,
+        "{without}"
+    );
+    assert_eq!(
+        without["usage"]["completion_tokens"],
+        usage["completion_tokens"].as_u64().unwrap() - completion_without.unwrap(),
+        "{without}"
+    );
+    assert_eq!(
+        without["usage"]["total_tokens"].as_u64().unwrap(),
+        without["usage"]["prompt_tokens"].as_u64().unwrap()
+            + without["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+}
+
+async fn reasoning_models(proxy: &Running) {
+    for (model, field) in [
+        ("sim-reasoner", "reasoning_content"),
+        ("sim-reasoner-openrouter", "reasoning"),
+    ] {
+        let (status, headers, body) =
+            post(proxy, &user(model, "Explain tides briefly", false), &[]).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(headers["x-canarygate-verdict"], "pass", "{body}");
+        assert_clean(&body);
+        let answer: Value = serde_json::from_str(&body).unwrap();
+        let message = &answer["choices"][0]["message"];
+        let reasoning = message[field].as_str().expect("reasoning passed on");
+        assert!(!reasoning.is_empty(), "{body}");
+        assert!(
+            message["content"]
+                .as_str()
+                .unwrap()
+                .starts_with("You wrote: Explain tides"),
+            "{body}"
+        );
+        assert!(
+            answer["usage"]["completion_tokens_details"]["reasoning_tokens"]
+                .as_u64()
+                .unwrap()
+                > 0,
+            "{body}"
+        );
+
+        let (status, _, body) = post(proxy, &user(model, "Explain tides briefly", true), &[]).await;
+        assert_eq!(status, 200, "{body}");
+        assert_clean(&body);
+        let chunks = chunks(&body);
+        let streamed = joined(&chunks, 0, field);
+        assert_eq!(streamed, reasoning, "{model}: the same reasoning, streamed");
+        let reasoning_chunks = chunks
+            .iter()
+            .filter(|chunk| chunk["choices"][0]["delta"][field].is_string())
+            .count();
+        assert!(reasoning_chunks > 3, "reasoning kept its deltas: {body}");
+        assert_eq!(
+            joined(&chunks, 0, "content"),
+            message["content"].as_str().unwrap()
+        );
+    }
+}
+
+async fn logprobs_follow_the_content(proxy: &Running) {
+    let mut body = user("reporter", "Describe a lighthouse", false);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(2);
+    let (status, _, text) = post(proxy, &body, &[]).await;
+    assert_eq!(status, 200, "{text}");
+    assert_clean(&text);
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    let choice = &answer["choices"][0];
+    let tokens: String = choice["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| entry["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(tokens, choice["message"]["content"].as_str().unwrap());
+    for entry in choice["logprobs"]["content"].as_array().unwrap() {
+        let token = entry["token"].as_str().unwrap();
+        assert_eq!(entry["bytes"], json!(token.as_bytes()), "{entry}");
+    }
+
+    body["stream"] = json!(true);
+    let (status, _, text) = post(proxy, &body, &[]).await;
+    assert_eq!(status, 200, "{text}");
+    assert_clean(&text);
+    let mut content = String::new();
+    for chunk in chunks(&text) {
+        let Some(choice) = chunk["choices"].get(0) else {
+            continue;
+        };
+        let Some(delta) = choice["delta"]["content"].as_str() else {
+            continue;
+        };
+        content.push_str(delta);
+        if delta.is_empty() {
+            continue;
+        }
+        let tokens: String = choice["logprobs"]["content"]
+            .as_array()
+            .unwrap_or_else(|| panic!("a content chunk keeps its logprobs: {chunk}"))
+            .iter()
+            .map(|entry| entry["token"].as_str().unwrap())
+            .collect();
+        assert_eq!(tokens, delta, "{chunk}");
+    }
+    assert_eq!(content, choice["message"]["content"].as_str().unwrap());
+}
+
+async fn tool_and_function_calls_keep_their_increments(proxy: &Running) {
+    let tools = json!([{"type": "function", "function": {
+        "name": "lookup_weather", "description": "Weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}}]);
+    let mut body = user("reporter", "What is the weather in Oslo?", false);
+    body["tools"] = tools.clone();
+    body["tool_choice"] = json!("required");
+    let (status, _, text) = post(proxy, &body, &[]).await;
+    assert_eq!(status, 200, "{text}");
+    assert_clean(&text);
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    let call = &answer["choices"][0]["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "lookup_weather");
+    let arguments = call["function"]["arguments"].as_str().unwrap();
+    serde_json::from_str::<Value>(arguments).expect("arguments are JSON");
+    assert_eq!(answer["choices"][0]["finish_reason"], "tool_calls");
+
+    body["stream"] = json!(true);
+    let (status, _, text) = post(proxy, &body, &[]).await;
+    assert_eq!(status, 200, "{text}");
+    assert_clean(&text);
+    let deltas: Vec<Value> = chunks(&text)
+        .iter()
+        .filter_map(|chunk| chunk["choices"][0]["delta"]["tool_calls"][0].as_object().cloned())
+        .map(Value::Object)
+        .collect();
+    assert!(deltas.len() >= 3, "increments kept: {text}");
+    assert_eq!(deltas[0]["id"], call["id"], "{text}");
+    assert_eq!(deltas[0]["function"]["name"], "lookup_weather");
+    assert!(deltas[1].get("id").is_none(), "later deltas carry only arguments: {text}");
+    let streamed: String = deltas
+        .iter()
+        .filter_map(|delta| delta["function"]["arguments"].as_str())
+        .collect();
+    assert_eq!(streamed, arguments);
+
+    let mut body = user("reporter", "What is the weather in Oslo?", true);
+    body["functions"] = json!([tools[0]["function"]]);
+    body["function_call"] = json!({"name": "lookup_weather"});
+    let (status, _, text) = post(proxy, &body, &[]).await;
+    assert_eq!(status, 200, "{text}");
+    assert_clean(&text);
+    let chunks = chunks(&text);
+    let deltas: Vec<&Value> = chunks
+        .iter()
+        .map(|chunk| &chunk["choices"][0]["delta"]["function_call"])
+        .filter(|call| call.is_object())
+        .collect();
+    assert!(deltas.len() >= 3, "function_call increments kept: {text}");
+    assert_eq!(deltas[0]["name"], "lookup_weather");
+    let streamed: String = deltas
+        .iter()
+        .filter_map(|delta| delta["arguments"].as_str())
+        .collect();
+    serde_json::from_str::<Value>(&streamed).expect("arguments are JSON");
+    let last = chunks
+        .iter()
+        .rev()
+        .find(|chunk| chunk["choices"][0]["finish_reason"].is_string())
+        .unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "function_call");
+}
+
+async fn provider_fields_and_headers_pass(proxy: &Running, dir: &ProxyDir) {
+    let (status, headers, text) =
+        post(proxy, &user("reporter", "Name three rivers", false), &[]).await;
+    assert_eq!(status, 200, "{text}");
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    assert!(answer["system_fingerprint"].is_string(), "{text}");
+    assert_eq!(answer["service_tier"], "default");
+    assert_eq!(answer["choices"][0]["message"]["refusal"], Value::Null);
+    assert_eq!(answer["choices"][0]["message"]["annotations"], json!([]));
+    assert!(answer["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    for name in [
+        "x-request-id",
+        "x-ratelimit-limit-requests",
+        "x-ratelimit-remaining-requests",
+        "x-ratelimit-reset-requests",
+        "x-ratelimit-remaining-tokens",
+        "openai-processing-ms",
+        "openai-version",
+    ] {
+        assert!(headers.contains_key(name), "{name} not passed on: {headers:?}");
+    }
+    for name in ["set-cookie", "openai-organization", "x-sim-context"] {
+        assert!(!headers.contains_key(name), "{name} passed on: {headers:?}");
+    }
+    let (prompt, completion) = overhead(headers["x-canarygate-overhead-tokens"].to_str().unwrap());
+    assert!(prompt > 10 && completion.is_some(), "{headers:?}");
+    let provider_id = headers["x-request-id"].to_str().unwrap().to_owned();
+    let our_id = headers["x-canarygate-request-id"].to_str().unwrap().to_owned();
+
+    let (status, headers, text) =
+        post(proxy, &user("reporter", "Name three rivers", true), &[]).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(headers.contains_key("x-ratelimit-remaining-requests"), "{headers:?}");
+    assert!(!headers.contains_key("set-cookie"));
+    let head = headers["x-canarygate-overhead-tokens"].to_str().unwrap();
+    assert!(head.ends_with("completion=pending"), "{head}");
+    assert!(
+        text.contains(": x-canarygate-overhead-tokens prompt="),
+        "the stream's last comment gives the overhead: {text}"
+    );
+    let first = &chunks(&text)[0];
+    assert!(first["system_fingerprint"].is_string(), "{first}");
+    assert!(
+        chunks(&text).iter().any(|chunk| chunk["obfuscation"].is_string()),
+        "unknown fields pass: {text}"
+    );
+
+    // A rate limit reaches the client with the provider's retry hints.
+    let (status, headers, text) = post(
+        proxy,
+        &user("reporter", "Name three rivers", false),
+        &[("x-sim-mode", "rate-limited")],
+    )
+    .await;
+    assert_eq!(status, 429, "{text}");
+    assert_eq!(headers["retry-after"], "1");
+    assert!(headers.contains_key("retry-after-ms"), "{headers:?}");
+    let error: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(error["error"]["code"], "rate_limit_exceeded", "{text}");
+
+    // The provider's id is in the audit record.
+    let records = audit_export(&dir.data());
+    let record = records
+        .iter()
+        .find(|record| record.to_string().contains(&our_id))
+        .expect("the request's record");
+    assert!(
+        record.to_string().contains(&format!("\"provider_request_id\":\"{provider_id}\"")),
+        "{record}"
+    );
+    assert!(record.to_string().contains("\"overhead_tokens\""), "{record}");
+}
+
+async fn limits_are_honoured(proxy: &Running) {
+    for stream in [false, true] {
+        for field in ["max_tokens", "max_completion_tokens"] {
+            let mut body = user("reporter", "Tell me about the history of maps", stream);
+            body[field] = json!(5);
+            let (status, _, text) = post(proxy, &body, &[]).await;
+            assert_eq!(status, 200, "{text}");
+            assert_clean(&text);
+            let (content, finish) = if stream {
+                let chunks = chunks(&text);
+                let finish = chunks
+                    .iter()
+                    .find_map(|chunk| chunk["choices"][0]["finish_reason"].as_str())
+                    .unwrap()
+                    .to_owned();
+                (joined(&chunks, 0, "content"), finish)
+            } else {
+                let answer: Value = serde_json::from_str(&text).unwrap();
+                let choice = &answer["choices"][0];
+                (
+                    choice["message"]["content"].as_str().unwrap().to_owned(),
+                    choice["finish_reason"].as_str().unwrap().to_owned(),
+                )
+            };
+            // The simulator's tokens are canarygate's estimate pieces.
+            let tokens = canarygate_policies::tokens::count_text(&content);
+            assert!(
+                (1..=5).contains(&tokens),
+                "{field}=5 stream={stream}: {tokens} tokens in {content:?}"
+            );
+            assert_eq!(finish, "length", "{text}");
+        }
+    }
+}
+
+async fn every_choice_is_verified(proxy: &Running) {
+    let mut body = user("reporter", "List some birds", false);
+    body["n"] = json!(2);
+    let (status, headers, text) = post(proxy, &body, &[]).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(headers["x-canarygate-verdict"], "pass");
+    assert_clean(&text);
+    let answer: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(answer["choices"].as_array().unwrap().len(), 2, "{text}");
+
+    body["stream"] = json!(true);
+    let (status, _, text) = post(proxy, &body, &[]).await;
+    assert_eq!(status, 200, "{text}");
+    assert_clean(&text);
+    let chunks = chunks(&text);
+    for index in [0, 1] {
+        assert!(
+            joined(&chunks, index, "content").starts_with("You wrote: List some birds"),
+            "choice {index}: {text}"
+        );
+    }
+}
+
+async fn models_of_the_wildcard_route_are_listed(proxy: &Running) {
+    let response = client()
+        .get(format!("{}/v1/models", proxy.url))
+        .bearer_auth("sk-fidelity")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let list: Value = response.json().await.unwrap();
+    let ids: Vec<&str> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|model| model["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids[0], "reporter", "named routes first: {list}");
+    for id in ["sim-model", "sim-reasoner"] {
+        assert!(ids.contains(&id), "{id} missing: {list}");
+    }
+    // Without credentials to pass on, an OpenAI-shaped 401.
+    let response = client()
+        .get(format!("{}/v1/models", proxy.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 401);
+    let error: Value = response.json().await.unwrap();
+    assert!(error["error"]["message"].is_string(), "{error}");
+}
