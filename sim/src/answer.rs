@@ -556,3 +556,523 @@ fn fragments(arguments: &str) -> Vec<String> {
     }
     fragments
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const USER: &str = "Use get_weather for the harbour of Tromsø";
+
+    fn context() -> Vec<Segment> {
+        vec![
+            Segment {
+                role: "system".into(),
+                text: "Begin your reply with \"CG-1\" and then answer.".into(),
+            },
+            Segment {
+                role: "user".into(),
+                text: USER.into(),
+            },
+        ]
+    }
+
+    /// The answer to `fields` added to a plain request.
+    fn answer(fields: Value) -> Answer {
+        let mut body =
+            json!({"model": "sim-model", "messages": [{"role": "user", "content": USER}]});
+        for (key, value) in fields.as_object().unwrap() {
+            body[key] = value.clone();
+        }
+        let request = SimRequest::parse(body.to_string().as_bytes()).expect("valid request");
+        Answer::compose(Compose {
+            id: "chatcmpl-sim-1".into(),
+            created: 7,
+            request: &request,
+            context: &context(),
+            prompt_tokens: 20,
+            cached_tokens: 0,
+        })
+    }
+
+    /// Every chunk of the stream, in order.
+    fn chunks(answer: &Answer) -> Vec<Value> {
+        let plan = answer.stream_plan();
+        plan.opening
+            .into_iter()
+            .chain(plan.steps.into_iter().flatten())
+            .chain(plan.closing)
+            .chain(plan.usage)
+            .collect()
+    }
+
+    /// `(index, delta, logprobs, finish_reason)` of every chunk with a choice.
+    fn deltas(answer: &Answer) -> Vec<(usize, Value, Value, Value)> {
+        chunks(answer)
+            .iter()
+            .filter_map(|chunk| {
+                let choice = chunk["choices"].get(0)?;
+                Some((
+                    choice["index"].as_u64().unwrap() as usize,
+                    choice["delta"].clone(),
+                    choice["logprobs"].clone(),
+                    choice["finish_reason"].clone(),
+                ))
+            })
+            .collect()
+    }
+
+    fn streamed(answer: &Answer, index: usize, field: &str) -> String {
+        deltas(answer)
+            .iter()
+            .filter(|(at, ..)| *at == index)
+            .filter_map(|(_, delta, ..)| delta[field].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    #[test]
+    fn a_plain_answer_carries_the_fields_real_ones_do() {
+        let answer = answer(json!({}));
+        let body = answer.body();
+        assert_eq!(body["object"], "chat.completion");
+        assert_eq!(body["system_fingerprint"], "fp_sim0001");
+        assert_eq!(body["service_tier"], "default");
+        let choice = &body["choices"][0];
+        assert_eq!(choice["index"], 0);
+        assert_eq!(choice["logprobs"], Value::Null);
+        assert_eq!(choice["finish_reason"], "stop");
+        let message = &choice["message"];
+        assert_eq!(message["role"], "assistant");
+        assert_eq!(message["refusal"], Value::Null);
+        assert_eq!(message["annotations"], json!([]));
+        assert!(message.get("reasoning_content").is_none());
+        assert!(message.get("tool_calls").is_none());
+        let content = message["content"].as_str().unwrap();
+        assert!(
+            content.starts_with("CG-1 You wrote: Use get_weather"),
+            "{content}"
+        );
+        assert_eq!(
+            body["usage"]["completion_tokens_details"]["reasoning_tokens"],
+            0
+        );
+
+        for chunk in chunks(&answer) {
+            assert_eq!(chunk["object"], "chat.completion.chunk");
+            assert_eq!(chunk["system_fingerprint"], "fp_sim0001");
+            assert_eq!(chunk["service_tier"], "default");
+            assert!(!chunk["obfuscation"].as_str().unwrap().is_empty());
+            assert!(chunk.get("usage").is_none(), "no usage asked");
+        }
+        assert_eq!(streamed(&answer, 0, "content"), content);
+        let opening = &deltas(&answer)[0].1;
+        assert_eq!(
+            opening,
+            &json!({"role": "assistant", "content": "", "refusal": null})
+        );
+    }
+
+    #[test]
+    fn the_usage_chunk_has_no_choices_and_padding_can_be_turned_off() {
+        let answer = answer(json!({"stream": true,
+            "stream_options": {"include_usage": true, "include_obfuscation": false}}));
+        let all = chunks(&answer);
+        let (last, rest) = all.split_last().unwrap();
+        assert_eq!(last["choices"], json!([]));
+        assert_eq!(last["usage"], answer.usage);
+        assert!(
+            rest.iter()
+                .all(|chunk| chunk["usage"].is_null() && chunk.get("usage").is_some())
+        );
+        assert!(all.iter().all(|chunk| chunk.get("obfuscation").is_none()));
+    }
+
+    #[test]
+    fn n_choices_share_the_opening_and_interleave_when_streamed() {
+        let answer = answer(json!({"n": 3}));
+        let body = answer.body();
+        let choices = body["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 3);
+        let contents: Vec<&str> = choices
+            .iter()
+            .map(|choice| choice["message"]["content"].as_str().unwrap())
+            .collect();
+        for (index, (choice, content)) in choices.iter().zip(&contents).enumerate() {
+            assert_eq!(choice["index"], index);
+            assert!(content.starts_with("CG-1 You wrote: "), "{content}");
+            assert_eq!(streamed(&answer, index, "content"), *content);
+        }
+        assert_ne!(contents[0], contents[1]);
+        assert_ne!(contents[1], contents[2]);
+        let tokens: usize = contents
+            .iter()
+            .map(|content| crate::model::tokenize_keeping_spaces(content).len())
+            .sum();
+        assert_eq!(body["usage"]["completion_tokens"], tokens);
+
+        let plan = answer.stream_plan();
+        let indices = |chunks: &[Value]| -> Vec<u64> {
+            chunks
+                .iter()
+                .map(|chunk| chunk["choices"][0]["index"].as_u64().unwrap())
+                .collect()
+        };
+        assert_eq!(indices(&plan.opening), [0, 1, 2]);
+        for chunk in &plan.opening {
+            assert_eq!(chunk["choices"][0]["delta"]["role"], "assistant");
+        }
+        // Each decode step has one chunk per choice still decoding, in order.
+        assert_eq!(indices(&plan.steps[0]), [0, 1, 2]);
+        assert!(
+            plan.steps
+                .iter()
+                .all(|step| indices(step).windows(2).all(|w| w[0] < w[1]))
+        );
+        assert_eq!(indices(&plan.closing), [0, 1, 2]);
+        for chunk in &plan.closing {
+            assert_eq!(chunk["choices"][0]["finish_reason"], "stop");
+            assert_eq!(chunk["choices"][0]["delta"], json!({}));
+        }
+        // max_tokens applies per choice.
+        let short = answer_with_budget(json!({"n": 2, "max_tokens": 4}));
+        assert_eq!(short["usage"]["completion_tokens"], 8);
+        assert!(
+            short["choices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .all(|c| c["finish_reason"] == "length")
+        );
+    }
+
+    fn answer_with_budget(fields: Value) -> Value {
+        answer(fields).body()
+    }
+
+    #[test]
+    fn reasoning_models_think_first_and_quote_the_opening() {
+        let answer = answer(json!({"model": REASONER_MODEL, "stream": true,
+            "stream_options": {"include_usage": true}}));
+        let body = answer.body();
+        let message = &body["choices"][0]["message"];
+        let reasoning = message["reasoning_content"].as_str().unwrap();
+        assert!(
+            reasoning.contains("begin my reply with \"CG-1\""),
+            "{reasoning}"
+        );
+        let content = message["content"].as_str().unwrap();
+        assert!(content.starts_with("CG-1 You wrote:"), "{content}");
+        let reasoning_tokens = crate::model::tokenize_keeping_spaces(reasoning).len();
+        let content_tokens = crate::model::tokenize_keeping_spaces(content).len();
+        assert!(reasoning_tokens >= 24, "{reasoning_tokens}");
+        let usage = &body["usage"];
+        assert_eq!(
+            usage["completion_tokens_details"]["reasoning_tokens"],
+            reasoning_tokens
+        );
+        assert_eq!(
+            usage["completion_tokens"],
+            reasoning_tokens + content_tokens
+        );
+
+        let deltas = deltas(&answer);
+        assert_eq!(
+            deltas[0].1,
+            json!({"role": "assistant", "content": null, "refusal": null, "reasoning_content": ""})
+        );
+        let first_content = deltas
+            .iter()
+            .position(|(_, delta, ..)| delta["content"].is_string())
+            .unwrap();
+        let last_reasoning = deltas
+            .iter()
+            .rposition(|(_, delta, ..)| {
+                delta["reasoning_content"]
+                    .as_str()
+                    .is_some_and(|t| !t.is_empty())
+            })
+            .unwrap();
+        assert!(last_reasoning < first_content, "reasoning before content");
+        for (_, delta, logprobs, _) in &deltas[1..=last_reasoning] {
+            assert_eq!(delta["content"], Value::Null);
+            assert!(delta.get("content").is_some());
+            assert_eq!(logprobs, &Value::Null);
+        }
+        assert_eq!(streamed(&answer, 0, "reasoning_content"), reasoning);
+        assert_eq!(streamed(&answer, 0, "content"), content);
+
+        // OpenRouter's field, with "" content beside it.
+        let routed = answer_with(json!({"model": OPENROUTER_REASONER_MODEL}));
+        assert_eq!(
+            routed.body()["choices"][0]["message"]["reasoning"],
+            reasoning
+        );
+        let second = &deltas_of(&routed)[1];
+        assert_eq!(second["content"], "");
+        assert!(second["reasoning"].is_string());
+    }
+
+    fn answer_with(fields: Value) -> Answer {
+        answer(fields)
+    }
+
+    fn deltas_of(answer: &Answer) -> Vec<Value> {
+        deltas(answer)
+            .into_iter()
+            .map(|(_, delta, ..)| delta)
+            .collect()
+    }
+
+    #[test]
+    fn reasoning_is_spent_from_max_tokens() {
+        let cut = answer(json!({"model": REASONER_MODEL, "max_tokens": 5})).body();
+        assert_eq!(cut["choices"][0]["finish_reason"], "length");
+        assert_eq!(cut["choices"][0]["message"]["content"], "");
+        assert_eq!(cut["usage"]["completion_tokens"], 5);
+        assert_eq!(
+            cut["usage"]["completion_tokens_details"]["reasoning_tokens"],
+            5
+        );
+
+        let full = answer(json!({"model": REASONER_MODEL})).body();
+        let thought = full["usage"]["completion_tokens_details"]["reasoning_tokens"]
+            .as_u64()
+            .unwrap();
+        let some =
+            answer(json!({"model": REASONER_MODEL, "max_completion_tokens": thought + 3})).body();
+        assert_eq!(some["usage"]["completion_tokens"], thought + 3);
+        let whole = full["choices"][0]["message"]["content"].as_str().unwrap();
+        let first: String = crate::model::tokenize_keeping_spaces(whole)[..3].concat();
+        assert_eq!(some["choices"][0]["message"]["content"], first);
+        assert_eq!(some["choices"][0]["finish_reason"], "length");
+    }
+
+    #[test]
+    fn logprob_tokens_join_to_the_content_in_both_modes() {
+        let answer = answer(json!({"logprobs": true, "top_logprobs": 3}));
+        let body = answer.body();
+        let choice = &body["choices"][0];
+        let content = choice["message"]["content"].as_str().unwrap();
+        assert_eq!(choice["logprobs"]["refusal"], Value::Null);
+        let entries = choice["logprobs"]["content"].as_array().unwrap();
+        let joined: String = entries
+            .iter()
+            .map(|e| e["token"].as_str().unwrap())
+            .collect();
+        assert_eq!(joined, content);
+        assert!(
+            entries.iter().any(|e| e["token"] == " You"),
+            "tokens carry their space"
+        );
+        for entry in entries {
+            let token = entry["token"].as_str().unwrap();
+            let bytes: Vec<u8> = entry["bytes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|b| b.as_u64().unwrap() as u8)
+                .collect();
+            assert_eq!(bytes, token.as_bytes());
+            let logprob = entry["logprob"].as_f64().unwrap();
+            assert!((-4.0..0.0).contains(&logprob), "{logprob}");
+            let top = entry["top_logprobs"].as_array().unwrap();
+            assert_eq!(top.len(), 3);
+            assert_eq!(top[0]["token"], token);
+            assert_eq!(top[0]["logprob"], entry["logprob"]);
+            assert!(top[1]["logprob"].as_f64().unwrap() < logprob);
+            assert_ne!(top[1]["token"], token);
+            assert!(top[0].get("top_logprobs").is_none());
+        }
+        // Streamed: each content chunk's logprobs are its delta's tokens.
+        let mut joined = String::new();
+        for (_, delta, logprobs, finish) in deltas(&answer) {
+            match delta["content"].as_str() {
+                Some(text) if !text.is_empty() => {
+                    let tokens: String = logprobs["content"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|e| e["token"].as_str().unwrap())
+                        .collect();
+                    assert_eq!(tokens, text);
+                    joined.push_str(text);
+                }
+                _ => assert_eq!(logprobs, Value::Null, "{delta} {finish}"),
+            }
+        }
+        assert_eq!(joined, content);
+        let streamed_entries: Vec<Value> = deltas(&answer)
+            .into_iter()
+            .filter_map(|(_, _, logprobs, _)| logprobs["content"].as_array().cloned())
+            .flatten()
+            .collect();
+        assert_eq!(&streamed_entries, entries, "the same numbers in both modes");
+
+        let none = answer_with(json!({"logprobs": true})).body();
+        assert_eq!(
+            none["choices"][0]["logprobs"]["content"][0]["top_logprobs"],
+            json!([])
+        );
+    }
+
+    fn weather_tools() -> Value {
+        json!([
+            {"type": "function", "function": {"name": "get_weather", "parameters": {
+                "type": "object", "properties": {"place": {"type": "string"}, "days": {"type": "integer"}}}}},
+            {"type": "function", "function": {"name": "get_tides", "parameters": {
+                "type": "object", "properties": {"harbour": {"type": "string"}}}}},
+        ])
+    }
+
+    #[test]
+    fn tool_calls_come_whole_or_in_increments() {
+        let answer = answer(json!({"tools": weather_tools(), "tool_choice": "required"}));
+        let body = answer.body();
+        let choice = &body["choices"][0];
+        assert_eq!(choice["finish_reason"], "tool_calls");
+        let message = &choice["message"];
+        assert_eq!(message["content"], Value::Null);
+        let calls = message["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "only get_weather is named");
+        let call = &calls[0];
+        let id = call["id"].as_str().unwrap();
+        assert!(id.starts_with("call_") && id.len() == 29, "{id}");
+        assert_eq!(call["type"], "function");
+        assert_eq!(call["function"]["name"], "get_weather");
+        let arguments = call["function"]["arguments"].as_str().unwrap();
+        let parsed: Value = serde_json::from_str(arguments).unwrap();
+        assert_eq!(parsed, json!({"days": 7, "place": USER}), "7 words");
+
+        let deltas = deltas_of(&answer);
+        assert_eq!(
+            deltas[0],
+            json!({"role": "assistant", "content": null, "refusal": null})
+        );
+        assert_eq!(
+            deltas[1],
+            json!({"tool_calls": [{"index": 0, "id": id, "type": "function",
+                "function": {"name": "get_weather", "arguments": ""}}]})
+        );
+        let fragments: Vec<&Value> = deltas[2..]
+            .iter()
+            .filter(|delta| delta.get("tool_calls").is_some())
+            .collect();
+        assert!(fragments.len() > 3, "{fragments:?}");
+        let mut joined = String::new();
+        for fragment in fragments {
+            let call = &fragment["tool_calls"][0];
+            assert_eq!(
+                call.as_object().unwrap().len(),
+                2,
+                "index and function only: {call}"
+            );
+            assert_eq!(call["index"], 0);
+            assert_eq!(call["function"].as_object().unwrap().len(), 1);
+            let piece = call["function"]["arguments"].as_str().unwrap();
+            assert!((1..=6).contains(&piece.chars().count()), "{piece}");
+            joined.push_str(piece);
+        }
+        assert_eq!(joined, arguments);
+        assert_eq!(deltas.last().unwrap(), &json!({}));
+        assert_eq!(deltas_finish(&answer), "tool_calls");
+
+        // Both named, in parallel: two calls, indexed 0 and 1.
+        let mut both = answer_for_user(
+            json!({"tools": weather_tools()}),
+            "get_tides then get_weather",
+        );
+        let calls = both.body()["choices"][0]["message"]["tool_calls"].clone();
+        assert_eq!(calls[0]["function"]["name"], "get_weather");
+        assert_eq!(calls[1]["function"]["name"], "get_tides");
+        assert_ne!(calls[0]["id"], calls[1]["id"]);
+        both.obfuscation = false;
+        let second: Vec<Value> = deltas_of(&both)
+            .into_iter()
+            .filter(|delta| delta["tool_calls"][0]["index"] == 1)
+            .collect();
+        assert_eq!(second[0]["tool_calls"][0]["id"], calls[1]["id"]);
+
+        // Auto and no tool named: a plain answer.
+        let plain = answer_for_user(json!({"tools": weather_tools()}), "hello there").body();
+        assert!(plain["choices"][0]["message"]["content"].is_string());
+        assert_eq!(plain["choices"][0]["finish_reason"], "stop");
+    }
+
+    fn deltas_finish(answer: &Answer) -> Value {
+        deltas(answer).last().unwrap().3.clone()
+    }
+
+    fn answer_for_user(fields: Value, user: &str) -> Answer {
+        let mut body =
+            json!({"model": "sim-model", "messages": [{"role": "user", "content": user}]});
+        for (key, value) in fields.as_object().unwrap() {
+            body[key] = value.clone();
+        }
+        let request = SimRequest::parse(body.to_string().as_bytes()).unwrap();
+        let context = [Segment {
+            role: "user".into(),
+            text: user.into(),
+        }];
+        Answer::compose(Compose {
+            id: "chatcmpl-sim-2".into(),
+            created: 7,
+            request: &request,
+            context: &context,
+            prompt_tokens: 10,
+            cached_tokens: 0,
+        })
+    }
+
+    #[test]
+    fn legacy_function_calls_come_whole_or_in_increments() {
+        let functions = json!([{"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"place": {"type": "string"}}}}]);
+        let answer =
+            answer(json!({"functions": functions, "function_call": {"name": "get_weather"}}));
+        let body = answer.body();
+        let choice = &body["choices"][0];
+        assert_eq!(choice["finish_reason"], "function_call");
+        assert_eq!(choice["message"]["content"], Value::Null);
+        assert!(choice["message"].get("tool_calls").is_none());
+        let call = &choice["message"]["function_call"];
+        assert_eq!(call["name"], "get_weather");
+        let arguments = call["arguments"].as_str().unwrap();
+        assert_eq!(
+            serde_json::from_str::<Value>(arguments).unwrap(),
+            json!({"place": USER})
+        );
+
+        let deltas = deltas_of(&answer);
+        assert_eq!(
+            deltas[1],
+            json!({"function_call": {"name": "get_weather", "arguments": ""}})
+        );
+        let mut joined = String::new();
+        for delta in &deltas[2..deltas.len() - 1] {
+            assert_eq!(
+                delta["function_call"].as_object().unwrap().len(),
+                1,
+                "{delta}"
+            );
+            joined.push_str(delta["function_call"]["arguments"].as_str().unwrap());
+        }
+        assert_eq!(joined, arguments);
+        assert_eq!(deltas_finish(&answer), "function_call");
+    }
+
+    #[test]
+    fn a_short_budget_cuts_the_call_arguments() {
+        let body =
+            answer(json!({"tools": weather_tools(), "tool_choice": "required", "max_tokens": 3}))
+                .body();
+        let choice = &body["choices"][0];
+        assert_eq!(choice["finish_reason"], "length");
+        assert_eq!(body["usage"]["completion_tokens"], 3);
+        let arguments = choice["message"]["tool_calls"][0]["function"]["arguments"]
+            .as_str()
+            .unwrap();
+        assert!(
+            serde_json::from_str::<Value>(arguments).is_err(),
+            "cut mid-JSON: {arguments}"
+        );
+    }
+}

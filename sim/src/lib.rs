@@ -15,6 +15,42 @@
 //! the cached part in `prompt_tokens_details.cached_tokens` (in whole answers
 //! and in a stream's usage chunk).
 //!
+//! # What its answers carry
+//!
+//! Built in `answer.rs` from what the request asks (`request.rs` validates it
+//! as OpenAI does: a 400 `invalid_request_error` naming the `param`):
+//!
+//! - `n` (1..=128): that many choices, each from the same context (same
+//!   opening, own body); streamed, their chunks interleave, each with its
+//!   `index`, its own `role` delta and its own finish chunk. `max_tokens` /
+//!   `max_completion_tokens` apply per choice; usage sums the choices.
+//! - `model: "sim-reasoner"` (`reasoning_content`, as DeepSeek, GLM, Qwen)
+//!   or `"sim-reasoner-openrouter"` (`reasoning`): the model thinks first,
+//!   restating the instructions it sees and quoting the opening they ask for
+//!   (canaries included). Streamed, reasoning deltas (`content: null`, or `""`
+//!   for OpenRouter) come before content deltas. The reasoning is spent from
+//!   `max_tokens` and reported in `completion_tokens_details.reasoning_tokens`.
+//! - `logprobs: true` (`top_logprobs` 0..=20): `logprobs.content` entries
+//!   (`token`, `logprob`, `bytes`, `top_logprobs`) whose tokens join to the
+//!   content exactly; streamed, each content chunk carries its own tokens'.
+//! - `tools` with `tool_choice` (`required`, a named function, or `auto` and
+//!   a name in the last user message; `tools.rs`): `message.tool_calls`,
+//!   `content: null`, `finish_reason: "tool_calls"`; streamed, a first delta
+//!   with `index`, `id`, `type`, `function.name` and `arguments: ""`, then
+//!   `arguments` fragments. Legacy `functions` / `function_call`:
+//!   `message.function_call`, `finish_reason: "function_call"`.
+//! - Always: `system_fingerprint`, `service_tier`, `message.refusal`,
+//!   `message.annotations`; stream chunks carry an `obfuscation` padding
+//!   string (`stream_options.include_obfuscation: false` drops it) and, with
+//!   `include_usage`, `usage: null` until the usage chunk (`choices: []`).
+//!
+//! Every chat completion response (answers, errors, streams) carries the
+//! headers of `headers.rs`: `x-request-id`, `openai-processing-ms`,
+//! `openai-version`, `openai-organization`, `x-ratelimit-*` from a fixed
+//! window ([`RateLimitConfig`]; over it, 429 with `retry-after` and
+//! `retry-after-ms`) and a Cloudflare `__cf_bm` `set-cookie`. The test-only
+//! header [`RATE_LIMIT_AFTER_HEADER`] lowers the request limit for one request.
+//!
 //! Failure modes ([`Mode`]) are chosen with `--mode` or, per request, with the
 //! test-only header `x-sim-mode`. What the model sees is decided in one place,
 //! `SimProvider::visible_context`, and what it sees is read from a paged KV
@@ -320,29 +356,34 @@ fn response_id(number: u64) -> String {
 
 /// A routed simulated provider, ready for `axum::serve` or [`tls::serve_tls`].
 pub fn router(config: SimConfig) -> Router {
-    let sim = Arc::new(SimProvider {
-        pool: Mutex::new(KvPool::new(config.context_window, config.page_tokens)),
-        last_context: Mutex::new(None),
-        prefix_cache: config
-            .prefix_cache
-            .clone()
-            .map(|cache| Mutex::new(PrefixCache::new(cache))),
-        rate: Mutex::new(RateWindow::new(
-            config.rate_limit.clone(),
-            std::time::Instant::now(),
-        )),
-        started_nanos: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| since.as_nanos()),
-        config,
-        stats: Stats::default(),
-        next_id: AtomicU64::new(1),
-    });
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/sim/stats", get(stats))
-        .with_state(sim)
+        .with_state(SimProvider::new(config))
+}
+
+impl SimProvider {
+    fn new(config: SimConfig) -> Arc<Self> {
+        Arc::new(Self {
+            pool: Mutex::new(KvPool::new(config.context_window, config.page_tokens)),
+            last_context: Mutex::new(None),
+            prefix_cache: config
+                .prefix_cache
+                .clone()
+                .map(|cache| Mutex::new(PrefixCache::new(cache))),
+            rate: Mutex::new(RateWindow::new(
+                config.rate_limit.clone(),
+                std::time::Instant::now(),
+            )),
+            started_nanos: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |since| since.as_nanos()),
+            config,
+            stats: Stats::default(),
+            next_id: AtomicU64::new(1),
+        })
+    }
 }
 
 async fn models() -> impl IntoResponse {
@@ -924,5 +965,186 @@ mod tests {
             ..SimConfig::default()
         };
         assert_eq!(config.prefill_pool_tokens(), 665);
+    }
+
+    /// Posts `body` to a provider's handler, with extra `headers`.
+    async fn post(
+        sim: &Arc<SimProvider>,
+        body: Value,
+        headers: &[(&'static str, &str)],
+    ) -> (StatusCode, HeaderMap, String) {
+        let mut map = HeaderMap::new();
+        map.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
+        for (name, value) in headers {
+            map.insert(*name, HeaderValue::from_str(value).unwrap());
+        }
+        let response =
+            chat_completions(State(sim.clone()), map, Bytes::from(body.to_string())).await;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, headers, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    fn hello(stream: bool) -> Value {
+        json!({"model": "sim-model", "stream": stream, "max_tokens": 100,
+               "messages": [{"role": "user", "content": "hello there"}]})
+    }
+
+    fn header_of<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+
+    #[tokio::test]
+    async fn every_answer_carries_provider_headers_and_the_counts_go_down() {
+        let sim = SimProvider::new(SimConfig::default());
+        let mut ids = std::collections::HashSet::new();
+        let mut remaining = Vec::new();
+        for (body, status) in [
+            (hello(false), StatusCode::OK),
+            (hello(true), StatusCode::OK),
+            (
+                json!({"model": "m", "messages": []}),
+                StatusCode::BAD_REQUEST,
+            ),
+            (hello(false), StatusCode::OK),
+        ] {
+            let (got, headers, _) = post(&sim, body, &[]).await;
+            assert_eq!(got, status);
+            let id = header_of(&headers, "x-request-id");
+            assert!(id.starts_with("req_") && id.len() == 36, "{id}");
+            assert!(ids.insert(id.to_owned()), "unique");
+            assert!(
+                header_of(&headers, "openai-processing-ms")
+                    .parse::<u64>()
+                    .is_ok()
+            );
+            assert_eq!(header_of(&headers, "openai-version"), "2020-10-01");
+            assert_eq!(header_of(&headers, "openai-organization"), "sim-org");
+            assert_eq!(header_of(&headers, "x-ratelimit-limit-requests"), "10000");
+            assert_eq!(header_of(&headers, "x-ratelimit-limit-tokens"), "2000000");
+            let reset = header_of(&headers, "x-ratelimit-reset-requests");
+            assert!(reset.ends_with('s'), "{reset}");
+            assert!(!header_of(&headers, "x-ratelimit-reset-tokens").is_empty());
+            assert!(header_of(&headers, "set-cookie").starts_with("__cf_bm="));
+            remaining.push((
+                header_of(&headers, "x-ratelimit-remaining-requests")
+                    .parse::<u64>()
+                    .unwrap(),
+                header_of(&headers, "x-ratelimit-remaining-tokens")
+                    .parse::<u64>()
+                    .unwrap(),
+            ));
+        }
+        // Admitted requests count (prompt + max_tokens); a malformed one does not.
+        assert_eq!(remaining[0].0, 9_999);
+        assert_eq!(remaining[1].0, 9_998);
+        assert_eq!(remaining[2], remaining[1]);
+        assert_eq!(remaining[3].0, 9_997);
+        assert!(remaining[0].1 < 2_000_000 - 100 && remaining[3].1 < remaining[1].1);
+    }
+
+    #[tokio::test]
+    async fn rate_limited_answers_429_with_retry_after() {
+        let sim = SimProvider::new(SimConfig::default());
+        for stream in [false, true] {
+            let (status, headers, body) =
+                post(&sim, hello(stream), &[(MODE_HEADER, "rate-limited")]).await;
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(header_of(&headers, "retry-after"), "1");
+            assert_eq!(header_of(&headers, "retry-after-ms"), "1000");
+            assert_eq!(header_of(&headers, "x-ratelimit-remaining-requests"), "0");
+            assert_eq!(header_of(&headers, "x-ratelimit-remaining-tokens"), "0");
+            assert_eq!(header_of(&headers, "x-ratelimit-reset-requests"), "1s");
+            assert!(header_of(&headers, "x-request-id").starts_with("req_"));
+            let error: Value = serde_json::from_str(&body).unwrap();
+            let error = &error["error"];
+            assert!(
+                error["message"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("Rate limit reached for requests")
+            );
+            assert_eq!(error["type"], "requests");
+            assert_eq!(error["param"], Value::Null);
+            assert_eq!(error["code"], "rate_limit_exceeded");
+        }
+
+        // Serve two, then refuse until the window reopens.
+        let after = [(RATE_LIMIT_AFTER_HEADER, "2")];
+        assert_eq!(post(&sim, hello(false), &after).await.0, StatusCode::OK);
+        assert_eq!(post(&sim, hello(false), &after).await.0, StatusCode::OK);
+        let (status, headers, body) = post(&sim, hello(false), &after).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        assert_eq!(header_of(&headers, "x-ratelimit-limit-requests"), "2");
+        assert_eq!(header_of(&headers, "x-ratelimit-remaining-requests"), "0");
+        let retry_ms: u64 = header_of(&headers, "retry-after-ms").parse().unwrap();
+        assert!((1..=60_000).contains(&retry_ms), "{retry_ms}");
+        let (status, ..) = post(&sim, hello(false), &[(RATE_LIMIT_AFTER_HEADER, "x")]).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(sim.stats.rate_limited.load(Ordering::Relaxed), 3);
+
+        // A short window reopens.
+        let sim = SimProvider::new(SimConfig {
+            rate_limit: RateLimitConfig {
+                requests: 1,
+                window: Duration::from_millis(200),
+                ..RateLimitConfig::default()
+            },
+            ..SimConfig::default()
+        });
+        assert_eq!(post(&sim, hello(false), &[]).await.0, StatusCode::OK);
+        assert_eq!(
+            post(&sim, hello(true), &[]).await.0,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(post(&sim, hello(false), &[]).await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn invalid_n_is_refused_in_openais_shape() {
+        let sim = SimProvider::new(SimConfig::default());
+        let mut body = hello(false);
+        body["n"] = json!(0);
+        let (status, headers, text) = post(&sim, body, &[]).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(header_of(&headers, "x-request-id").starts_with("req_"));
+        let error: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(error["error"]["type"], "invalid_request_error");
+        assert_eq!(error["error"]["param"], "n");
+        assert_eq!(error["error"]["code"], "integer_below_min_value");
+
+        let mut body = hello(true);
+        body["n"] = json!(2);
+        let (status, _, text) = post(&sim, body, &[]).await;
+        assert_eq!(status, StatusCode::OK);
+        let finishes = text.matches("\"finish_reason\":\"stop\"").count();
+        assert_eq!(finishes, 2, "{text}");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn models_lists_the_reasoners() {
+        let response = models().await.into_response();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let list: Value = serde_json::from_slice(&bytes).unwrap();
+        let ids: Vec<&str> = list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|model| model["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            ids,
+            ["sim-model", REASONER_MODEL, OPENROUTER_REASONER_MODEL]
+        );
     }
 }
