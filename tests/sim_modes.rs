@@ -671,3 +671,154 @@ async fn stalls_hold_the_connection_silent() {
         assert!(!received.contains("[DONE]"), "{received}");
     }
 }
+
+/// `rate-limited` through the binary: 429 in OpenAI's shape with short
+/// `retry-after` headers, streamed or not; a small `--rate-limit-requests`
+/// serves that many, then refuses with the same shape; every response
+/// carries the provider headers, and the remaining count goes down.
+#[tokio::test]
+async fn rate_limits_answer_429_with_retry_after_and_provider_headers() {
+    let sim = start_sim(&[
+        "--rate-limit-requests",
+        "3",
+        "--rate-limit-window-ms",
+        "60000",
+    ]);
+    for stream in [false, true] {
+        let outcome = send(
+            &sim.url,
+            &chat_body("m", "hi", stream),
+            Some("rate-limited"),
+        )
+        .await;
+        assert_eq!(outcome.status, 429);
+        assert_eq!(outcome.header("retry-after"), "1");
+        assert_eq!(outcome.header("retry-after-ms"), "1000");
+        assert_eq!(outcome.header("x-ratelimit-remaining-requests"), "0");
+        assert_eq!(outcome.header("x-ratelimit-remaining-tokens"), "0");
+        assert_eq!(outcome.error["error"]["type"], "requests");
+        assert_eq!(outcome.error["error"]["code"], "rate_limit_exceeded");
+        assert_eq!(outcome.error["error"]["param"], Value::Null);
+    }
+    let mut remaining = Vec::new();
+    for stream in [false, true, false] {
+        let outcome = send(&sim.url, &chat_body("m", "hi", stream), None).await;
+        assert_eq!(outcome.status, 200);
+        assert!(outcome.header("x-request-id").starts_with("req_"));
+        assert!(
+            outcome
+                .header("openai-processing-ms")
+                .parse::<u64>()
+                .is_ok()
+        );
+        assert_eq!(outcome.header("openai-version"), "2020-10-01");
+        assert_eq!(outcome.header("x-ratelimit-limit-requests"), "3");
+        assert!(outcome.header("set-cookie").starts_with("__cf_bm="));
+        remaining.push(outcome.header("x-ratelimit-remaining-requests").to_owned());
+    }
+    assert_eq!(remaining, ["2", "1", "0"]);
+    let refused = send(&sim.url, &chat_body("m", "hi", false), None).await;
+    assert_eq!(refused.status, 429);
+    assert_eq!(refused.error["error"]["code"], "rate_limit_exceeded");
+    let retry_ms: u64 = refused
+        .header("retry-after-ms")
+        .parse()
+        .expect("retry-after-ms");
+    assert!((1..=60_000).contains(&retry_ms), "{retry_ms}");
+    let stats = sim_stats(&sim).await;
+    assert_eq!(stats["rate_limited"], 3, "{stats}");
+    assert_eq!(stats["completed"], 3, "{stats}");
+}
+
+/// A reasoning model with n = 2, logprobs and a tool through the binary:
+/// the stream's reasoning comes first, each choice's logprob tokens join to
+/// its content, and a required tool call streams in increments.
+#[tokio::test]
+async fn real_provider_fields_reach_a_client_over_the_wire() {
+    let sim = start_sim(&[]);
+    let request = Injected::new("Chart the reef", true);
+    let mut body = request.body.clone();
+    body["model"] = json!("sim-reasoner");
+    body["n"] = json!(2);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(2);
+    let text = client()
+        .post(format!("{}/v1/chat/completions", sim.url))
+        .bearer_auth("k")
+        .json(&body)
+        .send()
+        .await
+        .expect("send")
+        .text()
+        .await
+        .expect("body");
+    let mut content = [String::new(), String::new()];
+    let mut logprob_tokens = [String::new(), String::new()];
+    let mut reasoning = [String::new(), String::new()];
+    for data in sse_data(&text) {
+        let Ok(chunk) = serde_json::from_str::<Value>(&data) else {
+            continue;
+        };
+        assert_eq!(chunk["system_fingerprint"], "fp_sim0001");
+        let choice = &chunk["choices"][0];
+        let index = choice["index"].as_u64().expect("index") as usize;
+        if let Some(piece) = choice["delta"]["reasoning_content"].as_str() {
+            assert!(content[index].is_empty(), "reasoning after content");
+            reasoning[index].push_str(piece);
+        }
+        if let Some(piece) = choice["delta"]["content"].as_str() {
+            content[index].push_str(piece);
+        }
+        for entry in choice["logprobs"]["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            logprob_tokens[index].push_str(entry["token"].as_str().expect("token"));
+        }
+    }
+    for index in 0..2 {
+        assert!(
+            content[index].starts_with(&request.echo()),
+            "{}",
+            content[index]
+        );
+        assert_eq!(logprob_tokens[index], content[index]);
+        assert!(
+            reasoning[index].contains(&format!("begin my reply with \"{}\"", request.echo())),
+            "{}",
+            reasoning[index]
+        );
+    }
+    assert_ne!(content[0], content[1]);
+
+    let tools = json!([{"type": "function", "function": {"name": "chart",
+        "parameters": {"type": "object", "properties": {"area": {"type": "string"}}}}}]);
+    let body = json!({"model": "sim-model", "stream": true, "tools": tools,
+        "tool_choice": "required", "messages": [{"role": "user", "content": "the reef"}]});
+    let text = client()
+        .post(format!("{}/v1/chat/completions", sim.url))
+        .bearer_auth("k")
+        .json(&body)
+        .send()
+        .await
+        .expect("send")
+        .text()
+        .await
+        .expect("body");
+    let calls: Vec<Value> = sse_data(&text)
+        .iter()
+        .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+        .filter_map(|chunk| chunk["choices"][0]["delta"]["tool_calls"].get(0).cloned())
+        .collect();
+    assert!(calls.len() > 3, "{calls:?}");
+    assert_eq!(calls[0]["function"]["name"], "chart");
+    let arguments: String = calls
+        .iter()
+        .map(|call| call["function"]["arguments"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        serde_json::from_str::<Value>(&arguments).expect("JSON arguments"),
+        json!({"area": "the reef"})
+    );
+}

@@ -1,7 +1,9 @@
 //! The simulated provider's errors, in OpenAI's wire format:
 //! `{"error":{"message","type","param","code"}}`, as real providers send them.
 
-use axum::http::{HeaderValue, StatusCode, header};
+use std::time::Duration;
+
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -13,6 +15,8 @@ pub struct SimError {
     code: Option<&'static str>,
     param: Option<&'static str>,
     message: String,
+    /// Sent as `retry-after` (whole seconds, rounded up) and `retry-after-ms`.
+    retry_after: Option<Duration>,
 }
 
 impl SimError {
@@ -24,7 +28,31 @@ impl SimError {
             code,
             param: None,
             message: message.into(),
+            retry_after: None,
         }
+    }
+
+    /// 429 `rate_limit_exceeded`, of type `requests` or `tokens` (as OpenAI
+    /// types it), with `retry-after` / `retry-after-ms` saying when to retry.
+    pub fn rate_limited(kind: &'static str, message: impl Into<String>, retry: Duration) -> Self {
+        Self {
+            status: StatusCode::TOO_MANY_REQUESTS,
+            kind,
+            code: Some("rate_limit_exceeded"),
+            param: None,
+            message: message.into(),
+            retry_after: Some(retry),
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> u16 {
+        self.status.as_u16()
+    }
+
+    /// The request field the error is about.
+    pub fn param(&self) -> Option<&'static str> {
+        self.param
     }
 
     /// 401: no key, or not the configured one.
@@ -43,6 +71,7 @@ impl SimError {
             code: None,
             param: None,
             message: message.into(),
+            retry_after: None,
         }
     }
 
@@ -65,6 +94,18 @@ impl IntoResponse for SimError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        if let Some(retry) = self.retry_after {
+            let millis = retry.as_millis();
+            let headers = response.headers_mut();
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(millis.div_ceil(1000) as u64),
+            );
+            headers.insert(
+                HeaderName::from_static("retry-after-ms"),
+                HeaderValue::from(millis as u64),
+            );
+        }
         response
     }
 }

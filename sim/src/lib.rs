@@ -15,6 +15,42 @@
 //! the cached part in `prompt_tokens_details.cached_tokens` (in whole answers
 //! and in a stream's usage chunk).
 //!
+//! # What its answers carry
+//!
+//! Built in `answer.rs` from what the request asks (`request.rs` validates it
+//! as OpenAI does: a 400 `invalid_request_error` naming the `param`):
+//!
+//! - `n` (1..=128): that many choices, each from the same context (same
+//!   opening, own body); streamed, their chunks interleave, each with its
+//!   `index`, its own `role` delta and its own finish chunk. `max_tokens` /
+//!   `max_completion_tokens` apply per choice; usage sums the choices.
+//! - `model: "sim-reasoner"` (`reasoning_content`, as DeepSeek, GLM, Qwen)
+//!   or `"sim-reasoner-openrouter"` (`reasoning`): the model thinks first,
+//!   restating the instructions it sees and quoting the opening they ask for
+//!   (canaries included). Streamed, reasoning deltas (`content: null`, or `""`
+//!   for OpenRouter) come before content deltas. The reasoning is spent from
+//!   `max_tokens` and reported in `completion_tokens_details.reasoning_tokens`.
+//! - `logprobs: true` (`top_logprobs` 0..=20): `logprobs.content` entries
+//!   (`token`, `logprob`, `bytes`, `top_logprobs`) whose tokens join to the
+//!   content exactly; streamed, each content chunk carries its own tokens'.
+//! - `tools` with `tool_choice` (`required`, a named function, or `auto` and
+//!   a name in the last user message; `tools.rs`): `message.tool_calls`,
+//!   `content: null`, `finish_reason: "tool_calls"`; streamed, a first delta
+//!   with `index`, `id`, `type`, `function.name` and `arguments: ""`, then
+//!   `arguments` fragments. Legacy `functions` / `function_call`:
+//!   `message.function_call`, `finish_reason: "function_call"`.
+//! - Always: `system_fingerprint`, `service_tier`, `message.refusal`,
+//!   `message.annotations`; stream chunks carry an `obfuscation` padding
+//!   string (`stream_options.include_obfuscation: false` drops it) and, with
+//!   `include_usage`, `usage: null` until the usage chunk (`choices: []`).
+//!
+//! Every chat completion response (answers, errors, streams) carries the
+//! headers of `headers.rs`: `x-request-id`, `openai-processing-ms`,
+//! `openai-version`, `openai-organization`, `x-ratelimit-*` from a fixed
+//! window ([`RateLimitConfig`]; over it, 429 with `retry-after` and
+//! `retry-after-ms`) and a Cloudflare `__cf_bm` `set-cookie`. The test-only
+//! header [`RATE_LIMIT_AFTER_HEADER`] lowers the request limit for one request.
+//!
 //! Failure modes ([`Mode`]) are chosen with `--mode` or, per request, with the
 //! test-only header `x-sim-mode`. What the model sees is decided in one place,
 //! `SimProvider::visible_context`, and what it sees is read from a paged KV
@@ -45,11 +81,16 @@
 //! [`CONTEXT_FROM_HEADER`] with their response ids. `GET /sim/stats` counts
 //! them. A real provider sends nothing like it; the proxy does not forward it.
 
+mod answer;
 mod error;
+mod hash;
+mod headers;
 pub mod model;
 pub mod pool;
 pub mod prefix_cache;
+mod request;
 pub mod tls;
+mod tools;
 
 use std::convert::Infallible;
 use std::str::FromStr;
@@ -68,14 +109,24 @@ use canarygate_policies::tokens::{content_text, count_chat_messages};
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 
+use answer::{Answer, Compose, MODELS};
+pub use answer::{OPENROUTER_REASONER_MODEL, REASONER_MODEL, SYSTEM_FINGERPRINT};
 pub use error::SimError;
-use model::{Reply, Segment, generate};
+pub use headers::{OPENAI_VERSION, ORGANIZATION, RateLimitConfig};
+use headers::{RateSnapshot, RateWindow};
+use model::Segment;
 use pool::{KvPool, Position, prompt_positions};
 use prefix_cache::PrefixCache;
 pub use prefix_cache::PrefixCacheConfig;
+use request::SimRequest;
 
 /// Per-request override of the failure mode (tests only).
 pub const MODE_HEADER: &str = "x-sim-mode";
+
+/// Per-request override of the requests-per-window limit (tests only):
+/// `x-sim-rate-limit-after: K` serves this request only while fewer than `K`
+/// requests were admitted in the current window, else answers 429.
+pub const RATE_LIMIT_AFTER_HEADER: &str = "x-sim-rate-limit-after";
 
 /// Response header saying where the model's context came from: `own`,
 /// `stale` (KV pool pages of earlier requests), `swapped` (another request's
@@ -117,11 +168,14 @@ pub enum Mode {
     /// its text), reporting this request's own usage. The very first request
     /// has nobody to swap with and is answered honestly.
     Swap,
+    /// Refuses every request with 429 `rate_limit_exceeded`, `retry-after: 1`,
+    /// `retry-after-ms: 1000` and `x-ratelimit-remaining-*: 0`.
+    RateLimited,
 }
 
 impl Mode {
     /// Every mode, in the order of [`Mode::name`]'s documentation.
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::Honest,
         Self::LeakOnOverflow,
         Self::TruncateHead,
@@ -130,11 +184,12 @@ impl Mode {
         Self::Cut,
         Self::StallFirstByte,
         Self::StallMidStream,
+        Self::RateLimited,
     ];
 
     /// The name used by `--mode` and `x-sim-mode`: `honest`,
     /// `leak-on-overflow`, `truncate-head`, `truncate-tail`, `swap`, `cut`,
-    /// `stall-first-byte`, `stall-mid-stream`.
+    /// `stall-first-byte`, `stall-mid-stream`, `rate-limited`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Honest => "honest",
@@ -145,6 +200,7 @@ impl Mode {
             Self::Cut => "cut",
             Self::StallFirstByte => "stall-first-byte",
             Self::StallMidStream => "stall-mid-stream",
+            Self::RateLimited => "rate-limited",
         }
     }
 }
@@ -197,6 +253,8 @@ pub struct SimConfig {
     pub page_tokens: u32,
     /// Prompt prefix caching; `None` prefills every prompt in full.
     pub prefix_cache: Option<PrefixCacheConfig>,
+    /// The rate limit reported in `x-ratelimit-*` and enforced with 429s.
+    pub rate_limit: RateLimitConfig,
 }
 
 impl SimConfig {
@@ -221,6 +279,7 @@ impl Default for SimConfig {
             pool_tokens: None,
             page_tokens: 16,
             prefix_cache: Some(PrefixCacheConfig::default()),
+            rate_limit: RateLimitConfig::default(),
         }
     }
 }
@@ -240,6 +299,8 @@ struct Stats {
     truncated: AtomicU64,
     /// Responses generated from another request's context (`swap`).
     swapped: AtomicU64,
+    /// Requests refused with 429.
+    rate_limited: AtomicU64,
     /// Prompts served with part of them from the prefix cache.
     cache_hits: AtomicU64,
     /// Prompt tokens served from the prefix cache, summed.
@@ -257,6 +318,11 @@ pub struct SimProvider {
     last_context: Mutex<Option<(u64, Arc<Vec<Segment>>)>>,
     /// Prompt prefixes seen, when caching is on.
     prefix_cache: Option<Mutex<PrefixCache>>,
+    /// Requests and tokens admitted in the current rate-limit window.
+    rate: Mutex<RateWindow>,
+    /// When this provider started (nanoseconds since the epoch): makes
+    /// `x-request-id`s unique across runs.
+    started_nanos: u128,
 }
 
 /// Where the model's context came from.
@@ -290,28 +356,42 @@ fn response_id(number: u64) -> String {
 
 /// A routed simulated provider, ready for `axum::serve` or [`tls::serve_tls`].
 pub fn router(config: SimConfig) -> Router {
-    let sim = Arc::new(SimProvider {
-        pool: Mutex::new(KvPool::new(config.context_window, config.page_tokens)),
-        last_context: Mutex::new(None),
-        prefix_cache: config
-            .prefix_cache
-            .clone()
-            .map(|cache| Mutex::new(PrefixCache::new(cache))),
-        config,
-        stats: Stats::default(),
-        next_id: AtomicU64::new(1),
-    });
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/sim/stats", get(stats))
-        .with_state(sim)
+        .with_state(SimProvider::new(config))
+}
+
+impl SimProvider {
+    fn new(config: SimConfig) -> Arc<Self> {
+        Arc::new(Self {
+            pool: Mutex::new(KvPool::new(config.context_window, config.page_tokens)),
+            last_context: Mutex::new(None),
+            prefix_cache: config
+                .prefix_cache
+                .clone()
+                .map(|cache| Mutex::new(PrefixCache::new(cache))),
+            rate: Mutex::new(RateWindow::new(
+                config.rate_limit.clone(),
+                std::time::Instant::now(),
+            )),
+            started_nanos: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |since| since.as_nanos()),
+            config,
+            stats: Stats::default(),
+            next_id: AtomicU64::new(1),
+        })
+    }
 }
 
 async fn models() -> impl IntoResponse {
-    axum::Json(json!({"object": "list", "data": [
-        {"id": "sim-model", "object": "model", "created": 0, "owned_by": "canarygate-sim"}
-    ]}))
+    let data: Vec<Value> = MODELS
+        .iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "canarygate-sim"}))
+        .collect();
+    axum::Json(json!({"object": "list", "data": data}))
 }
 
 async fn stats(State(sim): State<Arc<SimProvider>>) -> impl IntoResponse {
@@ -333,6 +413,7 @@ async fn stats(State(sim): State<Arc<SimProvider>>) -> impl IntoResponse {
         "placeholder_substitutions": stats.placeholder_substitutions.load(Ordering::Relaxed),
         "truncated": stats.truncated.load(Ordering::Relaxed),
         "swapped": stats.swapped.load(Ordering::Relaxed),
+        "rate_limited": stats.rate_limited.load(Ordering::Relaxed),
         "context_window": sim.config.context_window,
         "prefill_pool_tokens": sim.config.prefill_pool_tokens(),
         "kv_pool": {"pages": pages, "page_tokens": page_tokens},
@@ -345,77 +426,38 @@ async fn stats(State(sim): State<Arc<SimProvider>>) -> impl IntoResponse {
     }))
 }
 
-/// One parsed request as the simulator needs it. Other fields are accepted
-/// and ignored, as a provider ignores what it does not implement.
-#[derive(serde::Deserialize)]
-struct SimRequest {
-    model: String,
-    messages: Vec<Value>,
-    #[serde(default)]
-    stream: Option<bool>,
-    #[serde(default)]
-    max_tokens: Option<u64>,
-    #[serde(default)]
-    max_completion_tokens: Option<u64>,
-    #[serde(default)]
-    stream_options: Option<StreamOptions>,
-}
-
-#[derive(serde::Deserialize)]
-struct StreamOptions {
-    #[serde(default)]
-    include_usage: Option<bool>,
-}
-
-impl SimRequest {
-    /// Parses a chat completion body; anything malformed is a 400, as a
-    /// provider answers it.
-    fn parse(body: &[u8]) -> Result<Self, SimError> {
-        let request: Self = serde_json::from_slice(body).map_err(|error| {
-            SimError::invalid_request(
-                None,
-                format!("We could not parse the JSON body of your request: {error}"),
-            )
-        })?;
-        if request.messages.is_empty() {
-            return Err(SimError::invalid_request(
-                None,
-                "`messages` must hold at least one message.",
-            )
-            .with_param("messages"));
-        }
-        Ok(request)
-    }
-
-    fn stream(&self) -> bool {
-        self.stream.unwrap_or(false)
-    }
-
-    fn max_tokens(&self) -> Option<u64> {
-        self.max_completion_tokens.or(self.max_tokens)
-    }
-
-    fn include_usage(&self) -> bool {
-        self.stream_options
-            .as_ref()
-            .and_then(|options| options.include_usage)
-            .unwrap_or(false)
-    }
-}
-
 async fn chat_completions(
     State(sim): State<Arc<SimProvider>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    sim.stats.requests.fetch_add(1, Ordering::Relaxed);
-    match sim.serve(&headers, &body).await {
+    let started = std::time::Instant::now();
+    let number = sim.stats.requests.fetch_add(1, Ordering::Relaxed) + 1;
+    let mut rate = None;
+    let mut response = match sim.serve(&headers, &body, &mut rate).await {
         Ok(response) => response,
         Err(error) => {
-            sim.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            if error.status() == 429 {
+                sim.stats.rate_limited.fetch_add(1, Ordering::Relaxed);
+            } else {
+                sim.stats.rejected.fetch_add(1, Ordering::Relaxed);
+            }
             error.into_response()
         }
-    }
+    };
+    let rate = rate.unwrap_or_else(|| {
+        sim.rate
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .peek(started, None)
+    });
+    headers::insert(
+        response.headers_mut(),
+        &headers::request_id(number, sim.started_nanos),
+        started.elapsed(),
+        &rate,
+    );
+    response
 }
 
 impl SimProvider {
@@ -423,6 +465,7 @@ impl SimProvider {
         self: &Arc<Self>,
         headers: &HeaderMap,
         body: &[u8],
+        rate: &mut Option<RateSnapshot>,
     ) -> Result<Response, SimError> {
         let presented = headers
             .get(header::AUTHORIZATION)
@@ -454,6 +497,7 @@ impl SimProvider {
         };
         let request = SimRequest::parse(body)?;
         let prompt_tokens = count_chat_messages(&request.messages);
+        self.admit(headers, mode, &request, prompt_tokens, rate)?;
         let window = self.config.context_window;
         let requested = prompt_tokens + request.max_tokens().unwrap_or(0);
         // leak-on-overflow never checks what it can hold, its window included.
@@ -480,22 +524,19 @@ impl SimProvider {
             &request.messages,
             prompt_tokens,
         )?;
-        let reply = generate(&visible.context, request.max_tokens());
         let prompt_tokens = visible.prompt_tokens;
-        let usage = json!({
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": reply.tokens.len(),
-            "total_tokens": prompt_tokens + reply.tokens.len() as u64,
-            "prompt_tokens_details": {"cached_tokens": visible.cached_tokens},
-        });
-        let answer = Answer {
+        let answer = Answer::compose(Compose {
             id: response_id(number),
             created: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
-            model: request.model.clone(),
-            reply,
-            usage,
+            request: &request,
+            context: &visible.context,
+            prompt_tokens,
+            cached_tokens: visible.cached_tokens,
+        });
+        let answer = Delivery {
+            answer,
             mode,
             prefill: delay(
                 (prompt_tokens - visible.cached_tokens) as f64,
@@ -510,7 +551,7 @@ impl SimProvider {
             Source::Swapped(other) => ("swapped", vec![*other]),
         };
         let mut response = if request.stream() {
-            self.clone().stream(answer, request.include_usage())
+            self.clone().stream(answer)
         } else {
             self.complete(answer).await
         };
@@ -526,6 +567,68 @@ impl SimProvider {
             }
         }
         Ok(response)
+    }
+
+    /// Counts the request against the rate limit, or refuses it with 429
+    /// (always in `rate-limited`); `rate` gets what the response reports.
+    fn admit(
+        &self,
+        headers: &HeaderMap,
+        mode: Mode,
+        request: &SimRequest,
+        prompt_tokens: u64,
+        rate: &mut Option<RateSnapshot>,
+    ) -> Result<(), SimError> {
+        let limit = match headers.get(RATE_LIMIT_AFTER_HEADER) {
+            Some(value) => Some(
+                value
+                    .to_str()
+                    .ok()
+                    .and_then(|text| text.trim().parse::<u64>().ok())
+                    .ok_or_else(|| {
+                        SimError::invalid_request(
+                            Some("invalid_sim_rate_limit"),
+                            format!("{RATE_LIMIT_AFTER_HEADER} must be a whole number"),
+                        )
+                    })?,
+            ),
+            None => None,
+        };
+        let now = std::time::Instant::now();
+        let mut window = self.rate.lock().unwrap_or_else(PoisonError::into_inner);
+        if mode == Mode::RateLimited {
+            let snapshot = RateSnapshot {
+                remaining_requests: 0,
+                remaining_tokens: 0,
+                reset: Duration::from_secs(1),
+                ..window.peek(now, limit)
+            };
+            let message = format!(
+                "Rate limit reached for requests per min (RPM) in organization {ORGANIZATION}: \
+                 Limit {limit}, Used {limit}, Requested 1. Please try again in 1s.",
+                limit = snapshot.limit_requests
+            );
+            *rate = Some(snapshot);
+            return Err(SimError::rate_limited(
+                "requests",
+                message,
+                Duration::from_secs(1),
+            ));
+        }
+        let choices = request.choices as u64;
+        let tokens = prompt_tokens + request.max_tokens().unwrap_or(0).saturating_mul(choices);
+        match window.admit(now, tokens, limit) {
+            Ok(snapshot) => {
+                *rate = Some(snapshot);
+                Ok(())
+            }
+            Err(refusal) => {
+                // Retry when the window reopens, at least a millisecond on.
+                let retry = refusal.snapshot.reset.max(Duration::from_millis(1));
+                *rate = Some(refusal.snapshot);
+                Err(SimError::rate_limited(refusal.kind, refusal.message, retry))
+            }
+        }
     }
 
     /// What the model sees for request `number` in `mode`, read from the
@@ -656,22 +759,10 @@ impl SimProvider {
             .ok_or_else(|| SimError::internal("sim: the KV pool has too few free pages"))
     }
 
-    async fn complete(&self, answer: Answer) -> Response {
-        pace(answer.prefill + answer.per_token * answer.reply.tokens.len() as u32).await;
-        let body = json!({
-            "id": answer.id,
-            "object": "chat.completion",
-            "created": answer.created,
-            "model": answer.model,
-            "choices": [{
-                "index": 0,
-                "message": {"role": "assistant", "content": answer.reply.text()},
-                "logprobs": null,
-                "finish_reason": answer.reply.finish_reason,
-            }],
-            "usage": answer.usage,
-        })
-        .to_string();
+    async fn complete(&self, answer: Delivery) -> Response {
+        let steps = u32::try_from(answer.answer.decode_steps()).unwrap_or(u32::MAX);
+        pace(answer.prefill + answer.per_token * steps).await;
+        let body = answer.answer.body().to_string();
         if matches!(answer.mode, Mode::Cut | Mode::StallMidStream) {
             // Half the body, then a reset (cut) or silence with the connection open (stall).
             let half = Bytes::from(body[..body.len() / 2].to_owned());
@@ -694,14 +785,14 @@ impl SimProvider {
         ([(header::CONTENT_TYPE, "application/json")], body).into_response()
     }
 
-    fn stream(self: Arc<Self>, answer: Answer, include_usage: bool) -> Response {
+    fn stream(self: Arc<Self>, answer: Delivery) -> Response {
         let (sender, receiver) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(4);
         tokio::spawn(async move {
             let mut guard = CancelGuard {
                 sim: self.clone(),
                 finished: false,
             };
-            if send_stream(&answer, include_usage, &sender).await.is_ok() {
+            if send_stream(&answer, &sender).await.is_ok() {
                 guard.finished = true;
                 if !matches!(answer.mode, Mode::Cut | Mode::StallMidStream) {
                     self.stats.completed.fetch_add(1, Ordering::Relaxed);
@@ -744,28 +835,12 @@ fn delay(amount: f64, rate: f64) -> Duration {
     }
 }
 
-/// Everything needed to send one answer.
-struct Answer {
-    id: String,
-    created: u64,
-    model: String,
-    reply: Reply,
-    usage: Value,
+/// An answer and how to send it.
+struct Delivery {
+    answer: Answer,
     mode: Mode,
     prefill: Duration,
     per_token: Duration,
-}
-
-impl Answer {
-    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Value {
-        json!({
-            "id": self.id,
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
-        })
-    }
 }
 
 /// Counts a stream the client abandoned: dropped before it was finished.
@@ -784,36 +859,30 @@ impl Drop for CancelGuard {
 
 type Sender = tokio::sync::mpsc::Sender<Result<Bytes, Infallible>>;
 
-/// Sends the SSE events of `answer`; `Err` when the client went away.
-async fn send_stream(answer: &Answer, include_usage: bool, sender: &Sender) -> Result<(), ()> {
+/// Sends the SSE events of `delivery`; `Err` when the client went away.
+async fn send_stream(delivery: &Delivery, sender: &Sender) -> Result<(), ()> {
     async fn send(sender: &Sender, data: &str) -> Result<(), ()> {
         let mut bytes = Vec::with_capacity(data.len() + 8);
         encode_data(data, &mut bytes);
         sender.send(Ok(Bytes::from(bytes))).await.map_err(|_| ())
     }
 
-    send(
-        sender,
-        &answer
-            .chunk(json!({"role": "assistant", "content": ""}), None)
-            .to_string(),
-    )
-    .await?;
-    pace(answer.prefill).await;
-    let tokens = &answer.reply.tokens;
-    let cut_at = match answer.mode {
-        Mode::Cut | Mode::StallMidStream => tokens.len() / 2,
-        _ => tokens.len(),
-    };
-    for token in &tokens[..cut_at] {
-        pace(answer.per_token).await;
-        send(
-            sender,
-            &answer.chunk(json!({"content": token}), None).to_string(),
-        )
-        .await?;
+    let plan = delivery.answer.stream_plan();
+    for chunk in &plan.opening {
+        send(sender, &chunk.to_string()).await?;
     }
-    match answer.mode {
+    pace(delivery.prefill).await;
+    let cut_at = match delivery.mode {
+        Mode::Cut | Mode::StallMidStream => plan.steps.len() / 2,
+        _ => plan.steps.len(),
+    };
+    for step in &plan.steps[..cut_at] {
+        pace(delivery.per_token).await;
+        for chunk in step {
+            send(sender, &chunk.to_string()).await?;
+        }
+    }
+    match delivery.mode {
         Mode::Cut => return Ok(()),
         Mode::StallMidStream => {
             // Hold the connection open and silent until the client gives up.
@@ -822,23 +891,8 @@ async fn send_stream(answer: &Answer, include_usage: bool, sender: &Sender) -> R
         }
         _ => {}
     }
-    send(
-        sender,
-        &answer
-            .chunk(json!({}), Some(answer.reply.finish_reason))
-            .to_string(),
-    )
-    .await?;
-    if include_usage {
-        let usage = json!({
-            "id": answer.id,
-            "object": "chat.completion.chunk",
-            "created": answer.created,
-            "model": answer.model,
-            "choices": [],
-            "usage": answer.usage,
-        });
-        send(sender, &usage.to_string()).await?;
+    for chunk in plan.closing.iter().chain(&plan.usage) {
+        send(sender, &chunk.to_string()).await?;
     }
     send(sender, "[DONE]").await
 }
@@ -911,5 +965,186 @@ mod tests {
             ..SimConfig::default()
         };
         assert_eq!(config.prefill_pool_tokens(), 665);
+    }
+
+    /// Posts `body` to a provider's handler, with extra `headers`.
+    async fn post(
+        sim: &Arc<SimProvider>,
+        body: Value,
+        headers: &[(&'static str, &str)],
+    ) -> (StatusCode, HeaderMap, String) {
+        let mut map = HeaderMap::new();
+        map.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k"));
+        for (name, value) in headers {
+            map.insert(*name, HeaderValue::from_str(value).unwrap());
+        }
+        let response =
+            chat_completions(State(sim.clone()), map, Bytes::from(body.to_string())).await;
+        let status = response.status();
+        let headers = response.headers().clone();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, headers, String::from_utf8(bytes.to_vec()).unwrap())
+    }
+
+    fn hello(stream: bool) -> Value {
+        json!({"model": "sim-model", "stream": stream, "max_tokens": 100,
+               "messages": [{"role": "user", "content": "hello there"}]})
+    }
+
+    fn header_of<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+
+    #[tokio::test]
+    async fn every_answer_carries_provider_headers_and_the_counts_go_down() {
+        let sim = SimProvider::new(SimConfig::default());
+        let mut ids = std::collections::HashSet::new();
+        let mut remaining = Vec::new();
+        for (body, status) in [
+            (hello(false), StatusCode::OK),
+            (hello(true), StatusCode::OK),
+            (
+                json!({"model": "m", "messages": []}),
+                StatusCode::BAD_REQUEST,
+            ),
+            (hello(false), StatusCode::OK),
+        ] {
+            let (got, headers, _) = post(&sim, body, &[]).await;
+            assert_eq!(got, status);
+            let id = header_of(&headers, "x-request-id");
+            assert!(id.starts_with("req_") && id.len() == 36, "{id}");
+            assert!(ids.insert(id.to_owned()), "unique");
+            assert!(
+                header_of(&headers, "openai-processing-ms")
+                    .parse::<u64>()
+                    .is_ok()
+            );
+            assert_eq!(header_of(&headers, "openai-version"), "2020-10-01");
+            assert_eq!(header_of(&headers, "openai-organization"), "sim-org");
+            assert_eq!(header_of(&headers, "x-ratelimit-limit-requests"), "10000");
+            assert_eq!(header_of(&headers, "x-ratelimit-limit-tokens"), "2000000");
+            let reset = header_of(&headers, "x-ratelimit-reset-requests");
+            assert!(reset.ends_with('s'), "{reset}");
+            assert!(!header_of(&headers, "x-ratelimit-reset-tokens").is_empty());
+            assert!(header_of(&headers, "set-cookie").starts_with("__cf_bm="));
+            remaining.push((
+                header_of(&headers, "x-ratelimit-remaining-requests")
+                    .parse::<u64>()
+                    .unwrap(),
+                header_of(&headers, "x-ratelimit-remaining-tokens")
+                    .parse::<u64>()
+                    .unwrap(),
+            ));
+        }
+        // Admitted requests count (prompt + max_tokens); a malformed one does not.
+        assert_eq!(remaining[0].0, 9_999);
+        assert_eq!(remaining[1].0, 9_998);
+        assert_eq!(remaining[2], remaining[1]);
+        assert_eq!(remaining[3].0, 9_997);
+        assert!(remaining[0].1 < 2_000_000 - 100 && remaining[3].1 < remaining[1].1);
+    }
+
+    #[tokio::test]
+    async fn rate_limited_answers_429_with_retry_after() {
+        let sim = SimProvider::new(SimConfig::default());
+        for stream in [false, true] {
+            let (status, headers, body) =
+                post(&sim, hello(stream), &[(MODE_HEADER, "rate-limited")]).await;
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(header_of(&headers, "retry-after"), "1");
+            assert_eq!(header_of(&headers, "retry-after-ms"), "1000");
+            assert_eq!(header_of(&headers, "x-ratelimit-remaining-requests"), "0");
+            assert_eq!(header_of(&headers, "x-ratelimit-remaining-tokens"), "0");
+            assert_eq!(header_of(&headers, "x-ratelimit-reset-requests"), "1s");
+            assert!(header_of(&headers, "x-request-id").starts_with("req_"));
+            let error: Value = serde_json::from_str(&body).unwrap();
+            let error = &error["error"];
+            assert!(
+                error["message"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("Rate limit reached for requests")
+            );
+            assert_eq!(error["type"], "requests");
+            assert_eq!(error["param"], Value::Null);
+            assert_eq!(error["code"], "rate_limit_exceeded");
+        }
+
+        // Serve two, then refuse until the window reopens.
+        let after = [(RATE_LIMIT_AFTER_HEADER, "2")];
+        assert_eq!(post(&sim, hello(false), &after).await.0, StatusCode::OK);
+        assert_eq!(post(&sim, hello(false), &after).await.0, StatusCode::OK);
+        let (status, headers, body) = post(&sim, hello(false), &after).await;
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+        assert_eq!(header_of(&headers, "x-ratelimit-limit-requests"), "2");
+        assert_eq!(header_of(&headers, "x-ratelimit-remaining-requests"), "0");
+        let retry_ms: u64 = header_of(&headers, "retry-after-ms").parse().unwrap();
+        assert!((1..=60_000).contains(&retry_ms), "{retry_ms}");
+        let (status, ..) = post(&sim, hello(false), &[(RATE_LIMIT_AFTER_HEADER, "x")]).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert_eq!(sim.stats.rate_limited.load(Ordering::Relaxed), 3);
+
+        // A short window reopens.
+        let sim = SimProvider::new(SimConfig {
+            rate_limit: RateLimitConfig {
+                requests: 1,
+                window: Duration::from_millis(200),
+                ..RateLimitConfig::default()
+            },
+            ..SimConfig::default()
+        });
+        assert_eq!(post(&sim, hello(false), &[]).await.0, StatusCode::OK);
+        assert_eq!(
+            post(&sim, hello(true), &[]).await.0,
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert_eq!(post(&sim, hello(false), &[]).await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn invalid_n_is_refused_in_openais_shape() {
+        let sim = SimProvider::new(SimConfig::default());
+        let mut body = hello(false);
+        body["n"] = json!(0);
+        let (status, headers, text) = post(&sim, body, &[]).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(header_of(&headers, "x-request-id").starts_with("req_"));
+        let error: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(error["error"]["type"], "invalid_request_error");
+        assert_eq!(error["error"]["param"], "n");
+        assert_eq!(error["error"]["code"], "integer_below_min_value");
+
+        let mut body = hello(true);
+        body["n"] = json!(2);
+        let (status, _, text) = post(&sim, body, &[]).await;
+        assert_eq!(status, StatusCode::OK);
+        let finishes = text.matches("\"finish_reason\":\"stop\"").count();
+        assert_eq!(finishes, 2, "{text}");
+        assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn models_lists_the_reasoners() {
+        let response = models().await.into_response();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let list: Value = serde_json::from_slice(&bytes).unwrap();
+        let ids: Vec<&str> = list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|model| model["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            ids,
+            ["sim-model", REASONER_MODEL, OPENROUTER_REASONER_MODEL]
+        );
     }
 }

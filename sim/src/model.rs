@@ -12,6 +12,11 @@
 //!    for the needles of a context probe ([`RECALL_PHRASE`]), it lists every
 //!    passphrase it can see, in order.
 //!
+//! With `n` choices, choice `i` rotates the subject's words by `i` and takes
+//! its own length; its opening is the same. A reasoning model first
+//! [`think`]s: it restates the instructions it sees, quoting the opening they
+//! ask for, as real reasoning models do.
+//!
 //! The same context always gives the same reply, and a reply shows what the
 //! model could see: a context filled with someone else's text gives an answer
 //! about someone else's text, which is what the leak failure mode needs.
@@ -50,15 +55,33 @@ const BODY_TOKENS: std::ops::Range<usize> = 12..40;
 
 /// Writes the reply to `context`, at most `max_tokens` tokens long.
 pub fn generate(context: &[Segment], max_tokens: Option<u64>) -> Reply {
-    let prefix = obedient_prefix(context);
-    let subject = context
+    generate_choice(context, max_tokens, 0)
+}
+
+/// The last user segment's text as the model sees it (canary blocks
+/// included), or `""`.
+pub fn last_user_text(context: &[Segment]) -> &str {
+    context
         .iter()
         .rev()
         .find(|segment| segment.role == "user")
-        .map_or("", |segment| client_text(&segment.text));
+        .map_or("", |segment| segment.text.as_str())
+}
 
-    let words: Vec<&str> = subject.split_whitespace().collect();
-    let body_len = BODY_TOKENS.start + (fnv1a(context) % BODY_TOKENS.len() as u64) as usize;
+/// The subject of a reply: the client's part of the last user segment.
+pub fn subject(context: &[Segment]) -> &str {
+    client_text(last_user_text(context))
+}
+
+/// Writes choice `choice` of the replies to `context` (choice 0 is
+/// [`generate`]'s reply): the same opening, the subject's words rotated by
+/// `choice`, a length of its own.
+pub fn generate_choice(context: &[Segment], max_tokens: Option<u64>, choice: usize) -> Reply {
+    let prefix = obedient_prefix(context);
+    let words: Vec<&str> = subject(context).split_whitespace().collect();
+    // 5 is prime to the range's length (28): 28 choices of distinct lengths.
+    let seed = fnv1a(context).wrapping_add(5 * choice as u64);
+    let body_len = BODY_TOKENS.start + (seed % BODY_TOKENS.len() as u64) as usize;
     let mut text = String::new();
     if let Some(prefix) = prefix {
         text.push_str(&prefix);
@@ -84,13 +107,43 @@ pub fn generate(context: &[Segment], max_tokens: Option<u64>) -> Reply {
         text.push(' ');
         text.push_str(
             words
-                .get(index % words.len().max(1))
+                .get((index + choice) % words.len().max(1))
                 .copied()
                 .unwrap_or("nothing"),
         );
     }
     text.push('.');
     finish(text, max_tokens)
+}
+
+/// What a reasoning model thinks before it answers `context`: it restates
+/// the instructions it sees, quoting the opening they ask for (canaries
+/// included), and what it will do. `plan` names the tools it will call, if
+/// any. A few dozen tokens, never cut here.
+pub fn think(context: &[Segment], plan: &[&str]) -> Vec<String> {
+    let mut text = String::from("Let me read the conversation first.");
+    match obedient_prefix(context) {
+        Some(opening) => text.push_str(&format!(
+            " The instructions ask me to begin my reply with \"{opening}\", so I will start \
+             with exactly that."
+        )),
+        None => text.push_str(" Nothing tells me how to begin my reply."),
+    }
+    let words: Vec<&str> = subject(context).split_whitespace().take(8).collect();
+    if words.is_empty() {
+        text.push_str(" The user wrote nothing I can restate.");
+    } else {
+        text.push_str(&format!(" The user wrote \"{}\".", words.join(" ")));
+    }
+    if plan.is_empty() {
+        text.push_str(" I will restate what they wrote, briefly and plainly.");
+    } else {
+        text.push_str(&format!(
+            " The request fits {}, so I will call it with their words.",
+            plan.join(" and ")
+        ));
+    }
+    tokenize_keeping_spaces(&text)
 }
 
 /// `text` as reply tokens, cut at `max_tokens`.
@@ -136,14 +189,12 @@ pub fn tokenize_keeping_spaces(text: &str) -> Vec<String> {
 
 /// FNV-1a over the context: a stable, cheap, deterministic length seed.
 fn fnv1a(context: &[Segment]) -> u64 {
-    let mut hash = 0xcbf2_9ce4_8422_2325_u64;
-    for segment in context {
-        for byte in segment.role.bytes().chain(segment.text.bytes()) {
-            hash ^= u64::from(byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    hash
+    context.iter().fold(crate::hash::SEED, |hash, segment| {
+        crate::hash::fold(
+            crate::hash::fold(hash, segment.role.as_bytes()),
+            segment.text.as_bytes(),
+        )
+    })
 }
 
 #[cfg(test)]
@@ -244,6 +295,49 @@ mod tests {
         assert_eq!(reply.tokens.len(), 3);
         assert_eq!(reply.finish_reason, "length");
         assert_eq!(reply.text(), "You wrote:");
+    }
+
+    #[test]
+    fn choices_share_the_opening_and_differ_in_body() {
+        let context = [
+            segment("system", "Begin your reply with \"CG-1\" now."),
+            segment("user", "chart the northern reef"),
+        ];
+        let first = generate_choice(&context, None, 0);
+        assert_eq!(first, generate(&context, None));
+        let second = generate_choice(&context, None, 1).text();
+        assert!(
+            second.starts_with("CG-1 You wrote: the northern reef chart"),
+            "{second}"
+        );
+        assert_ne!(first.text(), second);
+        assert_eq!(
+            generate_choice(&context, None, 1).text(),
+            second,
+            "deterministic"
+        );
+    }
+
+    #[test]
+    fn thinking_quotes_the_opening_it_was_asked_for() {
+        let context = [
+            segment("system", "Begin your reply with \"CG-7\" please."),
+            segment("user", "list the moorings"),
+        ];
+        let thought = think(&context, &[]).concat();
+        assert!(
+            thought.contains("begin my reply with \"CG-7\""),
+            "{thought}"
+        );
+        assert!(thought.contains("\"list the moorings\""), "{thought}");
+        assert!((20..80).contains(&think(&context, &[]).len()));
+        let plan = think(&context, &["get_weather"]).concat();
+        assert!(plan.contains("fits get_weather"), "{plan}");
+        assert!(
+            !think(&[segment("user", "hi")], &[])
+                .concat()
+                .contains("CG-")
+        );
     }
 
     #[test]

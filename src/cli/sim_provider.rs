@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Context;
-use canarygate_sim::{Mode, PrefixCacheConfig, SimConfig};
+use canarygate_sim::{Mode, PrefixCacheConfig, RateLimitConfig, SimConfig};
 use clap::Args;
 
 use super::common::{announce, runtime, shutdown_signal};
@@ -26,7 +26,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 0.0)]
     decode_tps: f64,
     /// Failure mode: honest, leak-on-overflow, truncate-head, truncate-tail, swap, cut,
-    /// stall-first-byte, stall-mid-stream.
+    /// stall-first-byte, stall-mid-stream, rate-limited.
     #[arg(long, default_value = "honest")]
     mode: Mode,
     /// Prefill KV pool in tokens; in leak-on-overflow, longer prompts are answered from
@@ -51,6 +51,16 @@ pub struct SimArgs {
     /// Seconds an unused cached prefix is kept.
     #[arg(long, default_value_t = PrefixCacheConfig::default().idle_ttl.as_secs())]
     cache_ttl_secs: u64,
+    /// Requests admitted per rate-limit window; more get HTTP 429 rate_limit_exceeded.
+    #[arg(long, default_value_t = RateLimitConfig::default().requests)]
+    rate_limit_requests: u64,
+    /// Tokens (prompt plus max_tokens per choice) admitted per rate-limit window.
+    #[arg(long, default_value_t = RateLimitConfig::default().tokens)]
+    rate_limit_tokens: u64,
+    /// Length of the rate-limit window in milliseconds.
+    #[arg(long, default_value_t = RateLimitConfig::default().window.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    rate_limit_window_ms: u64,
     /// Require this API key (`Authorization: Bearer KEY`) on every request.
     #[arg(long)]
     api_key: Option<String>,
@@ -78,6 +88,11 @@ pub fn run(args: SimArgs) -> anyhow::Result<()> {
             capacity_tokens: args.cache_capacity_tokens,
             idle_ttl: Duration::from_secs(args.cache_ttl_secs),
         }),
+        rate_limit: RateLimitConfig {
+            requests: args.rate_limit_requests,
+            tokens: args.rate_limit_tokens,
+            window: Duration::from_millis(args.rate_limit_window_ms),
+        },
     };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(canarygate_sim::tls::server_config(cert, key)?),

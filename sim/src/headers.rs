@@ -1,0 +1,278 @@
+//! The headers real providers send on every chat completion response, and
+//! the rate limit they report.
+//!
+//! OpenAI sends `x-request-id`, `openai-processing-ms`, `openai-version`,
+//! `openai-organization` and `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`
+//! (resets as durations like `6m0s`, `1.5s`, `20ms`); Cloudflare in front of
+//! it adds a `__cf_bm` bot-management cookie, which a proxy must not pass on.
+//!
+//! The rate limit is a fixed window ([`RateLimitConfig`]): requests and
+//! tokens (prompt plus `max_tokens` per choice, as OpenAI estimates them)
+//! admitted since the window opened. A request over either limit is refused
+//! with 429 and not counted.
+
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
+
+use crate::hash;
+
+/// `openai-version` of every response.
+pub const OPENAI_VERSION: &str = "2020-10-01";
+
+/// `openai-organization` of every response.
+pub const ORGANIZATION: &str = "sim-org";
+
+/// Limits per window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimitConfig {
+    /// Requests admitted per window.
+    pub requests: u64,
+    /// Tokens admitted per window.
+    pub tokens: u64,
+    /// The window's length.
+    pub window: Duration,
+}
+
+impl Default for RateLimitConfig {
+    /// 10,000 requests and 2,000,000 tokens a minute.
+    fn default() -> Self {
+        Self {
+            requests: 10_000,
+            tokens: 2_000_000,
+            window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The rate-limit state one response reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateSnapshot {
+    pub limit_requests: u64,
+    pub remaining_requests: u64,
+    pub limit_tokens: u64,
+    pub remaining_tokens: u64,
+    /// Until the window reopens.
+    pub reset: Duration,
+}
+
+/// Why a request was refused: `requests` or `tokens` (OpenAI's error types).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub kind: &'static str,
+    pub message: String,
+    pub snapshot: RateSnapshot,
+}
+
+/// The fixed window's counts.
+#[derive(Debug)]
+pub struct RateWindow {
+    config: RateLimitConfig,
+    opened: Instant,
+    requests: u64,
+    tokens: u64,
+}
+
+impl RateWindow {
+    pub fn new(config: RateLimitConfig, now: Instant) -> Self {
+        Self {
+            config,
+            opened: now,
+            requests: 0,
+            tokens: 0,
+        }
+    }
+
+    fn roll(&mut self, now: Instant) {
+        if now.duration_since(self.opened) >= self.config.window {
+            self.opened = now;
+            self.requests = 0;
+            self.tokens = 0;
+        }
+    }
+
+    /// The state now, admitting nothing; `request_limit` overrides the
+    /// configured request limit.
+    pub fn peek(&mut self, now: Instant, request_limit: Option<u64>) -> RateSnapshot {
+        self.roll(now);
+        let limit_requests = request_limit.unwrap_or(self.config.requests);
+        RateSnapshot {
+            limit_requests,
+            remaining_requests: limit_requests.saturating_sub(self.requests),
+            limit_tokens: self.config.tokens,
+            remaining_tokens: self.config.tokens.saturating_sub(self.tokens),
+            reset: (self.opened + self.config.window).saturating_duration_since(now),
+        }
+    }
+
+    /// Admits a request of `tokens` tokens, or refuses it (counting nothing).
+    pub fn admit(
+        &mut self,
+        now: Instant,
+        tokens: u64,
+        request_limit: Option<u64>,
+    ) -> Result<RateSnapshot, Refusal> {
+        let before = self.peek(now, request_limit);
+        let wait = format_duration(before.reset);
+        if before.remaining_requests == 0 {
+            return Err(Refusal {
+                kind: "requests",
+                message: format!(
+                    "Rate limit reached for requests per min (RPM) in organization {ORGANIZATION}: \
+                     Limit {}, Used {}, Requested 1. Please try again in {wait}.",
+                    before.limit_requests, self.requests
+                ),
+                snapshot: before,
+            });
+        }
+        if tokens > before.remaining_tokens {
+            return Err(Refusal {
+                kind: "tokens",
+                message: format!(
+                    "Rate limit reached for tokens per min (TPM) in organization {ORGANIZATION}: \
+                     Limit {}, Used {}, Requested {tokens}. Please try again in {wait}.",
+                    before.limit_tokens, self.tokens
+                ),
+                snapshot: before,
+            });
+        }
+        self.requests += 1;
+        self.tokens += tokens;
+        Ok(self.peek(now, request_limit))
+    }
+}
+
+/// A duration as OpenAI writes rate-limit resets: `6m0s`, `1.5s`, `20ms`.
+pub fn format_duration(duration: Duration) -> String {
+    let millis = duration.as_millis();
+    if millis < 1000 {
+        return format!("{millis}ms");
+    }
+    let minutes = millis / 60_000;
+    let seconds = (millis % 60_000) as f64 / 1000.0;
+    let seconds = format!("{seconds:.3}");
+    let seconds = seconds.trim_end_matches('0').trim_end_matches('.');
+    if minutes > 0 {
+        format!("{minutes}m{seconds}s")
+    } else {
+        format!("{seconds}s")
+    }
+}
+
+/// A fresh `req_` + 32 hex digits id: unique per `number` and process start.
+pub fn request_id(number: u64, started_nanos: u128) -> String {
+    let high = hash::of(&[&number.to_le_bytes(), &started_nanos.to_le_bytes()]);
+    let low = hash::of(&[&started_nanos.to_le_bytes(), &number.to_le_bytes(), b"low"]);
+    format!("req_{high:016x}{low:016x}")
+}
+
+/// Inserts the provider headers of one response.
+pub fn insert(
+    headers: &mut HeaderMap,
+    request_id: &str,
+    processing: Duration,
+    rate: &RateSnapshot,
+) {
+    let mut put = |name: &'static str, value: String| {
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    };
+    put("x-request-id", request_id.to_owned());
+    put("openai-processing-ms", processing.as_millis().to_string());
+    put("openai-version", OPENAI_VERSION.to_owned());
+    put("openai-organization", ORGANIZATION.to_owned());
+    put(
+        "x-ratelimit-limit-requests",
+        rate.limit_requests.to_string(),
+    );
+    put(
+        "x-ratelimit-remaining-requests",
+        rate.remaining_requests.to_string(),
+    );
+    put("x-ratelimit-reset-requests", format_duration(rate.reset));
+    put("x-ratelimit-limit-tokens", rate.limit_tokens.to_string());
+    put(
+        "x-ratelimit-remaining-tokens",
+        rate.remaining_tokens.to_string(),
+    );
+    put("x-ratelimit-reset-tokens", format_duration(rate.reset));
+    let cookie = hash::alphanumeric(hash::of(&[request_id.as_bytes(), b"cf"]), 43);
+    put(
+        "set-cookie",
+        format!("__cf_bm={cookie}; path=/; HttpOnly; Secure; SameSite=None"),
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_like_openais() {
+        assert_eq!(format_duration(Duration::from_secs(360)), "6m0s");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(format_duration(Duration::from_millis(61_250)), "1m1.25s");
+        assert_eq!(format_duration(Duration::from_millis(20)), "20ms");
+        assert_eq!(format_duration(Duration::from_secs(1)), "1s");
+    }
+
+    #[test]
+    fn the_window_counts_down_refuses_and_reopens() {
+        let start = Instant::now();
+        let config = RateLimitConfig {
+            requests: 2,
+            tokens: 100,
+            window: Duration::from_secs(10),
+        };
+        let mut window = RateWindow::new(config, start);
+        let first = window.admit(start, 30, None).unwrap();
+        assert_eq!((first.remaining_requests, first.remaining_tokens), (1, 70));
+        let refused = window.admit(start, 80, None).unwrap_err();
+        assert_eq!(refused.kind, "tokens");
+        assert_eq!(refused.snapshot.remaining_tokens, 70, "nothing counted");
+        let second = window
+            .admit(start + Duration::from_secs(4), 10, None)
+            .unwrap();
+        assert_eq!(second.remaining_requests, 0);
+        assert_eq!(second.reset, Duration::from_secs(6));
+        let refused = window.admit(start, 1, None).unwrap_err();
+        assert_eq!(refused.kind, "requests");
+        assert!(
+            refused.message.contains("Limit 2, Used 2"),
+            "{}",
+            refused.message
+        );
+        // A per-request limit of 5 lets this one through.
+        assert!(window.admit(start, 1, Some(5)).is_ok());
+        let reopened = window
+            .admit(start + Duration::from_secs(10), 1, None)
+            .unwrap();
+        assert_eq!(reopened.remaining_requests, 1);
+    }
+
+    #[test]
+    fn every_provider_header_is_set() {
+        let mut headers = HeaderMap::new();
+        let id = request_id(1, 42);
+        assert_eq!(id.len(), 36);
+        assert_ne!(id, request_id(2, 42));
+        let rate = RateSnapshot {
+            limit_requests: 10,
+            remaining_requests: 9,
+            limit_tokens: 100,
+            remaining_tokens: 90,
+            reset: Duration::from_secs(360),
+        };
+        insert(&mut headers, &id, Duration::from_millis(12), &rate);
+        let get = |name: &str| headers[name].to_str().unwrap().to_owned();
+        assert_eq!(get("x-request-id"), id);
+        assert_eq!(get("openai-processing-ms"), "12");
+        assert_eq!(get("openai-version"), "2020-10-01");
+        assert_eq!(get("openai-organization"), "sim-org");
+        assert_eq!(get("x-ratelimit-remaining-requests"), "9");
+        assert_eq!(get("x-ratelimit-reset-tokens"), "6m0s");
+        assert!(get("set-cookie").starts_with("__cf_bm="));
+        assert!(get("set-cookie").ends_with("; path=/; HttpOnly; Secure; SameSite=None"));
+    }
+}
