@@ -116,8 +116,8 @@ pub fn count_text_high(text: &str) -> u64 {
 }
 
 /// Pieces of `text` with their byte offset and their [`count_text_high`]
-/// tokens: a run of ASCII letters is a quarter of its length (rounded up,
-/// one more from 10 letters on: long compounds split finely); a run of
+/// tokens: a run of ASCII letters is a quarter of its length (rounded up),
+/// plus one per 10 letters (long compounds split finely); a run of
 /// digits a third (tokenizers group digits by three), one more after a
 /// space; other letters and digits one each (two from U+3000 on: CJK);
 /// other characters one (three outside the BMP: emoji); whitespace one per
@@ -150,7 +150,7 @@ impl<'a> Iterator for HighPieces<'a> {
             (len, u64::from(counted))
         } else if first.is_ascii_alphabetic() {
             let len = run_of(|c| c.is_ascii_alphabetic());
-            let words = (len as u64).div_ceil(4) + u64::from(len >= 10);
+            let words = (len as u64).div_ceil(4) + len as u64 / 10;
             (len, words)
         } else if first.is_ascii_digit() {
             let len = run_of(|c| c.is_ascii_digit());
