@@ -161,7 +161,9 @@ async fn the_provider_answer_reaches_the_client_whole_and_clean() {
     for mode in ["plain", "stream"] {
         let seen = &sdk[mode];
         assert!(
-            seen["reasoning"].as_str().is_some_and(|text| !text.is_empty()),
+            seen["reasoning"]
+                .as_str()
+                .is_some_and(|text| !text.is_empty()),
             "{mode}: {seen}"
         );
         assert_clean(&seen.to_string());
@@ -197,7 +199,9 @@ async fn the_provider_answer_reaches_the_client_whole_and_clean() {
     assert_eq!(usage["prompt_tokens"], billed_prompt - prompt, "{without}");
     // The simulator bills the echo and the answer; what is left is at most
     // the answer's own tokens.
-    let content = without["choices"][0]["message"]["content"].as_str().unwrap();
+    let content = without["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap();
     let reported = usage["completion_tokens"].as_u64().unwrap();
     assert!(
         reported > 0 && reported <= canarygate_policies::tokens::count_text(content),
@@ -301,7 +305,10 @@ async fn logprobs_follow_the_content(proxy: &Running) {
             .collect();
         assert_eq!(tokens, delta, "{chunk}");
     }
-    assert!(content.starts_with("You wrote: Describe a lighthouse"), "{content}");
+    assert!(
+        content.starts_with("You wrote: Describe a lighthouse"),
+        "{content}"
+    );
 }
 
 async fn tool_and_function_calls_keep_their_increments(proxy: &Running) {
@@ -328,13 +335,23 @@ async fn tool_and_function_calls_keep_their_increments(proxy: &Running) {
     assert_clean(&text);
     let deltas: Vec<Value> = chunks(&text)
         .iter()
-        .filter_map(|chunk| chunk["choices"][0]["delta"]["tool_calls"][0].as_object().cloned())
+        .filter_map(|chunk| {
+            chunk["choices"][0]["delta"]["tool_calls"][0]
+                .as_object()
+                .cloned()
+        })
         .map(Value::Object)
         .collect();
     assert!(deltas.len() >= 3, "increments kept: {text}");
-    assert!(deltas[0]["id"].as_str().unwrap().starts_with("call_"), "{text}");
+    assert!(
+        deltas[0]["id"].as_str().unwrap().starts_with("call_"),
+        "{text}"
+    );
     assert_eq!(deltas[0]["function"]["name"], "lookup_weather");
-    assert!(deltas[1].get("id").is_none(), "later deltas carry only arguments: {text}");
+    assert!(
+        deltas[1].get("id").is_none(),
+        "later deltas carry only arguments: {text}"
+    );
     let streamed: String = deltas
         .iter()
         .filter_map(|delta| delta["function"]["arguments"].as_str())
@@ -388,7 +405,10 @@ async fn provider_fields_and_headers_pass(proxy: &Running, dir: &ProxyDir) {
         "openai-processing-ms",
         "openai-version",
     ] {
-        assert!(headers.contains_key(name), "{name} not passed on: {headers:?}");
+        assert!(
+            headers.contains_key(name),
+            "{name} not passed on: {headers:?}"
+        );
     }
     for name in ["set-cookie", "openai-organization", "x-sim-context"] {
         assert!(!headers.contains_key(name), "{name} passed on: {headers:?}");
@@ -396,12 +416,18 @@ async fn provider_fields_and_headers_pass(proxy: &Running, dir: &ProxyDir) {
     let (prompt, completion) = overhead(headers["x-canarygate-overhead-tokens"].to_str().unwrap());
     assert!(prompt > 10 && completion.is_some(), "{headers:?}");
     let provider_id = headers["x-request-id"].to_str().unwrap().to_owned();
-    let our_id = headers["x-canarygate-request-id"].to_str().unwrap().to_owned();
+    let our_id = headers["x-canarygate-request-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
 
     let (status, headers, text) =
         post(proxy, &user("reporter", "Name three rivers", true), &[]).await;
     assert_eq!(status, 200, "{text}");
-    assert!(headers.contains_key("x-ratelimit-remaining-requests"), "{headers:?}");
+    assert!(
+        headers.contains_key("x-ratelimit-remaining-requests"),
+        "{headers:?}"
+    );
     assert!(!headers.contains_key("set-cookie"));
     let head = headers["x-canarygate-overhead-tokens"].to_str().unwrap();
     assert!(head.ends_with("completion=pending"), "{head}");
@@ -412,7 +438,9 @@ async fn provider_fields_and_headers_pass(proxy: &Running, dir: &ProxyDir) {
     let first = &chunks(&text)[0];
     assert!(first["system_fingerprint"].is_string(), "{first}");
     assert!(
-        chunks(&text).iter().any(|chunk| chunk["obfuscation"].is_string()),
+        chunks(&text)
+            .iter()
+            .any(|chunk| chunk["obfuscation"].is_string()),
         "unknown fields pass: {text}"
     );
 
@@ -432,10 +460,15 @@ async fn provider_fields_and_headers_pass(proxy: &Running, dir: &ProxyDir) {
         .find(|record| record.to_string().contains(&our_id))
         .expect("the request's record");
     assert!(
-        record.to_string().contains(&format!("\"provider_request_id\":\"{provider_id}\"")),
+        record
+            .to_string()
+            .contains(&format!("\"provider_request_id\":\"{provider_id}\"")),
         "{record}"
     );
-    assert!(record.to_string().contains("\"overhead_tokens\""), "{record}");
+    assert!(
+        record.to_string().contains("\"overhead_tokens\""),
+        "{record}"
+    );
 }
 
 async fn limits_are_honoured(proxy: &Running) {
@@ -512,7 +545,11 @@ async fn models_of_the_wildcard_route_are_listed(proxy: &Running) {
         .iter()
         .map(|model| model["id"].as_str().unwrap())
         .collect();
-    assert_eq!(ids[..2], ["reporter", "limited"], "named routes first: {list}");
+    assert_eq!(
+        ids[..2],
+        ["reporter", "limited"],
+        "named routes first: {list}"
+    );
     for id in ["sim-model", "sim-reasoner"] {
         assert!(ids.contains(&id), "{id} missing: {list}");
     }

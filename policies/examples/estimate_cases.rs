@@ -67,6 +67,9 @@ fn main() {
     samples.extend(generated.map(|(name, text)| (name.to_owned(), text)));
     for (name, text) in samples {
         let estimate = count_text_high(&text);
-        println!("{}", json!({"name": name, "text": text, "estimate": estimate}));
+        println!(
+            "{}",
+            json!({"name": name, "text": text, "estimate": estimate})
+        );
     }
 }

@@ -108,8 +108,8 @@ fn count_ascii(text: &[u8]) -> u64 {
 /// An estimate of the tokens of `text` meant to be at or above what BPE
 /// tokenizers count, so a cut made with it errs short: see [`pieces_high`].
 /// Measured against o200k_base, cl100k_base and Llama 3 on prose, code,
-/// JSON, numbers, URLs, German, CJK and emoji, it counted 1.0x to 1.8x the
-/// highest of the three (English prose about 1.27x): the command is in
+/// JSON, numbers, URLs, German, CJK and emoji, it counted 1.00x to 1.84x the
+/// highest of the three (English prose 1.32x): the command is in
 /// `policies/benches/token_cost/run.sh`.
 pub fn count_text_high(text: &str) -> u64 {
     pieces_high(text).map(|(_, _, tokens)| tokens).sum()

@@ -976,8 +976,7 @@ impl Verifier {
         // Nothing of it arrived yet: as a fresh choice would be.
         let withheld = self.gated && self.failed;
         !withheld
-            && (self.finished
-                || self.echo.is_empty() && self.release == ReleasePolicy::EchoFirst)
+            && (self.finished || self.echo.is_empty() && self.release == ReleasePolicy::EchoFirst)
     }
 
     /// Whether choice `index`'s decided text may reach the client now.
@@ -999,7 +998,11 @@ impl Verifier {
             let removed: usize = track
                 .removed
                 .iter()
-                .map(|span| span.end.min(newly.end).saturating_sub(span.start.max(newly.start)))
+                .map(|span| {
+                    span.end
+                        .min(newly.end)
+                        .saturating_sub(span.start.max(newly.start))
+                })
                 .sum();
             self.released_any |= newly.len() > removed;
             track.released = track.decided;

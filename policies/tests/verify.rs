@@ -5,8 +5,7 @@ mod common;
 
 use canarygate_policies::canary::find_canaries;
 use canarygate_policies::verify::{
-    Check, ECHO_GAP_CHARS, ECHO_PREAMBLE_CHARS, EchoOutcome, Evidence, FinishProblem, Part,
-    Status,
+    Check, ECHO_GAP_CHARS, ECHO_PREAMBLE_CHARS, EchoOutcome, Evidence, FinishProblem, Part, Status,
 };
 use canarygate_policies::{
     Decision, Facts, FailureAction, Policy, ProviderUsage, ReleasePolicy, Verifier,
@@ -894,7 +893,8 @@ fn tool_call_arguments_are_scanned_and_held_to_the_end() {
     let release = verifier.release_of(0, Part::ToolArguments(0));
     assert_eq!(release.through, arguments.len());
     let at = arguments.find(&own.to_string()).unwrap();
-    assert_eq!(release.removed, [at..at + own.to_string().len()]);
+    assert_eq!(release.removed.len(), 1);
+    assert_eq!(release.removed[0], at..at + own.to_string().len());
 
     // A leak into the arguments, split across deltas, withholds them all.
     let (foreign, _) = other_canaries(1);
@@ -939,7 +939,12 @@ fn reasoning_is_held_until_the_echo_passes_and_positions_follow_the_text() {
     // The model thinks first, quoting its instructions (the head canary).
     let reasoning = format!("The system asks me to begin with \"{head}\". Then explain.");
     for piece in reasoning.as_bytes().chunks(7) {
-        let step = verifier.push_part(0, Part::Reasoning, std::str::from_utf8(piece).unwrap(), &registry);
+        let step = verifier.push_part(
+            0,
+            Part::Reasoning,
+            std::str::from_utf8(piece).unwrap(),
+            &registry,
+        );
         assert!(!step.stop);
         assert!(step.release.is_empty(), "reasoning shown before the echo");
         assert_eq!(verifier.release_of(0, Part::Reasoning).through, 0);

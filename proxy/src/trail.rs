@@ -167,7 +167,9 @@ impl Trail {
     /// Records canarygate's own tokens in the answer (and counts them in
     /// the metrics).
     pub fn overhead_tokens(&mut self, prompt: u64, completion: u64) {
-        self.clock.metrics().count_overhead_tokens(prompt, completion);
+        self.clock
+            .metrics()
+            .count_overhead_tokens(prompt, completion);
         self.overhead_tokens = Some(TokenOverhead { prompt, completion });
     }
 

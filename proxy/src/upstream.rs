@@ -200,13 +200,13 @@ impl Upstream {
             AuthMode::Passthrough => None,
         };
         let tokenizer = match &provider.tokenizer_file {
-            Some(path) => Some(Arc::new(tokenizers::Tokenizer::from_file(path).map_err(|error| {
-                UpstreamError::Tokenizer {
+            Some(path) => Some(Arc::new(tokenizers::Tokenizer::from_file(path).map_err(
+                |error| UpstreamError::Tokenizer {
                     provider: name.clone(),
                     path: path.clone(),
                     problem: error.to_string(),
-                }
-            })?)),
+                },
+            )?)),
             None => None,
         };
         Ok(Self {
@@ -483,7 +483,9 @@ pub fn relayed_headers(headers: &HeaderMap) -> HeaderMap {
     for (name, value) in headers {
         let text = name.as_str();
         if RELAYED_HEADERS.contains(&text)
-            || RELAYED_PREFIXES.iter().any(|prefix| text.starts_with(prefix))
+            || RELAYED_PREFIXES
+                .iter()
+                .any(|prefix| text.starts_with(prefix))
         {
             relayed.append(name.clone(), value.clone());
         }

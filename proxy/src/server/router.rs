@@ -166,10 +166,15 @@ async fn provider_models(
         .upstreams
         .named(provider)
         .map_err(|error| fail(&ApiError::internal(error.to_string())))?;
-    let caller = state.auth.authenticate(headers).map_err(|error| fail(&error))?;
+    let caller = state
+        .auth
+        .authenticate(headers)
+        .map_err(|error| fail(&error))?;
     let authorization = match upstream.managed_key() {
         Some(key) => key.clone(),
-        None => caller.passthrough_authorization().map_err(|error| fail(&error))?,
+        None => caller
+            .passthrough_authorization()
+            .map_err(|error| fail(&error))?,
     };
     let limits = &state.policy.limits;
     let mut clock = RequestClock::start(state.metrics.clone());

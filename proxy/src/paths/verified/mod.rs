@@ -186,8 +186,7 @@ fn delivery_of<W: WireFormat>(
         injection.client_max_tokens.filter(|_| raised),
         UsageOptions {
             client_wants_usage: injection.client_wants_usage,
-            without_canarygate: context.state.policy.verify.usage
-                == UsageReport::WithoutCanarygate,
+            without_canarygate: context.state.policy.verify.usage == UsageReport::WithoutCanarygate,
             overhead_prompt,
         },
     )

@@ -127,11 +127,7 @@ struct VerifiedStream<W: WireFormat> {
 }
 
 impl<W: WireFormat> VerifiedStream<W> {
-    fn new(
-        context: &RequestContext<'_, W>,
-        response: reqwest::Response,
-        attempt: Attempt,
-    ) -> Self {
+    fn new(context: &RequestContext<'_, W>, response: reqwest::Response, attempt: Attempt) -> Self {
         let config = &context.state.policy.verify;
         let delivery = attempt.delivery.clone();
         Self {

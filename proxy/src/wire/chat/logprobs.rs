@@ -57,6 +57,10 @@ pub fn follow(logprobs: &mut Value, text: &str, edit: &FieldEdit) {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::single_range_in_vec_init,
+    reason = "lists of byte ranges that happen to hold one range"
+)]
 mod tests {
     use super::*;
 

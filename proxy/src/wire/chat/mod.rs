@@ -301,11 +301,7 @@ mod tests {
             edited["choices"][0]["message"]["tool_calls"],
             answer["choices"][0]["message"]["tool_calls"]
         );
-        assert_eq!(
-            choice.texts[1].kind,
-            Part::ToolArguments(0),
-            "{choice:?}"
-        );
+        assert_eq!(choice.texts[1].kind, Part::ToolArguments(0), "{choice:?}");
         assert_eq!(
             view.usage,
             Some(ProviderUsage {
