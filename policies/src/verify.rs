@@ -451,6 +451,10 @@ pub enum Part {
     ToolArguments(u32),
     /// The `arguments` of a legacy `function_call`.
     FunctionArguments,
+    /// Any other string of the choice that holds something canary-shaped
+    /// (an unknown field, an audio transcript, a citation), number `n` of the
+    /// answer: each is pushed whole, scanned, and its own canaries removed.
+    Other(u32),
 }
 
 /// The verified text of one part of one choice.
@@ -811,7 +815,7 @@ impl Verifier {
             Part::Content | Part::Reasoning | Part::Refusal => {
                 self.take_release(index, part, false)
             }
-            Part::ToolArguments(_) | Part::FunctionArguments => String::new(),
+            Part::ToolArguments(_) | Part::FunctionArguments | Part::Other(_) => String::new(),
         };
         Step {
             release,
@@ -947,6 +951,8 @@ impl Verifier {
             }
         }
         let track = state.tracks.entry(part).or_default();
+        // Other strings come whole: nothing of them can grow later.
+        let end = end || matches!(part, Part::Other(_));
         let found = scan(
             track,
             end,

@@ -47,7 +47,7 @@ impl TextField {
 }
 
 /// Most steps from the root of a JSON value to a text field.
-const MAX_STEPS: usize = 8;
+const MAX_STEPS: usize = 12;
 
 /// One step into a JSON value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,6 +56,9 @@ pub enum Step {
     Key(&'static str),
     /// An element of an array.
     Index(usize),
+    /// The member at this position of an object (members keep the order
+    /// they were read in): for keys known only at run time.
+    Member(usize),
 }
 
 /// Where a value sits inside a JSON value: up to [`MAX_STEPS`] steps from
@@ -96,12 +99,23 @@ impl Location {
         self.then(Step::Index(index))
     }
 
+    /// The member at `position` of an object.
+    pub fn member(self, position: usize) -> Self {
+        self.then(Step::Member(position))
+    }
+
+    /// Whether one more step fits.
+    pub fn has_room(&self) -> bool {
+        self.len < MAX_STEPS
+    }
+
     /// The value there, if any.
     pub fn get<'a>(&self, mut value: &'a Value) -> Option<&'a Value> {
         for step in &self.steps[..self.len] {
             value = match step {
                 Step::Key(key) => value.get(*key)?,
                 Step::Index(index) => value.get(*index)?,
+                Step::Member(position) => value.as_object()?.values().nth(*position)?,
             };
         }
         Some(value)
@@ -113,6 +127,7 @@ impl Location {
             value = match step {
                 Step::Key(key) => value.get_mut(*key)?,
                 Step::Index(index) => value.get_mut(*index)?,
+                Step::Member(position) => value.as_object_mut()?.values_mut().nth(*position)?,
             };
         }
         Some(value)

@@ -2,6 +2,7 @@
 //! choice's reasoning, content, refusal, tool-call and function-call
 //! arguments with their location, its finish reason, and the answer's usage.
 
+use canarygate_policies::canary::find_canaries;
 use canarygate_policies::verify::{Part, ProviderUsage};
 use serde_json::Value;
 
@@ -31,6 +32,43 @@ const TEXT_FIELDS: [(&str, Part); 4] = [
     ("content", Part::Content),
     ("refusal", Part::Refusal),
 ];
+
+/// Pushes onto `texts` every string under `value` (at `at`, reached by
+/// member `key`) that holds a canary-shaped span, as a [`Part::Other`]
+/// field, except tool and function arguments (their own parts). Strings
+/// nested deeper than a [`Location`] reaches are not looked at: no provider
+/// nests model output that deep.
+fn residual_strings(
+    value: &Value,
+    at: Location,
+    choice: u32,
+    key: &str,
+    texts: &mut Vec<TextField>,
+) {
+    match value {
+        Value::String(text) => {
+            if key != "arguments" && find_canaries(text).next().is_some() {
+                let n = texts.len() as u32;
+                texts.push(TextField {
+                    choice,
+                    kind: Part::Other(n),
+                    at,
+                });
+            }
+        }
+        Value::Array(items) if at.has_room() => {
+            for (position, item) in items.iter().enumerate() {
+                residual_strings(item, at.index(position), choice, key, texts);
+            }
+        }
+        Value::Object(members) if at.has_room() => {
+            for (position, (member, inner)) in members.iter().enumerate() {
+                residual_strings(inner, at.member(position), choice, member, texts);
+            }
+        }
+        _ => {}
+    }
+}
 
 /// Choice `position` of an answer (`part` = `message`) or chunk (`delta`).
 pub fn read_choice(choice: &Value, position: usize, part: &'static str) -> ChoiceView {
@@ -80,6 +118,17 @@ pub fn read_choice(choice: &Value, position: usize, part: &'static str) -> Choic
             kind: Part::FunctionArguments,
             at: at.key("function_call").key("arguments"),
         });
+    }
+    // Canary text may turn up anywhere the provider puts model output or the
+    // prompt: any other string of the message that holds a canary-shaped span
+    // is verified too.
+    if let Some(members) = message.as_object() {
+        for (position, (key, value)) in members.iter().enumerate() {
+            let known = TEXT_FIELDS.iter().any(|(field, _)| field == key) || key == "role";
+            if !known {
+                residual_strings(value, at.member(position), index, key, &mut texts);
+            }
+        }
     }
     ChoiceView {
         index,

@@ -318,6 +318,35 @@ mod tests {
     }
 
     #[test]
+    fn canary_text_anywhere_in_a_message_is_a_text_field() {
+        let canary = "CG123456789012345";
+        let answer = json!({"choices": [{"index": 0, "message": {
+            "role": "assistant",
+            "content": "hi",
+            "audio": {"id": "a1", "transcript": format!("said {canary}")},
+            "vendor_extension": {"notes": [{"text": format!("[{canary}]")}, {"text": "clean"}]},
+            "tool_calls": [{"id": "call_1", "function": {"name": "f", "arguments": canary}}],
+        }, "finish_reason": "stop"}]});
+        let view = Chat::read_answer(&answer);
+        let others: Vec<&str> = view.choices[0]
+            .texts
+            .iter()
+            .filter(|field| matches!(field.kind, Part::Other(_)))
+            .map(|field| field.text(&answer))
+            .collect();
+        assert_eq!(others, [format!("said {canary}"), format!("[{canary}]")]);
+        // The arguments are read as their own part, once.
+        assert_eq!(
+            view.choices[0]
+                .texts
+                .iter()
+                .filter(|field| field.text(&answer) == canary)
+                .count(),
+            1
+        );
+    }
+
+    #[test]
     fn a_blocked_answer_names_the_failed_checks() {
         let mut error = ApiError::new(
             ErrorCode::VerificationFailed,

@@ -19,8 +19,8 @@ struct Held {
     data: String,
     /// The span of its part each text field carried.
     spans: Vec<Range<usize>>,
-    /// It ends a choice or the answer (a finish reason, usage, or no
-    /// choice at all): it waits for the verdict.
+    /// It ends a choice or the answer (a finish reason, or the usage
+    /// chunk): it waits for the verdict.
     ends: bool,
 }
 
@@ -42,8 +42,14 @@ impl ChatStream {
         }
     }
 
-    /// Whether `held` may go out now, before the verdict.
+    /// Whether `held` may go out now, before the verdict. A chunk with no
+    /// choice (Azure's `prompt_filter_results`, keep-alives) waits until the
+    /// answer has begun: it must not open the client's stream before the
+    /// echo passed.
     fn ready(held: &Held, verifier: &Verifier) -> bool {
+        if held.chunk.choices.is_empty() {
+            return !held.ends && verifier.released_any();
+        }
         !held.ends
             && held
                 .chunk
@@ -102,12 +108,14 @@ impl ChatStream {
 
 impl StreamWriter for ChatStream {
     fn take(&mut self, chunk: Chunk, data: String, spans: Vec<Range<usize>>) {
-        let ends = chunk.choices.is_empty()
-            || chunk.event.get("usage").is_some_and(Value::is_object)
-            || chunk
-                .choices
-                .iter()
-                .any(|choice| choice.finish_reason.is_some());
+        // A finish reason ends a choice; the usage chunk (no choices) ends
+        // the answer. Usage on every chunk (vLLM's continuous usage stats)
+        // does not hold them back.
+        let ends = chunk
+            .choices
+            .iter()
+            .any(|choice| choice.finish_reason.is_some())
+            || chunk.choices.is_empty() && chunk.event.get("usage").is_some_and(Value::is_object);
         self.held.push_back(Held {
             chunk,
             data,
