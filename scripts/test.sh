@@ -3,8 +3,9 @@
 #
 # Needs: a Rust toolchain and python3 (3.9+). Creates .venv with the openai SDK
 # (pinned in scripts/requirements-test.txt) on first run. Extra arguments go to
-# `cargo test` (e.g. `scripts/test.sh --test proxy_e2e`); without any, the GPU kit's
-# CPU dry run (scripts/gpu-kit.sh) runs after the tests.
+# `cargo test` (e.g. `scripts/test.sh --test e2e proxy_e2e::` runs tests/e2e/proxy_e2e.rs:
+# the root crate's integration tests are one binary, `e2e`, with a module per file);
+# without any, the GPU kit's CPU dry run (scripts/gpu-kit.sh) runs after the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

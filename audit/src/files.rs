@@ -223,7 +223,7 @@ mod tests {
     }
 
     // The umask is the process's, so its effect is tested with real
-    // processes (tests/hostile_clients.rs); these check the checks.
+    // processes (tests/e2e/hostile_clients.rs); these check the checks.
 
     #[test]
     fn created_dirs_and_files_are_owner_only() {

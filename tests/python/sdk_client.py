@@ -1,5 +1,5 @@
 """Drives canarygate with the official openai SDK; prints one JSON object of
-what it saw, for tests/openai_sdk.rs to assert on.
+what it saw, for tests/e2e/openai_sdk.rs to assert on.
 
 usage: sdk_client.py BASE_URL MODEL UNKNOWN_MODEL
 """

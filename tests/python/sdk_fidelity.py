@@ -1,6 +1,6 @@
 """What the official openai SDK reads through canarygate from a reasoning
 model with logprobs, plain and streamed, and how a 5-token limit holds; prints
-one JSON object for tests/fidelity.rs to assert on.
+one JSON object for tests/e2e/fidelity.rs to assert on.
 
 usage: sdk_fidelity.py BASE_URL
 """

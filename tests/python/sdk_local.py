@@ -1,5 +1,5 @@
 """Sends one request, plain and streamed, through canarygate with the official
-openai SDK and prints what it saw as one JSON object (tests/local_fallback.rs).
+openai SDK and prints what it saw as one JSON object (tests/e2e/local_fallback.rs).
 
 usage: sdk_local.py BASE_URL MODEL TEXT
 """

@@ -2,13 +2,12 @@
 //! that quote code, hold canary look-alikes, JSON mode, very short answers,
 //! streamed and not.
 
-mod common;
-
 use std::sync::Arc;
 
-use common::*;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
+
+use crate::common::*;
 
 const REQUESTS: usize = 10_000;
 const IN_FLIGHT: usize = 48;

@@ -10,8 +10,6 @@
 //!   up while the provider is still prefilling still leaves a record.
 //! - `spot_check_walkthrough_runs`: `examples/spot-check/walkthrough.sh`.
 
-mod common;
-
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -20,14 +18,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use canarygate_audit::sha256_hex;
-use common::{
+use serde_json::{Value, json};
+
+use crate::common::{
     ProxyDir, Running, chat_body, client, start_proxy, start_proxy_with_policy, start_sim,
 };
-use serde_json::{Value, json};
 
 /// Runs `canarygate audit --data DIR <args>`.
 fn audit(data: &Path, args: &[&str]) -> Output {
-    Command::new(common::binary())
+    Command::new(crate::common::binary())
         .arg("audit")
         .arg("--data")
         .arg(data)
@@ -572,7 +571,7 @@ async fn records_carry_what_the_client_saw() {
 async fn spot_check_walkthrough_runs() {
     let work = tempfile::tempdir().expect("tempdir");
     let log = work.path().join("walkthrough.log");
-    let script = common::workspace_root().join("examples/spot-check/walkthrough.sh");
+    let script = crate::common::workspace_root().join("examples/spot-check/walkthrough.sh");
     let mut child = Command::new("bash")
         .arg(&script)
         .env("CANARYGATE_BIN", env!("CARGO_BIN_EXE_canarygate"))

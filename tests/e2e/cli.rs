@@ -1,10 +1,8 @@
 //! The command line itself: `check-config`, argument errors.
 
-mod common;
-
 use std::process::Command;
 
-use common::*;
+use crate::common::*;
 
 #[test]
 fn check_config_accepts_presets_and_reports_file_line_and_problem() {

@@ -2,12 +2,11 @@
 //! preflight, failed verdict, unavailable provider), streamed and not, with
 //! the answer checked against the engine serving the same request directly.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
 use serde_json::{Value, json};
+
+use crate::common::*;
 
 /// Words of a prompt far longer than the routes' trusted context.
 const LONG_WORDS: usize = 700;

@@ -1,13 +1,12 @@
 //! `canarygate probe` against the simulated provider, and `serve` using what
 //! it found.
 
-mod common;
-
 use std::path::Path;
 use std::process::{Command, Output};
 
-use common::*;
 use serde_json::{Value, json};
+
+use crate::common::*;
 
 /// One provider `sim` (window 8,192) with `provider_extra` fields, route
 /// `m`, then `extra` tables.

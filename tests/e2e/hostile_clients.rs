@@ -9,18 +9,17 @@
 //! succeed promptly. Timeouts are set short in each test's policy so the
 //! whole file takes seconds.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::*;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::common::*;
 
 /// How long a normal request may take while an attack is under way (the
 /// simulated provider answers in milliseconds; this is slack for a loaded

@@ -4,10 +4,9 @@
 //! client's stable prefix), and the `ttft` check does not take the fast
 //! first tokens of cached answers for an impossibly fast prefill.
 
-mod common;
-
-use common::*;
 use serde_json::{Value, json};
+
+use crate::common::*;
 
 /// Requests per path (direct, through canarygate).
 const REQUESTS: usize = 6;

@@ -2,12 +2,11 @@
 //! streamed and not, under both release policies. Through canarygate no
 //! answer carrying another request's content is ever delivered.
 
-mod common;
-
 use std::collections::HashSet;
 
-use common::*;
 use serde_json::{Value, json};
+
+use crate::common::*;
 
 /// What the client got for one request.
 #[derive(Debug)]

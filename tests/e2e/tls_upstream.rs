@@ -1,10 +1,9 @@
 //! Upstream over TLS: the simulated provider behind a private CA made here.
 
-mod common;
-
-use common::*;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use serde_json::Value;
+
+use crate::common::*;
 
 /// Writes a CA and a server certificate for 127.0.0.1/localhost into `dir`;
 /// returns (ca.pem, server.pem, server.key).

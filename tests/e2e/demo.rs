@@ -1,12 +1,10 @@
 //! `canarygate demo --json`: the incident replay, as a user runs it.
 
-mod common;
-
 use serde_json::Value;
 
 #[test]
 fn demo_shows_leaks_direct_and_local_answers_through_canarygate() {
-    let output = std::process::Command::new(common::binary())
+    let output = std::process::Command::new(crate::common::binary())
         // A quarter of the default traffic: the over-pool prompts are served by
         // a CPU engine on ~6,000-token prompts, which takes a while in debug builds.
         .args(["demo", "--json", "--sessions", "12"])

@@ -1,11 +1,10 @@
 //! The official Python `openai` SDK as the client, and the cron examples.
 
-mod common;
-
 use std::process::Command;
 
-use common::*;
 use serde_json::Value;
+
+use crate::common::*;
 
 fn run_python(script: &str, args: &[&str], envs: &[(&str, &str)]) -> (String, String) {
     let output = Command::new(python())

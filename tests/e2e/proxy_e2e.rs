@@ -1,12 +1,11 @@
 //! End to end through `canarygate serve` to `canarygate sim-provider`:
 //! real processes, real sockets.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
 use serde_json::{Value, json};
+
+use crate::common::*;
 
 /// A chunk or completion without the fields that differ between two calls.
 fn without_call_identity(mut value: Value) -> Value {

@@ -1,8 +1,6 @@
 //! The simulated provider's failure modes, called directly (no proxy): real
 //! `canarygate sim-provider` processes on real sockets, streamed and not.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
@@ -10,8 +8,9 @@ use canarygate_policies::canary::Canary;
 use canarygate_policies::inject::{RequestCanaries, inject};
 use canarygate_policies::tokens::count_chat_messages;
 use canarygate_policies::verify_config::EchoMode;
-use common::*;
 use serde_json::{Value, json};
+
+use crate::common::*;
 
 /// What one chat completion call returned, streamed or not.
 #[derive(Debug)]

@@ -1,5 +1,4 @@
 //! Shared helpers for end-to-end tests: real processes on real sockets.
-#![allow(dead_code)] // Each test binary uses a different subset.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -62,16 +61,6 @@ impl Running {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-
-    /// Whether the process is still running.
-    pub fn is_running(&mut self) -> bool {
-        self.child.try_wait().expect("try_wait").is_none()
-    }
-
-    /// The OS process id.
-    pub fn pid(&self) -> u32 {
-        self.child.id()
     }
 }
 

@@ -8,13 +8,12 @@
 //! One simulator and two proxies (usage as billed, usage without
 //! canarygate) serve every case, streamed and not.
 
-mod common;
-
 use std::process::Command;
 
-use common::*;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
+
+use crate::common::*;
 
 /// The routes every case uses: the plain model, one whose provider is over
 /// its rate limit, and anything else (the reasoning models) through the
