@@ -170,12 +170,12 @@ impl Answer {
         let context = compose.context;
         let reasoning_field = ReasoningField::of(&request.model);
         let user_text = last_user_text(context);
-        let called = request
+        let (called, legacy) = request
             .tooling
             .as_ref()
             .map(|tooling| (tools::calls(tooling, user_text), tooling.legacy))
             .unwrap_or_default();
-        let called_names: Vec<&str> = called.0.iter().map(|spec| spec.name.as_str()).collect();
+        let called_names: Vec<&str> = called.iter().map(|spec| spec.name.as_str()).collect();
         let max = request.max_tokens();
         let choices = (0..request.choices.max(1))
             .map(|index| {
@@ -191,19 +191,19 @@ impl Answer {
                     reasoning.truncate(budget);
                     return Choice {
                         reasoning,
-                        said: if called.0.is_empty() {
+                        said: if called.is_empty() {
                             Said::Content(Vec::new())
                         } else {
                             Said::Calls {
                                 calls: Vec::new(),
-                                legacy: called.1,
+                                legacy,
                             }
                         },
                         finish_reason: "length",
                     };
                 }
                 let rest = budget.map(|budget| budget - reasoning.len());
-                if called.0.is_empty() {
+                if called.is_empty() {
                     let reply = generate_choice(context, rest.map(|rest| rest as u64), index);
                     return Choice {
                         reasoning,
@@ -212,7 +212,6 @@ impl Answer {
                     };
                 }
                 let mut calls: Vec<Call> = called
-                    .0
                     .iter()
                     .enumerate()
                     .map(|(number, spec)| Call {
@@ -231,41 +230,34 @@ impl Answer {
                         fragments: fragments(&tools::arguments(spec, user_text, subject(context))),
                     })
                     .collect();
-                let mut finish_reason = if called.1 {
+                let mut finish_reason = if legacy {
                     "function_call"
                 } else {
                     "tool_calls"
                 };
                 if let Some(mut left) = rest {
                     // A call costs a token for its name, then one per fragment.
+                    let mut cut = false;
                     calls.retain_mut(|call| {
                         if left == 0 {
+                            cut = true;
                             return false;
                         }
                         left -= 1;
-                        let kept = call.fragments.len().min(left);
-                        call.fragments.truncate(kept);
-                        left -= kept;
+                        if call.fragments.len() > left {
+                            call.fragments.truncate(left);
+                            cut = true;
+                        }
+                        left -= call.fragments.len();
                         true
                     });
-                    if left == 0 {
-                        let full = called.0.len();
-                        let cut = calls.len() < full
-                            || calls.iter().zip(&called.0).any(|(call, spec)| {
-                                call.arguments()
-                                    != tools::arguments(spec, user_text, subject(context))
-                            });
-                        if cut {
-                            finish_reason = "length";
-                        }
+                    if cut {
+                        finish_reason = "length";
                     }
                 }
                 Choice {
                     reasoning,
-                    said: Said::Calls {
-                        calls,
-                        legacy: called.1,
-                    },
+                    said: Said::Calls { calls, legacy },
                     finish_reason,
                 }
             })

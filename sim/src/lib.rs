@@ -497,7 +497,6 @@ impl SimProvider {
         };
         let request = SimRequest::parse(body)?;
         let prompt_tokens = count_chat_messages(&request.messages);
-        self.admit(headers, mode, &request, prompt_tokens, rate)?;
         let window = self.config.context_window;
         let requested = prompt_tokens + request.max_tokens().unwrap_or(0);
         // leak-on-overflow never checks what it can hold, its window included.
@@ -513,6 +512,7 @@ impl SimProvider {
             ));
         }
 
+        self.admit(headers, mode, &request, prompt_tokens, rate)?;
         if mode == Mode::StallFirstByte {
             std::future::pending::<()>().await;
         }
@@ -1026,8 +1026,11 @@ mod tests {
             );
             assert_eq!(header_of(&headers, "openai-version"), "2020-10-01");
             assert_eq!(header_of(&headers, "openai-organization"), "sim-org");
-            assert_eq!(header_of(&headers, "x-ratelimit-limit-requests"), "10000");
-            assert_eq!(header_of(&headers, "x-ratelimit-limit-tokens"), "2000000");
+            assert_eq!(header_of(&headers, "x-ratelimit-limit-requests"), "1000000");
+            assert_eq!(
+                header_of(&headers, "x-ratelimit-limit-tokens"),
+                "1000000000"
+            );
             let reset = header_of(&headers, "x-ratelimit-reset-requests");
             assert!(reset.ends_with('s'), "{reset}");
             assert!(!header_of(&headers, "x-ratelimit-reset-tokens").is_empty());
@@ -1042,11 +1045,11 @@ mod tests {
             ));
         }
         // Admitted requests count (prompt + max_tokens); a malformed one does not.
-        assert_eq!(remaining[0].0, 9_999);
-        assert_eq!(remaining[1].0, 9_998);
+        assert_eq!(remaining[0].0, 999_999);
+        assert_eq!(remaining[1].0, 999_998);
         assert_eq!(remaining[2], remaining[1]);
-        assert_eq!(remaining[3].0, 9_997);
-        assert!(remaining[0].1 < 2_000_000 - 100 && remaining[3].1 < remaining[1].1);
+        assert_eq!(remaining[3].0, 999_997);
+        assert!(remaining[0].1 < 1_000_000_000 - 100 && remaining[3].1 < remaining[1].1);
     }
 
     #[tokio::test]
