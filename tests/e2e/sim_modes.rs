@@ -759,7 +759,10 @@ async fn real_provider_fields_reach_a_client_over_the_wire() {
             continue;
         };
         assert_eq!(chunk["system_fingerprint"], "fp_sim0001");
-        let choice = &chunk["choices"][0];
+        // The usage chunk has no choice.
+        let Some(choice) = chunk["choices"].get(0) else {
+            continue;
+        };
         let index = choice["index"].as_u64().expect("index") as usize;
         if let Some(piece) = choice["delta"]["reasoning_content"].as_str() {
             assert!(content[index].is_empty(), "reasoning after content");
