@@ -46,15 +46,13 @@ fn residual_strings(
     texts: &mut Vec<TextField>,
 ) {
     match value {
-        Value::String(text) => {
-            if key != "arguments" && find_canaries(text).next().is_some() {
-                let n = texts.len() as u32;
-                texts.push(TextField {
-                    choice,
-                    kind: Part::Other(n),
-                    at,
-                });
-            }
+        Value::String(text) if key != "arguments" && find_canaries(text).next().is_some() => {
+            let n = texts.len() as u32;
+            texts.push(TextField {
+                choice,
+                kind: Part::Other(n),
+                at,
+            });
         }
         Value::Array(items) if at.has_room() => {
             for (position, item) in items.iter().enumerate() {
