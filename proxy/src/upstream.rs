@@ -461,12 +461,9 @@ pub enum ModelsError {
 }
 
 /// Provider response headers passed on to the client by name.
+#[rustfmt::skip]
 const RELAYED_HEADERS: [&str; 6] = [
-    "retry-after",
-    "retry-after-ms",
-    "x-request-id",
-    "request-id",
-    "openai-processing-ms",
+    "retry-after", "retry-after-ms", "x-request-id", "request-id", "openai-processing-ms",
     "openai-version",
 ];
 
