@@ -445,6 +445,10 @@ pub enum Part {
     /// before the content: scanned like content, held until the choice's echo
     /// is decided.
     Reasoning,
+    /// `reasoning` when the same message or delta also has
+    /// `reasoning_content` (servers in the middle of renaming the field send
+    /// both): scanned on its own, so the two never run together.
+    ReasoningAlias,
     /// A refusal's text.
     Refusal,
     /// The `function.arguments` of tool call `n` of the choice.
@@ -476,7 +480,8 @@ pub struct Release<'a> {
     /// except the `removed` spans.
     pub through: usize,
     /// Spans removed from the text (the echo, this request's canaries), in
-    /// order, all before `through` or still undecided text's past.
+    /// order; some may lie past `through`, in text decided but not yet
+    /// released.
     pub removed: &'a [Range<usize>],
 }
 
@@ -513,6 +518,10 @@ struct ChoiceState {
     /// Every text of the choice; `Content` always present.
     tracks: BTreeMap<Part, Track>,
     echo: EchoState,
+    /// The part pushed last (other strings aside): a model writes one part
+    /// after the other, so when the next begins, the last one's held tail
+    /// can grow no more and is decided.
+    last_part: Option<Part>,
 }
 
 impl ChoiceState {
@@ -803,6 +812,12 @@ impl Verifier {
         }
         let index = choice as usize;
         self.ensure_choices(index + 1);
+        if !matches!(part, Part::Other(_)) {
+            let previous = self.choices[index].last_part.replace(part);
+            if let Some(previous) = previous.filter(|previous| *previous != part) {
+                self.process(index, previous, true, registry);
+            }
+        }
         self.choices[index]
             .tracks
             .entry(part)
@@ -812,7 +827,7 @@ impl Verifier {
         self.process(index, part, false, registry);
         self.open(index, false);
         let release = match part {
-            Part::Content | Part::Reasoning | Part::Refusal => {
+            Part::Content | Part::Reasoning | Part::ReasoningAlias | Part::Refusal => {
                 self.take_release(index, part, false)
             }
             Part::ToolArguments(_) | Part::FunctionArguments | Part::Other(_) => String::new(),
@@ -924,6 +939,7 @@ impl Verifier {
             let mut state = ChoiceState {
                 tracks: BTreeMap::new(),
                 echo,
+                last_part: None,
             };
             state.content();
             self.choices.push(state);

@@ -119,6 +119,8 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
             Some(key) => key.clone(),
             None => self.caller.passthrough_authorization()?,
         };
+        // A retry's answer is about the retry only.
+        self.forget_provider_headers();
         let mut outgoing = upstream.request(body, Some(authorization), stream);
         for name in FORWARDED_HEADERS {
             if let Some(value) = self.client_headers.get(name) {

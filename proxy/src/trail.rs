@@ -165,11 +165,13 @@ impl Trail {
     }
 
     /// Records canarygate's own tokens in the answer (and counts them in
-    /// the metrics).
+    /// the metrics, once per request).
     pub fn overhead_tokens(&mut self, prompt: u64, completion: u64) {
-        self.clock
-            .metrics()
-            .count_overhead_tokens(prompt, completion);
+        if self.overhead_tokens.is_none() {
+            self.clock
+                .metrics()
+                .count_overhead_tokens(prompt, completion);
+        }
         self.overhead_tokens = Some(TokenOverhead { prompt, completion });
     }
 

@@ -452,6 +452,14 @@ async fn provider_fields_and_headers_pass(proxy: &Running, dir: &ProxyDir) {
     let error: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(error["error"]["code"], "rate_limit_exceeded", "{text}");
 
+    // Fields that would return the prompt (canaries included) are refused.
+    let mut body = user("reporter", "Name three rivers", false);
+    body["prompt_logprobs"] = json!(1);
+    let (status, _, text) = post(proxy, &body, &[]).await;
+    assert_eq!(status, 400, "{text}");
+    let error: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(error["error"]["param"], "prompt_logprobs", "{text}");
+
     // The provider's id is in the audit record.
     let records = audit_export(&dir.data());
     let record = records

@@ -148,12 +148,19 @@ pub struct Delivery {
     cut: Vec<bool>,
     overhead_completion: u64,
     usage: UsageOptions,
+    /// Choices the request asked for: text of any other choice is dropped.
+    choices: u32,
 }
 
 impl Delivery {
-    /// A delivery cutting each choice at `limit` tokens (counted by
-    /// `counter`), reporting usage per `usage`.
-    pub fn new(counter: TokenCounter, limit: Option<u64>, usage: UsageOptions) -> Self {
+    /// A delivery of `choices` choices, cutting each at `limit` tokens
+    /// (counted by `counter`), reporting usage per `usage`.
+    pub fn new(
+        counter: TokenCounter,
+        limit: Option<u64>,
+        usage: UsageOptions,
+        choices: u32,
+    ) -> Self {
         Self {
             counter,
             limit,
@@ -161,6 +168,7 @@ impl Delivery {
             cut: Vec::new(),
             overhead_completion: 0,
             usage,
+            choices,
         }
     }
 
@@ -221,6 +229,14 @@ impl Delivery {
         span: Range<usize>,
         release: Release<'_>,
     ) -> FieldEdit {
+        if choice >= self.choices {
+            // A choice nobody asked for (it fails the finish check): its text
+            // never reaches the client, whatever the policy.
+            return FieldEdit {
+                kept: Vec::new(),
+                len: text.len(),
+            };
+        }
         let index = choice as usize;
         if self.used.len() <= index {
             self.used.resize(index + 1, 0);
@@ -331,7 +347,7 @@ mod tests {
             without_canarygate: true,
             overhead_prompt: 40,
         };
-        let mut delivery = Delivery::new(TokenCounter::default(), Some(3), usage);
+        let mut delivery = Delivery::new(TokenCounter::default(), Some(3), usage, 2);
         let release = Release {
             through: usize::MAX,
             removed: &[],
@@ -348,6 +364,9 @@ mod tests {
         // Arguments are never cut.
         let arguments = delivery.admit(0, Part::ToolArguments(0), "{}", 0..2, release);
         assert!(arguments.unchanged());
+        // A choice nobody asked for shows nothing.
+        let stray = delivery.admit(u32::MAX, Part::Content, "CG1", 0..3, release);
+        assert!(stray.kept.is_empty());
 
         let mut usage = serde_json::json!({"prompt_tokens": 100, "completion_tokens": 10,
                                            "total_tokens": 110});

@@ -139,6 +139,8 @@ impl Location {
 pub struct ChoiceView {
     /// Choice index.
     pub index: u32,
+    /// Where the choice sits in the answer's or event's `choices`.
+    pub position: usize,
     /// Its text fields, in order.
     pub texts: Vec<TextField>,
     /// Its `finish_reason`, when set.

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use axum::response::Response;
-use canarygate_policies::inject::Injection;
+use canarygate_policies::inject::{Injection, MAX_CHOICES};
 use canarygate_policies::verify::{Verdict, Verifier};
 
 use crate::body::Served;
@@ -58,6 +58,11 @@ pub fn blocked<W: WireFormat>(context: &RequestContext<'_, W>, verdict: &Verdict
 /// Records `reason` as the finish reason of choice `index`, and that the
 /// answer has at least `index + 1` choices.
 pub fn set_reason(reasons: &mut Vec<Option<String>>, index: u32, reason: Option<&str>) {
+    if u64::from(index) >= MAX_CHOICES {
+        // No request asks for that many choices (its text fails the
+        // verifier); never size a list by an index the provider sent.
+        return;
+    }
     let index = index as usize;
     if reasons.len() <= index {
         reasons.resize(index + 1, None);

@@ -189,5 +189,6 @@ fn delivery_of<W: WireFormat>(
             without_canarygate: context.state.policy.verify.usage == UsageReport::WithoutCanarygate,
             overhead_prompt,
         },
+        injection.choices,
     )
 }

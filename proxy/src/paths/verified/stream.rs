@@ -59,10 +59,12 @@ pub async fn serve<W: WireFormat>(
         Driven::Stream(verdict) => {
             stream.permit = permit.take();
             let mut head = context.event_stream_response(Some(&verdict));
-            let overhead = format!(
-                "prompt={}, completion=pending",
-                stream.writer.delivery().overhead_prompt()
-            );
+            // Verdict-first streams are answered once everything is known.
+            let delivery = stream.writer.delivery();
+            let overhead = match stream.end {
+                Some(End::Delivered) => delivery.overhead_header(),
+                _ => format!("prompt={}, completion=pending", delivery.overhead_prompt()),
+            };
             if let Ok(value) = HeaderValue::from_str(&overhead) {
                 head.headers_mut().insert(OVERHEAD_HEADER, value);
             }

@@ -25,7 +25,7 @@ pub fn index_of(item: &Value, position: usize) -> u32 {
 /// The text fields of a message or delta that are model output, in the
 /// order a model writes them, with the part each belongs to. Reasoning:
 /// `reasoning_content` (DeepSeek, vLLM, SGLang, GLM, Qwen) and `reasoning`
-/// (OpenRouter, newer vLLM).
+/// (OpenRouter, newer vLLM; [`Part::ReasoningAlias`] when both are there).
 const TEXT_FIELDS: [(&str, Part); 4] = [
     ("reasoning_content", Part::Reasoning),
     ("reasoning", Part::Reasoning),
@@ -74,8 +74,14 @@ pub fn read_choice(choice: &Value, position: usize, part: &'static str) -> Choic
     let mut texts = Vec::new();
     let message = &choice[part];
     let at = Location::ROOT.key("choices").index(position).key(part);
-    for (field, kind) in TEXT_FIELDS {
+    let both_reasonings = message
+        .get("reasoning_content")
+        .is_some_and(Value::is_string);
+    for (field, mut kind) in TEXT_FIELDS {
         if message.get(field).is_some_and(Value::is_string) {
+            if field == "reasoning" && both_reasonings {
+                kind = Part::ReasoningAlias;
+            }
             texts.push(TextField {
                 choice: index,
                 kind,
@@ -130,6 +136,7 @@ pub fn read_choice(choice: &Value, position: usize, part: &'static str) -> Choic
     }
     ChoiceView {
         index,
+        position,
         texts,
         finish_reason: choice
             .get("finish_reason")

@@ -3,57 +3,88 @@
 //! text) are edited the same way, so joining the delivered tokens gives the
 //! delivered content.
 
+use canarygate_policies::canary::find_canaries;
 use serde_json::{Value, json};
 
 use crate::wire::edit::FieldEdit;
 
-/// Edits the `content` list of `logprobs` (a choice's `logprobs` object) to
-/// follow `edit` of the content `text`: entries wholly removed go, entries
-/// cut in part keep their kept bytes (and lose their alternatives, which
-/// were alternatives to another token). When the tokens do not spell `text`
-/// the entries cannot be placed, and all of them go.
-pub fn follow(logprobs: &mut Value, text: &str, edit: &FieldEdit) {
+/// The bytes a logprobs entry stands for: its `bytes` (exact even for a
+/// token that splits a character), else its `token`.
+fn entry_bytes(entry: &Value) -> Option<Vec<u8>> {
+    match entry.get("bytes").and_then(Value::as_array) {
+        Some(bytes) => bytes
+            .iter()
+            .map(|byte| byte.as_u64().and_then(|byte| u8::try_from(byte).ok()))
+            .collect(),
+        None => entry
+            .get("token")
+            .and_then(Value::as_str)
+            .map(|token| token.as_bytes().to_vec()),
+    }
+}
+
+/// Edits list `list` (`content` or `refusal`) of `logprobs` (a choice's
+/// `logprobs` object) to follow `edit` of the field's `text`: entries wholly
+/// removed go, entries cut in part keep their kept bytes (and lose their
+/// alternatives, which were alternatives to another token). When the entries
+/// do not spell `text` they cannot be placed, and all of them go.
+pub fn follow(logprobs: &mut Value, list: &str, text: &str, edit: &FieldEdit) {
     if edit.unchanged() {
         return;
     }
-    let Some(entries) = logprobs.get_mut("content").and_then(Value::as_array_mut) else {
+    let Some(entries) = logprobs.get_mut(list).and_then(Value::as_array_mut) else {
         return;
     };
-    let spelled: Option<usize> = entries
-        .iter()
-        .map(|entry| entry.get("token").and_then(Value::as_str).map(str::len))
-        .sum();
-    if spelled != Some(text.len()) {
+    let spelled: Option<Vec<Vec<u8>>> = entries.iter().map(entry_bytes).collect();
+    let Some(spelled) = spelled.filter(|spelled| spelled.concat() == text.as_bytes()) else {
         entries.clear();
         return;
-    }
+    };
     let mut at = 0;
     let mut kept = Vec::with_capacity(entries.len());
-    for mut entry in entries.drain(..) {
-        let token = entry["token"].as_str().unwrap_or("").to_owned();
-        let span = at..at + token.len();
+    for (mut entry, bytes) in entries.drain(..).zip(spelled) {
+        let span = at..at + bytes.len();
         at = span.end;
-        let mut shown = String::new();
+        let mut shown = Vec::new();
         for range in &edit.kept {
             let start = range.start.max(span.start);
             let end = range.end.min(span.end);
             if start < end {
-                // Token boundaries may split a character; keep whole ones.
-                if let Some(piece) = text.get(start..end) {
-                    shown.push_str(piece);
-                }
+                shown.extend_from_slice(&text.as_bytes()[start..end]);
             }
         }
-        if shown.len() == token.len() {
+        if shown.len() == bytes.len() {
             kept.push(entry);
         } else if !shown.is_empty() {
-            entry["bytes"] = json!(shown.as_bytes());
-            entry["token"] = json!(shown);
+            entry["token"] = json!(String::from_utf8_lossy(&shown));
+            entry["bytes"] = json!(shown);
             entry["top_logprobs"] = json!([]);
             kept.push(entry);
         }
     }
     *entries = kept;
+}
+
+/// Clears list `list` of `logprobs` unless its entries spell `delivered`
+/// exactly and spell nothing canary-shaped: the last guard, for a choice
+/// some field of which was edited, so that no logprobs the client gets
+/// disagree with what it got or show a canary (vLLM attaches logprobs to
+/// reasoning deltas too).
+pub fn check(logprobs: &mut Value, list: &str, delivered: &str) {
+    let Some(entries) = logprobs.get_mut(list).and_then(Value::as_array_mut) else {
+        return;
+    };
+    let spelled: Option<Vec<Vec<u8>>> = entries.iter().map(entry_bytes).collect();
+    let agrees = spelled.is_some_and(|spelled| {
+        let joined = spelled.concat();
+        joined == delivered.as_bytes()
+            && find_canaries(&String::from_utf8_lossy(&joined))
+                .next()
+                .is_none()
+    });
+    if !agrees {
+        entries.clear();
+    }
 }
 
 #[cfg(test)]
@@ -88,7 +119,7 @@ mod tests {
             kept: vec![6..14],
             len: text.len(),
         };
-        follow(&mut logprobs, text, &edit);
+        follow(&mut logprobs, "content", text, &edit);
         assert_eq!(tokens(&logprobs), ["Hi", " there"]);
         assert_eq!(logprobs["content"][0]["bytes"], json!(b"Hi"));
         assert_eq!(logprobs["content"][0]["top_logprobs"], json!([]));
@@ -103,7 +134,37 @@ mod tests {
             kept: vec![6..9],
             len: 9,
         };
-        follow(&mut logprobs, "[CG1] Hi!", &edit);
+        follow(&mut logprobs, "content", "[CG1] Hi!", &edit);
         assert_eq!(logprobs["content"], json!([]));
+    }
+
+    #[test]
+    fn tokens_are_measured_by_their_bytes() {
+        // A token that splits a character: its `token` is an escape, its
+        // bytes are exact.
+        let text = "CG1 日";
+        let split = json!({"token": "\\xe6\\x97", "logprob": -1.0, "bytes": [0xe6, 0x97],
+                           "top_logprobs": []});
+        let last = json!({"token": "\\xa5", "logprob": -1.0, "bytes": [0xa5], "top_logprobs": []});
+        let mut logprobs = json!({"content": [entry("CG1"), entry(" "), split, last]});
+        let edit = FieldEdit {
+            kept: vec![4..7],
+            len: text.len(),
+        };
+        follow(&mut logprobs, "content", text, &edit);
+        assert_eq!(logprobs["content"].as_array().unwrap().len(), 2);
+        check(&mut logprobs, "content", "日");
+        assert_eq!(
+            logprobs["content"].as_array().unwrap().len(),
+            2,
+            "{logprobs}"
+        );
+        // Entries that spell a canary, or not what was delivered, go.
+        let mut leaking = json!({"content": [entry("CG1234567"), entry("89012345")]});
+        check(&mut leaking, "content", "CG123456789012345");
+        assert_eq!(leaking["content"], json!([]));
+        let mut other = json!({"content": [entry("Hello")]});
+        check(&mut other, "content", "Hi");
+        assert_eq!(other["content"], json!([]));
     }
 }

@@ -17,6 +17,7 @@ mod logprobs;
 mod request;
 mod stream;
 
+use std::collections::HashMap;
 use std::ops::Range;
 
 use std::borrow::Cow;
@@ -62,6 +63,22 @@ impl WireFormat for Chat {
         echo: EchoMode,
         canaries: RequestCanaries,
     ) -> Result<Injection, ApiError> {
+        // vLLM's prompt logprobs and token ids spell the prompt back, and
+        // with it the canaries and their instruction.
+        for field in PROMPT_ECHO_FIELDS {
+            if body
+                .get(field)
+                .is_some_and(|value| !value.is_null() && *value != json!(false))
+            {
+                return Err(ApiError::invalid_param(
+                    field,
+                    format!(
+                        "`{field}` returns the prompt as the provider saw it, canarygate's \
+                         canaries included; it is not served on the verified path."
+                    ),
+                ));
+            }
+        }
         inject(body, echo, canaries).map_err(|error| match error {
             InjectError::BadChoiceCount => ApiError::invalid_param("n", error.to_string()),
             InjectError::NotAnObject | InjectError::NoMessages | InjectError::BadMessage(_) => {
@@ -170,6 +187,9 @@ impl WireFormat for Chat {
     }
 }
 
+/// Request fields that make a provider return the prompt itself.
+const PROMPT_ECHO_FIELDS: [&str; 2] = ["prompt_logprobs", "return_token_ids"];
+
 /// Keys of a message or delta that hold text the verifier reads.
 const TEXT_KEYS: [&str; 4] = ["content", "reasoning_content", "reasoning", "refusal"];
 
@@ -187,8 +207,10 @@ pub struct Edited {
 
 /// Edits the text `fields` of `value` (an answer or chunk whose choices are
 /// `choices`; each field with the span of its part it carried) to what the
-/// verifier's release and `delivery` leave of them: content's logprobs
-/// follow, and a choice cut at the client's limit finishes with `length`.
+/// verifier's release and `delivery` leave of them: logprobs follow the
+/// content and the refusal (and go where they no longer spell what was
+/// delivered), and a choice cut at the client's limit finishes with
+/// `length`.
 fn edit_fields(
     value: &mut Value,
     choices: &[ChoiceView],
@@ -199,6 +221,11 @@ fn edit_fields(
     let mut edited = Edited::default();
     let mut had_text = false;
     let mut shows_text = false;
+    let position_of: HashMap<u32, usize> = choices
+        .iter()
+        .map(|choice| (choice.index, choice.position))
+        .collect();
+    let mut changed_choices = Vec::new();
     for (field, span) in fields {
         let text = field.text(value).to_owned();
         had_text |= !text.is_empty();
@@ -214,20 +241,42 @@ fn edit_fields(
             continue;
         }
         edited.changed = true;
-        if field.kind == Part::Content
-            && let Some(logprobs) = choice_location(value, field.choice)
-                .map(|at| at.key("logprobs"))
-                .and_then(|at| at.get_mut(value))
+        let Some(&position) = position_of.get(&field.choice) else {
+            continue;
+        };
+        changed_choices.push(position);
+        let list = match field.kind {
+            Part::Content => Some("content"),
+            Part::Refusal => Some("refusal"),
+            _ => None,
+        };
+        if let Some(list) = list
+            && let Some(logprobs) = logprobs_at(value, position)
         {
-            logprobs::follow(logprobs, &text, &edit);
+            logprobs::follow(logprobs, list, &text, &edit);
         }
         put_text(value, field, apply(&text, &edit.kept));
     }
     edited.emptied = had_text && !shows_text;
-    for choice in choices {
-        let Some(at) = choice_location(value, choice.index) else {
-            continue;
+    for position in changed_choices {
+        let delivered = |key: &str| {
+            let at = Location::ROOT.key("choices").index(position);
+            let body = at
+                .get(value)
+                .and_then(|choice| choice.get("delta").or_else(|| choice.get("message")));
+            body.and_then(|body| body.get(key))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_owned()
         };
+        let (content, refusal) = (delivered("content"), delivered("refusal"));
+        if let Some(logprobs) = logprobs_at(value, position) {
+            logprobs::check(logprobs, "content", &content);
+            logprobs::check(logprobs, "refusal", &refusal);
+        }
+    }
+    for choice in choices {
+        let at = Location::ROOT.key("choices").index(choice.position);
         let Some(slot) = at.get_mut(value) else {
             continue;
         };
@@ -248,14 +297,14 @@ fn edit_fields(
     edited
 }
 
-/// Where choice `index` sits in `value`'s `choices`.
-fn choice_location(value: &Value, index: u32) -> Option<Location> {
-    let choices = value.get("choices")?.as_array()?;
-    let position = choices
-        .iter()
-        .enumerate()
-        .position(|(position, choice)| answer::index_of(choice, position) == index)?;
-    Some(Location::ROOT.key("choices").index(position))
+/// The `logprobs` object of the choice at `position`, if it has one.
+fn logprobs_at(value: &mut Value, position: usize) -> Option<&mut Value> {
+    Location::ROOT
+        .key("choices")
+        .index(position)
+        .key("logprobs")
+        .get_mut(value)
+        .filter(|logprobs| logprobs.is_object())
 }
 
 /// OpenAI's error object for `error`.
