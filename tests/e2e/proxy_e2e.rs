@@ -7,11 +7,13 @@ use serde_json::{Value, json};
 
 use crate::common::*;
 
-/// A chunk or completion without the fields that differ between two calls.
+/// A chunk or completion without the fields that differ between two calls
+/// (the stream padding `obfuscation` is random, as OpenAI's is).
 fn without_call_identity(mut value: Value) -> Value {
     if let Some(object) = value.as_object_mut() {
         object.remove("id");
         object.remove("created");
+        object.remove("obfuscation");
     }
     value
 }

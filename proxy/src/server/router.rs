@@ -126,7 +126,9 @@ async fn render_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse
 /// `GET /v1/models`: the named routes, then, for a wildcard route, the
 /// provider's own list (asked with the provider key in managed auth, the
 /// caller's credentials in passthrough), without duplicates. A provider's
-/// error is passed on; every other failure is an OpenAI-shaped error.
+/// error answer is passed on (wrapped when not OpenAI-shaped); when the
+/// provider cannot be asked (no credentials to pass on, unreachable, no
+/// list in its answer) the named routes alone are listed, and why is logged.
 async fn list_models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let policy = &state.policy;
     let mut data: Vec<Value> = policy
@@ -162,37 +164,48 @@ async fn provider_models(
     headers: &HeaderMap,
 ) -> Result<Vec<Value>, Response> {
     let fail = |error: &ApiError| error_response::<Chat>(error);
+    let unlisted = |error: &ApiError| {
+        tracing::warn!(
+            provider,
+            "GET /v1/models lists the named routes only: {error}"
+        );
+        Ok(Vec::new())
+    };
     let upstream = state
         .upstreams
         .named(provider)
         .map_err(|error| fail(&ApiError::internal(error.to_string())))?;
-    let caller = state
-        .auth
-        .authenticate(headers)
-        .map_err(|error| fail(&error))?;
+    let caller = match state.auth.authenticate(headers) {
+        Ok(caller) => caller,
+        Err(error) => return unlisted(&error),
+    };
     let authorization = match upstream.managed_key() {
         Some(key) => key.clone(),
-        None => caller
-            .passthrough_authorization()
-            .map_err(|error| fail(&error))?,
+        None => match caller.passthrough_authorization() {
+            Ok(authorization) => authorization,
+            Err(error) => return unlisted(&error),
+        },
     };
     let limits = &state.policy.limits;
     let mut clock = RequestClock::start(state.metrics.clone());
-    upstream
+    let listed = upstream
         .list_models(
             &mut clock,
             authorization,
             Duration::from_millis(limits.first_byte_timeout_ms),
             Duration::from_millis(limits.idle_timeout_ms),
         )
-        .await
-        .map_err(|error| match error {
-            ModelsError::Provider(status, body) if Chat::is_error_body(&body) => {
-                json_response(status, Body::from(body))
-            }
-            ModelsError::Provider(status, body) => fail(&upstream.wrapped_error(status, &body)),
-            ModelsError::Canarygate(error) => fail(&error),
-        })
+        .await;
+    match listed {
+        Ok(models) => Ok(models),
+        Err(ModelsError::Provider(status, body)) if Chat::is_error_body(&body) => {
+            Err(json_response(status, Body::from(body)))
+        }
+        Err(ModelsError::Provider(status, body)) => {
+            Err(fail(&upstream.wrapped_error(status, &body)))
+        }
+        Err(ModelsError::Canarygate(error)) => unlisted(&error),
+    }
 }
 
 /// One request of an endpoint in wire format `W`: admitted, served by the

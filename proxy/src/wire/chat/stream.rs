@@ -8,7 +8,7 @@ use canarygate_policies::sse::encode_data;
 use canarygate_policies::verify::{Verdict, Verifier};
 use serde_json::Value;
 
-use super::edit_fields;
+use super::deliver::edit_fields;
 use crate::wire::edit::Delivery;
 use crate::wire::format::{Chunk, StreamWriter};
 
