@@ -169,7 +169,7 @@ async fn provider_models(
             provider,
             "GET /v1/models lists the named routes only: {error}"
         );
-        Ok(Vec::new())
+        Vec::new()
     };
     let upstream = state
         .upstreams
@@ -177,13 +177,13 @@ async fn provider_models(
         .map_err(|error| fail(&ApiError::internal(error.to_string())))?;
     let caller = match state.auth.authenticate(headers) {
         Ok(caller) => caller,
-        Err(error) => return unlisted(&error),
+        Err(error) => return Ok(unlisted(&error)),
     };
     let authorization = match upstream.managed_key() {
         Some(key) => key.clone(),
         None => match caller.passthrough_authorization() {
             Ok(authorization) => authorization,
-            Err(error) => return unlisted(&error),
+            Err(error) => return Ok(unlisted(&error)),
         },
     };
     let limits = &state.policy.limits;
@@ -204,7 +204,7 @@ async fn provider_models(
         Err(ModelsError::Provider(status, body)) => {
             Err(fail(&upstream.wrapped_error(status, &body)))
         }
-        Err(ModelsError::Canarygate(error)) => unlisted(&error),
+        Err(ModelsError::Canarygate(error)) => Ok(unlisted(&error)),
     }
 }
 

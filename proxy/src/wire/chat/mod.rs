@@ -206,6 +206,7 @@ mod tests {
     use super::*;
     use crate::wire::format::put_text;
     use axum::http::StatusCode;
+    use canarygate_policies::verify::Part;
 
     #[test]
     fn text_fields_point_at_their_strings() {
