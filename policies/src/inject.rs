@@ -123,6 +123,22 @@ pub struct Injection {
     pub cacheable_prompt_tokens: u64,
 }
 
+impl Injection {
+    /// `tokens`, a count of part of this prompt by our estimate, in the units
+    /// of `exact_prompt_tokens` (the whole prompt by the provider's tokenizer)
+    /// when there is one: scaled by the ratio of the two whole-prompt counts.
+    pub fn scaled_to_exact(&self, tokens: u64, exact_prompt_tokens: Option<u64>) -> u64 {
+        match exact_prompt_tokens {
+            Some(exact) if self.prompt_tokens_estimate > 0 => {
+                let scaled = u128::from(tokens) * u128::from(exact)
+                    / u128::from(self.prompt_tokens_estimate);
+                u64::try_from(scaled).unwrap_or(u64::MAX)
+            }
+            _ => tokens,
+        }
+    }
+}
+
 /// A request the verifier cannot work with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum InjectError {

@@ -591,13 +591,8 @@ impl Verifier {
         };
         let prompt_tokens = exact_prompt_tokens.unwrap_or(injection.prompt_tokens_estimate);
         // The estimate before the head canary, scaled to the count in use.
-        let cacheable_prompt_tokens = match exact_prompt_tokens {
-            Some(exact) if injection.prompt_tokens_estimate > 0 => {
-                u128::from(injection.cacheable_prompt_tokens) * u128::from(exact)
-                    / u128::from(injection.prompt_tokens_estimate)
-            }
-            _ => u128::from(injection.cacheable_prompt_tokens),
-        };
+        let cacheable_prompt_tokens =
+            injection.scaled_to_exact(injection.cacheable_prompt_tokens, exact_prompt_tokens);
         Self {
             own: [injection.canaries.head, injection.canaries.tail],
             echo: injection.echo.clone(),
@@ -618,9 +613,7 @@ impl Verifier {
             choices: Vec::new(),
             findings: Findings::default(),
             unexpected_choice: None,
-            cacheable_prompt_tokens: u64::try_from(cacheable_prompt_tokens)
-                .unwrap_or(u64::MAX)
-                .min(prompt_tokens),
+            cacheable_prompt_tokens: cacheable_prompt_tokens.min(prompt_tokens),
             ttft: None,
             ttft_pending: None,
             failed: false,

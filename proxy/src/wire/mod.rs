@@ -35,4 +35,4 @@ pub mod chat;
 pub mod edit;
 mod format;
 
-pub use format::{ClientRequest, EventView, StreamWriter, WireFormat};
+pub use format::{ChoiceView, ClientRequest, EventView, StreamWriter, WireFormat};

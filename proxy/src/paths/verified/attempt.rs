@@ -1,17 +1,20 @@
 //! What the whole-answer and the stream halves of the verified path share:
 //! one attempt's state, its decision, and the block response.
 
+use std::ops::Range;
 use std::time::Instant;
 
 use axum::response::Response;
 use canarygate_policies::inject::{Injection, MAX_CHOICES};
+use canarygate_policies::registry::CanaryRegistry;
 use canarygate_policies::verify::{Verdict, Verifier};
+use serde_json::Value;
 
 use crate::body::Served;
 use crate::context::RequestContext;
 use crate::error::ApiError;
-use crate::wire::WireFormat;
 use crate::wire::edit::Delivery;
+use crate::wire::{ChoiceView, WireFormat};
 
 /// What became of one upstream attempt.
 pub enum Decided {
@@ -37,6 +40,47 @@ pub struct Attempt {
     pub delivery: Delivery,
 }
 
+impl Attempt {
+    /// Feeds every text field of `choices` (read from `value`, a whole
+    /// answer or one stream event) to the verifier, in order, and records
+    /// the choices' finish reasons in `reasons`. `before_text` runs before
+    /// each non-empty text is pushed and says whether to stop there (the
+    /// stream's time to first token). Returns the span of its part each field
+    /// carried, in the order of the fields, and whether the verifier said to
+    /// stop; after a stop, texts are no longer pushed.
+    pub fn feed(
+        &mut self,
+        choices: &[ChoiceView],
+        value: &Value,
+        registry: &dyn CanaryRegistry,
+        reasons: &mut Vec<Option<String>>,
+        mut before_text: impl FnMut(&mut Verifier) -> bool,
+    ) -> (Vec<Range<usize>>, bool) {
+        let verifier = &mut self.verifier;
+        let mut spans = Vec::new();
+        let mut stop = false;
+        for choice in choices {
+            for field in &choice.texts {
+                let text = field.text(value);
+                let start = verifier.received(field.choice, field.kind);
+                spans.push(start..start + text.len());
+                if stop || text.is_empty() {
+                    continue;
+                }
+                if before_text(verifier) {
+                    stop = true;
+                    continue;
+                }
+                stop = verifier
+                    .push_part(field.choice, field.kind, text, registry)
+                    .stop;
+            }
+            set_reason(reasons, choice.index, choice.finish_reason.as_deref());
+        }
+        (spans, stop)
+    }
+}
+
 pub fn elapsed_ms(since: Instant) -> u64 {
     since.elapsed().as_millis().try_into().unwrap_or(u64::MAX)
 }
@@ -57,7 +101,7 @@ pub fn blocked<W: WireFormat>(context: &RequestContext<'_, W>, verdict: &Verdict
 
 /// Records `reason` as the finish reason of choice `index`, and that the
 /// answer has at least `index + 1` choices.
-pub fn set_reason(reasons: &mut Vec<Option<String>>, index: u32, reason: Option<&str>) {
+fn set_reason(reasons: &mut Vec<Option<String>>, index: u32, reason: Option<&str>) {
     if u64::from(index) >= MAX_CHOICES {
         // No request asks for that many choices (its text fails the
         // verifier); never size a list by an index the provider sent.

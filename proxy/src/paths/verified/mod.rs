@@ -172,14 +172,8 @@ fn delivery_of<W: WireFormat>(
     injection: &Injection,
     exact_prompt_tokens: Option<u64>,
 ) -> Delivery {
-    let overhead_prompt = match exact_prompt_tokens {
-        Some(exact) if injection.prompt_tokens_estimate > 0 => {
-            let scaled = u128::from(injection.prompt_tokens_added) * u128::from(exact)
-                / u128::from(injection.prompt_tokens_estimate);
-            u64::try_from(scaled).unwrap_or(u64::MAX)
-        }
-        _ => injection.prompt_tokens_added,
-    };
+    let overhead_prompt =
+        injection.scaled_to_exact(injection.prompt_tokens_added, exact_prompt_tokens);
     let raised = !injection.echo.is_empty();
     Delivery::new(
         context.upstream.token_counter(),

@@ -22,7 +22,7 @@ use canarygate_policies::verify_config::{FailureAction, ReleasePolicy};
 use futures_util::Stream;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::attempt::{Attempt, Decided, blocked, elapsed_ms, set_reason};
+use super::attempt::{Attempt, Decided, blocked, elapsed_ms};
 use crate::body::{PendingBody, Served, StreamSource};
 use crate::clock::RequestClock;
 use crate::context::{OVERHEAD_HEADER, RequestContext};
@@ -258,36 +258,18 @@ impl<W: WireFormat> VerifiedStream<W> {
         }
         let registry = self.registry.clone();
         let lookup = registry.lookup();
-        let verifier = &mut self.attempt.verifier;
-        let mut spans = Vec::with_capacity(chunk.texts().count());
-        let mut stop = false;
-        for choice in &chunk.choices {
-            for field in &choice.texts {
-                let text = field.text(&chunk.event);
-                let start = verifier.received(field.choice, field.kind);
-                spans.push(start..start + text.len());
-                if stop || text.is_empty() {
-                    continue;
-                }
-                if !self.ttft_seen {
-                    // The first generated text of any kind: reasoning
-                    // models think before they answer.
-                    self.ttft_seen = true;
-                    if verifier.observe_ttft(elapsed_ms(self.attempt.sent_at)) {
-                        stop = true;
-                        continue;
-                    }
-                }
-                stop = verifier
-                    .push_part(field.choice, field.kind, text, lookup)
-                    .stop;
-            }
-            set_reason(
-                &mut self.finish_reasons,
-                choice.index,
-                choice.finish_reason.as_deref(),
-            );
-        }
+        let (ttft_seen, sent_at) = (&mut self.ttft_seen, self.attempt.sent_at);
+        let (spans, stop) = self.attempt.feed(
+            &chunk.choices,
+            &chunk.event,
+            lookup,
+            &mut self.finish_reasons,
+            |verifier| {
+                // The first generated text of any kind: reasoning models
+                // think before they answer.
+                !std::mem::replace(ttft_seen, true) && verifier.observe_ttft(elapsed_ms(sent_at))
+            },
+        );
         self.writer.take(chunk, event.data, spans);
         if stop {
             return self.finalize(None);

@@ -6,7 +6,7 @@ use axum::http::HeaderValue;
 use canarygate_policies::verify::{Decision, Facts};
 use serde_json::Value;
 
-use super::attempt::{Attempt, Decided, blocked, elapsed_ms, set_reason};
+use super::attempt::{Attempt, Decided, blocked, elapsed_ms};
 use crate::body::Served;
 use crate::context::{OVERHEAD_HEADER, RequestContext};
 use crate::error::{ApiError, ErrorCode};
@@ -38,27 +38,20 @@ pub async fn serve<W: WireFormat>(
     })?;
     let view = W::read_answer(&answer);
     let mut finish_reasons = Vec::new();
-    // Each field's span of its part, in the order of the view's fields.
-    let mut spans = Vec::new();
-    for choice in &view.choices {
-        for field in &choice.texts {
-            let text = field.text(&answer);
-            let start = attempt.verifier.received(field.choice, field.kind);
-            spans.push(start..start + text.len());
-            if !stop && !text.is_empty() {
-                attempt
-                    .verifier
-                    .push_part(field.choice, field.kind, text, registry);
-            }
-        }
-        if !stop {
-            set_reason(
-                &mut finish_reasons,
-                choice.index,
-                choice.finish_reason.as_deref(),
-            );
-        }
-    }
+    // Each field's span of its part, in the order of the view's fields. A
+    // stop here (ttft) withholds the answer, so nothing is read.
+    let spans = if stop {
+        Vec::new()
+    } else {
+        let (spans, _) = attempt.feed(
+            &view.choices,
+            &answer,
+            registry,
+            &mut finish_reasons,
+            |_| false,
+        );
+        spans
+    };
     let finished = attempt.verifier.finish(
         &Facts {
             finish_reasons,
