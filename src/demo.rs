@@ -240,6 +240,7 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         policy,
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
         data_dir: data_dir.clone(),
+        instance: Some("demo".to_owned()),
     })
     .await?;
     let proxy_addr = server.local_addr()?;

@@ -31,6 +31,8 @@ fn record(n: u64) -> RequestRecord {
         provider_request_id: None,
         overhead_tokens: None,
         canary_ids: vec!["c1".into(), "c2".into()],
+        instance: None,
+        registry_degraded: false,
         checks: ["echo", "foreign_canary", "prompt_tokens", "ttft", "finish"]
             .iter()
             .map(|name| CheckRecord {

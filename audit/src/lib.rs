@@ -38,7 +38,7 @@ pub use record::{
     RecordId, RequestEntry, RequestRecord, ReviewEntry, ReviewVerdict, Route, Sample, SampleRef,
     TokenOverhead, VerdictSummary, chain_hash, sha256_hex,
 };
-pub use secret::{SampleKey, Secrets, hmac_sha256};
+pub use secret::{SampleKey, Secrets, hmac_sha256, parse_key};
 pub use store::{CanaryEntry, Retire, STORE_FILE};
 pub use verify::ChainReport;
 

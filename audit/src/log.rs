@@ -37,6 +37,8 @@ pub struct AuditOptions {
     pub durability: Durability,
     /// The access to the data directory that [`AuditLog::open`] accepts.
     pub data_readable_by: DataReaders,
+    /// The name of the instance writing the log, stamped on its records.
+    pub instance: Option<String>,
 }
 
 impl Default for AuditOptions {
@@ -47,6 +49,7 @@ impl Default for AuditOptions {
             commit: CommitMode::Group,
             durability: Durability::BeforeAnswer,
             data_readable_by: DataReaders::Owner,
+            instance: None,
         }
     }
 }
@@ -75,6 +78,7 @@ impl AuditOptions {
             commit: CommitMode::Group,
             durability: config.durability,
             data_readable_by: config.data_readable_by,
+            instance: None,
         })
     }
 }
@@ -279,6 +283,11 @@ impl AuditLog {
     /// The install's secrets (session, canary and credential hashing keys).
     pub fn secrets(&self) -> &Secrets {
         &self.inner.secrets
+    }
+
+    /// The name of the instance writing the log, if it has one.
+    pub fn instance(&self) -> Option<&str> {
+        self.inner.options.instance.as_deref()
     }
 
     /// The configured sample rate, for [`should_sample`](crate::should_sample).

@@ -163,6 +163,15 @@ pub struct RequestRecord {
     pub overhead_tokens: Option<TokenOverhead>,
     /// Ids of the canaries minted for this request (never their values).
     pub canary_ids: Vec<String>,
+    /// The instance that served the request (`serve --instance`), when it
+    /// named one: several instances' logs merge into one export.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
+    /// The shared canary registry could not be asked for this request:
+    /// its canaries were registered, or the answer's spans looked up, in
+    /// this instance only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub registry_degraded: bool,
     /// Checks that ran, in order.
     pub checks: Vec<CheckRecord>,
     /// Overall verdict.

@@ -90,6 +90,12 @@ impl Secrets {
         Ok(Self { master })
     }
 
+    /// Secrets derived from `master` instead of the install's file: a key
+    /// shared by the instances of one deployment.
+    pub fn from_master(master: [u8; 32]) -> Self {
+        Self { master }
+    }
+
     /// The 32-byte secret called `name` (e.g. `session`, `canary`, `credential`).
     pub fn secret(&self, name: &str) -> [u8; 32] {
         hmac_sha256(&self.master, format!("canarygate-secret:{name}").as_bytes())
@@ -102,6 +108,18 @@ impl Secrets {
             credential.as_bytes(),
         ))
     }
+}
+
+/// A 32-byte key written as 64 hex characters or standard base64
+/// (surrounding whitespace ignored).
+pub fn parse_key(text: &str) -> Option<[u8; 32]> {
+    let text = text.trim();
+    let bytes = if text.len() == 64 {
+        hex::decode(text).ok()
+    } else {
+        decode_base64(text)
+    };
+    bytes.and_then(|bytes| bytes.try_into().ok())
 }
 
 /// HMAC-SHA256 of `message` under `key`.
@@ -129,13 +147,7 @@ const SEALED: u8 = 1;
 impl SampleKey {
     /// Reads a 32-byte key given as 64 hex characters or standard base64.
     pub fn parse(text: &str) -> Result<Self, AuditError> {
-        let text = text.trim();
-        let bytes = if text.len() == 64 {
-            hex::decode(text).ok()
-        } else {
-            decode_base64(text)
-        };
-        let key: [u8; 32] = bytes.and_then(|b| b.try_into().ok()).ok_or_else(|| {
+        let key = parse_key(text).ok_or_else(|| {
             AuditError::Key(
                 "the sample key must be 32 bytes, as 64 hex characters or base64".into(),
             )

@@ -49,6 +49,8 @@ pub(crate) fn request(log: &AuditLog, n: u64, failed: bool) -> RequestRecord {
         provider_request_id: None,
         overhead_tokens: None,
         canary_ids: vec![format!("c{n}")],
+        instance: None,
+        registry_degraded: false,
         checks: vec![
             CheckRecord {
                 name: "echo".into(),

@@ -15,6 +15,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::local_config::{LocalConfig, ProbeConfig};
+use crate::registry_config::RegistryConfig;
 use crate::verify_config::VerifyConfig;
 
 /// The preset used when no `--config` is given.
@@ -82,6 +83,9 @@ pub struct Policy {
     /// Scheduled context probing.
     #[serde(default)]
     pub probe: ProbeConfig,
+    /// Where live canaries are kept: this process, or shared on Redis.
+    #[serde(default)]
+    pub registry: RegistryConfig,
 }
 
 /// Sample rate of `[audit]` when none is given (2%).
@@ -436,6 +440,7 @@ impl Policy {
         let providers = self.validate_providers()?;
         self.local.validate()?;
         self.probe.validate()?;
+        self.registry.validate()?;
         self.verify.validate(&providers, self.local.enabled())?;
         self.validate_routes(&providers)?;
         self.validate_auth()

@@ -15,6 +15,7 @@ pub mod local_config;
 pub mod probe;
 
 pub mod registry;
+pub mod registry_config;
 pub mod sse;
 pub mod tokens;
 pub mod verify;

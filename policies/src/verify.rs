@@ -44,7 +44,7 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::canary::{Canary, Shape, match_at};
+use crate::canary::{Canary, Shape, find_canaries, match_at};
 use crate::inject::{Injection, PassiveReason};
 use crate::registry::CanaryRegistry;
 use crate::verify_config::{FailureAction, ReleasePolicy, VerifyConfig};
@@ -182,6 +182,10 @@ pub enum Evidence {
         hits: Vec<ForeignHit>,
         /// Canary-shaped spans that are not live canaries (harmless).
         lookalikes: u64,
+        /// Canary-shaped spans the shared registry could not be asked about
+        /// (it was unreachable): looked up in this instance only.
+        #[serde(skip_serializing_if = "is_zero")]
+        unresolved: u64,
     },
     /// `prompt_tokens`.
     PromptTokens {
@@ -223,6 +227,10 @@ pub enum Evidence {
     },
 }
 
+fn is_zero(value: &u64) -> bool {
+    *value == 0
+}
+
 /// One check's result, for the verdict and the audit log.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CheckResult {
@@ -244,6 +252,11 @@ pub struct Verdict {
     pub passive: Option<PassiveReason>,
     /// One result per check, in [`Check`] order.
     pub checks: Vec<CheckResult>,
+    /// The shared canary registry could not be asked: canaries were
+    /// registered or looked up in this instance only, so a leak from another
+    /// instance's request may have gone unseen.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub registry_degraded: bool,
 }
 
 /// What the proxy does with an answer.
@@ -305,14 +318,19 @@ impl Verdict {
     /// Value of the `x-canarygate-verdict` header: `pass`,
     /// `pass; passive=json_mode`, or `fail; checks=echo,foreign_canary`.
     pub fn header_value(&self) -> String {
-        if !self.passed() {
+        let mut value = if self.passed() {
+            match self.passive {
+                Some(reason) => format!("pass; passive={}", passive_name(reason)),
+                None => "pass".to_owned(),
+            }
+        } else {
             let names: Vec<_> = self.failed_checks().into_iter().map(Check::name).collect();
-            return format!("fail; checks={}", names.join(","));
+            format!("fail; checks={}", names.join(","))
+        };
+        if self.registry_degraded {
+            value.push_str("; registry_degraded");
         }
-        match self.passive {
-            Some(reason) => format!("pass; passive={}", passive_name(reason)),
-            None => "pass".to_owned(),
-        }
+        value
     }
 
     /// Names of the failed checks, as the error of a blocked answer lists them.
@@ -852,6 +870,44 @@ impl Verifier {
         }
     }
 
+    /// The canary-shaped spans that pushing `delta` to `part` of `choice`
+    /// could decide, other than this request's own, once each: what a
+    /// registry that answers asynchronously must resolve before the push
+    /// (the push's own lookups are synchronous). Every span the push looks
+    /// up is among them; most texts have none, and cost one `memchr` pass.
+    pub fn spans_to_look_up(&self, choice: u32, part: Part, delta: &str) -> Vec<Canary> {
+        let pending = self
+            .track(choice, part)
+            .map_or("", |track| track.pending.as_str());
+        let has_start = |text: &str| memchr::memchr2(b'C', b'c', text.as_bytes()).is_some();
+        if !has_start(pending) && !has_start(delta) {
+            return Vec::new();
+        }
+        let text = format!("{pending}{delta}");
+        let mut spans = Vec::new();
+        for found in find_canaries(&text) {
+            if !self.own.contains(&found.canary) && !spans.contains(&found.canary) {
+                spans.push(found.canary);
+            }
+        }
+        spans
+    }
+
+    /// The shared registry could not be asked: registering this request's
+    /// canaries (`unresolved` 0) or resolving `unresolved` canary-shaped
+    /// spans of the answer, which were then looked up in this instance only.
+    /// With `fail` (the policy fails closed), unresolved spans fail
+    /// `foreign_canary`. The verdict says `registry_degraded` either way.
+    pub fn registry_degraded(&mut self, unresolved: u64, fail: bool) {
+        let findings = &mut self.findings;
+        findings.registry_degraded = true;
+        findings.unresolved += unresolved;
+        findings.unresolved_fail |= fail;
+        if fail && unresolved > 0 {
+            self.failed = true;
+        }
+    }
+
     fn track(&self, choice: u32, part: Part) -> Option<&Track> {
         self.choices.get(choice as usize)?.tracks.get(&part)
     }
@@ -888,6 +944,7 @@ impl Verifier {
         let verdict = Verdict {
             passive: self.passive,
             checks,
+            registry_degraded: self.findings.registry_degraded,
         };
         if !verdict.passed() {
             self.failed = true;
@@ -1091,20 +1148,37 @@ impl Verifier {
             foreign,
             hits,
             lookalikes,
+            unresolved,
+            unresolved_fail,
+            registry_degraded,
         } = &self.findings;
+        let unresolved_failed = *unresolved_fail && *unresolved > 0;
+        let reason = if *foreign > 0 {
+            Some(format!(
+                "{foreign} canaries of other requests in the answer"
+            ))
+        } else if unresolved_failed {
+            Some(format!(
+                "the shared registry was unreachable: {unresolved} canary-shaped spans \
+                 could not be looked up"
+            ))
+        } else {
+            registry_degraded
+                .then(|| "registry_degraded: canaries looked up in this instance only".to_owned())
+        };
         CheckResult {
             check: Check::ForeignCanary,
-            status: if *foreign > 0 {
+            status: if *foreign > 0 || unresolved_failed {
                 Status::Fail
             } else {
                 Status::Pass
             },
-            reason: (*foreign > 0)
-                .then(|| format!("{foreign} canaries of other requests in the answer")),
+            reason,
             evidence: Evidence::ForeignCanary {
                 foreign: *foreign,
                 hits: hits.clone(),
                 lookalikes: *lookalikes,
+                unresolved: *unresolved,
             },
         }
     }
@@ -1223,6 +1297,12 @@ struct Findings {
     foreign: u64,
     hits: Vec<ForeignHit>,
     lookalikes: u64,
+    /// Spans the shared registry could not resolve.
+    unresolved: u64,
+    /// Unresolved spans fail the check (the policy fails closed).
+    unresolved_fail: bool,
+    /// The shared registry could not be asked at some point.
+    registry_degraded: bool,
 }
 
 /// Moves the decided part of the track's pending text to `ready`, without

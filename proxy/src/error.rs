@@ -70,13 +70,16 @@ pub enum ErrorCode {
     LocalEngineFailed,
     /// The audit record could not be made durable, so the answer is withheld.
     AuditLogUnavailable,
+    /// The shared canary registry cannot be reached and the policy fails
+    /// closed: nothing was sent upstream.
+    RegistryUnavailable,
     /// canarygate itself failed.
     InternalError,
 }
 
 impl ErrorCode {
     /// Every code, in the README table's order.
-    pub const ALL: [Self; 28] = [
+    pub const ALL: [Self; 29] = [
         Self::InvalidJson,
         Self::InvalidValue,
         Self::InvalidBody,
@@ -102,6 +105,7 @@ impl ErrorCode {
         Self::LocalEngineUnavailable,
         Self::UpstreamTimeout,
         Self::AuditLogUnavailable,
+        Self::RegistryUnavailable,
         Self::LocalEngineFailed,
         Self::InternalError,
         Self::LocalEngineStopping,
@@ -137,6 +141,7 @@ impl ErrorCode {
             Self::LocalEngineStopping => "engine_unavailable",
             Self::LocalEngineFailed => "engine_error",
             Self::AuditLogUnavailable => "audit_log_unavailable",
+            Self::RegistryUnavailable => "canarygate_registry_unavailable",
             Self::InternalError => "internal_error",
         }
     }
@@ -167,7 +172,9 @@ impl ErrorCode {
             | Self::VerificationFailed
             | Self::LocalEngineUnavailable => StatusCode::BAD_GATEWAY,
             Self::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
-            Self::LocalEngineStopping => StatusCode::SERVICE_UNAVAILABLE,
+            Self::LocalEngineStopping | Self::RegistryUnavailable => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::AuditLogUnavailable | Self::LocalEngineFailed | Self::InternalError => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }

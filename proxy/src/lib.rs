@@ -36,6 +36,7 @@ mod probe_results;
 mod registry;
 mod relay;
 mod server;
+mod shared_registry;
 mod state;
 mod trail;
 mod upstream;

@@ -32,6 +32,16 @@ pub struct TimeoutLabels {
     pub phase: &'static str,
 }
 
+/// Labels of the registry counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RegistryLabels {
+    /// `register` (claiming a request's canaries) or `lookup` (resolving
+    /// an answer's canary-shaped spans); for `registry_degraded`, what the
+    /// request got: `degraded` (served, local-only detection) or `refused`
+    /// (fail-closed).
+    pub what: &'static str,
+}
+
 /// Labels of the local-engine counter.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct LocalLabels {
@@ -61,6 +71,9 @@ pub struct Metrics {
     client_connections_evicted: Counter,
     client_timeouts: Family<TimeoutLabels, Counter>,
     overhead_tokens: Family<TokenLabels, Counter>,
+    registry_up: Gauge,
+    registry_failures: Family<RegistryLabels, Counter>,
+    registry_degraded: Family<RegistryLabels, Counter>,
 }
 
 impl Metrics {
@@ -123,6 +136,26 @@ impl Metrics {
              tokens the client did not get (the echo, canaries, tokens cut at its limit), by kind",
             overhead_tokens.clone(),
         );
+        let registry_up = Gauge::default();
+        registry.register(
+            "registry_up",
+            "1 while the canary registry answers (always, for the in-memory one), 0 while \
+             the shared registry cannot be reached",
+            registry_up.clone(),
+        );
+        let registry_failures = Family::<RegistryLabels, Counter>::default();
+        registry.register(
+            "registry_failures",
+            "Round trips to the shared canary registry that failed or timed out, by what",
+            registry_failures.clone(),
+        );
+        let registry_degraded = Family::<RegistryLabels, Counter>::default();
+        registry.register(
+            "registry_unavailable_requests",
+            "Requests that met an unavailable shared registry: served with local-only \
+             detection (degraded) or refused (fail-closed)",
+            registry_degraded.clone(),
+        );
         Self {
             registry,
             requests,
@@ -134,7 +167,30 @@ impl Metrics {
             client_connections_evicted,
             client_timeouts,
             overhead_tokens,
+            registry_up,
+            registry_failures,
+            registry_degraded,
         }
+    }
+
+    /// Sets whether the canary registry answers.
+    pub fn registry_up(&self, up: bool) {
+        self.registry_up.set(i64::from(up));
+    }
+
+    /// Counts one failed round trip to the shared registry.
+    pub fn registry_failure(&self, what: &'static str) {
+        self.registry_failures
+            .get_or_create(&RegistryLabels { what })
+            .inc();
+    }
+
+    /// Counts one request that met an unavailable shared registry:
+    /// `degraded` or `refused`.
+    pub fn registry_unavailable(&self, what: &'static str) {
+        self.registry_degraded
+            .get_or_create(&RegistryLabels { what })
+            .inc();
     }
 
     /// Counts canarygate's own tokens in one verified answer.

@@ -1,36 +1,50 @@
 //! The live canaries of this deployment, behind one interface: registering
-//! a request's canaries before it goes upstream, looking up who minted a
-//! canary found in an answer, and dropping expired ones.
+//! a request's canaries before it goes upstream, resolving who minted the
+//! canary-shaped spans found in an answer, and dropping expired ones.
 //!
 //! A request's canaries are drawn by the registry itself
 //! ([`CanaryBook::mint`]): a value already live is refused and drawn again,
-//! so no two live canaries are ever equal. They are live from that moment;
-//! once they are in the request, [`CanaryBook::register`] persists them and
-//! gives their ids for the record, and if they could not be placed
-//! [`CanaryBook::withdraw`] drops them.
+//! so no two live canaries are ever equal. They are live in this process
+//! from that moment; once they are in the request, [`CanaryBook::register`]
+//! claims them in the shared registry (when there is one), persists them
+//! and gives their ids for the record; if they could not be placed (or the
+//! shared registry holds one already) [`CanaryBook::withdraw`] drops them.
 //!
-//! Where the entries live is the [`Backend`]'s business. Today there is one,
-//! in memory ([`MemoryRegistry`], keyed hashes only), persisted through the
-//! audit store so that canaries of requests in flight survive a restart. A
-//! shared backend (several instances on one registry) is another variant; it
-//! must claim each value the same way (set only if absent):
-//! [`CanaryBook::register`] is already awaited before the request is sent,
-//! and [`CanaryBook::lookup`] is the only way the verifier asks.
+//! Two places hold entries:
+//!
+//! - this process's memory ([`MemoryRegistry`], keyed hashes only),
+//!   persisted through the audit store so that canaries of requests in
+//!   flight survive a restart. Alone, it is the whole registry
+//!   (`[registry] backend = "memory"`);
+//! - with `backend = "redis"`, a [`SharedRegistry`] every instance of the
+//!   deployment claims its canaries in and asks about spans it does not
+//!   know. The verifier's lookups are synchronous, so the verified path
+//!   first has [`CanaryBook::resolve`] fetch the spans an answer's text
+//!   could decide ([`Verifier::spans_to_look_up`]; one round trip per
+//!   answer or stream event, and none when the text holds no unknown
+//!   canary-shaped span), then gives the verifier [`CanaryBook::lookup`]:
+//!   memory first, then what was fetched.
+//!
+//! When the shared registry cannot be asked, `[registry] on_unavailable`
+//! decides: refuse the request before it is sent (`fail-closed`) or serve
+//! it with this instance's canaries only, the verdict saying
+//! `registry_degraded`.
+//!
+//! [`Verifier::spans_to_look_up`]: canarygate_policies::verify::Verifier::spans_to_look_up
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use canarygate_audit::{AuditError, AuditLog, CanaryEntry};
 use canarygate_policies::CanaryKey;
+use canarygate_policies::canary::Canary;
 use canarygate_policies::inject::RequestCanaries;
 use canarygate_policies::registry::{CanaryRegistry, MemoryRegistry, Registration};
+use canarygate_policies::registry_config::OnUnavailable;
 
 use crate::clock::now_ms;
-
-/// Where live canaries are kept.
-enum Backend {
-    /// This process's memory, persisted through the audit store.
-    Memory(MemoryRegistry),
-}
+use crate::metrics::Metrics;
+use crate::shared_registry::{Health, SharedRegistry, Unavailable};
 
 /// Who a request's canaries belong to.
 pub struct Owner<'a> {
@@ -40,7 +54,7 @@ pub struct Owner<'a> {
     pub request_id: &'a str,
 }
 
-/// A request's two canaries, live in the registry but not yet persisted:
+/// A request's two canaries, live in this process but not yet registered:
 /// [`CanaryBook::register`] them once they are in the request, or
 /// [`CanaryBook::withdraw`] them.
 #[must_use = "minted canaries stay live until registered or withdrawn"]
@@ -51,17 +65,57 @@ pub struct Minted {
     registration: Registration,
 }
 
+/// Canaries registered for a request.
+pub struct Registered {
+    /// Their ids (hex keyed hashes), for the audit record.
+    pub ids: Vec<String>,
+    /// The shared registry could not be asked: other instances will not
+    /// recognise them (served because the policy degrades).
+    pub degraded: bool,
+}
+
+/// Why a request's canaries could not be registered.
+pub enum RegisterError {
+    /// The shared registry holds one of the values already (another
+    /// instance's live canary): draw again.
+    Taken,
+    /// The shared registry cannot be asked and the policy fails closed.
+    Unavailable(Unavailable),
+}
+
+/// What [`CanaryBook::resolve`] could not settle.
+pub struct Unresolved {
+    /// Canary-shaped spans left to this instance's memory.
+    pub spans: u64,
+    /// They fail the answer (the policy fails closed).
+    pub fail: bool,
+}
+
+/// The shared registry and what to do without it.
+struct Shared {
+    client: SharedRegistry,
+    on_unavailable: OnUnavailable,
+}
+
 /// The registry of live canaries, shared by every request.
 pub struct CanaryBook {
-    backend: Backend,
+    memory: MemoryRegistry,
+    shared: Option<Shared>,
     audit: AuditLog,
+    metrics: Arc<Metrics>,
 }
 
 impl CanaryBook {
-    /// The in-memory registry, keyed under the install's `canary` secret,
-    /// holding the canaries the audit store says are still live.
-    pub fn open(audit: AuditLog) -> Result<Arc<Self>, AuditError> {
-        let registry = MemoryRegistry::new(&audit.secrets().secret("canary"));
+    /// The registry keyed under `canary_secret`, holding the canaries the
+    /// audit store says are still live, and sharing them through `shared`
+    /// when given.
+    pub fn open(
+        audit: AuditLog,
+        canary_secret: &[u8],
+        shared: Option<(SharedRegistry, OnUnavailable)>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Arc<Self>, AuditError> {
+        let memory = MemoryRegistry::new(canary_secret);
         let live = audit.live_canaries(now_ms())?;
         if !live.is_empty() {
             tracing::info!(
@@ -70,7 +124,7 @@ impl CanaryBook {
             );
         }
         for entry in live {
-            registry.restore(
+            memory.restore(
                 entry.key,
                 Registration {
                     session: entry.session,
@@ -79,24 +133,30 @@ impl CanaryBook {
                 },
             );
         }
+        metrics.registry_up(true);
         Ok(Arc::new(Self {
-            backend: Backend::Memory(registry),
+            memory,
+            shared: shared.map(|(client, on_unavailable)| Shared {
+                client,
+                on_unavailable,
+            }),
             audit,
+            metrics,
         }))
     }
 
     /// Draws a request's two canaries from the OS CSPRNG, live as `owner`'s
-    /// until `ttl_secs` from now. Values already live are refused and drawn
-    /// again, so they are unique among live canaries and differ from each
-    /// other.
+    /// until `ttl_secs` from now. Values already live here are refused and
+    /// drawn again, so they are unique among this instance's live canaries
+    /// and differ from each other ([`CanaryBook::register`] checks the
+    /// shared registry).
     pub fn mint(&self, owner: Owner<'_>, ttl_secs: u64) -> Result<Minted, getrandom::Error> {
         let registration = Registration {
             session: owner.session.to_owned(),
             request: owner.request_id.to_owned(),
             expires_at_ms: now_ms().saturating_add(ttl_secs.saturating_mul(1000)),
         };
-        let Backend::Memory(registry) = &self.backend;
-        let (canaries, keys) = RequestCanaries::mint_registered(registry, &registration)?;
+        let (canaries, keys) = RequestCanaries::mint_registered(&self.memory, &registration)?;
         Ok(Minted {
             canaries,
             keys,
@@ -104,52 +164,156 @@ impl CanaryBook {
         })
     }
 
-    /// Keeps `minted` for the request it was placed in; returns the
-    /// canaries' ids (hex keyed hashes, for the audit record). Persisted in
-    /// the audit store with the next group commit (not awaited: a crash in
-    /// the next few milliseconds forgets them; the record's canary ids still
-    /// name them).
-    pub async fn register(&self, minted: Minted) -> Vec<String> {
-        let Minted {
-            keys, registration, ..
-        } = minted;
-        let entries: Vec<CanaryEntry> = keys
+    /// Registers `minted` for the request it was placed in: claims both
+    /// values in the shared registry (one round trip, awaited: the request
+    /// must not go upstream before another instance can recognise its
+    /// canaries), then persists them in the audit store with the next group
+    /// commit (not awaited: a crash in the next few milliseconds forgets
+    /// them; the record's canary ids still name them).
+    pub async fn register(&self, minted: &Minted) -> Result<Registered, RegisterError> {
+        let mut degraded = false;
+        if let Some(shared) = &self.shared {
+            let entries = minted.keys.map(|key| (key, &minted.registration));
+            match shared.client.claim(&entries).await {
+                Ok(claimed) => {
+                    if !claimed.iter().all(|&claimed| claimed) {
+                        let mine: Vec<CanaryKey> = (minted.keys.iter().zip(&claimed))
+                            .filter(|&(_, &claimed)| claimed)
+                            .map(|(key, _)| *key)
+                            .collect();
+                        shared.client.release(&mine).await;
+                        return Err(RegisterError::Taken);
+                    }
+                    self.metrics.registry_up(true);
+                }
+                Err(error) => {
+                    self.metrics.registry_up(false);
+                    self.metrics.registry_failure("register");
+                    if shared.on_unavailable == OnUnavailable::FailClosed {
+                        return Err(RegisterError::Unavailable(error));
+                    }
+                    degraded = true;
+                }
+            }
+        }
+        let entries: Vec<CanaryEntry> = minted
+            .keys
             .iter()
             .map(|&key| CanaryEntry {
                 key,
-                session: registration.session.clone(),
-                request_id: registration.request.clone(),
-                expires_at_ms: registration.expires_at_ms,
+                session: minted.registration.session.clone(),
+                request_id: minted.registration.request.clone(),
+                expires_at_ms: minted.registration.expires_at_ms,
             })
             .collect();
         if let Err(error) = self.audit.register_canaries_soon(entries) {
             tracing::warn!("persisting canaries: {error}");
         }
-        keys.iter().map(|key| hex::encode(key.0)).collect()
+        Ok(Registered {
+            ids: minted.keys.iter().map(|key| hex::encode(key.0)).collect(),
+            degraded,
+        })
     }
 
-    /// Drops `minted` canaries that were never sent (placing them failed).
+    /// Drops `minted` canaries that were never sent (placing or claiming
+    /// them failed) from this process.
     pub fn withdraw(&self, minted: Minted) {
-        let Backend::Memory(registry) = &self.backend;
-        registry.remove(&minted.canaries.head);
-        registry.remove(&minted.canaries.tail);
+        self.memory.remove(&minted.canaries.head);
+        self.memory.remove(&minted.canaries.tail);
     }
 
-    /// The lookup the verifier scans answers with.
-    pub fn lookup(&self) -> &dyn CanaryRegistry {
-        let Backend::Memory(registry) = &self.backend;
-        registry
+    /// Fetches into `fetched` the registrations of the `spans` this process
+    /// does not know and has not fetched, from the shared registry (one round
+    /// trip; none without a shared registry or unknown spans). `None` when
+    /// every span is settled.
+    pub async fn resolve(
+        &self,
+        spans: &[Canary],
+        fetched: &mut HashMap<Canary, Option<Registration>>,
+    ) -> Option<Unresolved> {
+        let shared = self.shared.as_ref()?;
+        let unknown: Vec<Canary> = spans
+            .iter()
+            .copied()
+            .filter(|canary| !fetched.contains_key(canary) && self.memory.owner(canary).is_none())
+            .collect();
+        if unknown.is_empty() {
+            return None;
+        }
+        let keys: Vec<CanaryKey> = unknown
+            .iter()
+            .map(|canary| self.memory.key(canary))
+            .collect();
+        match shared.client.find(&keys).await {
+            Ok(found) => {
+                self.metrics.registry_up(true);
+                fetched.extend(unknown.into_iter().zip(found));
+                None
+            }
+            Err(error) => {
+                tracing::warn!(
+                    spans = unknown.len(),
+                    "looking up canary-shaped spans in the shared registry: {error}"
+                );
+                self.metrics.registry_up(false);
+                self.metrics.registry_failure("lookup");
+                Some(Unresolved {
+                    spans: unknown.len() as u64,
+                    fail: shared.on_unavailable == OnUnavailable::FailClosed,
+                })
+            }
+        }
     }
 
-    /// Drops the canaries expired at `now_ms` from the backend (blocking:
-    /// it takes the shards' locks).
+    /// The lookup the verifier scans answers with: this process's memory,
+    /// then the registrations [`CanaryBook::resolve`] fetched.
+    pub fn lookup<'a>(
+        &'a self,
+        fetched: &'a HashMap<Canary, Option<Registration>>,
+    ) -> impl CanaryRegistry + 'a {
+        Lookup {
+            memory: &self.memory,
+            fetched,
+        }
+    }
+
+    /// Whether the registry is shared, and the shared one's health.
+    pub fn shared_health(&self) -> Option<Health> {
+        self.shared.as_ref().map(|shared| shared.client.health())
+    }
+
+    /// Asks the shared registry whether it is there (the background task's
+    /// heartbeat: it notices an outage, and a recovery, without traffic).
+    pub async fn heartbeat(&self) {
+        if let Some(shared) = &self.shared {
+            let up = shared.client.ping().await.is_ok();
+            self.metrics.registry_up(up);
+        }
+    }
+
+    /// Drops the canaries expired at `now_ms` from this process's memory
+    /// (blocking: it takes the shards' locks). The shared registry's keys
+    /// expire by themselves.
     pub fn purge_expired(&self, now_ms: u64) {
-        let Backend::Memory(registry) = &self.backend;
-        registry.purge_expired(now_ms);
+        self.memory.purge_expired(now_ms);
     }
 
     /// Drops the canaries expired at `now_ms` from the audit store.
     pub async fn sweep_store(&self, now_ms: u64) -> Result<u64, AuditError> {
         self.audit.sweep_canaries(now_ms).await
+    }
+}
+
+/// [`CanaryBook::lookup`]'s view.
+struct Lookup<'a> {
+    memory: &'a MemoryRegistry,
+    fetched: &'a HashMap<Canary, Option<Registration>>,
+}
+
+impl CanaryRegistry for Lookup<'_> {
+    fn owner(&self, canary: &Canary) -> Option<Registration> {
+        self.memory
+            .owner(canary)
+            .or_else(|| self.fetched.get(canary).cloned().flatten())
     }
 }

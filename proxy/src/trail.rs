@@ -64,6 +64,7 @@ pub struct Trail {
     provider_request_id: Option<String>,
     overhead_tokens: Option<TokenOverhead>,
     canary_ids: Vec<String>,
+    registry_degraded: bool,
     verdict: Option<Verdict>,
     ttfb_ms: Option<u64>,
     request_bytes: Vec<u8>,
@@ -94,6 +95,7 @@ impl Trail {
             provider_request_id: None,
             overhead_tokens: None,
             canary_ids: Vec::new(),
+            registry_degraded: false,
             verdict: None,
             ttfb_ms: None,
             request_bytes: Vec::new(),
@@ -178,6 +180,12 @@ impl Trail {
     /// Records the id (never the value) of a canary of this request.
     pub fn canary(&mut self, id: String) {
         self.canary_ids.push(id);
+    }
+
+    /// Records that the shared canary registry could not be asked for this
+    /// request (served with local-only detection).
+    pub fn registry_degraded(&mut self) {
+        self.registry_degraded = true;
     }
 
     /// Records a check decided outside the verifier.
@@ -273,6 +281,12 @@ impl Trail {
             provider_request_id: self.provider_request_id,
             overhead_tokens: self.overhead_tokens,
             canary_ids: self.canary_ids,
+            instance: self.log.instance().map(str::to_owned),
+            registry_degraded: self.registry_degraded
+                || self
+                    .verdict
+                    .as_ref()
+                    .is_some_and(|verdict| verdict.registry_degraded),
             checks,
             verdict: VerdictSummary::of(self.verdict.as_ref()),
             action,

@@ -20,9 +20,10 @@ pub const DEFAULT_KEY_ENV: &str = "CANARYGATE_AUDIT_KEY";
 /// Arguments of `canarygate audit`.
 #[derive(Debug, Args)]
 pub struct AuditArgs {
-    /// Data directory of the server (holds canarygate.redb).
+    /// Data directory of the server (holds canarygate.redb). `export` and
+    /// `verify` take it several times: one directory per instance.
     #[arg(long, global = true, value_name = "DIR", env = "CANARYGATE_DATA")]
-    pub data: Option<PathBuf>,
+    pub data: Vec<PathBuf>,
     /// Environment variable holding the sample key, to read encrypted samples.
     #[arg(long, global = true, value_name = "VAR", default_value = DEFAULT_KEY_ENV)]
     pub key_env: String,
@@ -53,9 +54,11 @@ pub enum AuditCommand {
         #[arg(long)]
         since: Option<String>,
     },
-    /// Recompute the hash chain; fails naming the first bad record.
+    /// Recompute the hash chain; fails naming the first bad record. With
+    /// several --data, checks each chain.
     Verify,
-    /// Write records as JSON Lines to standard output.
+    /// Write records as JSON Lines to standard output. With several --data
+    /// (one per instance), their records merged in time order.
     Export {
         /// Only records written at or after this time.
         #[arg(long)]
@@ -95,9 +98,34 @@ fn run_with(
     input: &mut dyn BufRead,
     out: &mut dyn Write,
 ) -> Result<(), AuditError> {
-    let dir = args.data.as_deref().ok_or_else(|| {
-        AuditError::InvalidArgument("--data DIR is required (or set CANARYGATE_DATA)".into())
-    })?;
+    let dir = match (args.data.as_slice(), &args.command) {
+        ([], _) => {
+            return Err(AuditError::InvalidArgument(
+                "--data DIR is required (or set CANARYGATE_DATA)".into(),
+            ));
+        }
+        ([_, _, ..], AuditCommand::Verify) => return verify_each(&args.data, out),
+        ([_, _, ..], AuditCommand::Export { since, until }) => {
+            let now = now_ms();
+            let time = |text: &Option<String>| {
+                text.as_deref()
+                    .map(|text| parse_time(text, now).map_err(bad_time))
+                    .transpose()
+            };
+            return export_merged(
+                &args.data,
+                time(since)?.unwrap_or(0),
+                time(until)?.unwrap_or(u64::MAX),
+                out,
+            );
+        }
+        ([_, _, ..], _) => {
+            return Err(AuditError::InvalidArgument(
+                "several --data are for `export` and `verify`; this command reads one".into(),
+            ));
+        }
+        ([dir], _) => dir.as_path(),
+    };
     let key_env = args.key_env.as_str();
     let now = now_ms();
     let time = |text: &Option<String>| -> Result<Option<u64>, AuditError> {
@@ -319,6 +347,67 @@ fn export(dir: &Path, since: u64, until: u64, out: &mut dyn Write) -> Result<(),
         }
         Ok(())
     })
+}
+
+/// Checks the chain of each directory; fails after all were checked when
+/// any is broken, naming it.
+fn verify_each(dirs: &[PathBuf], out: &mut dyn Write) -> Result<(), AuditError> {
+    let mut broken = Vec::new();
+    for dir in dirs {
+        match Archive::open_read_only(dir).and_then(|archive| archive.verify()) {
+            Ok(report) => line(
+                out,
+                format_args!(
+                    "ok: {}: {} records verified; head hash {}",
+                    dir.display(),
+                    report.records,
+                    hex::encode(report.head_hash)
+                ),
+            )?,
+            Err(error) => {
+                line(out, format_args!("FAILED: {}: {error}", dir.display()))?;
+                broken.push(dir.display().to_string());
+            }
+        }
+    }
+    if broken.is_empty() {
+        Ok(())
+    } else {
+        Err(AuditError::InvalidArgument(format!(
+            "{} of {} chains do not verify: {}",
+            broken.len(),
+            dirs.len(),
+            broken.join(", ")
+        )))
+    }
+}
+
+/// The records of every directory written in `since..until`, as one JSON
+/// Lines stream in the order they were written (ties: directory order,
+/// then id). Each directory's records are read whole first, so memory grows
+/// with the range exported.
+fn export_merged(
+    dirs: &[PathBuf],
+    since: u64,
+    until: u64,
+    out: &mut dyn Write,
+) -> Result<(), AuditError> {
+    let mut lines: Vec<(u64, usize, RecordId, String)> = Vec::new();
+    for (index, dir) in dirs.iter().enumerate() {
+        let snapshot = Archive::open_read_only(dir)?.snapshot()?;
+        snapshot.for_each(|stored| {
+            let at = stored.record.recorded_at_ms;
+            if (since..until).contains(&at) {
+                lines.push((at, index, stored.record.id, stored.export_line()?));
+            }
+            Ok(())
+        })?;
+    }
+    lines.sort_unstable_by_key(|(at, index, id, _)| (*at, *index, *id));
+    for (_, _, _, text) in lines {
+        line(out, format_args!("{text}"))?;
+    }
+    Ok(())
 }
 
 fn percentiles(mut values: Vec<u64>) -> String {

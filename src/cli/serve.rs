@@ -24,6 +24,11 @@ pub struct ServeArgs {
     /// Replace the base URL of the policy's only provider, e.g. http://127.0.0.1:9000/v1.
     #[arg(long)]
     upstream: Option<String>,
+    /// Name stamped on this instance's audit records, so that several
+    /// instances' logs merge (`audit export --data A --data B`). Default:
+    /// the host's name and the listening port.
+    #[arg(long, env = "CANARYGATE_INSTANCE")]
+    instance: Option<String>,
 }
 
 /// Serves until Ctrl-C or SIGTERM.
@@ -45,6 +50,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             policy,
             listen: args.listen,
             data_dir: args.data,
+            instance: args.instance,
         })
         .await?;
         let address = server.local_addr()?;

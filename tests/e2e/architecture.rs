@@ -67,7 +67,7 @@ const DEPENDENCIES: [(&str, &[&str], &[&str]); 7] = [
 /// The proxy's layers: a module may import from a lower layer; within
 /// layers 1 and 2 (the shared pieces) from the same layer too; never from a
 /// higher one, nor from another unit of layers 3 and up.
-const PROXY_LAYERS: [(&str, u8); 23] = [
+const PROXY_LAYERS: [(&str, u8); 24] = [
     ("server", 5),
     ("pipeline", 4),
     ("paths", 3),
@@ -82,6 +82,7 @@ const PROXY_LAYERS: [(&str, u8); 23] = [
     ("probe_results", 2),
     ("registry", 2),
     ("relay", 2),
+    ("shared_registry", 2),
     ("state", 2),
     ("trail", 2),
     ("upstream", 2),

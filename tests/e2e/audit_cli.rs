@@ -37,6 +37,8 @@ fn record(request_id: String) -> RequestRecord {
         provider_request_id: None,
         overhead_tokens: None,
         canary_ids: vec![],
+        instance: None,
+        registry_degraded: false,
         checks: vec![],
         verdict: VerdictSummary::Pass,
         action: Action::Forward,

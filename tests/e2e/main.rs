@@ -27,6 +27,7 @@ mod openai_sdk;
 mod probe;
 mod prompt_caching;
 mod proxy_e2e;
+mod shared_registry;
 mod sim_modes;
 mod tls_upstream;
 mod verification_e2e;

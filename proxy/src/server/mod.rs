@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use canarygate_audit::{AuditError, AuditLog, AuditOptions};
+use canarygate_audit::{AuditError, AuditLog, AuditOptions, Secrets};
 use canarygate_policies::config::Policy;
 use canarygate_policies::probe::ProbeResult;
 use tokio::net::TcpListener;
@@ -32,6 +32,7 @@ use crate::identity::Authenticator;
 use crate::metrics::Metrics;
 use crate::probe_results::ProbeBook;
 use crate::registry::CanaryBook;
+use crate::shared_registry::SharedRegistry;
 use crate::state::AppState;
 use crate::upstream::{UpstreamError, Upstreams};
 
@@ -43,6 +44,9 @@ pub struct ServeOptions {
     pub listen: SocketAddr,
     /// The data directory: per-install secret and audit store.
     pub data_dir: PathBuf,
+    /// The name stamped on this instance's audit records; `None`: the
+    /// host's name and the listening port.
+    pub instance: Option<String>,
 }
 
 /// Why `serve` could not start.
@@ -87,6 +91,9 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// `[registry]` cannot be used as written.
+    #[error("[registry]: {0}")]
+    Registry(String),
     /// A start-up task panicked.
     #[error("{0} failed: {1}")]
     Task(&'static str, String),
@@ -125,10 +132,8 @@ impl Server {
         let (max_connections, open_files) = connection_cap(&options.policy)?;
         let upstreams = Upstreams::build(&options.policy)?;
         let audit = open_audit_log(&options).await?;
-        let registry = CanaryBook::open(audit.clone()).map_err(|source| StartError::Audit {
-            path: options.data_dir.clone(),
-            source,
-        })?;
+        let metrics = Arc::new(Metrics::new());
+        let (registry, session_secret) = open_registry(&options, &audit, &metrics)?;
         tasks::spawn_registry_sweeper(Arc::downgrade(&registry));
         let local_config = options.policy.local.clone();
         let local = tokio::task::spawn_blocking(move || LocalEngine::start(&local_config))
@@ -153,13 +158,13 @@ impl Server {
                     source,
                 })?;
         let state = Arc::new(AppState {
-            auth: Authenticator::new(&options.policy.auth, audit.secrets().secret("session")),
+            auth: Authenticator::new(&options.policy.auth, session_secret),
             registry,
             audit,
             slots: Arc::new(Semaphore::new(
                 options.policy.limits.max_concurrent_requests,
             )),
-            metrics: Arc::new(Metrics::new()),
+            metrics,
             upstreams,
             local,
             probes,
@@ -261,10 +266,82 @@ fn connection_cap(policy: &Policy) -> Result<(usize, Option<OpenFiles>), StartEr
     }
 }
 
+/// The canary registry `[registry]` asks for, with the secret sessions are
+/// keyed with. A shared registry keys canaries and sessions with the
+/// deployment's key (`key_env`), so every instance agrees on both; alone,
+/// the install's secrets do.
+fn open_registry(
+    options: &ServeOptions,
+    audit: &AuditLog,
+    metrics: &Arc<Metrics>,
+) -> Result<(Arc<CanaryBook>, [u8; 32]), StartError> {
+    let config = &options.policy.registry;
+    let (secrets, shared) = if config.shared() {
+        let key_var = config
+            .key_env
+            .as_ref()
+            .ok_or_else(|| StartError::Registry("registry.key_env is not set".into()))?;
+        let key = read_env(key_var.get_ref())?;
+        let key = canarygate_audit::parse_key(&key).ok_or_else(|| {
+            StartError::Registry(format!(
+                "${} must be 32 bytes, as 64 hex characters or base64",
+                key_var.get_ref()
+            ))
+        })?;
+        let password = match &config.password_env {
+            Some(var) => Some(read_env(var.get_ref())?),
+            None => None,
+        };
+        let client = SharedRegistry::new(config, password).map_err(StartError::Registry)?;
+        (
+            Secrets::from_master(key),
+            Some((client, config.on_unavailable)),
+        )
+    } else {
+        (audit.secrets().clone(), None)
+    };
+    let registry = CanaryBook::open(
+        audit.clone(),
+        &secrets.secret("canary"),
+        shared,
+        metrics.clone(),
+    )
+    .map_err(|source| StartError::Audit {
+        path: options.data_dir.clone(),
+        source,
+    })?;
+    Ok((registry, secrets.secret("session")))
+}
+
+/// The value of environment variable `name`, which the policy names.
+fn read_env(name: &str) -> Result<String, StartError> {
+    std::env::var(name).map_err(|_| {
+        StartError::Registry(format!(
+            "the policy names ${name}, which is not set (or not UTF-8)"
+        ))
+    })
+}
+
+/// This instance's name: `--instance`, or the host's name and the port.
+fn instance_name(options: &ServeOptions) -> String {
+    options.instance.clone().unwrap_or_else(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|name| name.trim().to_owned())
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| "localhost".to_owned());
+        match options.listen.port() {
+            0 => format!("{host}-{}", std::process::id()),
+            port => format!("{host}:{port}"),
+        }
+    })
+}
+
 /// Opens the audit store of the data directory (blocking: it checks the file).
 async fn open_audit_log(options: &ServeOptions) -> Result<AuditLog, StartError> {
-    let audit_options =
+    let mut audit_options =
         AuditOptions::from_policy(&options.policy.audit).map_err(StartError::AuditConfig)?;
+    audit_options.instance = Some(instance_name(options));
     let dir = options.data_dir.clone();
     // Owner-only whatever the umask; an existing directory is checked by
     // `AuditLog::open`.

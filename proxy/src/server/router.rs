@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, Uri, Version, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
+use canarygate_policies::registry_config::OnUnavailable;
 use serde_json::{Value, json};
 
 use super::admission::admit;
@@ -46,13 +47,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             only(POST_ONLY, post(serve_endpoint::<Chat>)),
         )
         .route("/v1/models", only(GET_ONLY, get(list_models)))
-        .route(
-            "/healthz",
-            only(
-                GET_ONLY,
-                get(|| async { axum::Json(json!({"status": "ok"})) }),
-            ),
-        )
+        .route("/healthz", only(GET_ONLY, get(healthz)))
         .route("/metrics", only(GET_ONLY, get(render_metrics)))
         .fallback(|| async {
             error_response::<Chat>(&ApiError::new(
@@ -108,6 +103,39 @@ async fn tag_and_count(
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
     }
     response
+}
+
+/// `GET /healthz`: `ok`, or, while the shared canary registry cannot be
+/// reached, `degraded` (200: requests are served, local-only detection) or
+/// `unavailable` (503, so a load balancer drains the instance: the policy
+/// fails closed and requests are refused).
+async fn healthz(State(state): State<Arc<AppState>>) -> Response {
+    let config = &state.policy.registry;
+    let Some(health) = state.registry.shared_health() else {
+        return axum::Json(json!({"status": "ok", "registry": {"backend": "memory"}}))
+            .into_response();
+    };
+    let on_unavailable = match config.on_unavailable {
+        OnUnavailable::Degrade => "degrade",
+        OnUnavailable::FailClosed => "fail-closed",
+    };
+    let (status, code) = match (health.up, config.on_unavailable) {
+        (true, _) => ("ok", axum::http::StatusCode::OK),
+        (false, OnUnavailable::Degrade) => ("degraded", axum::http::StatusCode::OK),
+        (false, OnUnavailable::FailClosed) => {
+            ("unavailable", axum::http::StatusCode::SERVICE_UNAVAILABLE)
+        }
+    };
+    let body = json!({
+        "status": status,
+        "registry": {
+            "backend": "redis",
+            "up": health.up,
+            "on_unavailable": on_unavailable,
+            "error": health.error,
+        },
+    });
+    (code, axum::Json(body)).into_response()
 }
 
 async fn render_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse {

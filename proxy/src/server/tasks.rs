@@ -27,7 +27,9 @@ const STORE_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 const PROBE_RELOAD_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Drops expired canaries from memory every [`REGISTRY_PURGE_INTERVAL`] and
-/// from the store every [`STORE_SWEEP_INTERVAL`], until the registry is gone.
+/// from the store every [`STORE_SWEEP_INTERVAL`], and pings the shared
+/// registry (if any) every [`REGISTRY_PURGE_INTERVAL`], until the registry
+/// is gone.
 /// A purge removes only what expired since the last one (the registry keeps
 /// an expiry index), so each shard's lock is held for microseconds.
 pub fn spawn_registry_sweeper(registry: Weak<CanaryBook>) {
@@ -39,6 +41,9 @@ pub fn spawn_registry_sweeper(registry: Weak<CanaryBook>) {
             let Some(registry) = registry.upgrade() else {
                 return;
             };
+            // Notices an outage of the shared registry, and its end, without
+            // waiting for traffic (and keeps its connection warm).
+            registry.heartbeat().await;
             let now = now_ms();
             // Off the runtime's workers, like any lock-taking batch.
             let purging = Arc::clone(&registry);

@@ -1,18 +1,22 @@
 //! What the whole-answer and the stream halves of the verified path share:
 //! one attempt's state, its decision, and the block response.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::ops::Range;
 use std::time::Instant;
 
 use axum::response::Response;
+use canarygate_policies::canary::Canary;
 use canarygate_policies::inject::{Injection, MAX_CHOICES};
-use canarygate_policies::registry::CanaryRegistry;
-use canarygate_policies::verify::{Verdict, Verifier};
+use canarygate_policies::registry::Registration;
+use canarygate_policies::verify::{Part, Verdict, Verifier};
 use serde_json::Value;
 
 use crate::body::Served;
 use crate::context::RequestContext;
 use crate::error::ApiError;
+use crate::registry::CanaryBook;
 use crate::wire::edit::Delivery;
 use crate::wire::{ChoiceView, WireFormat};
 
@@ -38,6 +42,9 @@ pub struct Attempt {
     pub attempt: u32,
     /// How the verified answer reaches the client.
     pub delivery: Delivery,
+    /// Registrations of the answer's canary-shaped spans fetched from the
+    /// shared registry so far (`None`: live nowhere).
+    pub fetched: HashMap<Canary, Option<Registration>>,
 }
 
 impl Attempt {
@@ -47,15 +54,19 @@ impl Attempt {
     /// each non-empty text is pushed and says whether to stop there (the
     /// stream's time to first token). Returns the span of its part each field
     /// carried, in the order of the fields, and whether the verifier said to
-    /// stop; after a stop, texts are no longer pushed.
-    pub fn feed(
+    /// stop; after a stop, texts are no longer pushed. The canary-shaped
+    /// spans the texts could decide are resolved first, in one round trip
+    /// to the shared registry when this instance does not know them.
+    pub async fn feed(
         &mut self,
+        book: &CanaryBook,
         choices: &[ChoiceView],
         value: &Value,
-        registry: &dyn CanaryRegistry,
         reasons: &mut Vec<Option<String>>,
         mut before_text: impl FnMut(&mut Verifier) -> bool,
     ) -> (Vec<Range<usize>>, bool) {
+        self.resolve(book, choices, value).await;
+        let registry = book.lookup(&self.fetched);
         let verifier = &mut self.verifier;
         let mut spans = Vec::new();
         let mut stop = false;
@@ -72,12 +83,44 @@ impl Attempt {
                     continue;
                 }
                 stop = verifier
-                    .push_part(field.choice, field.kind, text, registry)
+                    .push_part(field.choice, field.kind, text, &registry)
                     .stop;
             }
             set_reason(reasons, choice.index, choice.finish_reason.as_deref());
         }
         (spans, stop)
+    }
+
+    /// Fetches who minted the canary-shaped spans that the text fields of
+    /// `choices` could decide (texts of one part are joined first: a canary
+    /// may span two fields of one event); an unreachable shared registry
+    /// degrades the verdict, or fails it when the policy fails closed.
+    async fn resolve(&mut self, book: &CanaryBook, choices: &[ChoiceView], value: &Value) {
+        let mut texts: Vec<(u32, Part, Cow<'_, str>)> = Vec::new();
+        for field in choices.iter().flat_map(|choice| &choice.texts) {
+            let text = field.text(value);
+            if text.is_empty() {
+                continue;
+            }
+            match texts
+                .iter_mut()
+                .find(|(choice, part, _)| *choice == field.choice && *part == field.kind)
+            {
+                Some((_, _, joined)) => joined.to_mut().push_str(text),
+                None => texts.push((field.choice, field.kind, Cow::Borrowed(text))),
+            }
+        }
+        let spans: Vec<Canary> = texts
+            .iter()
+            .flat_map(|(choice, part, text)| self.verifier.spans_to_look_up(*choice, *part, text))
+            .collect();
+        if spans.is_empty() {
+            return;
+        }
+        if let Some(unresolved) = book.resolve(&spans, &mut self.fetched).await {
+            self.verifier
+                .registry_degraded(unresolved.spans, unresolved.fail);
+        }
     }
 }
 

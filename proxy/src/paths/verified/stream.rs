@@ -207,7 +207,7 @@ impl<W: WireFormat> VerifiedStream<W> {
     async fn advance(&mut self, clock: &mut RequestClock) {
         match next_within(&mut self.upstream, clock, self.idle_timeout).await {
             Err(detail) => self.interrupt(detail),
-            Ok(next) => self.take(next),
+            Ok(next) => self.take(next).await,
         }
     }
 
@@ -217,14 +217,14 @@ impl<W: WireFormat> VerifiedStream<W> {
     async fn advance_ready(&mut self, clock: &mut RequestClock) {
         while self.end.is_none() && self.out.len() < COALESCE_BYTES {
             match next_ready(&mut self.upstream, clock).await {
-                Some(next) => self.take(next),
+                Some(next) => self.take(next).await,
                 None => return,
             }
         }
     }
 
     /// Everything one upstream read completes, or the end of the stream.
-    fn take(&mut self, next: Option<reqwest::Result<Bytes>>) {
+    async fn take(&mut self, next: Option<reqwest::Result<Bytes>>) {
         match next {
             None => {
                 let detail = early_end(&mut self.parser);
@@ -238,13 +238,13 @@ impl<W: WireFormat> VerifiedStream<W> {
                     if self.end.is_some() {
                         break;
                     }
-                    self.on_event(event);
+                    self.on_event(event).await;
                 }
             }
         }
     }
 
-    fn on_event(&mut self, event: SseEvent) {
+    async fn on_event(&mut self, event: SseEvent) {
         let chunk = match W::read_event(&event) {
             EventView::Done => return self.finalize(Some(true)),
             EventView::Malformed => return self.interrupt("sent an event that is not JSON".into()),
@@ -256,20 +256,22 @@ impl<W: WireFormat> VerifiedStream<W> {
         if chunk.usage.is_some() {
             self.usage = chunk.usage;
         }
-        let registry = self.registry.clone();
-        let lookup = registry.lookup();
         let (ttft_seen, sent_at) = (&mut self.ttft_seen, self.attempt.sent_at);
-        let (spans, stop) = self.attempt.feed(
-            &chunk.choices,
-            &chunk.event,
-            lookup,
-            &mut self.finish_reasons,
-            |verifier| {
-                // The first generated text of any kind: reasoning models
-                // think before they answer.
-                !std::mem::replace(ttft_seen, true) && verifier.observe_ttft(elapsed_ms(sent_at))
-            },
-        );
+        let (spans, stop) = self
+            .attempt
+            .feed(
+                &self.registry,
+                &chunk.choices,
+                &chunk.event,
+                &mut self.finish_reasons,
+                |verifier| {
+                    // The first generated text of any kind: reasoning models
+                    // think before they answer.
+                    !std::mem::replace(ttft_seen, true)
+                        && verifier.observe_ttft(elapsed_ms(sent_at))
+                },
+            )
+            .await;
         self.writer.take(chunk, event.data, spans);
         if stop {
             return self.finalize(None);
@@ -314,7 +316,8 @@ impl<W: WireFormat> VerifiedStream<W> {
             usage: self.usage,
             done_marker: done,
         };
-        self.attempt.verifier.finish(&facts, self.registry.lookup())
+        let lookup = self.registry.lookup(&self.attempt.fetched);
+        self.attempt.verifier.finish(&facts, &lookup)
     }
 
     /// The provider broke the stream: record the verdict, end with an error.

@@ -20,7 +20,7 @@ pub async fn serve<W: WireFormat>(
     mut attempt: Attempt,
     trail: &mut Trail,
 ) -> Result<Decided, ApiError> {
-    let registry = context.state.registry.lookup();
+    let book = &context.state.registry;
     let stop = attempt.verifier.observe_ttft(elapsed_ms(attempt.sent_at));
     let status = response.status();
     let bytes = context
@@ -43,13 +43,9 @@ pub async fn serve<W: WireFormat>(
     let spans = if stop {
         Vec::new()
     } else {
-        let (spans, _) = attempt.feed(
-            &view.choices,
-            &answer,
-            registry,
-            &mut finish_reasons,
-            |_| false,
-        );
+        let (spans, _) = attempt
+            .feed(book, &view.choices, &answer, &mut finish_reasons, |_| false)
+            .await;
         spans
     };
     let finished = attempt.verifier.finish(
@@ -58,7 +54,7 @@ pub async fn serve<W: WireFormat>(
             usage: view.usage,
             done_marker: None,
         },
-        registry,
+        &book.lookup(&attempt.fetched),
     );
     let verdict = &finished.verdict;
     trail.verdict(verdict);
