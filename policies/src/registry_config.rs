@@ -53,6 +53,10 @@ pub struct RegistryConfig {
     pub url: Option<Spanned<String>>,
     /// Environment variable holding the Redis password (`AUTH`), if any.
     pub password_env: Option<Spanned<String>>,
+    /// PEM file of the CA certificates the registry server's certificate
+    /// chains to (`rediss://` only; a private CA). Without it, the bundled
+    /// web PKI roots.
+    pub ca_file: Option<Spanned<String>>,
     /// Environment variable holding the deployment's registry key: 32
     /// bytes, as 64 hex characters or base64, the same on every instance.
     /// Canaries and sessions are keyed with it so that instances agree.
@@ -74,6 +78,7 @@ impl Default for RegistryConfig {
             backend: RegistryBackend::Memory,
             url: None,
             password_env: None,
+            ca_file: None,
             key_env: None,
             key_prefix: "canarygate:".to_owned(),
             timeout_ms: 250,
@@ -137,6 +142,14 @@ impl RegistryConfig {
                     ));
                 };
                 check_url(url)?;
+                if let Some(ca_file) = &self.ca_file
+                    && !url.get_ref().starts_with("rediss://")
+                {
+                    return Err((
+                        Some(ca_file.span()),
+                        "registry.ca_file is for TLS: the url must start with rediss://".into(),
+                    ));
+                }
                 if self.key_env.is_none() {
                     return Err((
                         None,
@@ -152,31 +165,26 @@ impl RegistryConfig {
     }
 }
 
-/// A `redis://` or `rediss://` URL with a host and no password in it.
+/// A `redis://` or `rediss://` URL with a host and no password in it. The
+/// password check comes first, so no message quotes a URL that holds one.
 fn check_url(url: &Spanned<String>) -> Result<(), (Option<Range<usize>>, String)> {
     let text = url.get_ref();
     let error = |message: String| Err((Some(url.span()), message));
-    let Some(rest) = text
-        .strip_prefix("redis://")
-        .or_else(|| text.strip_prefix("rediss://"))
-    else {
-        return error(format!(
-            "registry.url `{text}` must start with redis:// or rediss:// (TLS)"
-        ));
-    };
+    let (scheme, rest) = text.split_once("://").unwrap_or(("", text));
     let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
-    if let Some((userinfo, _)) = authority.rsplit_once('@')
-        && userinfo.contains(':')
-    {
+    let (userinfo, host) = authority.rsplit_once('@').unwrap_or(("", authority));
+    if userinfo.contains(':') {
         return error(
             "registry.url holds a password: put it in the variable registry.password_env \
              names (a policy file is no place for a secret)"
                 .into(),
         );
     }
-    let host = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, host)| host);
+    if !matches!(scheme, "redis" | "rediss") {
+        return error(format!(
+            "registry.url `{text}` must start with redis:// or rediss:// (TLS)"
+        ));
+    }
     if host.is_empty() {
         return error(format!("registry.url `{text}` names no host"));
     }
@@ -200,4 +208,102 @@ fn check_env_name(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Policy;
+
+    use super::*;
+
+    const PROVIDER: &str = r#"
+[[providers]]
+name = "sim"
+base_url = "http://127.0.0.1:9/v1"
+context_window = 1000
+
+[[routes]]
+model = "*"
+provider = "sim"
+"#;
+
+    fn load(registry: &str) -> Result<Policy, String> {
+        Policy::from_toml_str(
+            &format!("{PROVIDER}\n[registry]\n{registry}\n"),
+            "test.toml",
+        )
+        .map_err(|error| error.to_string())
+    }
+
+    #[test]
+    fn memory_is_the_default_and_degrade_its_fallback() {
+        let policy = Policy::from_toml_str(PROVIDER, "test.toml").unwrap();
+        assert_eq!(policy.registry.backend, RegistryBackend::Memory);
+        assert!(!policy.registry.shared());
+        assert_eq!(policy.registry.on_unavailable, OnUnavailable::Degrade);
+    }
+
+    #[test]
+    fn a_redis_registry_loads_with_url_and_key() {
+        let policy = load(
+            "backend = \"redis\"\nurl = \"rediss://cache.internal:6380/2\"\n\
+             key_env = \"KEY\"\npassword_env = \"PASS\"\nca_file = \"/etc/ca.pem\"\n\
+             on_unavailable = \"fail-closed\"",
+        )
+        .unwrap();
+        assert!(policy.registry.shared());
+        assert_eq!(policy.registry.on_unavailable, OnUnavailable::FailClosed);
+        assert_eq!(policy.registry.key_prefix, "canarygate:");
+    }
+
+    #[test]
+    fn every_mistake_is_named() {
+        for (registry, expected) in [
+            (
+                "backend = \"redis\"\nkey_env = \"KEY\"",
+                "needs registry.url",
+            ),
+            (
+                "backend = \"redis\"\nurl = \"redis://h:6379\"",
+                "needs registry.key_env",
+            ),
+            (
+                "backend = \"redis\"\nurl = \"http://h:6379\"\nkey_env = \"K\"",
+                "must start with redis://",
+            ),
+            (
+                "backend = \"redis\"\nurl = \"redis://:hunter2@h:6379\"\nkey_env = \"K\"",
+                "holds a password",
+            ),
+            (
+                "backend = \"redis\"\nurl = \"redis://user:hunter2@h\"\nkey_env = \"K\"",
+                "holds a password",
+            ),
+            (
+                "backend = \"redis\"\nurl = \"redis:///0\"\nkey_env = \"K\"",
+                "names no host",
+            ),
+            (
+                "backend = \"redis\"\nurl = \"redis://h\"\nkey_env = \"K\"\nca_file = \"ca.pem\"",
+                "rediss://",
+            ),
+            ("url = \"redis://h\"", "backend is \"memory\""),
+            ("key_env = \"1KEY\"", "not an environment variable name"),
+            ("timeout_ms = 0", "registry.timeout_ms must be between 1"),
+            (
+                "connect_timeout_ms = 600000",
+                "registry.connect_timeout_ms must be between 1",
+            ),
+            ("key_prefix = \"a\\nb\"", "control characters"),
+            ("backend = \"postgres\"", "unknown variant"),
+            ("on_unavailable = \"retry\"", "unknown variant"),
+        ] {
+            let error = load(registry).expect_err(registry);
+            assert!(error.contains(expected), "{registry}: {error}");
+            assert!(
+                !error.contains("hunter2"),
+                "a password in an error: {error}"
+            );
+        }
+    }
 }

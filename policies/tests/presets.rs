@@ -4,6 +4,7 @@
 mod common;
 
 use canarygate_policies::config::PRESETS;
+use canarygate_policies::registry_config::OnUnavailable;
 use canarygate_policies::{Decision, EchoMode, FailureAction, Policy, ReleasePolicy, Verifier};
 use common::*;
 
@@ -69,6 +70,7 @@ fn default_is_echo_first_and_blocks() {
     assert_eq!(policy.verify.echo, EchoMode::HeadTail);
     assert_eq!(policy.verify.release, ReleasePolicy::EchoFirst);
     assert_eq!(policy.verify.action(), FailureAction::Block);
+    assert_eq!(policy.registry.on_unavailable, OnUnavailable::Degrade);
     let (streamed, honest, failing, stopped, decision) = exercise("default");
     assert!(streamed, "echo-first streams once the echo passed");
     assert_eq!(honest, ANSWER);
@@ -81,6 +83,7 @@ fn default_is_echo_first_and_blocks() {
 fn strict_is_verdict_first_and_blocks() {
     let policy = Policy::preset("strict").unwrap();
     assert_eq!(policy.verify.release, ReleasePolicy::VerdictFirst);
+    assert_eq!(policy.registry.on_unavailable, OnUnavailable::FailClosed);
     let (streamed, honest, failing, stopped, decision) = exercise("strict");
     assert!(!streamed, "verdict-first releases nothing before the end");
     assert_eq!(honest, ANSWER);

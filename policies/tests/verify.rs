@@ -985,3 +985,131 @@ fn reasoning_is_held_until_the_echo_passes_and_positions_follow_the_text() {
     assert_eq!(verifier.release_of(0, Part::Reasoning).through, 0);
     assert!(finished.parts.is_empty());
 }
+
+/// A registry that answers like another and records every question.
+struct Recording<'a> {
+    inner: &'a canarygate_policies::MemoryRegistry,
+    asked: std::sync::Mutex<Vec<canarygate_policies::Canary>>,
+}
+
+impl canarygate_policies::CanaryRegistry for Recording<'_> {
+    fn owner(
+        &self,
+        canary: &canarygate_policies::Canary,
+    ) -> Option<canarygate_policies::Registration> {
+        self.asked.lock().unwrap().push(*canary);
+        self.inner.owner(canary)
+    }
+}
+
+/// A registry that answers asynchronously resolves, before each push, the
+/// spans `spans_to_look_up` names: every span the push then asks about must
+/// be among them, wherever the answer is cut (a canary split across deltas,
+/// separators inside, several in a row), and the push's verdict is the same
+/// as with a synchronous registry.
+#[test]
+fn spans_to_look_up_names_every_span_a_push_asks_about() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Flag);
+    let registry = registry_with_others(8);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let (first, second) = other_canaries(2);
+    let spaced: String = second.to_string().chars().flat_map(|c| [c, ' ']).collect();
+    let answer = format!(
+        "{} Sure. {first} and {spaced}; also CG12 cg{}x, {first}{first}.",
+        echo_of(&injection),
+        &first.to_string()[2..]
+    );
+    for cut in 1..answer.len() {
+        for width in [1, 3, 7] {
+            let cuts: Vec<usize> = (cut..answer.len()).step_by(width).collect();
+            let chunks = split_at(&answer, &cuts);
+            let recording = Recording {
+                inner: &registry,
+                asked: std::sync::Mutex::new(Vec::new()),
+            };
+            let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+            for (choice, text) in &chunks {
+                let named = verifier.spans_to_look_up(*choice, Part::Content, text);
+                recording.asked.lock().unwrap().clear();
+                verifier.push(*choice, text, &recording);
+                for asked in recording.asked.lock().unwrap().iter() {
+                    assert!(
+                        named.contains(asked),
+                        "cut {cut} width {width}: the push asked about {asked} \
+                         but spans_to_look_up named {named:?}"
+                    );
+                }
+            }
+            recording.asked.lock().unwrap().clear();
+            let finished = verifier.finish(&honest_facts(&injection, 1), &recording);
+            assert!(
+                recording.asked.lock().unwrap().is_empty(),
+                "finish asked about a span no push had named"
+            );
+            let foreign = finished.verdict.result(Check::ForeignCanary).unwrap();
+            assert_eq!(foreign.status, Status::Fail, "cut {cut} width {width}");
+            let Evidence::ForeignCanary { foreign, .. } = &foreign.evidence else {
+                panic!("foreign evidence");
+            };
+            assert_eq!(
+                foreign, &4,
+                "cut {cut} width {width}: each foreign span counted"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_unreachable_registry_degrades_the_verdict_or_fails_it_closed() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(2);
+    let (_, injection) = prepare(&policy, &registry, chat_request(false), 1);
+    let answer = format!("{} {ANSWER}", echo_of(&injection));
+    for (unresolved, fail, passed) in [
+        (0, false, true),
+        (2, false, true),
+        (2, true, false),
+        (0, true, true),
+    ] {
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+        verifier.registry_degraded(unresolved, fail);
+        let run = feed(
+            &mut verifier,
+            &registry,
+            &[(0, answer.clone())],
+            &honest_facts(&injection, 1),
+        );
+        let verdict = &run.finished.verdict;
+        let case = format!("unresolved {unresolved} fail {fail}: {verdict:?}");
+        assert!(verdict.registry_degraded, "{case}");
+        assert_eq!(verdict.passed(), passed, "{case}");
+        assert!(
+            verdict.header_value().ends_with("; registry_degraded"),
+            "{case}"
+        );
+        let foreign = verdict.result(Check::ForeignCanary).unwrap();
+        let Evidence::ForeignCanary {
+            unresolved: seen, ..
+        } = &foreign.evidence
+        else {
+            panic!("foreign evidence");
+        };
+        assert_eq!(seen, &unresolved, "{case}");
+        if passed {
+            assert_eq!(run.released[0], ANSWER, "{case}");
+            assert!(
+                foreign
+                    .reason
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains("registry_degraded")
+            );
+        } else {
+            assert_eq!(
+                run.released[0], "",
+                "{case}: a fail-closed answer is withheld"
+            );
+            assert_eq!(verdict.failed_check_names(), ["foreign_canary"], "{case}");
+        }
+    }
+}

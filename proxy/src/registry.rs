@@ -277,6 +277,12 @@ impl CanaryBook {
         }
     }
 
+    /// Whether canaries are shared with other instances (registering them is
+    /// a network round trip).
+    pub fn is_shared(&self) -> bool {
+        self.shared.is_some()
+    }
+
     /// Whether the registry is shared, and the shared one's health.
     pub fn shared_health(&self) -> Option<Health> {
         self.shared.as_ref().map(|shared| shared.client.health())

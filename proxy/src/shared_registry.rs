@@ -18,7 +18,7 @@ use canarygate_policies::CanaryKey;
 use canarygate_policies::registry::Registration;
 use canarygate_policies::registry_config::RegistryConfig;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, IntoConnectionInfo, Pipeline};
+use redis::{Client, IntoConnectionInfo, Pipeline, TlsCertificates};
 
 use crate::clock::now_ms;
 
@@ -53,7 +53,8 @@ pub struct SharedRegistry {
 
 impl SharedRegistry {
     /// A client for `config.url` (authenticating with `password` when
-    /// given). Connects on first use; an invalid URL is an error now.
+    /// given, trusting `config.ca_file` when set). Connects on first use; an
+    /// invalid URL or an unreadable CA file is an error now.
     pub fn new(config: &RegistryConfig, password: Option<String>) -> Result<Self, String> {
         let url = config
             .url
@@ -67,7 +68,23 @@ impl SharedRegistry {
             let settings = info.redis_settings().clone().set_password(password);
             info = info.set_redis_settings(settings);
         }
-        let client = Client::open(info).map_err(|error| format!("registry.url: {error}"))?;
+        let client = match &config.ca_file {
+            Some(path) => {
+                let path = path.get_ref();
+                let root_cert = std::fs::read(path)
+                    .map_err(|error| format!("registry.ca_file {path}: {error}"))?;
+                if !root_cert.starts_with(b"-----BEGIN") {
+                    return Err(format!("registry.ca_file {path} is not a PEM file"));
+                }
+                let certificates = TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(root_cert),
+                };
+                Client::build_with_tls(info, certificates)
+            }
+            None => Client::open(info),
+        }
+        .map_err(|error| format!("registry.url: {error}"))?;
         let timeout = Duration::from_millis(config.timeout_ms);
         let manager = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(Duration::from_millis(config.connect_timeout_ms)))

@@ -18,25 +18,57 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::common::{ProxyDir, Running, audit_export, binary, chat_body, client, start_sim};
+use crate::common::{
+    ProxyDir, Running, audit_export, binary, chat_body, client, make_pki, start_sim,
+};
 
 /// The deployment's shared registry key, as an operator would provision it.
 const REGISTRY_KEY: &str = "5d1c0e8f3b2a49c7a6e1f0d9c8b7a6e5f4d3c2b1a0918273645f6e7d8c9b0a1f";
+
+/// The password every test Redis requires.
+const REDIS_PASSWORD: &str = "test-registry-password";
 
 /// A `redis-server` on a fixed port, killed when dropped.
 struct Redis {
     child: Child,
     port: u16,
+    tls: bool,
 }
 
 impl Redis {
+    /// A plain-TCP server on `port`.
     fn start(port: u16) -> Self {
+        Self::start_with(port, &["--port", &port.to_string()], false)
+    }
+
+    /// A TLS-only server on `port` with the certificate and key given.
+    fn start_tls(port: u16, cert: &str, key: &str, ca: &str) -> Self {
+        let port_text = port.to_string();
+        let args = [
+            "--port",
+            "0",
+            "--tls-port",
+            &port_text,
+            "--tls-cert-file",
+            cert,
+            "--tls-key-file",
+            key,
+            "--tls-ca-cert-file",
+            ca,
+            "--tls-auth-clients",
+            "no",
+        ];
+        Self::start_with(port, &args, true)
+    }
+
+    fn start_with(port: u16, args: &[&str], tls: bool) -> Self {
         let program = std::env::var_os("CANARYGATE_REDIS_SERVER")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from("redis-server"));
         let child = Command::new(&program)
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(["--port", &port.to_string()])
+            .args(["--requirepass", REDIS_PASSWORD])
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -48,7 +80,7 @@ impl Redis {
                     program.display()
                 )
             });
-        let redis = Self { child, port };
+        let redis = Self { child, port, tls };
         let deadline = Instant::now() + Duration::from_secs(20);
         while !redis.answers_ping() {
             assert!(Instant::now() < deadline, "redis-server did not start");
@@ -57,15 +89,20 @@ impl Redis {
         redis
     }
 
+    /// Whether the server accepts connections (and, over plain TCP,
+    /// answers: `-NOAUTH` until a client authenticates).
     fn answers_ping(&self) -> bool {
         let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
             return false;
         };
+        if self.tls {
+            return true;
+        }
         let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-        let mut reply = [0u8; 7];
+        let mut reply = [0u8; 1];
         stream.write_all(b"PING\r\n").is_ok()
             && stream.read_exact(&mut reply).is_ok()
-            && &reply == b"+PONG\r\n"
+            && reply[0] == b'-'
     }
 
     fn kill(&mut self) {
@@ -88,6 +125,19 @@ fn free_port() -> u16 {
 /// A policy on the shared registry at `port`: model `swap` goes to the
 /// swapping simulator, every other model to the honest one.
 fn policy(dir: &ProxyDir, honest: &str, swap: &str, port: u16, on_unavailable: &str) -> PathBuf {
+    let registry = format!(
+        r#"backend = "redis"
+url = "redis://127.0.0.1:{port}/0"
+key_prefix = "test-deployment:"
+timeout_ms = 300
+on_unavailable = "{on_unavailable}""#
+    );
+    policy_with(dir, honest, swap, &registry)
+}
+
+/// The policy of [`policy`] with `registry` as the `[registry]` section
+/// (the key and password variables are added).
+fn policy_with(dir: &ProxyDir, honest: &str, swap: &str, registry: &str) -> PathBuf {
     dir.policy(&format!(
         r#"
 [[providers]]
@@ -109,17 +159,23 @@ model = "*"
 provider = "honest"
 
 [registry]
-backend = "redis"
-url = "redis://127.0.0.1:{port}/0"
 key_env = "CANARYGATE_REGISTRY_KEY"
-key_prefix = "test-deployment:"
-timeout_ms = 300
-on_unavailable = "{on_unavailable}"
+password_env = "CANARYGATE_REDIS_PASSWORD"
+{registry}
 "#
     ))
 }
 
 fn start_instance(dir: &ProxyDir, policy: &std::path::Path, name: &str) -> Running {
+    start_instance_with(dir, policy, name, REDIS_PASSWORD)
+}
+
+fn start_instance_with(
+    dir: &ProxyDir,
+    policy: &std::path::Path,
+    name: &str,
+    password: &str,
+) -> Running {
     let data = dir.data();
     Running::start(
         &[
@@ -133,7 +189,10 @@ fn start_instance(dir: &ProxyDir, policy: &std::path::Path, name: &str) -> Runni
             "--instance",
             name,
         ],
-        &[("CANARYGATE_REGISTRY_KEY", REGISTRY_KEY)],
+        &[
+            ("CANARYGATE_REGISTRY_KEY", REGISTRY_KEY),
+            ("CANARYGATE_REDIS_PASSWORD", password),
+        ],
     )
 }
 
@@ -376,4 +435,50 @@ async fn instances_share_canaries_and_behave_as_configured_without_redis() {
     let report = String::from_utf8_lossy(&verify.stdout);
     assert!(verify.status.success(), "{report}");
     assert_eq!(report.matches("ok: ").count(), 2, "{report}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_registry_behind_a_private_ca_with_a_password() {
+    let pki = tempfile::tempdir().expect("tempdir");
+    let (ca, cert, key) = make_pki(pki.path());
+    let port = free_port();
+    let _redis = Redis::start_tls(port, &cert, &key, &ca);
+    let honest = start_sim(&[]);
+    let registry = |on_unavailable: &str| {
+        format!(
+            r#"backend = "redis"
+url = "rediss://localhost:{port}/0"
+ca_file = "{ca}"
+on_unavailable = "{on_unavailable}""#
+        )
+    };
+    let dir = ProxyDir::new();
+    let tls = start_instance(
+        &dir,
+        &policy_with(&dir, &honest.url, &honest.url, &registry("fail-closed")),
+        "tls",
+    );
+    wait_health(&tls, "ok").await;
+    let (status, verdict, _, body) = ask(&tls, "m", false).await;
+    assert_eq!((status, verdict.as_str()), (200, "pass"), "{body}");
+
+    // The wrong password: the registry never answers, and the instance says
+    // so (degrading: it serves, marked).
+    let wrong_dir = ProxyDir::new();
+    let wrong = start_instance_with(
+        &wrong_dir,
+        &policy_with(&wrong_dir, &honest.url, &honest.url, &registry("degrade")),
+        "wrong-password",
+        "not-the-password",
+    );
+    wait_health(&wrong, "degraded").await;
+    let (_, body) = health(&wrong).await;
+    let error = body["registry"]["error"].as_str().unwrap_or_default();
+    assert!(!error.contains("not-the-password"), "{body}");
+    let (status, verdict, _, body) = ask(&wrong, "m", false).await;
+    assert_eq!(
+        (status, verdict.as_str()),
+        (200, "pass; registry_degraded"),
+        "{body}"
+    );
 }

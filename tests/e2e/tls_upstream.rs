@@ -1,36 +1,8 @@
 //! Upstream over TLS: the simulated provider behind a private CA made here.
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use serde_json::Value;
 
 use crate::common::*;
-
-/// Writes a CA and a server certificate for 127.0.0.1/localhost into `dir`;
-/// returns (ca.pem, server.pem, server.key).
-fn make_pki(dir: &std::path::Path) -> (String, String, String) {
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "canarygate test CA");
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-
-    let server_key = KeyPair::generate().unwrap();
-    let server_params =
-        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
-    let server = server_params.signed_by(&server_key, &ca).unwrap();
-
-    let write = |name: &str, text: String| {
-        let path = dir.join(name);
-        std::fs::write(&path, text).unwrap();
-        path.to_str().unwrap().to_owned()
-    };
-    (
-        write("ca.pem", ca.pem()),
-        write("server.pem", server.pem()),
-        write("server.key", server_key.serialize_pem()),
-    )
-}
 
 fn policy(dir: &ProxyDir, base_url: &str, extra_ca: Option<&str>) -> std::path::PathBuf {
     let extra = extra_ca

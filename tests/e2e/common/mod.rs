@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+
 /// Path of the `canarygate` binary under test.
 pub fn binary() -> &'static str {
     env!("CARGO_BIN_EXE_canarygate")
@@ -320,4 +322,31 @@ pub async fn sim_stats(sim: &Running) -> serde_json::Value {
 pub fn closed_url() -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     format!("http://{}", listener.local_addr().expect("local addr"))
+}
+
+/// Writes a CA and a server certificate for 127.0.0.1/localhost into `dir`;
+/// returns (ca.pem, server.pem, server.key).
+pub fn make_pki(dir: &std::path::Path) -> (String, String, String) {
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "canarygate test CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+
+    let server_key = KeyPair::generate().unwrap();
+    let server_params =
+        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    let server = server_params.signed_by(&server_key, &ca).unwrap();
+
+    let write = |name: &str, text: String| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    (
+        write("ca.pem", ca.pem()),
+        write("server.pem", server.pem()),
+        write("server.key", server_key.serialize_pem()),
+    )
 }

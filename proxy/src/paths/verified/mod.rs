@@ -11,6 +11,7 @@
 //! stream is verified as it is relayed ([`stream`]).
 
 mod attempt;
+mod canaries;
 mod stream;
 mod whole;
 
@@ -20,16 +21,15 @@ use std::time::Instant;
 use attempt::{Attempt, Decided, elapsed_ms};
 use axum::body::Bytes;
 use axum::response::Response;
+use canaries::Prepared;
 use canarygate_policies::inject::Injection;
 use canarygate_policies::verify::Verifier;
 use canarygate_policies::verify_config::UsageReport;
-use serde_json::Value;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::body::Served;
 use crate::context::RequestContext;
-use crate::error::{ApiError, ErrorCode};
-use crate::registry::{Owner, RegisterError, Registered};
+use crate::error::ApiError;
 use crate::trail::Trail;
 use crate::upstream::is_event_stream;
 use crate::wire::edit::{Delivery, UsageOptions};
@@ -105,18 +105,16 @@ async fn send<W: WireFormat>(
     trail: &mut Trail,
 ) -> Result<Sent, ApiError> {
     let config = &context.state.policy.verify;
-    let (body, injection, registered) = place_registered(context, request.body, original).await?;
+    let Prepared {
+        bytes,
+        injection,
+        exact_prompt_tokens,
+        registered,
+    } = canaries::prepare(context, request.body, original).await?;
     for id in registered.ids {
         trail.canary(id);
     }
-    let exact_prompt_tokens = context
-        .upstream
-        .count_prompt_tokens(&W::prompt_messages(&body));
     trail.prompt_tokens_ours(exact_prompt_tokens.unwrap_or(injection.prompt_tokens_estimate));
-    let bytes =
-        Bytes::from(serde_json::to_vec(&body).map_err(|error| {
-            ApiError::internal(format!("re-encoding the request failed: {error}"))
-        })?);
     let mut verifier = Verifier::new(
         &injection,
         config,
@@ -155,69 +153,6 @@ async fn send<W: WireFormat>(
         }),
         response,
     ))
-}
-
-/// Most draws of a request's canaries before giving up: a value another
-/// instance holds live is drawn again (odds about 10^-9 per draw with a
-/// million live canaries).
-const MAX_DRAWS: u32 = 4;
-
-/// Mints fresh canaries, places them in `body` and registers them. A draw
-/// the shared registry refuses (the value is another request's) is
-/// withdrawn and fresh canaries placed in the body parsed again from
-/// `original`.
-async fn place_registered<W: WireFormat>(
-    context: &RequestContext<'_, W>,
-    body: Value,
-    original: &Bytes,
-) -> Result<(Value, Injection, Registered), ApiError> {
-    let config = &context.state.policy.verify;
-    let registry = &context.state.registry;
-    let mut unused = Some(body);
-    for _ in 0..MAX_DRAWS {
-        let mut body = match unused.take() {
-            Some(body) => body,
-            None => context.reparse(original)?.body,
-        };
-        let owner = Owner {
-            session: &context.caller.session_id,
-            request_id: &context.request_id,
-        };
-        let minted = registry
-            .mint(owner, config.canary_ttl_secs)
-            .map_err(|error| ApiError::internal(format!("no OS randomness: {error}")))?;
-        let injection = match W::place_canaries(&mut body, config.echo, minted.canaries) {
-            Ok(injection) => injection,
-            Err(error) => {
-                registry.withdraw(minted);
-                return Err(error);
-            }
-        };
-        match registry.register(&minted).await {
-            Ok(registered) => return Ok((body, injection, registered)),
-            Err(RegisterError::Taken) => {
-                registry.withdraw(minted);
-                tracing::info!(
-                    request_id = %context.request_id,
-                    "a canary drawn is live on another instance; drawing again"
-                );
-            }
-            Err(RegisterError::Unavailable(error)) => {
-                registry.withdraw(minted);
-                context.state.metrics.registry_unavailable("refused");
-                return Err(ApiError::new(
-                    ErrorCode::RegistryUnavailable,
-                    format!(
-                        "canarygate cannot reach its shared canary registry ({error}) and the \
-                         policy fails closed: the request was not sent."
-                    ),
-                ));
-            }
-        }
-    }
-    Err(ApiError::internal(format!(
-        "{MAX_DRAWS} draws of canaries were all live already on other instances"
-    )))
 }
 
 /// How the answer to `injection` reaches the client: cut at the client's
