@@ -2,8 +2,9 @@
 # The test command: installs what the tests need, then runs every test.
 #
 # Needs: a Rust toolchain and python3 (3.9+). Creates .venv with the openai SDK
-# (pinned in scripts/requirements-test.txt) on first run. Extra arguments go to
-# `cargo test` (e.g. `scripts/test.sh --test e2e proxy_e2e::` runs tests/e2e/proxy_e2e.rs:
+# (pinned in scripts/requirements-test.txt) on first run, and installs the
+# Debian package redis-server when it is missing (apt-get, as root or sudo).
+# Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test e2e proxy_e2e::` runs tests/e2e/proxy_e2e.rs:
 # the root crate's integration tests are one binary, `e2e`, with a module per file);
 # without any, the GPU kit's CPU dry run (scripts/gpu-kit.sh) runs after the tests.
 set -euo pipefail
@@ -14,6 +15,23 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai' 2>/dev/nul
   .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
 fi
 export CANARYGATE_PYTHON="$PWD/.venv/bin/python"
+
+# A real Redis for the shared-registry tests (tests/e2e/shared_registry.rs):
+# the Debian package when redis-server is missing (as root, or with sudo).
+if [ -z "${CANARYGATE_REDIS_SERVER:-}" ] && ! command -v redis-server >/dev/null 2>&1; then
+  apt=(env DEBIAN_FRONTEND=noninteractive apt-get)
+  if [ "$(id -u)" != 0 ]; then
+    if sudo -n true 2>/dev/null; then
+      apt=(sudo -n env DEBIAN_FRONTEND=noninteractive apt-get)
+    else
+      echo "redis-server is missing: install it (apt-get install redis-server) or set CANARYGATE_REDIS_SERVER" >&2
+      exit 1
+    fi
+  fi
+  echo "installing redis-server (apt-get)"
+  "${apt[@]}" install -y -qq redis-server >/dev/null 2>&1 \
+    || { "${apt[@]}" update -qq && "${apt[@]}" install -y -qq redis-server >/dev/null; }
+fi
 
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
