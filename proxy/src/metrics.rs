@@ -36,9 +36,10 @@ pub struct TimeoutLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RegistryLabels {
     /// `register` (claiming a request's canaries) or `lookup` (resolving
-    /// an answer's canary-shaped spans); for `registry_degraded`, what the
-    /// request got: `degraded` (served, local-only detection) or `refused`
-    /// (fail-closed).
+    /// an answer's canary-shaped spans); for `registry_unavailable_requests`,
+    /// what the request got: `degraded` (served, local-only detection),
+    /// `refused` (fail-closed, not sent) or `withheld` (fail-closed, its
+    /// answer's spans could not be looked up).
     pub what: &'static str,
 }
 
@@ -153,7 +154,7 @@ impl Metrics {
         registry.register(
             "registry_unavailable_requests",
             "Requests that met an unavailable shared registry: served with local-only \
-             detection (degraded) or refused (fail-closed)",
+             detection (degraded), refused before sending or their answer withheld (fail-closed)",
             registry_degraded.clone(),
         );
         Self {
@@ -186,7 +187,7 @@ impl Metrics {
     }
 
     /// Counts one request that met an unavailable shared registry:
-    /// `degraded` or `refused`.
+    /// `degraded`, `refused` or `withheld`.
     pub fn registry_unavailable(&self, what: &'static str) {
         self.registry_degraded
             .get_or_create(&RegistryLabels { what })

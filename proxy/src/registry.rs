@@ -277,6 +277,12 @@ impl CanaryBook {
         }
     }
 
+    /// Counts a request that met an unavailable shared registry, by what it
+    /// got: `degraded`, `refused` or `withheld`.
+    pub fn count_unavailable(&self, what: &'static str) {
+        self.metrics.registry_unavailable(what);
+    }
+
     /// Whether canaries are shared with other instances (registering them is
     /// a network round trip).
     pub fn is_shared(&self) -> bool {

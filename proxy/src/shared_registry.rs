@@ -147,9 +147,19 @@ impl SharedRegistry {
                 values.len()
             )));
         }
+        // A key that exists is a live canary, even when its value cannot be
+        // read (another version wrote it): never let it pass as unknown.
         Ok(values
             .into_iter()
-            .map(|value| value.and_then(|bytes| serde_json::from_slice(&bytes).ok()))
+            .map(|value| {
+                value.map(|bytes| {
+                    serde_json::from_slice(&bytes).unwrap_or_else(|_| Registration {
+                        session: "unreadable".to_owned(),
+                        request: "unreadable".to_owned(),
+                        expires_at_ms: 0,
+                    })
+                })
+            })
             .collect())
     }
 

@@ -557,3 +557,98 @@ async fn show_prints_an_encrypted_sample_only_with_its_key() {
         "{with}"
     );
 }
+
+/// `canarygate audit ARGS` with one `--data` per directory.
+fn canarygate_dirs(dirs: &[&Path], args: &[&str]) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_canarygate"));
+    command.arg("audit");
+    for dir in dirs {
+        command.arg("--data").arg(dir);
+    }
+    command.args(args).output().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_instances_logs_export_merged_and_verify_each() {
+    let (a, b) = (private_tempdir(), private_tempdir());
+    let options = |name: &str| AuditOptions {
+        instance: Some(name.to_owned()),
+        ..AuditOptions::default()
+    };
+    let log_a = AuditLog::open(a.path(), options("a")).unwrap();
+    let log_b = AuditLog::open(b.path(), options("b")).unwrap();
+    // Interleaved in time: a1 b1 b2 a2 a3 b3 (records are stamped on append,
+    // in milliseconds: a pause keeps the order unambiguous).
+    for (log, id) in [
+        (&log_a, "a1"),
+        (&log_b, "b1"),
+        (&log_b, "b2"),
+        (&log_a, "a2"),
+        (&log_a, "a3"),
+        (&log_b, "b3"),
+    ] {
+        append(log, id.to_owned()).await;
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    drop((log_a, log_b));
+
+    let merged = ok(canarygate_dirs(&[a.path(), b.path()], &["export"]));
+    let order: Vec<String> = merged
+        .lines()
+        .map(|line| {
+            let value: serde_json::Value = serde_json::from_str(line).unwrap();
+            value["request_id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(order, ["a1", "b1", "b2", "a2", "a3", "b3"], "{merged}");
+    let since_b2: u64 = merged
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .find(|value| value["request_id"] == "b2")
+        .and_then(|value| value["recorded_at_ms"].as_u64())
+        .unwrap();
+    let since = canarygate_audit::time::format_rfc3339(since_b2);
+    let later = ok(canarygate_dirs(
+        &[a.path(), b.path()],
+        &["export", "--since", &since],
+    ));
+    assert_eq!(later.lines().count(), 4, "{later}");
+
+    let verified = ok(canarygate_dirs(&[a.path(), b.path()], &["verify"]));
+    assert_eq!(verified.matches("ok: ").count(), 2, "{verified}");
+
+    // Break b's chain: verify checks both, names b, fails.
+    let path = b.path().join(STORE_FILE);
+    let mut file = std::fs::read(&path).unwrap();
+    // Every copy of it (redb copies pages on write).
+    let needle = b"\"b2\"";
+    let hits: Vec<usize> = (0..file.len() - needle.len())
+        .filter(|&at| &file[at..at + needle.len()] == needle)
+        .collect();
+    assert!(!hits.is_empty(), "b2 not found in the store file");
+    for at in hits {
+        file[at + 2] = b'9';
+    }
+    std::fs::write(&path, &file).unwrap();
+    let broken = canarygate_dirs(&[a.path(), b.path()], &["verify"]);
+    let (stdout, stderr) = (text(&broken.stdout), text(&broken.stderr));
+    assert_eq!(broken.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.contains(&format!("ok: {}", a.path().display())),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains(&format!("FAILED: {}", b.path().display())),
+        "{stdout}"
+    );
+    assert!(stderr.contains("1 of 2 chains"), "{stderr}");
+
+    // The other commands read one directory and say so.
+    let tail = canarygate_dirs(&[a.path(), b.path()], &["tail"]);
+    assert!(!tail.status.success());
+    assert!(
+        text(&tail.stderr).contains("several --data"),
+        "{}",
+        text(&tail.stderr)
+    );
+}

@@ -45,6 +45,9 @@ pub struct Attempt {
     /// Registrations of the answer's canary-shaped spans fetched from the
     /// shared registry so far (`None`: live nowhere).
     pub fetched: HashMap<Canary, Option<Registration>>,
+    /// A lookup in the shared registry failed during this attempt (counted
+    /// once).
+    pub lookups_degraded: bool,
 }
 
 impl Attempt {
@@ -118,6 +121,13 @@ impl Attempt {
             return;
         }
         if let Some(unresolved) = book.resolve(&spans, &mut self.fetched).await {
+            if !std::mem::replace(&mut self.lookups_degraded, true) {
+                book.count_unavailable(if unresolved.fail {
+                    "withheld"
+                } else {
+                    "degraded"
+                });
+            }
             self.verifier
                 .registry_degraded(unresolved.spans, unresolved.fail);
         }

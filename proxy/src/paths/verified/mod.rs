@@ -150,6 +150,7 @@ async fn send<W: WireFormat>(
             attempt,
             delivery,
             fetched: HashMap::new(),
+            lookups_degraded: registered.degraded,
         }),
         response,
     ))
