@@ -181,6 +181,16 @@ print(int(up), int(failures), int(chat))
 EOF
 }
 
+# redis-server's CPU time (user + system, all threads) since it started,
+# per request of the $1 the Redis instances answered, in µs.
+redis_cpu_us() {
+  local requests=$1 fields ticks
+  read -ra fields < <(sed 's/.*) //' "/proc/$redis_pid/stat")
+  # After the command name: utime and stime are fields 12 and 13 (0-based 11, 12).
+  ticks=$((fields[11] + fields[12]))
+  echo $((ticks * 1000000 / $(getconf CLK_TCK) / (requests > 0 ? requests : 1)))
+}
+
 # Whether the shared registry was used throughout the run (see the top):
 # each Redis instance up, without a failed round trip or a degraded
 # request, and the two canaries of every request they answered in Redis.
@@ -195,7 +205,7 @@ registry_stayed_up() {
     requests=$((requests + chat))
   done
   keys=$(redis DBSIZE)
-  echo "redis: $keys keys (live canaries, 2 per request) for $requests requests"
+  echo "redis: $keys keys (live canaries, 2 per request) for $requests requests; redis-server's CPU over the whole run: $(redis_cpu_us "$requests") µs per request"
   [ "$keys" -ge $((2 * requests)) ] && [ "$requests" -gt 0 ] || ok=1
   return "$ok"
 }
