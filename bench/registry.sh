@@ -3,7 +3,7 @@
 # registry, driven as one pool, against one instance with the in-memory
 # registry, in the same run.
 #
-#   bench/registry.sh            # full run (6 rounds; about 5 minutes on 2 cores)
+#   bench/registry.sh            # full run (6 rounds; about 3 minutes on 2 cores)
 #   bench/registry.sh --quick    # 1 round of short phases, to see that it all works
 #
 # Starts on 127.0.0.1: the simulated provider (`canarygate sim-provider`, no
