@@ -49,20 +49,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# shellcheck source=bench/common.sh
+. bench/common.sh
 
-if [ "${1:-}" = "--quick" ]; then
-  BENCH_QUICK=1
-  shift
-fi
-if [ $# -gt 0 ]; then
-  echo "usage: bench/run.sh [--quick]  (settings: see the environment knobs at the top of this script)" >&2
-  exit 2
-fi
-if [ "${BENCH_QUICK:-0}" = 1 ]; then
-  export CANARYGATE_BENCH_SECONDS=${CANARYGATE_BENCH_SECONDS:-1}
-  export CANARYGATE_BENCH_ROUNDS=${CANARYGATE_BENCH_ROUNDS:-1}
-  export CANARYGATE_BENCH_LATENCY_SECONDS=${CANARYGATE_BENCH_LATENCY_SECONDS:-2}
-fi
+bench_options run.sh "$@"
 
 all_targets=direct,nginx,canarygate-echo-first,canarygate-echo-first-bg,canarygate-verdict-first,canarygate-off,litellm
 targets=${BENCH_TARGETS:-$all_targets}
@@ -71,25 +61,13 @@ for t in ${targets//,/ }; do
   case ",$all_targets," in *",$t,"*) ;; *) echo "unknown target $t (known: $all_targets)" >&2; exit 2 ;; esac
 done
 
-cpus=$(nproc)
 nginx_workers=${BENCH_NGINX_WORKERS:-$cpus}
 litellm_workers=${BENCH_LITELLM_WORKERS:-$cpus}
 litellm_version=${BENCH_LITELLM_VERSION:-1.106.12}
-out_dir=${BENCH_OUT:-bench/results}
-started_at=$(date +%s)
-
-log() { printf '[bench] %s\n' "$*" >&2; }
 
 # --- install what is missing -------------------------------------------------
-if wants nginx && ! command -v nginx >/dev/null 2>&1 && ! [ -x /usr/sbin/nginx ]; then
-  if [ "$(id -u)" = 0 ]; then
-    log "installing nginx (apt-get)"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null
-  else
-    echo "nginx is not installed; run as root or: sudo apt-get install -y nginx (or leave nginx out of BENCH_TARGETS)" >&2
-    exit 1
-  fi
+if wants nginx; then
+  install_missing nginx nginx "(or leave nginx out of BENCH_TARGETS)"
 fi
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
 
@@ -102,75 +80,11 @@ if wants litellm; then
   fi
 fi
 
-log "building the load generator"
-cargo build --release --quiet -p canarygate-bench
-bench_bin=$root/target/release/canarygate-bench
-
-if [ -n "${CANARYGATE_BIN:-}" ]; then
-  canarygate=$CANARYGATE_BIN
-else
-  log "building canarygate (release)"
-  cargo build --release --quiet --bin canarygate
-  canarygate=$root/target/release/canarygate
-fi
-[ -x "$canarygate" ] || { echo "no canarygate binary at $canarygate" >&2; exit 1; }
+build_binaries
 
 # --- start the servers -------------------------------------------------------
-work=$(mktemp -d "${TMPDIR:-/tmp}/canarygate-bench.XXXXXX")
-pids=()
-
-kill_tree() {
-  local pid=$1 child
-  for child in $(pgrep -P "$pid" 2>/dev/null || true); do
-    kill_tree "$child"
-  done
-  kill "$pid" 2>/dev/null || true
-}
-cleanup() {
-  local pid
-  for pid in "${pids[@]}"; do
-    kill_tree "$pid"
-  done
-  for pid in "${pids[@]}"; do
-    wait "$pid" 2>/dev/null || true
-  done
-  if [ "${BENCH_KEEP_WORK:-0}" = 1 ]; then
-    log "kept $work"
-  else
-    rm -rf "$work"
-  fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
-# Waits for "... listening on URL" as the first line of a log; prints URL.
-listening_url() {
-  local logfile=$1 pid=$2 i line
-  for i in $(seq 1 200); do
-    line=$(head -n 1 "$logfile" 2>/dev/null || true)
-    case "$line" in
-      *"listening on "*) echo "${line##* }"; return 0 ;;
-    esac
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.05
-  done
-  echo "server did not start; its output (${logfile%.log}.log, .err):" >&2
-  cat "$logfile" "${logfile%.log}.err" >&2
-  exit 1
-}
-
-export CANARYGATE_LOG=${CANARYGATE_LOG:-warn}
-
-"$canarygate" sim-provider --listen 127.0.0.1:0 >"$work/sim.log" 2>"$work/sim.err" &
-sim_pid=$!
-pids+=("$sim_pid")
-sim_url=$(listening_url "$work/sim.log" "$sim_pid") || exit 1
-sim_port=${sim_url##*:}
-log "sim provider: $sim_url (pid $sim_pid)"
+start_work
+start_sim
 
 bench_args=(--upstream-pid "$sim_pid")
 add_target() { bench_args+=(--target "$1"); }
@@ -227,14 +141,8 @@ EOF
 fi
 
 start_canarygate() {
-  local name=$1 config=$2 pid url
-  "$canarygate" serve --config "$config" --upstream "$sim_url/v1" --listen 127.0.0.1:0 \
-    --data "$work/data-$name" >"$work/$name.log" 2>"$work/$name.err" &
-  pid=$!
-  pids+=("$pid")
-  url=$(listening_url "$work/$name.log" "$pid") || exit 1
-  log "$name: $url (pid $pid, --config $config)"
-  add_target "$name=$url/v1,pid=$pid,metrics"
+  start_canarygate_server "$1" "$2"
+  add_target "$1=$started_url/v1,pid=$started_pid,metrics"
 }
 
 wants canarygate-echo-first && start_canarygate canarygate-echo-first preset:default
@@ -326,21 +234,8 @@ fi
 wants nginx && bench_args+=(--reference nginx)
 wants litellm && bench_args+=(--reference litellm)
 
-mkdir -p "$out_dir"
-stamp=$(date -u +%Y%m%dT%H%M%SZ)
-cpu_model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)
-note="Machine: $cpus CPU(s) ($cpu_model), $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), $(uname -sr); canarygate $("$canarygate" --version 2>/dev/null | head -n 1 || echo '?') ($canarygate), nginx $("$nginx_bin" -v 2>&1 | sed 's/.*nginx\///'), $nginx_workers worker(s); LiteLLM $litellm_version, $litellm_workers worker(s). ${BENCH_NOTE:-}"
+note="$(machine_note), nginx $("$nginx_bin" -v 2>&1 | sed 's/.*nginx\///'), $nginx_workers worker(s); LiteLLM $litellm_version, $litellm_workers worker(s). ${BENCH_NOTE:-}"
 
-set +e
-"$bench_bin" "${bench_args[@]}" --json "$out_dir/$stamp.json" --note "$note" | tee "$out_dir/$stamp.txt"
-status=${PIPESTATUS[0]}
-set -e
-if [ "$status" = 0 ]; then
-  cp "$out_dir/$stamp.json" "$out_dir/latest.json"
-  cp "$out_dir/$stamp.txt" "$out_dir/latest.txt"
-else
-  log "the load generator failed (exit $status); server logs in $work"
-  BENCH_KEEP_WORK=1
-fi
-log "done in $(( $(date +%s) - started_at )) s; results: $out_dir/$stamp.json"
-exit "$status"
+status=0
+run_load_generator "" "$note" || status=$?
+finish_run "$status"

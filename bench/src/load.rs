@@ -1,5 +1,10 @@
 //! HTTP/1.1 keep-alive load: closed-loop saturation, open-loop fixed rate,
 //! and a one-request check of what a target answers.
+//!
+//! A target is one [`Endpoint`] or a pool of them (several instances of a
+//! service, one endpoint each): the load functions take a slice and spread
+//! the load round-robin over it, the way a client-side balancer would. A
+//! connection always stays with the instance it was opened to.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,7 +20,7 @@ use tokio::net::TcpStream;
 /// Longest a single request may take before it counts as failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Where and what to send.
+/// Where and what to send: one instance of a target.
 #[derive(Clone)]
 pub struct Endpoint {
     pub addr: SocketAddr,
@@ -156,13 +161,20 @@ pub struct Throughput {
 }
 
 /// Closed loop: `concurrency` connections, each sending back to back, for
-/// `duration`. A connection whose request failed is replaced.
-pub async fn saturate(endpoint: &Endpoint, concurrency: usize, duration: Duration) -> Throughput {
+/// `duration`. Connection `k` goes to `endpoints[k % len]`; one whose request
+/// failed is replaced by a new one to the same endpoint. `endpoints` is not
+/// empty.
+pub async fn saturate(
+    endpoints: &[Endpoint],
+    concurrency: usize,
+    duration: Duration,
+) -> Throughput {
     let stop = Arc::new(AtomicBool::new(false));
     let mut senders = Vec::new();
-    for _ in 0..concurrency {
+    for k in 0..concurrency {
+        let endpoint = &endpoints[k % endpoints.len()];
         match connect(endpoint.addr).await {
-            Some(sender) => senders.push(sender),
+            Some(sender) => senders.push((sender, endpoint.clone())),
             None => break,
         }
     }
@@ -174,9 +186,8 @@ pub async fn saturate(endpoint: &Endpoint, concurrency: usize, duration: Duratio
     }
     let start = Instant::now();
     let mut workers = Vec::new();
-    for mut sender in senders {
+    for (mut sender, endpoint) in senders {
         let stop = stop.clone();
-        let endpoint = endpoint.clone();
         workers.push(tokio::spawn(async move {
             let (mut ok, mut errors, mut bytes, mut events) = (0u64, 0u64, 0u64, 0u64);
             while !stop.load(Ordering::Relaxed) {
@@ -235,14 +246,23 @@ pub struct Latency {
 /// Open loop: one request every `1/rate` s, each on a free pooled connection
 /// (a new one is opened when none is free); latency counts from the scheduled
 /// send time, so a stall of the target or the generator is not hidden.
+/// Request `i` goes to `endpoints[i % len]`, each endpoint with its own pool
+/// of connections, so that every instance of a pool gets its share even
+/// when one connection would carry the whole rate. `endpoints` is not empty.
 ///
 /// The sends are paced by an OS thread sleeping to each scheduled instant, not
 /// by the runtime's timer: tokio's timer wheel rounds every wake-up up to the
 /// next millisecond, which would add 0–1 ms to every sample and send requests
 /// in bursts on each tick.
-pub async fn fixed_rate(endpoint: &Endpoint, rate: f64, duration: Duration) -> Latency {
-    let pool: Arc<std::sync::Mutex<Vec<Sender>>> = Arc::new(std::sync::Mutex::new(Vec::new()));
-    for _ in 0..8 {
+pub async fn fixed_rate(endpoints: &[Endpoint], rate: f64, duration: Duration) -> Latency {
+    type Pool = Arc<std::sync::Mutex<Vec<Sender>>>;
+    let pools: Vec<(Endpoint, Pool)> = endpoints
+        .iter()
+        .map(|endpoint| (endpoint.clone(), Pool::default()))
+        .collect();
+    // 8 connections ready in all, spread round-robin.
+    for k in 0..8 {
+        let (endpoint, pool) = &pools[k % pools.len()];
         if let Some(sender) = connect(endpoint.addr).await {
             pool.lock().unwrap().push(sender);
         }
@@ -250,7 +270,6 @@ pub async fn fixed_rate(endpoint: &Endpoint, rate: f64, duration: Duration) -> L
     let total = (rate * duration.as_secs_f64()).round().max(1.0) as u64;
     let interval = Duration::from_secs_f64(1.0 / rate);
     let runtime = tokio::runtime::Handle::current();
-    let endpoint = endpoint.clone();
     let (dispatched, mut tasks) = tokio::sync::mpsc::unbounded_channel();
     let pacer = std::thread::spawn(move || {
         let start = Instant::now();
@@ -261,8 +280,7 @@ pub async fn fixed_rate(endpoint: &Endpoint, rate: f64, duration: Duration) -> L
                 std::thread::sleep(wait);
             }
             last_dispatch = Instant::now();
-            let pool = pool.clone();
-            let endpoint = endpoint.clone();
+            let (endpoint, pool) = pools[i as usize % pools.len()].clone();
             let task = runtime.spawn(async move {
                 let pooled = pool.lock().unwrap().pop();
                 let sender = match pooled {
@@ -420,6 +438,94 @@ pub async fn wait_ready(endpoint: &Endpoint, timeout: Duration) -> Result<Answer
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    /// A server on a free port answering `{}` to everything; counts the
+    /// connections it accepted and the requests it answered.
+    struct CountingServer {
+        endpoint: Endpoint,
+        connections: Arc<AtomicU64>,
+        requests: Arc<AtomicU64>,
+    }
+
+    impl CountingServer {
+        async fn start() -> Self {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let connections = Arc::new(AtomicU64::new(0));
+            let requests = Arc::new(AtomicU64::new(0));
+            let (accepted, answered) = (connections.clone(), requests.clone());
+            tokio::spawn(async move {
+                while let Ok((stream, _)) = listener.accept().await {
+                    accepted.fetch_add(1, Ordering::SeqCst);
+                    let answered = answered.clone();
+                    let service = hyper::service::service_fn(
+                        move |request: hyper::Request<hyper::body::Incoming>| {
+                            let answered = answered.clone();
+                            async move {
+                                request.into_body().collect().await?;
+                                answered.fetch_add(1, Ordering::SeqCst);
+                                Ok::<_, hyper::Error>(hyper::Response::new(Full::new(
+                                    Bytes::from_static(b"{}"),
+                                )))
+                            }
+                        },
+                    );
+                    tokio::spawn(
+                        hyper::server::conn::http1::Builder::new()
+                            .serve_connection(TokioIo::new(stream), service),
+                    );
+                }
+            });
+            let endpoint = Endpoint {
+                addr,
+                host: addr.to_string(),
+                path: "/v1/chat/completions".to_owned(),
+                authorization: "Bearer sk-test".to_owned(),
+                body: chat_body("m", false, 8, 3),
+                stream: false,
+            };
+            Self {
+                endpoint,
+                connections,
+                requests,
+            }
+        }
+
+        fn counts(&self) -> (u64, u64) {
+            (
+                self.connections.load(Ordering::SeqCst),
+                self.requests.load(Ordering::SeqCst),
+            )
+        }
+    }
+
+    #[tokio::test]
+    async fn a_pool_shares_the_load_round_robin() {
+        let (a, b) = (CountingServer::start().await, CountingServer::start().await);
+        let pool = [a.endpoint.clone(), b.endpoint.clone()];
+
+        // Fixed rate: requests alternate, 10 each, whatever connection is free.
+        let latency = fixed_rate(&pool, 200.0, Duration::from_millis(100)).await;
+        assert_eq!((latency.requests, latency.errors), (20, 0));
+        assert_eq!(a.counts().1, 10);
+        assert_eq!(b.counts().1, 10);
+
+        // Saturation: 3 connections to a, 3 to b, each kept for the run.
+        let (a0, b0) = (a.counts(), b.counts());
+        let throughput = saturate(&pool, 6, Duration::from_millis(100)).await;
+        assert_eq!(throughput.errors, 0);
+        let (a1, b1) = (a.counts(), b.counts());
+        assert_eq!((a1.0 - a0.0, b1.0 - b0.0), (3, 3));
+        assert!(a1.1 > a0.1 && b1.1 > b0.1);
+        assert_eq!(a1.1 - a0.1 + b1.1 - b0.1, throughput.requests);
+
+        // One endpoint gets everything.
+        let latency = fixed_rate(&pool[..1], 200.0, Duration::from_millis(50)).await;
+        assert_eq!(latency.requests, 10);
+        assert_eq!(a.counts().1, a1.1 + 10);
+        assert_eq!(b.counts().1, b1.1);
+    }
 
     #[test]
     fn percentiles_are_nearest_rank() {

@@ -14,6 +14,12 @@
 //!   targets marked `metrics` (canarygate), also their own time per request
 //!   over the phase, from the overhead histogram at `/metrics`.
 //!
+//! A target may be a pool of instances (`NAME=URL1|URL2`, e.g. two
+//! canarygate instances sharing a Redis registry): its load is spread
+//! round-robin over them, its CPU is that of every listed process tree
+//! (`pid=P1+P2+P3`), and its own time per request comes from the sum of the
+//! instances' histograms.
+//!
 //! Each round measures every target once per mode, in an order that changes
 //! from round to round (rotated, and reversed every other round). Reported
 //! numbers are medians over the rounds; ratios and added latency are computed
@@ -22,7 +28,8 @@
 //! measuring, one answer per target and mode is parsed in full.
 //!
 //! `bench/run.sh` starts the servers (sim provider, nginx, canarygate, LiteLLM)
-//! and calls this; see `--help` for the knobs, each also an environment
+//! and calls this, as `bench/registry.sh` does for canarygate on a shared
+//! Redis registry; see `--help` for the knobs, each also an environment
 //! variable.
 
 mod load;
@@ -45,12 +52,16 @@ use overhead::Overhead;
     long_about = None
 )]
 struct Args {
-    /// A target: `NAME=URL[,pid=PID][,concurrency=N][,slow][,metrics]`. URL
-    /// is the API base (e.g. `http://127.0.0.1:8080/v1`); requests go to
-    /// `URL/chat/completions`. PID: the process whose tree's CPU time is
-    /// counted as the target's. `slow`: left out of the high-rate latency
-    /// phase. `metrics`: the target is canarygate; its own time per request
-    /// is read from `/metrics` around each latency phase. Repeat for each
+    /// A target: `NAME=URL[|URL...][,pid=PID[+PID...]][,concurrency=N][,slow][,metrics]`.
+    /// URL is the API base (e.g. `http://127.0.0.1:8080/v1`); requests go to
+    /// `URL/chat/completions`. Several URLs make a pool measured as one
+    /// target: connections and fixed-rate requests are spread round-robin
+    /// over them, a connection staying with its instance. PID: a process
+    /// whose tree's CPU time is counted as the target's; with several, the
+    /// trees' times are summed (a pool's instances and a server they share).
+    /// `slow`: left out of the high-rate latency phase. `metrics`: the target
+    /// is canarygate; its own time per request is read from `/metrics` (of
+    /// every instance, summed) around each latency phase. Repeat for each
     /// target.
     #[arg(long = "target", required = true)]
     targets: Vec<String>,
@@ -162,15 +173,21 @@ struct Args {
     note: String,
 }
 
-/// One target from `--target`.
+/// The `--target` syntax, for error messages.
+const TARGET_SYNTAX: &str = "NAME=URL[|URL...][,pid=PID[+PID...]][,concurrency=N][,slow][,metrics]";
+
+/// One target from `--target`: a single server, or a pool of instances
+/// that is measured as one (its load spread round-robin over them).
 #[derive(Debug, Clone)]
 struct Target {
     name: String,
+    /// The URL part of the spec as given (`URL1|URL2` for a pool).
     url: String,
-    addr: SocketAddr,
-    host: String,
-    path: String,
-    pid: Option<u32>,
+    /// Where requests go: one instance, or several.
+    instances: Vec<Instance>,
+    /// The processes whose trees' CPU time is the target's, summed (empty:
+    /// not measured).
+    pids: Vec<u32>,
     concurrency: Option<usize>,
     /// Left out of the high-rate latency phase (see `--fast-rate`).
     slow: bool,
@@ -178,37 +195,24 @@ struct Target {
     metrics: bool,
 }
 
-impl Target {
-    fn parse(spec: &str) -> Result<Self, String> {
-        let (name, rest) = spec.split_once('=').ok_or_else(|| {
-            format!("{spec}: expected NAME=URL[,pid=PID][,concurrency=N][,slow][,metrics]")
-        })?;
-        let mut parts = rest.split(',');
-        let url = parts.next().unwrap_or_default().to_owned();
-        let mut pid = None;
-        let mut concurrency = None;
-        let mut slow = false;
-        let mut metrics = false;
-        for part in parts {
-            match (part, part.split_once('=')) {
-                ("slow", _) => slow = true,
-                ("metrics", _) => metrics = true,
-                (_, Some(("pid", value))) => {
-                    pid = Some(value.parse().map_err(|e| format!("{spec}: pid: {e}"))?)
-                }
-                (_, Some(("concurrency", value))) => {
-                    concurrency = Some(
-                        value
-                            .parse()
-                            .map_err(|e| format!("{spec}: concurrency: {e}"))?,
-                    )
-                }
-                _ => return Err(format!("{spec}: unknown option {part}")),
-            }
-        }
+/// One server of a target.
+#[derive(Debug, Clone)]
+struct Instance {
+    /// As given in the spec.
+    url: String,
+    addr: SocketAddr,
+    /// `Host` header: the URL's `host:port`.
+    host: String,
+    /// Path of the chat endpoint, e.g. `/v1/chat/completions`.
+    path: String,
+}
+
+impl Instance {
+    /// An `http://` API base (`http://127.0.0.1:8080/v1`) or chat endpoint.
+    fn parse(url: &str) -> Result<Self, String> {
         let without_scheme = url
             .strip_prefix("http://")
-            .ok_or_else(|| format!("{spec}: only http:// URLs"))?;
+            .ok_or_else(|| format!("{url}: only http:// URLs"))?;
         let (host, base) = match without_scheme.find('/') {
             Some(index) => without_scheme.split_at(index),
             None => (without_scheme, ""),
@@ -221,32 +225,105 @@ impl Target {
         };
         let addr = host
             .to_socket_addrs()
-            .map_err(|e| format!("{spec}: {host}: {e}"))?
+            .map_err(|e| format!("{host}: {e}"))?
             .next()
-            .ok_or_else(|| format!("{spec}: {host} resolves to nothing"))?;
-        let host = host.to_owned();
+            .ok_or_else(|| format!("{host} resolves to nothing"))?;
+        Ok(Self {
+            url: url.to_owned(),
+            addr,
+            host: host.to_owned(),
+            path,
+        })
+    }
+}
+
+impl Target {
+    /// Parses `NAME=URL[|URL...][,pid=PID[+PID...]][,concurrency=N][,slow][,metrics]`.
+    /// Several URLs make a pool; several pids are summed (the pool's
+    /// instances and any server they share).
+    fn parse(spec: &str) -> Result<Self, String> {
+        let (name, rest) = spec
+            .split_once('=')
+            .ok_or_else(|| format!("{spec}: expected {TARGET_SYNTAX}"))?;
+        let mut parts = rest.split(',');
+        let url = parts.next().unwrap_or_default().to_owned();
+        let mut pids = Vec::new();
+        let mut concurrency = None;
+        let mut slow = false;
+        let mut metrics = false;
+        for part in parts {
+            match (part, part.split_once('=')) {
+                ("slow", _) => slow = true,
+                ("metrics", _) => metrics = true,
+                (_, Some(("pid", value))) => {
+                    pids = value
+                        .split('+')
+                        .map(|pid| pid.parse().map_err(|e| format!("{spec}: pid {pid}: {e}")))
+                        .collect::<Result<_, _>>()?
+                }
+                (_, Some(("concurrency", value))) => {
+                    concurrency = Some(
+                        value
+                            .parse()
+                            .map_err(|e| format!("{spec}: concurrency: {e}"))?,
+                    )
+                }
+                _ => return Err(format!("{spec}: unknown option {part}")),
+            }
+        }
+        let mut instances: Vec<Instance> = Vec::new();
+        for one in url.split('|') {
+            let instance = Instance::parse(one).map_err(|e| format!("{spec}: {e}"))?;
+            if instances.iter().any(|other| other.addr == instance.addr) {
+                return Err(format!("{spec}: {} is listed twice", instance.host));
+            }
+            instances.push(instance);
+        }
         Ok(Self {
             name: name.to_owned(),
             url,
-            addr,
-            host,
-            path,
-            pid,
+            instances,
+            pids,
             concurrency,
             slow,
             metrics,
         })
     }
 
-    fn endpoint(&self, args: &Args, stream: bool) -> Endpoint {
-        Endpoint {
-            addr: self.addr,
-            host: self.host.clone(),
-            path: self.path.clone(),
-            authorization: format!("Bearer {}", args.api_key),
-            body: load::chat_body(&args.model, stream, args.max_tokens, args.prompt_words),
-            stream,
+    /// Several instances, or several processes measured together.
+    fn is_pool(&self) -> bool {
+        self.instances.len() > 1 || self.pids.len() > 1
+    }
+
+    /// The pids as given: `42`, `42+43+7`, or `-`.
+    fn pids_text(&self) -> String {
+        if self.pids.is_empty() {
+            return "-".to_owned();
         }
+        let pids: Vec<String> = self.pids.iter().map(u32::to_string).collect();
+        pids.join("+")
+    }
+
+    /// CPU time used so far by the target's process trees together (None
+    /// without pids).
+    fn cpu(&self) -> Option<Duration> {
+        (!self.pids.is_empty()).then(|| procstat::trees_cpu(&self.pids))
+    }
+
+    /// One endpoint per instance.
+    fn endpoints(&self, args: &Args, stream: bool) -> Vec<Endpoint> {
+        let body = load::chat_body(&args.model, stream, args.max_tokens, args.prompt_words);
+        self.instances
+            .iter()
+            .map(|instance| Endpoint {
+                addr: instance.addr,
+                host: instance.host.clone(),
+                path: instance.path.clone(),
+                authorization: format!("Bearer {}", args.api_key),
+                body: body.clone(),
+                stream,
+            })
+            .collect()
     }
 }
 
@@ -335,10 +412,11 @@ fn round_rate(x: f64) -> f64 {
 
 /// The order of the targets in `round`: rotated by the round, reversed every
 /// other round, so that no target is always measured first or right after
-/// the same neighbour.
+/// the same neighbour. Two targets are only rotated: reversing the rotated
+/// pair would undo the rotation, and the first would always go first.
 fn order(count: usize, round: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..count).map(|i| (i + round) % count).collect();
-    if round % 2 == 1 {
+    if round % 2 == 1 && count > 2 {
         order.reverse();
     }
     order
@@ -411,27 +489,19 @@ impl Bench {
 
     async fn saturation(&self, target: usize, stream: bool) -> Measurement {
         let t = &self.targets[target];
-        let endpoint = t.endpoint(&self.args, stream);
+        let endpoints = t.endpoints(&self.args, stream);
         let concurrency = self.concurrency(target);
         let warmup = Duration::from_secs_f64((self.args.seconds / 4.0).clamp(0.2, 1.0));
-        load::saturate(&endpoint, concurrency, warmup).await;
+        load::saturate(&endpoints, concurrency, warmup).await;
         let cpu = |pid: Option<u32>| pid.map(procstat::tree_cpu);
-        let before = (
-            cpu(t.pid),
-            cpu(self.args.upstream_pid),
-            procstat::self_cpu(),
-        );
+        let before = (t.cpu(), cpu(self.args.upstream_pid), procstat::self_cpu());
         let throughput = load::saturate(
-            &endpoint,
+            &endpoints,
             concurrency,
             Duration::from_secs_f64(self.args.seconds),
         )
         .await;
-        let after = (
-            cpu(t.pid),
-            cpu(self.args.upstream_pid),
-            procstat::self_cpu(),
-        );
+        let after = (t.cpu(), cpu(self.args.upstream_pid), procstat::self_cpu());
         let per_request = |b: Option<Duration>, a: Option<Duration>| match (b, a) {
             (Some(b), Some(a)) => {
                 a.saturating_sub(b).as_secs_f64() * 1e6 / throughput.requests.max(1) as f64
@@ -450,13 +520,18 @@ impl Bench {
         }
     }
 
-    /// The target's overhead histogram now; None unless it is `metrics`.
+    /// The target's overhead histogram now, summed over its instances;
+    /// None unless it is `metrics` and every instance answers with one.
     async fn scrape(&self, target: usize) -> Option<overhead::Histogram> {
         let t = &self.targets[target];
         if !t.metrics {
             return None;
         }
-        overhead::scrape(t.addr, &t.host).await
+        let mut scrapes = Vec::with_capacity(t.instances.len());
+        for instance in &t.instances {
+            scrapes.push(overhead::scrape(instance.addr, &instance.host).await?);
+        }
+        overhead::Histogram::sum(&scrapes)
     }
 
     /// Runs one fixed-rate phase, with the target's own time per request
@@ -464,12 +539,12 @@ impl Bench {
     async fn latency_phase(
         &self,
         target: usize,
-        endpoint: &Endpoint,
+        endpoints: &[Endpoint],
         rate: f64,
         seconds: f64,
     ) -> (Latency, Option<Overhead>) {
         let before = self.scrape(target).await;
-        let latency = load::fixed_rate(endpoint, rate, Duration::from_secs_f64(seconds)).await;
+        let latency = load::fixed_rate(endpoints, rate, Duration::from_secs_f64(seconds)).await;
         let overhead = match before {
             Some(before) => self
                 .scrape(target)
@@ -530,31 +605,52 @@ impl Bench {
         for &(label, stream) in modes {
             let mut answers = Vec::new();
             for t in &self.targets {
-                let answer = load::wait_ready(&t.endpoint(&self.args, stream), timeout)
-                    .await
-                    .map_err(|e| format!("{} ({label}) at {}: {e}", t.name, t.url))?;
-                println!(
-                    "  check {label:<10} {:<22} {} B, {} events, {} text events, {} chars, completion_tokens {}, finish {}",
-                    t.name,
-                    answer.bytes,
-                    answer.events,
-                    answer.content_events,
-                    answer.content_chars,
-                    answer
-                        .completion_tokens
-                        .map_or("-".to_owned(), |n| n.to_string()),
-                    answer.finish_reason.as_deref().unwrap_or("-"),
-                );
-                answers.push(answer);
+                // Every instance of a pool is checked; the first one's answer
+                // stands for the pool in the results.
+                let mut first = None;
+                for (k, (instance, endpoint)) in t
+                    .instances
+                    .iter()
+                    .zip(t.endpoints(&self.args, stream))
+                    .enumerate()
+                {
+                    let answer = load::wait_ready(&endpoint, timeout)
+                        .await
+                        .map_err(|e| format!("{} ({label}) at {}: {e}", t.name, instance.url))?;
+                    let name = if t.instances.len() > 1 {
+                        format!("{}[{}]", t.name, k + 1)
+                    } else {
+                        t.name.clone()
+                    };
+                    println!(
+                        "  check {label:<10} {:<22} {} B, {} events, {} text events, {} chars, completion_tokens {}, finish {}",
+                        name,
+                        answer.bytes,
+                        answer.events,
+                        answer.content_events,
+                        answer.content_chars,
+                        answer
+                            .completion_tokens
+                            .map_or("-".to_owned(), |n| n.to_string()),
+                        answer.finish_reason.as_deref().unwrap_or("-"),
+                    );
+                    first.get_or_insert(answer);
+                }
+                answers.push(first.expect("a target has an instance"));
             }
             all.push(answers);
         }
-        for (i, t) in self.targets.iter().enumerate() {
-            if t.metrics && self.scrape(i).await.is_none() {
-                return Err(format!(
-                    "{}: no canarygate_proxy_overhead_seconds histogram at {}/metrics",
-                    t.name, t.host
-                ));
+        for t in self.targets.iter().filter(|t| t.metrics) {
+            for instance in &t.instances {
+                if overhead::scrape(instance.addr, &instance.host)
+                    .await
+                    .is_none()
+                {
+                    return Err(format!(
+                        "{}: no canarygate_proxy_overhead_seconds histogram at {}/metrics",
+                        t.name, instance.host
+                    ));
+                }
             }
         }
         Ok(all)
@@ -580,8 +676,8 @@ impl Bench {
                 "  {:<24} {} (pid {}, {} process(es) now)",
                 t.name,
                 t.url,
-                t.pid.map_or("-".to_owned(), |p| p.to_string()),
-                t.pid.map_or(0, procstat::tree_size),
+                t.pids_text(),
+                procstat::trees_size(&t.pids),
             );
         }
         // One unmeasured pass first: lazy initialisation (LiteLLM imports
@@ -593,7 +689,7 @@ impl Bench {
         );
         for &(_, stream) in &modes {
             for (i, t) in self.targets.iter().enumerate() {
-                load::saturate(&t.endpoint(args, stream), self.concurrency(i), warmup).await;
+                load::saturate(&t.endpoints(args, stream), self.concurrency(i), warmup).await;
             }
         }
         let has_slow = self.targets.iter().any(|t| t.slow);
@@ -660,9 +756,9 @@ impl Bench {
                 for &target in &order {
                     // Let the servers settle after saturation.
                     tokio::time::sleep(Duration::from_millis(200)).await;
-                    let endpoint = self.targets[target].endpoint(args, mode.stream);
+                    let endpoints = self.targets[target].endpoints(args, mode.stream);
                     (measured[target].latency, measured[target].overhead) = self
-                        .latency_phase(target, &endpoint, mode.rate, mode.latency_seconds)
+                        .latency_phase(target, &endpoints, mode.rate, mode.latency_seconds)
                         .await;
                     if mode.fast_rate > 0.0 && !self.targets[target].slow {
                         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -670,7 +766,7 @@ impl Bench {
                             measured[target].fast_latency,
                             measured[target].fast_overhead,
                         ) = self
-                            .latency_phase(target, &endpoint, mode.fast_rate, fast_seconds)
+                            .latency_phase(target, &endpoints, mode.fast_rate, fast_seconds)
                             .await;
                     }
                 }
@@ -907,9 +1003,20 @@ impl Bench {
             },
             "note": args.note,
             "machine": machine(),
-            "targets": self.targets.iter().enumerate().map(|(i, t)| json!({
-                "name": t.name, "url": t.url, "pid": t.pid, "concurrency": self.concurrency(i),
-            })).collect::<Vec<_>>(),
+            "targets": self.targets.iter().enumerate().map(|(i, t)| {
+                let pid = match t.pids[..] {
+                    [pid] => Some(pid),
+                    _ => None,
+                };
+                let mut target = json!({
+                    "name": t.name, "url": t.url, "pid": pid, "concurrency": self.concurrency(i),
+                });
+                if t.is_pool() {
+                    target["instances"] = json!(t.instances.iter().map(|i| &i.url).collect::<Vec<_>>());
+                    target["pids"] = json!(t.pids);
+                }
+                target
+            }).collect::<Vec<_>>(),
             "modes": runs.iter().map(|run| json!({
                 "mode": run.label,
                 "latency_rate": run.rate,
@@ -1025,21 +1132,75 @@ mod tests {
     fn targets_parse() {
         let t = Target::parse("nginx=http://127.0.0.1:8080/v1,pid=42,concurrency=8").unwrap();
         assert_eq!(t.name, "nginx");
-        assert_eq!(t.addr, "127.0.0.1:8080".parse().unwrap());
-        assert_eq!(t.path, "/v1/chat/completions");
-        assert_eq!(t.pid, Some(42));
+        assert_eq!(t.url, "http://127.0.0.1:8080/v1");
+        assert_eq!(t.instances.len(), 1);
+        assert_eq!(t.instances[0].addr, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(t.instances[0].host, "127.0.0.1:8080");
+        assert_eq!(t.instances[0].path, "/v1/chat/completions");
+        assert_eq!(t.pids, vec![42]);
+        assert_eq!(t.pids_text(), "42");
         assert_eq!(t.concurrency, Some(8));
-        assert!(!t.slow && !t.metrics);
+        assert!(!t.slow && !t.metrics && !t.is_pool());
         let t = Target::parse("cg=http://127.0.0.1:8081/v1,metrics,slow").unwrap();
         assert!(t.slow && t.metrics);
         let t = Target::parse("direct=http://127.0.0.1:9000/").unwrap();
-        assert_eq!(t.path, "/chat/completions");
-        assert_eq!(t.pid, None);
+        assert_eq!(t.instances[0].path, "/chat/completions");
+        assert!(t.pids.is_empty());
+        assert_eq!(t.pids_text(), "-");
+        assert_eq!(t.cpu(), None);
         let t = Target::parse("x=http://127.0.0.1:1/v1/chat/completions").unwrap();
-        assert_eq!(t.path, "/v1/chat/completions");
+        assert_eq!(t.instances[0].path, "/v1/chat/completions");
         assert!(Target::parse("https=https://127.0.0.1:1/v1").is_err());
         assert!(Target::parse("no-url").is_err());
         assert!(Target::parse("x=http://127.0.0.1:1/v1,cpu=3").is_err());
+        assert!(Target::parse("x=http://127.0.0.1:1/v1,pid=").is_err());
+        assert!(Target::parse("x=http://127.0.0.1:1/v1,pid=-4").is_err());
+    }
+
+    #[test]
+    fn pools_parse() {
+        let t = Target::parse(
+            "redis-pair=http://127.0.0.1:8081/v1|http://127.0.0.1:8082/v1,pid=11+12+7,metrics",
+        )
+        .unwrap();
+        assert_eq!(t.name, "redis-pair");
+        assert_eq!(t.url, "http://127.0.0.1:8081/v1|http://127.0.0.1:8082/v1");
+        let hosts: Vec<&str> = t.instances.iter().map(|i| i.host.as_str()).collect();
+        assert_eq!(hosts, ["127.0.0.1:8081", "127.0.0.1:8082"]);
+        assert_eq!(t.instances[1].url, "http://127.0.0.1:8082/v1");
+        assert!(t.instances.iter().all(|i| i.path == "/v1/chat/completions"));
+        assert_eq!(t.pids, vec![11, 12, 7]);
+        assert_eq!(t.pids_text(), "11+12+7");
+        assert!(t.metrics && t.is_pool());
+        // One endpoint per instance, in order, with the same request.
+        let args = Args::parse_from(["canarygate-bench", "--target", "x=http://127.0.0.1:1"]);
+        let endpoints = t.endpoints(&args, true);
+        assert_eq!(endpoints.len(), 2);
+        assert_eq!(endpoints[1].addr, "127.0.0.1:8082".parse().unwrap());
+        assert_eq!(endpoints[1].host, "127.0.0.1:8082");
+        assert_eq!(endpoints[0].body, endpoints[1].body);
+        // Instances may differ in their path; one pid may stand for a pool.
+        let t = Target::parse("p=http://127.0.0.1:1/v1|http://127.0.0.1:2/,pid=5").unwrap();
+        assert_eq!(t.instances[1].path, "/chat/completions");
+        assert!(t.is_pool());
+        // Several processes for one server are a pool too (of processes).
+        assert!(
+            Target::parse("q=http://127.0.0.1:1,pid=1+2")
+                .unwrap()
+                .is_pool()
+        );
+        for bad in [
+            "p=http://127.0.0.1:1/v1|",
+            "p=|http://127.0.0.1:1/v1",
+            "p=http://127.0.0.1:1/v1|https://127.0.0.1:2/v1",
+            "p=http://127.0.0.1:1/v1|http://127.0.0.1:1/v1",
+            "p=http://127.0.0.1:1/v1|http://127.0.0.1:1/",
+            "p=http://127.0.0.1:1/v1,pid=1+",
+            "p=http://127.0.0.1:1/v1,pid=1++2",
+            "p=http://127.0.0.1:1/v1,pid=1|2",
+        ] {
+            assert!(Target::parse(bad).is_err(), "{bad} parsed");
+        }
     }
 
     #[test]
@@ -1064,6 +1225,10 @@ mod tests {
             o.sort();
             assert_eq!(o, vec![0, 1, 2, 3, 4]);
         }
+        // Two targets take turns going first.
+        let firsts: Vec<usize> = (0..4).map(|round| order(2, round)[0]).collect();
+        assert_eq!(firsts, vec![0, 1, 0, 1]);
+        assert_eq!(order(1, 3), vec![0]);
     }
 
     #[test]

@@ -7,6 +7,12 @@
 //! phase gives the distribution of that phase's requests alone, free of the
 //! noise of the load generator and the upstream that end-to-end *added*
 //! latency carries.
+//!
+//! A pool of instances (one target behind several URLs) is read as one:
+//! every instance's histogram is scraped and their counts are added bucket
+//! by bucket ([`Histogram::sum`]), which is the histogram of all the pool's
+//! requests. Percentiles are taken from that sum, never averaged over
+//! instances.
 
 use std::net::SocketAddr;
 
@@ -51,6 +57,26 @@ impl Histogram {
             .zip(&earlier.buckets)
             .map(|(now, then)| (now.0 == then.0).then(|| (now.0, now.1.saturating_sub(then.1))))
             .collect::<Option<_>>()?;
+        Some(Self { buckets })
+    }
+
+    /// The histogram of every request observed by any of `histograms`
+    /// (scrapes of several instances at about the same moment): counts added
+    /// bucket by bucket. None when there are none, or their buckets differ.
+    pub fn sum(histograms: &[Self]) -> Option<Self> {
+        let (first, rest) = histograms.split_first()?;
+        let mut buckets = first.buckets.clone();
+        for other in rest {
+            if other.buckets.len() != buckets.len() {
+                return None;
+            }
+            for (total, bucket) in buckets.iter_mut().zip(&other.buckets) {
+                if total.0 != bucket.0 {
+                    return None;
+                }
+                total.1 += bucket.1;
+            }
+        }
         Some(Self { buckets })
     }
 
@@ -135,6 +161,35 @@ mod tests {
             Overhead::between(&before, &slower).unwrap().p99_us,
             10_000.0
         );
+    }
+
+    #[test]
+    fn a_pool_is_the_sum_of_its_instances() {
+        // Instance A: 10 fast requests in the phase; instance B: 90 in
+        // (100 µs, 1 ms] and 9 in (1, 10] ms, and 1 slower.
+        let before = [
+            Histogram::parse(&exposition([3, 3, 3, 3])).unwrap(),
+            Histogram::parse(&exposition([0, 7, 7, 7])).unwrap(),
+        ];
+        let after = [
+            Histogram::parse(&exposition([13, 13, 13, 13])).unwrap(),
+            Histogram::parse(&exposition([0, 97, 106, 107])).unwrap(),
+        ];
+        let pool = Overhead::between(
+            &Histogram::sum(&before).unwrap(),
+            &Histogram::sum(&after).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(pool.requests, 110);
+        // Rank 55 of 110 lies in (100 µs, 1 ms]; rank 109 in (1, 10] ms.
+        assert_eq!(pool.p50_us, 1000.0);
+        assert_eq!(pool.p99_us, 10_000.0);
+        // One instance alone is its own sum.
+        assert_eq!(Histogram::sum(&before[..1]).as_ref(), Some(&before[0]));
+        assert_eq!(Histogram::sum(&[]), None);
+        let other_bounds =
+            Histogram::parse(&exposition([1, 1, 1, 1]).replace("0.01", "0.02")).unwrap();
+        assert_eq!(Histogram::sum(&[before[0].clone(), other_bounds]), None);
     }
 
     #[test]

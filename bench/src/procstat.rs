@@ -67,12 +67,26 @@ fn scan() -> (HashMap<u32, Vec<u32>>, HashMap<u32, u64>) {
     (children, ticks)
 }
 
-/// The live processes of the tree rooted at `pid`, with their CPU ticks.
-fn tree(pid: u32) -> Vec<(u32, u64)> {
+/// The live processes of the trees rooted at `roots`, with their CPU ticks;
+/// each process once, even when one root lies in another's tree.
+fn trees(roots: &[u32]) -> Vec<(u32, u64)> {
     let (children, ticks) = scan();
+    walk(roots, &children, &ticks)
+}
+
+/// The processes of `roots`' trees in a scan (see [`trees`]).
+fn walk(
+    roots: &[u32],
+    children: &HashMap<u32, Vec<u32>>,
+    ticks: &HashMap<u32, u64>,
+) -> Vec<(u32, u64)> {
+    let mut seen = std::collections::HashSet::new();
     let mut found = Vec::new();
-    let mut pending = vec![pid];
+    let mut pending = roots.to_vec();
     while let Some(id) = pending.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
         if let Some(t) = ticks.get(&id) {
             found.push((id, *t));
         }
@@ -87,12 +101,18 @@ fn tree(pid: u32) -> Vec<(u32, u64)> {
 /// (nginx workers, uvicorn workers, ...). Time of descendants that already
 /// exited is not counted.
 pub fn tree_cpu(pid: u32) -> Duration {
-    ticks_to_duration(tree(pid).iter().map(|(_, t)| t).sum())
+    trees_cpu(&[pid])
 }
 
-/// Number of live processes in the tree of `pid` (0 when `pid` is gone).
-pub fn tree_size(pid: u32) -> usize {
-    tree(pid).len()
+/// [`tree_cpu`] of several processes together (the instances of a pool and
+/// the server they share), from one scan of `/proc`.
+pub fn trees_cpu(roots: &[u32]) -> Duration {
+    ticks_to_duration(trees(roots).iter().map(|(_, t)| t).sum())
+}
+
+/// Number of live processes in the trees of `roots` (0 when all are gone).
+pub fn trees_size(roots: &[u32]) -> usize {
+    trees(roots).len()
 }
 
 #[cfg(test)]
@@ -110,7 +130,7 @@ mod tests {
     #[test]
     fn own_tree_is_counted() {
         let pid = std::process::id();
-        assert!(tree_size(pid) >= 1);
+        assert!(trees_size(&[pid]) >= 1);
         // Burn a little CPU so the counter moves past zero.
         let start = std::time::Instant::now();
         let mut x = 0u64;
@@ -119,5 +139,32 @@ mod tests {
         }
         std::hint::black_box(x);
         assert!(tree_cpu(pid) >= self_cpu().saturating_sub(Duration::from_millis(20)));
+    }
+
+    #[test]
+    fn overlapping_trees_count_once() {
+        // 1 ─┬─ 2 ── 4
+        //    └─ 3
+        // 9 (alone)
+        let children = HashMap::from([(1, vec![2, 3]), (2, vec![4])]);
+        let ticks = HashMap::from([(1, 10), (2, 20), (3, 30), (4, 40), (9, 90)]);
+        let total =
+            |roots: &[u32]| -> u64 { walk(roots, &children, &ticks).iter().map(|p| p.1).sum() };
+        assert_eq!(total(&[1]), 100);
+        // A root inside another root's tree, or listed twice, counts once.
+        assert_eq!(total(&[1, 2]), 100);
+        assert_eq!(total(&[2, 2]), 60);
+        assert_eq!(total(&[2, 9]), 150);
+        // Processes that are gone count nothing.
+        assert_eq!(total(&[7]), 0);
+        assert_eq!(total(&[]), 0);
+    }
+
+    #[test]
+    fn several_live_trees_are_read_together() {
+        let me = std::process::id();
+        assert!(trees_size(&[me, u32::MAX]) >= 1);
+        assert_eq!(trees_size(&[u32::MAX]), 0);
+        assert_eq!(trees_cpu(&[]), Duration::ZERO);
     }
 }
