@@ -38,8 +38,19 @@ pub enum OnUnavailable {
     Degrade,
     /// Refuse the request before anything is sent upstream (503
     /// `canarygate_registry_unavailable`); an answer whose canary-shaped
-    /// spans cannot be looked up is withheld (502).
+    /// spans cannot be looked up fails `foreign_canary` (then `[verify]
+    /// action` decides: blocked with 502 by default, marked under `flag`).
     FailClosed,
+}
+
+impl OnUnavailable {
+    /// The name the policy writes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Degrade => "degrade",
+            Self::FailClosed => "fail-closed",
+        }
+    }
 }
 
 /// `[registry]`.
@@ -122,11 +133,16 @@ impl RegistryConfig {
         }
         match self.backend {
             RegistryBackend::Memory => {
-                if let Some(url) = &self.url {
+                if let Some(url) = [&self.url, &self.key_env, &self.password_env, &self.ca_file]
+                    .into_iter()
+                    .flatten()
+                    .next()
+                {
                     return Err((
                         Some(url.span()),
-                        "registry.url is set but registry.backend is \"memory\": \
-                         set backend = \"redis\" to share canaries, or remove the url"
+                        "registry.url, key_env, password_env and ca_file are for \
+                         backend = \"redis\", but registry.backend is \"memory\": set \
+                         backend = \"redis\" to share canaries, or remove them"
                             .into(),
                     ));
                 }
@@ -179,6 +195,11 @@ fn check_url(url: &Spanned<String>) -> Result<(), (Option<Range<usize>>, String)
              names (a policy file is no place for a secret)"
                 .into(),
         );
+    }
+    if rest.contains(['?', '#']) {
+        return error(format!(
+            "registry.url `{text}` has a query or fragment: give only redis[s]://host:port/db"
+        ));
     }
     if !matches!(scheme, "redis" | "rediss") {
         return error(format!(
@@ -288,7 +309,15 @@ provider = "sim"
                 "rediss://",
             ),
             ("url = \"redis://h\"", "backend is \"memory\""),
-            ("key_env = \"1KEY\"", "not an environment variable name"),
+            ("key_env = \"KEY\"", "backend is \"memory\""),
+            (
+                "backend = \"redis\"\nurl = \"rediss://h/#x\"\nkey_env = \"K\"",
+                "query or fragment",
+            ),
+            (
+                "backend = \"redis\"\nurl = \"redis://h\"\nkey_env = \"1KEY\"",
+                "not an environment variable name",
+            ),
             ("timeout_ms = 0", "registry.timeout_ms must be between 1"),
             (
                 "connect_timeout_ms = 600000",

@@ -1,6 +1,7 @@
 //! Client authentication and session identity.
 //!
-//! A session id is a keyed hash (HMAC-SHA256 with the per-install secret) of
+//! A session id is a keyed hash (HMAC-SHA256 with the per-install secret, or
+//! the deployment's registry key when instances share a registry) of
 //! the client's credential and the optional `x-canarygate-session` label. The
 //! credential itself is never stored or logged: only its keyed hash.
 

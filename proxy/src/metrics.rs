@@ -38,8 +38,8 @@ pub struct RegistryLabels {
     /// `register` (claiming a request's canaries) or `lookup` (resolving
     /// an answer's canary-shaped spans); for `registry_unavailable_requests`,
     /// what the request got: `degraded` (served, local-only detection),
-    /// `refused` (fail-closed, not sent) or `withheld` (fail-closed, its
-    /// answer's spans could not be looked up).
+    /// `refused` (fail-closed, not sent) or `failed` (fail-closed, its
+    /// answer's spans could not be looked up: `foreign_canary` failed).
     pub what: &'static str,
 }
 
@@ -74,7 +74,7 @@ pub struct Metrics {
     overhead_tokens: Family<TokenLabels, Counter>,
     registry_up: Gauge,
     registry_failures: Family<RegistryLabels, Counter>,
-    registry_degraded: Family<RegistryLabels, Counter>,
+    registry_unavailable_requests: Family<RegistryLabels, Counter>,
 }
 
 impl Metrics {
@@ -150,12 +150,12 @@ impl Metrics {
             "Round trips to the shared canary registry that failed or timed out, by what",
             registry_failures.clone(),
         );
-        let registry_degraded = Family::<RegistryLabels, Counter>::default();
+        let registry_unavailable_requests = Family::<RegistryLabels, Counter>::default();
         registry.register(
             "registry_unavailable_requests",
             "Requests that met an unavailable shared registry: served with local-only \
-             detection (degraded), refused before sending or their answer withheld (fail-closed)",
-            registry_degraded.clone(),
+             detection (degraded), refused before sending or failed for a lookup (fail-closed)",
+            registry_unavailable_requests.clone(),
         );
         Self {
             registry,
@@ -170,7 +170,7 @@ impl Metrics {
             overhead_tokens,
             registry_up,
             registry_failures,
-            registry_degraded,
+            registry_unavailable_requests,
         }
     }
 
@@ -187,9 +187,9 @@ impl Metrics {
     }
 
     /// Counts one request that met an unavailable shared registry:
-    /// `degraded`, `refused` or `withheld`.
+    /// `degraded`, `refused` or `failed`.
     pub fn registry_unavailable(&self, what: &'static str) {
-        self.registry_degraded
+        self.registry_unavailable_requests
             .get_or_create(&RegistryLabels { what })
             .inc();
     }

@@ -133,7 +133,8 @@ impl CanaryBook {
                 },
             );
         }
-        metrics.registry_up(true);
+        // Shared: down until the first heartbeat has checked it.
+        metrics.registry_up(shared.is_none());
         Ok(Arc::new(Self {
             memory,
             shared: shared.map(|(client, on_unavailable)| Shared {
@@ -257,8 +258,12 @@ impl CanaryBook {
                 );
                 self.metrics.registry_up(false);
                 self.metrics.registry_failure("lookup");
+                // Settled as unknown: looked up in memory only, counted once,
+                // not asked again on every event that still holds them.
+                let spans = unknown.len() as u64;
+                fetched.extend(unknown.into_iter().map(|canary| (canary, None)));
                 Some(Unresolved {
-                    spans: unknown.len() as u64,
+                    spans,
                     fail: shared.on_unavailable == OnUnavailable::FailClosed,
                 })
             }
@@ -278,7 +283,7 @@ impl CanaryBook {
     }
 
     /// Counts a request that met an unavailable shared registry, by what it
-    /// got: `degraded`, `refused` or `withheld`.
+    /// got: `degraded`, `refused` or `failed`.
     pub fn count_unavailable(&self, what: &'static str) {
         self.metrics.registry_unavailable(what);
     }
@@ -294,13 +299,42 @@ impl CanaryBook {
         self.shared.as_ref().map(|shared| shared.client.health())
     }
 
-    /// Asks the shared registry whether it is there (the background task's
-    /// heartbeat: it notices an outage, and a recovery, without traffic).
+    /// Checks the shared registry (the background task's heartbeat, and
+    /// once at start): notices an outage and its end without traffic. When
+    /// it comes back, or lost its data, this instance's live canaries are
+    /// claimed again before requests use it: canaries registered while it
+    /// was away (degraded) or lost with its data become recognisable to the
+    /// other instances again.
     pub async fn heartbeat(&self) {
-        if let Some(shared) = &self.shared {
-            let up = shared.client.ping().await.is_ok();
-            self.metrics.registry_up(up);
-        }
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        let client = &shared.client;
+        let up = match client.check().await {
+            Ok(checked) => {
+                let needs_reclaim = !client.health().up || checked.sentinel_was_missing;
+                let reclaimed = if needs_reclaim {
+                    let entries = self.memory.entries();
+                    let count = entries.len();
+                    let result = client.reclaim(&entries).await;
+                    if result.is_ok() && count > 0 {
+                        tracing::info!(
+                            canaries = count,
+                            "claimed this instance's live canaries again"
+                        );
+                    }
+                    result.is_ok()
+                } else {
+                    true
+                };
+                if reclaimed {
+                    client.mark_up();
+                }
+                reclaimed
+            }
+            Err(_) => false,
+        };
+        self.metrics.registry_up(up);
     }
 
     /// Drops the canaries expired at `now_ms` from this process's memory

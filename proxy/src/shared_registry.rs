@@ -7,8 +7,21 @@
 //! instances never hold the same live canary; lookups are one `MGET` per
 //! batch. Every round trip has the policy's deadline; the connection is
 //! made lazily and remade after any failure (redis-rs's connection
-//! manager), so a registry that comes back is used again without a restart.
-//! [`SharedRegistry::health`] says whether the last round trip worked.
+//! manager).
+//!
+//! **Health, and a breaker.** The registry is *down* from start until the
+//! first [`SharedRegistry::check`] passes, and again after any failed round
+//! trip; while it is down, requests' round trips fail at once instead of
+//! each waiting out the deadline, and only the background heartbeat asks
+//! the server (`check`, every second). `check` also keeps a sentinel key,
+//! `PREFIX` + `key-check`, holding a value derived one way from the
+//! deployment's key: another value there means an instance keyed
+//! differently (nothing it registers would be recognised here), and a
+//! sentinel gone missing means the server lost its data (a restart without
+//! persistence, a flush, a failover). Either way this instance's live
+//! canaries may be missing from the server, so the caller claims them again
+//! ([`SharedRegistry::reclaim`]) before marking the registry up
+//! ([`SharedRegistry::mark_up`]).
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,14 +46,26 @@ impl std::fmt::Display for Unavailable {
     }
 }
 
-/// Whether the shared registry answered its last round trip.
+/// Whether the shared registry is in use.
 #[derive(Debug, Clone)]
 pub struct Health {
-    /// The last round trip worked.
+    /// Checked and answering.
     pub up: bool,
-    /// Why the last failed one did, while down.
+    /// Why it is down (without secrets), while down.
     pub error: Option<String>,
 }
+
+/// What [`SharedRegistry::check`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checked {
+    /// The sentinel was missing: the server may have lost live canaries
+    /// (always true on the first check of a fresh server).
+    pub sentinel_was_missing: bool,
+}
+
+/// Keys per command of a batch (`MGET`, a reclaim's `SET`s): a hostile
+/// answer full of canary-shaped spans must not build one huge command.
+const BATCH_KEYS: usize = 512;
 
 /// A client of the shared registry, cheap to use from every request.
 pub struct SharedRegistry {
@@ -49,13 +74,21 @@ pub struct SharedRegistry {
     timeout: Duration,
     up: AtomicBool,
     error: Mutex<Option<String>>,
+    /// The sentinel's value: derived one way from the deployment's key.
+    key_check: String,
 }
 
 impl SharedRegistry {
     /// A client for `config.url` (authenticating with `password` when
     /// given, trusting `config.ca_file` when set). Connects on first use; an
-    /// invalid URL or an unreadable CA file is an error now.
-    pub fn new(config: &RegistryConfig, password: Option<String>) -> Result<Self, String> {
+    /// invalid URL or an unreadable CA file is an error now. `key_check` is
+    /// the sentinel's value: the same on every instance of a deployment,
+    /// and telling nothing of its key.
+    pub fn new(
+        config: &RegistryConfig,
+        password: Option<String>,
+        key_check: String,
+    ) -> Result<Self, String> {
         let url = config
             .url
             .as_ref()
@@ -100,8 +133,9 @@ impl SharedRegistry {
             connection,
             prefix: config.key_prefix.clone(),
             timeout,
-            up: AtomicBool::new(true),
-            error: Mutex::new(None),
+            up: AtomicBool::new(false),
+            error: Mutex::new(Some("not checked yet".to_owned())),
+            key_check,
         })
     }
 
@@ -129,17 +163,49 @@ impl SharedRegistry {
         Ok(replies.iter().map(Option::is_some).collect())
     }
 
+    /// Claims `entries` again (`SET … NX PX`, their remaining time), in
+    /// batches, whether or not the registry is marked up: after an outage or
+    /// a server that lost its data. Expired entries are skipped; keys held
+    /// already are left as they are.
+    pub async fn reclaim(&self, entries: &[(CanaryKey, Registration)]) -> Result<(), Unavailable> {
+        let now = now_ms();
+        let live: Vec<_> = entries
+            .iter()
+            .filter(|(_, registration)| registration.expires_at_ms > now)
+            .collect();
+        for batch in live.chunks(BATCH_KEYS) {
+            let mut pipeline = Pipeline::with_capacity(batch.len());
+            for (key, registration) in batch {
+                let value = serde_json::to_vec(registration)
+                    .map_err(|error| Unavailable(format!("encoding a registration: {error}")))?;
+                pipeline
+                    .cmd("SET")
+                    .arg(self.key(key))
+                    .arg(value)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(registration.expires_at_ms.saturating_sub(now).max(1))
+                    .ignore();
+            }
+            let () = self.round_trip(&pipeline).await?;
+        }
+        Ok(())
+    }
+
     /// The registrations of `keys`, in order (`None`: not live anywhere).
     pub async fn find(&self, keys: &[CanaryKey]) -> Result<Vec<Option<Registration>>, Unavailable> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let mut pipeline = Pipeline::with_capacity(1);
-        let command = pipeline.cmd("MGET");
-        for key in keys {
-            command.arg(self.key(key));
+        let mut pipeline = Pipeline::with_capacity(keys.len().div_ceil(BATCH_KEYS));
+        for batch in keys.chunks(BATCH_KEYS) {
+            let command = pipeline.cmd("MGET");
+            for key in batch {
+                command.arg(self.key(key));
+            }
         }
-        let (values,): (Vec<Option<Vec<u8>>>,) = self.run(&pipeline).await?;
+        let batches: Vec<Vec<Option<Vec<u8>>>> = self.run(&pipeline).await?;
+        let values: Vec<Option<Vec<u8>>> = batches.into_iter().flatten().collect();
         if values.len() != keys.len() {
             return Err(self.failed(format!(
                 "MGET of {} keys answered {} values",
@@ -153,10 +219,11 @@ impl SharedRegistry {
             .into_iter()
             .map(|value| {
                 value.map(|bytes| {
-                    serde_json::from_slice(&bytes).unwrap_or_else(|_| Registration {
-                        session: "unreadable".to_owned(),
-                        request: "unreadable".to_owned(),
-                        expires_at_ms: 0,
+                    serde_json::from_slice(&bytes).unwrap_or_else(|_| {
+                        tracing::warn!(
+                            "a live canary's registration in the registry is unreadable"
+                        );
+                        unreadable_registration()
                     })
                 })
             })
@@ -166,6 +233,9 @@ impl SharedRegistry {
     /// Drops `keys` (canaries minted but never sent). Best effort: they
     /// expire anyway.
     pub async fn release(&self, keys: &[CanaryKey]) {
+        if keys.is_empty() {
+            return;
+        }
         let mut pipeline = Pipeline::with_capacity(1);
         let command = pipeline.cmd("DEL");
         for key in keys {
@@ -174,15 +244,45 @@ impl SharedRegistry {
         let _: Result<(i64,), _> = self.run(&pipeline).await;
     }
 
-    /// One `PING`, to notice that the registry went away or came back.
-    pub async fn ping(&self) -> Result<(), Unavailable> {
-        let mut pipeline = Pipeline::with_capacity(1);
-        pipeline.cmd("PING");
-        let _: (String,) = self.run(&pipeline).await?;
-        Ok(())
+    /// Asks the server whatever the breaker says (the heartbeat): sets the
+    /// sentinel if it is missing and reads it back. A sentinel of another
+    /// key is an error (and marks the registry down).
+    pub async fn check(&self) -> Result<Checked, Unavailable> {
+        let sentinel = format!("{}key-check", self.prefix);
+        let mut pipeline = Pipeline::with_capacity(2);
+        pipeline
+            .cmd("SET")
+            .arg(&sentinel)
+            .arg(&self.key_check)
+            .arg("NX")
+            .cmd("GET")
+            .arg(&sentinel);
+        let (set, value): (Option<String>, Option<String>) = self.round_trip(&pipeline).await?;
+        if value.as_deref() != Some(self.key_check.as_str()) {
+            return Err(self.failed(
+                "the registry holds another deployment key's sentinel: an instance with a \
+                 different registry key (key_env) uses this server and prefix, so neither \
+                 recognises the other's canaries"
+                    .to_owned(),
+            ));
+        }
+        Ok(Checked {
+            sentinel_was_missing: set.is_some(),
+        })
     }
 
-    /// Whether the last round trip worked.
+    /// Marks the registry up: requests use it again.
+    pub fn mark_up(&self) {
+        if !self.up.swap(true, Ordering::Relaxed) {
+            tracing::info!("shared canary registry in use");
+        }
+        *self
+            .error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
+
+    /// Whether the registry is in use.
     pub fn health(&self) -> Health {
         let up = self.up.load(Ordering::Relaxed);
         Health {
@@ -202,16 +302,30 @@ impl SharedRegistry {
         format!("{}canary:{}", self.prefix, hex::encode(key.0))
     }
 
-    /// Runs `pipeline` within the deadline, recording the outcome.
+    /// A request's round trip: fails at once while the registry is down
+    /// (the heartbeat brings it back).
     async fn run<T: redis::FromRedisValue>(&self, pipeline: &Pipeline) -> Result<T, Unavailable> {
+        if !self.up.load(Ordering::Relaxed) {
+            let error = self
+                .error
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone()
+                .unwrap_or_else(|| "down".to_owned());
+            return Err(Unavailable(error));
+        }
+        self.round_trip(pipeline).await
+    }
+
+    /// Runs `pipeline` within the deadline; a failure marks the registry
+    /// down.
+    async fn round_trip<T: redis::FromRedisValue>(
+        &self,
+        pipeline: &Pipeline,
+    ) -> Result<T, Unavailable> {
         let mut connection = self.connection.clone();
         match tokio::time::timeout(self.timeout, pipeline.query_async::<T>(&mut connection)).await {
-            Ok(Ok(value)) => {
-                if !self.up.swap(true, Ordering::Relaxed) {
-                    tracing::info!("shared canary registry reachable again");
-                }
-                Ok(value)
-            }
+            Ok(Ok(value)) => Ok(value),
             // The client's errors name the server's address, never its
             // password.
             Ok(Err(error)) => Err(self.failed(error.to_string())),
@@ -222,15 +336,28 @@ impl SharedRegistry {
         }
     }
 
+    /// Marks the registry down for `detail`; logged when it goes down or
+    /// the reason changes (not once per failed heartbeat).
     fn failed(&self, detail: String) -> Unavailable {
         let was_up = self.up.swap(false, Ordering::Relaxed);
-        if was_up {
-            tracing::warn!("shared canary registry unavailable: {detail}");
-        }
-        *self
+        let mut error = self
             .error
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(detail.clone());
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if was_up || error.as_deref() != Some(detail.as_str()) {
+            tracing::warn!("shared canary registry unavailable: {detail}");
+        }
+        *error = Some(detail.clone());
         Unavailable(detail)
+    }
+}
+
+/// What a live canary whose stored registration cannot be read is taken
+/// for: a canary of some other request (never an unknown span).
+fn unreadable_registration() -> Registration {
+    Registration {
+        session: "unreadable".to_owned(),
+        request: "unreadable".to_owned(),
+        expires_at_ms: 0,
     }
 }

@@ -364,10 +364,61 @@ async fn instances_share_canaries_and_behave_as_configured_without_redis() {
         "{metrics}"
     );
 
-    // Redis back on the same port, empty: both recover by themselves.
+    // Neither secret reaches /healthz while it explains the outage.
+    for proxy in [&a, &b] {
+        let (_, body) = health(proxy).await;
+        let text = body.to_string();
+        assert!(
+            !text.contains(REDIS_PASSWORD) && !text.contains(REGISTRY_KEY),
+            "{text}"
+        );
+    }
+
+    // Redis back on the same port, empty: both recover by themselves, and A
+    // claims again the canaries it registered while Redis was away. The
+    // swapping sim's most recent request is A's from the outage: its
+    // canaries in B's answer are caught, naming that request.
     let _redis = Redis::start(port);
     wait_health(&a, "ok").await;
     wait_health(&b, "ok").await;
+    let (status, _, reclaimed_leak, body) = ask(&b, "swap", false).await;
+    assert_eq!(status, 502, "{body}");
+    let records_b = audit_export(&dir_b.data());
+    let evidence = foreign_evidence(record(&records_b, &reclaimed_leak));
+    assert_eq!(
+        evidence["hits"][0]["request"], unresolved_id,
+        "a canary registered during the outage is known to B once Redis is back: {evidence}"
+    );
+
+    // An instance keyed differently cannot use the registry, and says so.
+    let dir_c = ProxyDir::new();
+    let policy_c = policy(&dir_c, &honest.url, &swap.url, port, "degrade");
+    let other_key = "0f".repeat(32);
+    let c = Running::start(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--data",
+            dir_c.data().to_str().unwrap(),
+            "--config",
+            policy_c.to_str().unwrap(),
+        ],
+        &[
+            ("CANARYGATE_REGISTRY_KEY", other_key.as_str()),
+            ("CANARYGATE_REDIS_PASSWORD", REDIS_PASSWORD),
+        ],
+    );
+    wait_health(&c, "degraded").await;
+    let (_, body) = health(&c).await;
+    assert!(
+        body["registry"]["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("different registry key"),
+        "{body}"
+    );
+    drop(c);
     for proxy in [&a, &b] {
         let (status, verdict, _, body) = ask(proxy, "m", true).await;
         assert_eq!(
@@ -481,4 +532,24 @@ on_unavailable = "{on_unavailable}""#
         (200, "pass; registry_degraded"),
         "{body}"
     );
+
+    // Without ca_file, the private CA is not trusted: certificates are
+    // checked.
+    let untrusted_dir = ProxyDir::new();
+    let untrusted_registry = format!(
+        r#"backend = "redis"
+url = "rediss://localhost:{port}/0"
+on_unavailable = "degrade""#
+    );
+    let untrusted = start_instance(
+        &untrusted_dir,
+        &policy_with(
+            &untrusted_dir,
+            &honest.url,
+            &honest.url,
+            &untrusted_registry,
+        ),
+        "untrusted",
+    );
+    wait_health(&untrusted, "degraded").await;
 }

@@ -134,7 +134,11 @@ impl Server {
         let audit = open_audit_log(&options).await?;
         let metrics = Arc::new(Metrics::new());
         let (registry, session_secret) = open_registry(&options, &audit, &metrics)?;
+        // Checked once before serving, so a registry that answers is in use
+        // from the first request (and one that does not is reported).
+        registry.heartbeat().await;
         tasks::spawn_registry_sweeper(Arc::downgrade(&registry));
+        tasks::spawn_registry_heartbeat(Arc::downgrade(&registry));
         let local_config = options.policy.local.clone();
         let local = tokio::task::spawn_blocking(move || LocalEngine::start(&local_config))
             .await
@@ -292,11 +296,13 @@ fn open_registry(
             Some(var) => Some(read_env(var.get_ref())?),
             None => None,
         };
-        let client = SharedRegistry::new(config, password).map_err(StartError::Registry)?;
-        (
-            Secrets::from_master(key),
-            Some((client, config.on_unavailable)),
-        )
+        let secrets = Secrets::from_master(key);
+        // The sentinel's value: one way from the key, the same on every
+        // instance keyed alike.
+        let key_check = hex::encode(secrets.secret("registry-key-check"));
+        let client =
+            SharedRegistry::new(config, password, key_check).map_err(StartError::Registry)?;
+        (secrets, Some((client, config.on_unavailable)))
     } else {
         (audit.secrets().clone(), None)
     };

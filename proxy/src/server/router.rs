@@ -115,10 +115,6 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
         return axum::Json(json!({"status": "ok", "registry": {"backend": "memory"}}))
             .into_response();
     };
-    let on_unavailable = match config.on_unavailable {
-        OnUnavailable::Degrade => "degrade",
-        OnUnavailable::FailClosed => "fail-closed",
-    };
     let (status, code) = match (health.up, config.on_unavailable) {
         (true, _) => ("ok", axum::http::StatusCode::OK),
         (false, OnUnavailable::Degrade) => ("degraded", axum::http::StatusCode::OK),
@@ -131,7 +127,7 @@ async fn healthz(State(state): State<Arc<AppState>>) -> Response {
         "registry": {
             "backend": "redis",
             "up": health.up,
-            "on_unavailable": on_unavailable,
+            "on_unavailable": config.on_unavailable.name(),
             "error": health.error,
         },
     });

@@ -1,6 +1,7 @@
 //! What `serve` does besides answering requests: drop expired canaries,
-//! follow the probe results of its data directory and re-probe on schedule,
-//! and say at start which providers do not answer. Each task ends when the
+//! check the shared canary registry, follow the probe results of its data
+//! directory and re-probe on schedule, and say at start which providers do
+//! not answer. Each task ends when the
 //! server is gone (it holds only a weak reference).
 
 use std::collections::HashSet;
@@ -27,9 +28,7 @@ const STORE_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 const PROBE_RELOAD_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Drops expired canaries from memory every [`REGISTRY_PURGE_INTERVAL`] and
-/// from the store every [`STORE_SWEEP_INTERVAL`], and pings the shared
-/// registry (if any) every [`REGISTRY_PURGE_INTERVAL`], until the registry
-/// is gone.
+/// from the store every [`STORE_SWEEP_INTERVAL`], until the registry is gone.
 /// A purge removes only what expired since the last one (the registry keeps
 /// an expiry index), so each shard's lock is held for microseconds.
 pub fn spawn_registry_sweeper(registry: Weak<CanaryBook>) {
@@ -41,9 +40,6 @@ pub fn spawn_registry_sweeper(registry: Weak<CanaryBook>) {
             let Some(registry) = registry.upgrade() else {
                 return;
             };
-            // Notices an outage of the shared registry, and its end, without
-            // waiting for traffic (and keeps its connection warm).
-            registry.heartbeat().await;
             let now = now_ms();
             // Off the runtime's workers, like any lock-taking batch.
             let purging = Arc::clone(&registry);
@@ -54,6 +50,34 @@ pub fn spawn_registry_sweeper(registry: Weak<CanaryBook>) {
                     tracing::warn!("sweeping expired canaries from the audit store: {error}");
                 }
             }
+        }
+    });
+}
+
+/// How often `serve` checks its shared canary registry, if it has one.
+const REGISTRY_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Checks the shared registry every [`REGISTRY_HEARTBEAT_INTERVAL`]
+/// ([`CanaryBook::heartbeat`]: it notices an outage and its end without
+/// traffic, and claims this instance's canaries again when it comes back),
+/// until the registry is gone. A memory-only registry ends it at once.
+pub fn spawn_registry_heartbeat(registry: Weak<CanaryBook>) {
+    let Some(shared) = registry.upgrade().map(|registry| registry.is_shared()) else {
+        return;
+    };
+    if !shared {
+        return;
+    }
+    tokio::spawn(async move {
+        let mut ticks = tokio::time::interval(REGISTRY_HEARTBEAT_INTERVAL);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks.tick().await;
+        loop {
+            ticks.tick().await;
+            let Some(registry) = registry.upgrade() else {
+                return;
+            };
+            registry.heartbeat().await;
         }
     });
 }

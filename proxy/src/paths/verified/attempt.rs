@@ -55,7 +55,8 @@ impl Attempt {
     /// answer or one stream event) to the verifier, in order, and records
     /// the choices' finish reasons in `reasons`. `before_text` runs before
     /// each non-empty text is pushed and says whether to stop there (the
-    /// stream's time to first token). Returns the span of its part each field
+    /// stream's time to first token, measured by the caller when the event
+    /// arrived: the registry's round trip is canarygate's time). Returns the span of its part each field
     /// carried, in the order of the fields, and whether the verifier said to
     /// stop; after a stop, texts are no longer pushed. The canary-shaped
     /// spans the texts could decide are resolved first, in one round trip
@@ -99,6 +100,10 @@ impl Attempt {
     /// may span two fields of one event); an unreachable shared registry
     /// degrades the verdict, or fails it when the policy fails closed.
     async fn resolve(&mut self, book: &CanaryBook, choices: &[ChoiceView], value: &Value) {
+        if !book.is_shared() {
+            // This process's memory answers every lookup itself.
+            return;
+        }
         let mut texts: Vec<(u32, Part, Cow<'_, str>)> = Vec::new();
         for field in choices.iter().flat_map(|choice| &choice.texts) {
             let text = field.text(value);
@@ -123,7 +128,7 @@ impl Attempt {
         if let Some(unresolved) = book.resolve(&spans, &mut self.fetched).await {
             if !std::mem::replace(&mut self.lookups_degraded, true) {
                 book.count_unavailable(if unresolved.fail {
-                    "withheld"
+                    "failed"
                 } else {
                     "degraded"
                 });

@@ -256,7 +256,10 @@ impl<W: WireFormat> VerifiedStream<W> {
         if chunk.usage.is_some() {
             self.usage = chunk.usage;
         }
-        let (ttft_seen, sent_at) = (&mut self.ttft_seen, self.attempt.sent_at);
+        // When the event arrived: a registry lookup before it is pushed is
+        // canarygate's time, not the provider's.
+        let arrived_ms = elapsed_ms(self.attempt.sent_at);
+        let ttft_seen = &mut self.ttft_seen;
         let (spans, stop) = self
             .attempt
             .feed(
@@ -267,8 +270,7 @@ impl<W: WireFormat> VerifiedStream<W> {
                 |verifier| {
                     // The first generated text of any kind: reasoning models
                     // think before they answer.
-                    !std::mem::replace(ttft_seen, true)
-                        && verifier.observe_ttft(elapsed_ms(sent_at))
+                    !std::mem::replace(ttft_seen, true) && verifier.observe_ttft(arrived_ms)
                 },
             )
             .await;
