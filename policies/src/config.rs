@@ -15,7 +15,7 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::local_config::{LocalConfig, ProbeConfig};
-use crate::registry_config::RegistryConfig;
+use crate::registry_config::{RegistryConfig, check_env_name};
 use crate::verify_config::VerifyConfig;
 
 /// The preset used when no `--config` is given.
@@ -521,19 +521,7 @@ impl Policy {
             ));
         }
         if let Some(var) = &audit.encryption_key_env {
-            let name = var.get_ref();
-            if name.is_empty()
-                || name.starts_with(|c: char| c.is_ascii_digit())
-                || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
-            {
-                return Err((
-                    Some(var.span()),
-                    format!(
-                        "audit.encryption_key_env `{name}` is not an environment variable name \
-                         (letters, digits and _)"
-                    ),
-                ));
-            }
+            check_env_name("audit.encryption_key_env", var)?;
         }
         Ok(())
     }

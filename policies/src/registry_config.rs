@@ -214,7 +214,7 @@ fn check_url(url: &Spanned<String>) -> Result<(), (Option<Range<usize>>, String)
 
 /// An environment variable name: letters, digits and `_`, not starting with
 /// a digit.
-fn check_env_name(
+pub(crate) fn check_env_name(
     field: &str,
     var: &Spanned<String>,
 ) -> Result<(), (Option<Range<usize>>, String)> {

@@ -38,7 +38,9 @@ struct Redis {
 impl Redis {
     /// A plain-TCP server on `port`.
     fn start(port: u16) -> Self {
-        Self::start_with(port, &["--port", &port.to_string()], false)
+        let port_text = port.to_string();
+        let args = ["--port", &port_text, "--requirepass", REDIS_PASSWORD];
+        Self::start_with(port, &args, false)
     }
 
     /// A TLS-only server on `port` with the certificate and key given.
@@ -57,6 +59,8 @@ impl Redis {
             ca,
             "--tls-auth-clients",
             "no",
+            "--requirepass",
+            REDIS_PASSWORD,
         ];
         Self::start_with(port, &args, true)
     }
@@ -67,7 +71,6 @@ impl Redis {
             .unwrap_or_else(|| PathBuf::from("redis-server"));
         let child = Command::new(&program)
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(["--requirepass", REDIS_PASSWORD])
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -552,4 +555,68 @@ on_unavailable = "degrade""#
         "untrusted",
     );
     wait_health(&untrusted, "degraded").await;
+}
+
+/// A registry that takes claims but refuses lookups (an ACL without `MGET`):
+/// under `fail-closed`, an answer whose canary-shaped spans cannot be
+/// looked up fails `foreign_canary` and is blocked, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lookup_that_fails_fails_the_answer_closed() {
+    let port = free_port();
+    let port_text = port.to_string();
+    let acl = format!(">{REDIS_PASSWORD}");
+    // `--requirepass` is replaced by an ACL for the default user: every
+    // command but MGET.
+    let _redis = Redis::start_with(
+        port,
+        &[
+            "--port", &port_text, "--user", "default", "on", &acl, "~*", "+@all", "-mget",
+        ],
+        false,
+    );
+    let honest = start_sim(&[]);
+    let swap = start_sim(&["--mode", "swap"]);
+    let (dir_a, dir_b) = (ProxyDir::new(), ProxyDir::new());
+    let a = start_instance(
+        &dir_a,
+        &policy(&dir_a, &honest.url, &swap.url, port, "degrade"),
+        "a",
+    );
+    let b = start_instance(
+        &dir_b,
+        &policy(&dir_b, &honest.url, &swap.url, port, "fail-closed"),
+        "b",
+    );
+    wait_health(&a, "ok").await;
+    wait_health(&b, "ok").await;
+    let (_, _, minted_by_a, _) = ask(&a, "swap", false).await;
+    let (status, verdict, leaked, body) = ask(&b, "swap", false).await;
+    assert_eq!(status, 502, "{body}");
+    assert!(verdict.contains("foreign_canary"), "{verdict}");
+    assert!(verdict.ends_with("registry_degraded"), "{verdict}");
+    assert!(!body.contains(&minted_by_a), "{body}");
+    let records = audit_export(&dir_b.data());
+    let leaked = record(&records, &leaked);
+    let check = check(leaked, "foreign_canary");
+    assert_eq!(check["result"], "fail", "{check}");
+    assert!(
+        check["evidence"]["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("could not be looked up"),
+        "{check}"
+    );
+    assert_eq!(leaked["registry_degraded"], true, "{leaked}");
+    let metrics = client()
+        .get(format!("{}/metrics", b.url))
+        .send()
+        .await
+        .expect("metrics")
+        .text()
+        .await
+        .expect("metrics text");
+    assert!(
+        metrics.contains("canarygate_registry_unavailable_requests_total{what=\"failed\"} 1"),
+        "{metrics}"
+    );
 }
