@@ -82,6 +82,7 @@
 //! them. A real provider sends nothing like it; the proxy does not forward it.
 
 mod answer;
+mod conversation;
 mod delivery;
 mod error;
 mod hash;
@@ -92,6 +93,7 @@ pub mod prefix_cache;
 mod provider;
 mod request;
 mod store;
+mod surface;
 mod surfaces;
 pub mod tls;
 mod tools;

@@ -1,8 +1,8 @@
 //! The simulated provider's state, and the steps every surface shares.
 //!
 //! Each surface reads its request into a [`Turn`]: what is asked
-//! ([`Generation`]) and the conversations the model reads ([`Conversation`]:
-//! chat-shaped messages, one per prompt of a batch). [`SimProvider::run`]
+//! ([`crate::request::Generation`]) and the conversations the model reads
+//! ([`Conversation`]: chat-shaped messages, one per prompt of a batch). [`SimProvider::run`]
 //! then does what a provider does whatever the wire format: it picks the
 //! failure mode, checks the context window, admits the request against the
 //! rate limit, stalls when the mode says so, and decides what the model sees
@@ -17,294 +17,17 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::http::HeaderMap;
-use canarygate_policies::tokens::{
-    TOKENS_PER_MESSAGE, TOKENS_REPLY_PRIMING, content_text, count_chat_messages, count_text,
-};
 use serde_json::{Value, json};
 
+use crate::conversation::{CacheRule, Conversation, Turn, segments};
 use crate::error::{ErrorShape, SimError};
 use crate::headers::{ORGANIZATION, RateSnapshot, RateWindow};
-use crate::model::{Segment, tokenize_keeping_spaces};
-use crate::pool::{KvPool, Position, ReadBack, prompt_positions, text_positions};
+use crate::model::Segment;
+use crate::pool::{KvPool, Position, ReadBack};
 use crate::prefix_cache::PrefixCache;
-use crate::request::Generation;
 use crate::store::ResponseStore;
+use crate::surface::{RequestTag, Surface};
 use crate::{MODE_HEADER, Mode, RATE_LIMIT_AFTER_HEADER, SimConfig, UnknownMode};
-
-/// The wire format a request came in, and its answer goes out, in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Surface {
-    /// `POST /v1/chat/completions`.
-    Chat,
-    /// `POST /v1/responses` (OpenAI's Responses API).
-    Responses,
-    /// `POST /v1/messages` (Anthropic's Messages API).
-    Messages,
-    /// `POST /v1/completions` (OpenAI's legacy completions).
-    Completions,
-    /// `POST /v1/embeddings`.
-    Embeddings,
-}
-
-impl Surface {
-    /// Every surface, in the order of their stats.
-    pub const ALL: [Self; 5] = [
-        Self::Chat,
-        Self::Responses,
-        Self::Messages,
-        Self::Completions,
-        Self::Embeddings,
-    ];
-
-    /// The name in `/sim/stats`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Chat => "chat_completions",
-            Self::Responses => "responses",
-            Self::Messages => "messages",
-            Self::Completions => "completions",
-            Self::Embeddings => "embeddings",
-        }
-    }
-
-    fn index(self) -> usize {
-        self as usize
-    }
-
-    /// The id of the answer to request `number` on this surface (embeddings
-    /// have none on the wire; theirs names them in ground-truth headers).
-    pub fn answer_id(self, number: u64) -> String {
-        match self {
-            Self::Chat => format!("chatcmpl-sim-{number}"),
-            Self::Responses => format!("resp_sim{number:012}"),
-            Self::Messages => format!("msg_sim{number:012}"),
-            Self::Completions => format!("cmpl-sim-{number}"),
-            Self::Embeddings => format!("embd-sim-{number}"),
-        }
-    }
-
-    /// The error format of this surface.
-    pub fn error_shape(self) -> ErrorShape {
-        match self {
-            Self::Messages => ErrorShape::Anthropic,
-            _ => ErrorShape::OpenAi,
-        }
-    }
-
-    /// The 400 for a conversation of `prompt` tokens that, with `completion`
-    /// tokens to generate, does not fit a window of `window` tokens.
-    fn context_error(self, window: u64, prompt: u64, completion: u64) -> SimError {
-        let requested = prompt + completion;
-        let message = match self {
-            Self::Chat => format!(
-                "This model's maximum context length is {window} tokens. However, you \
-                 requested {requested} tokens ({prompt} in the messages, {completion} in the \
-                 completion). Please reduce the length of the messages or completion."
-            ),
-            Self::Responses => format!(
-                "Your input exceeds the context window of this model ({window} tokens): \
-                 {prompt} input tokens and {completion} for the output. Please adjust your \
-                 input and try again."
-            ),
-            Self::Messages => format!("prompt is too long: {requested} tokens > {window} maximum"),
-            Self::Completions | Self::Embeddings => format!(
-                "This model's maximum context length is {window} tokens, however you requested \
-                 {requested} tokens ({prompt} in your prompt; {completion} for the completion). \
-                 Please reduce your prompt; or completion length."
-            ),
-        };
-        let error = SimError::invalid_request(Some("context_length_exceeded"), message);
-        match self {
-            Self::Chat => error.with_param("messages"),
-            Self::Responses | Self::Embeddings => error.with_param("input"),
-            Self::Completions => error.with_param("prompt"),
-            Self::Messages => error,
-        }
-    }
-}
-
-/// A request's number and surface in one `u64` (number × 8 + surface), the
-/// writer id the KV pool keeps: ordered like the numbers, and enough to
-/// name the answer of whoever wrote a stale position.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub struct RequestTag(u64);
-
-impl RequestTag {
-    fn new(number: u64, surface: Surface) -> Self {
-        Self(number.saturating_mul(8) + surface.index() as u64)
-    }
-
-    fn from_writer(writer: u64) -> Self {
-        Self(writer)
-    }
-
-    /// The request's number (the `N` of its answer's id).
-    pub fn number(self) -> u64 {
-        self.0 / 8
-    }
-
-    fn surface(self) -> Surface {
-        Surface::ALL[(self.0 % 8) as usize % Surface::ALL.len()]
-    }
-
-    /// The id of this request's answer.
-    pub fn answer_id(self) -> String {
-        self.surface().answer_id(self.number())
-    }
-}
-
-/// How a conversation becomes prompt tokens.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Framing {
-    /// Chat messages: per-message framing and role, reply priming (OpenAI's
-    /// accounting, [`count_chat_messages`]).
-    Chat,
-    /// One raw text (legacy completions, embeddings): its tokens only.
-    Text,
-}
-
-/// Which prompt prefixes the provider caches.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum CacheRule {
-    /// Every long enough prefix, automatically (OpenAI's rules).
-    Automatic,
-    /// Only the prefixes ending at these breakpoints (Anthropic's
-    /// `cache_control`); what is not read is written up to the last one.
-    Breakpoints(Vec<Breakpoint>),
-    /// Nothing (embeddings).
-    Off,
-}
-
-/// Where a `cache_control` breakpoint ends a prefix: in message `message`
-/// (an index into [`Conversation::messages`]), after `within` tokens of
-/// its content, or after the whole message when `None`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Breakpoint {
-    pub message: usize,
-    pub within: Option<u64>,
-}
-
-/// One conversation the model reads: chat-shaped messages (`role`, text or
-/// part `content`, `tool_calls`), which every surface's request comes down
-/// to.
-#[derive(Debug, Clone)]
-pub struct Conversation {
-    pub messages: Vec<Value>,
-    pub framing: Framing,
-    pub cache: CacheRule,
-}
-
-impl Conversation {
-    /// Chat messages, cached automatically.
-    pub fn chat(messages: Vec<Value>) -> Self {
-        Self {
-            messages,
-            framing: Framing::Chat,
-            cache: CacheRule::Automatic,
-        }
-    }
-
-    /// One raw text prompt.
-    pub fn text(text: String, cache: CacheRule) -> Self {
-        Self {
-            messages: vec![json!({"role": "user", "content": text})],
-            framing: Framing::Text,
-            cache,
-        }
-    }
-
-    /// Its prompt tokens.
-    pub fn prompt_tokens(&self) -> u64 {
-        match self.framing {
-            Framing::Chat => count_chat_messages(&self.messages),
-            Framing::Text => self.messages.iter().map(|m| count_text(&text_of(m))).sum(),
-        }
-    }
-
-    fn positions(&self, messages: &[Value]) -> Vec<Position> {
-        match self.framing {
-            Framing::Chat => prompt_positions(messages),
-            Framing::Text => {
-                let text: Vec<String> = messages.iter().map(|m| text_of(m).into_owned()).collect();
-                text_positions(&text.concat())
-            }
-        }
-    }
-
-    /// What is left of it in a `truncate-*` mode: the first or last third
-    /// of its messages dropped (at least one, never all); a text loses a
-    /// third of its tokens instead. `None` when nothing can be dropped.
-    /// The second value is how many messages went from the head.
-    fn truncated(&self, head: bool) -> Option<(Vec<Value>, usize)> {
-        let messages = &self.messages;
-        if self.framing == Framing::Text {
-            let tokens = tokenize_keeping_spaces(&text_of(messages.first()?));
-            let drop = (tokens.len() / 3).max(1);
-            if tokens.len() < 2 {
-                return None;
-            }
-            let kept = if head {
-                tokens[drop..].concat().trim_start().to_owned()
-            } else {
-                tokens[..tokens.len() - drop].concat()
-            };
-            return Some((vec![json!({"role": "user", "content": kept})], 0));
-        }
-        let drop = (messages.len() / 3)
-            .max(1)
-            .min(messages.len().saturating_sub(1));
-        if drop == 0 {
-            return None;
-        }
-        Some(if head {
-            (messages[drop..].to_vec(), drop)
-        } else {
-            (messages[..messages.len() - drop].to_vec(), 0)
-        })
-    }
-
-    /// The prefix lengths, in tokens, of the breakpoints that fall in
-    /// `messages` (this conversation with `dropped` messages gone from its
-    /// head).
-    fn breakpoint_lengths(
-        breakpoints: &[Breakpoint],
-        messages: &[Value],
-        dropped: usize,
-    ) -> Vec<u64> {
-        breakpoints
-            .iter()
-            .filter_map(|breakpoint| {
-                let index = breakpoint.message.checked_sub(dropped)?;
-                let message = messages.get(index)?;
-                let before = count_chat_messages(&messages[..index]) - TOKENS_REPLY_PRIMING;
-                let whole =
-                    count_chat_messages(std::slice::from_ref(message)) - TOKENS_REPLY_PRIMING;
-                let role = message["role"].as_str().map_or(0, count_text);
-                Some(
-                    before
-                        + match breakpoint.within {
-                            Some(tokens) => (TOKENS_PER_MESSAGE + role + tokens).min(whole),
-                            None => whole,
-                        },
-                )
-            })
-            .collect()
-    }
-}
-
-/// The text of a chat-shaped message's content.
-fn text_of(message: &Value) -> std::borrow::Cow<'_, str> {
-    message.get("content").map(content_text).unwrap_or_default()
-}
-
-/// One request in the simulator's own terms, from whatever surface.
-#[derive(Debug, Clone)]
-pub struct Turn {
-    pub surface: Surface,
-    pub generation: Generation,
-    /// One per prompt (legacy completions and embeddings take several).
-    pub conversations: Vec<Conversation>,
-}
 
 /// Where the model's context came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -789,7 +512,7 @@ impl SimProvider {
         self.pool
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .run(tag.0, reserved, written)
+            .run(tag.writer(), reserved, written)
             .ok_or_else(|| SimError::internal("sim: the KV pool has too few free pages"))
     }
 
@@ -848,111 +571,10 @@ impl SimProvider {
     }
 }
 
-/// The messages of a conversation as the model would see them.
-fn segments(messages: &[Value]) -> Vec<Segment> {
-    messages
-        .iter()
-        .map(|message| Segment {
-            role: message["role"].as_str().unwrap_or("user").to_owned(),
-            text: text_of(message).into_owned(),
-        })
-        .collect()
-}
-
 fn delay(amount: f64, rate: f64) -> Duration {
     if rate > 0.0 {
         Duration::from_secs_f64(amount / rate)
     } else {
         Duration::ZERO
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tags_name_the_answer_of_each_surface() {
-        for surface in Surface::ALL {
-            let tag = RequestTag::new(41, surface);
-            assert_eq!(tag.number(), 41);
-            assert_eq!(tag.answer_id(), surface.answer_id(41));
-            assert!(
-                RequestTag::new(40, Surface::Embeddings) < tag,
-                "ordered by number"
-            );
-        }
-        assert_eq!(
-            RequestTag::new(7, Surface::Chat).answer_id(),
-            "chatcmpl-sim-7"
-        );
-        assert_eq!(
-            RequestTag::new(7, Surface::Messages).answer_id(),
-            "msg_sim000000000007"
-        );
-    }
-
-    #[test]
-    fn text_prompts_lose_a_third_of_their_tokens_when_truncated() {
-        let text = Conversation::text("one two three four five six".into(), CacheRule::Automatic);
-        assert_eq!(text.prompt_tokens(), 6);
-        let (head, _) = text.truncated(true).unwrap();
-        assert_eq!(head[0]["content"], "three four five six");
-        let (tail, _) = text.truncated(false).unwrap();
-        assert_eq!(tail[0]["content"], "one two three four");
-        assert!(
-            Conversation::text("one".into(), CacheRule::Off)
-                .truncated(true)
-                .is_none()
-        );
-        let chat = Conversation::chat(vec![json!({"role": "user", "content": "hi"})]);
-        assert!(chat.truncated(true).is_none(), "never all of it");
-    }
-
-    #[test]
-    fn breakpoints_end_where_their_block_ends() {
-        let messages = vec![
-            json!({"role": "system", "content": "alpha beta gamma"}),
-            json!({"role": "user", "content": "one two\nthree"}),
-        ];
-        let conversation = Conversation::chat(messages.clone());
-        let positions = conversation.positions(&messages);
-        // system: 3 framing + 1 role + 3 words; user: 3 + 1 + 3.
-        let lengths = Conversation::breakpoint_lengths(
-            &[
-                Breakpoint {
-                    message: 0,
-                    within: None,
-                },
-                Breakpoint {
-                    message: 1,
-                    within: Some(2),
-                },
-                Breakpoint {
-                    message: 1,
-                    within: None,
-                },
-            ],
-            &messages,
-            0,
-        );
-        assert_eq!(lengths, [7, 13, 14]);
-        assert_eq!(positions.len() as u64, 14 + TOKENS_REPLY_PRIMING);
-        // The head dropped: the system breakpoint is gone, the others move.
-        let lengths = Conversation::breakpoint_lengths(
-            &[
-                Breakpoint {
-                    message: 0,
-                    within: None,
-                },
-                Breakpoint {
-                    message: 1,
-                    within: None,
-                },
-            ],
-            &messages[1..],
-            1,
-        );
-        assert_eq!(lengths, [7]);
     }
 }

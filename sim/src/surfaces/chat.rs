@@ -9,11 +9,12 @@ use serde_json::json;
 
 use super::{Sim, begin, finish, openai_key};
 use crate::answer::{Answer, Compose};
+use crate::conversation::{Conversation, Turn};
 use crate::delivery::{Frames, Rendered, data_frame, deliver};
 use crate::error::{OVERLOADED_MESSAGE, SimError};
 use crate::headers::RateSnapshot;
-use crate::provider::{Conversation, Surface, Turn};
 use crate::request::ChatRequest;
+use crate::surface::Surface;
 
 /// The handler.
 pub async fn chat_completions(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {

@@ -20,12 +20,13 @@ use serde_json::{Map, Value, json};
 use super::chat::openai_stream_error;
 use super::{Sim, begin, finish, openai_key};
 use crate::answer::{Answer, Compose, SYSTEM_FINGERPRINT, alternatives};
+use crate::conversation::{CacheRule, Conversation, Turn};
 use crate::delivery::{Frames, Rendered, data_frame, deliver};
 use crate::error::SimError;
 use crate::headers::RateSnapshot;
 use crate::model::tokenize_keeping_spaces;
-use crate::provider::{CacheRule, Conversation, Surface, Turn};
 use crate::request::{Generation, MAX_N, StreamOptions, bounded, parse_json};
+use crate::surface::Surface;
 
 /// `max_tokens` when the request names none (OpenAI's API reference).
 pub const DEFAULT_MAX_TOKENS: u64 = 16;

@@ -21,13 +21,14 @@ use canarygate_policies::tokens::pieces;
 use serde_json::{Value, json};
 
 use super::{Sim, begin, finish, openai_key};
+use crate::conversation::{CacheRule, Conversation, Turn};
 use crate::delivery::{Rendered, deliver};
 use crate::error::SimError;
 use crate::hash;
 use crate::headers::RateSnapshot;
 use crate::model::Segment;
-use crate::provider::{CacheRule, Conversation, Surface, Turn};
 use crate::request::{Generation, bounded, parse_json};
+use crate::surface::Surface;
 
 /// The size of a vector when `dimensions` is not given.
 pub const NATIVE_DIMENSIONS: usize = 1536;

@@ -1,5 +1,5 @@
 //! The APIs the simulator speaks, one module each: each reads its request
-//! into a [`Turn`](crate::provider::Turn), lets the shared
+//! into a [`Turn`](crate::conversation::Turn), lets the shared
 //! [`SimProvider::run`](crate::provider::SimProvider::run) decide what the
 //! model sees, composes the answer ([`crate::answer`]) and renders it in its
 //! own wire format for [`crate::delivery`].
@@ -23,7 +23,8 @@ use axum::response::Response;
 
 use crate::error::{ErrorShape, SimError};
 use crate::headers::{self, RateSnapshot};
-use crate::provider::{SimProvider, Surface};
+use crate::provider::SimProvider;
+use crate::surface::Surface;
 
 /// One request being answered: when it came and its request-id number.
 pub struct Exchange {

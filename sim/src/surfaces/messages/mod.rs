@@ -31,10 +31,11 @@ use serde_json::json;
 
 use super::{Sim, begin, begin_uncounted, finish};
 use crate::answer::{Answer, Compose};
+use crate::conversation::{CacheRule, Conversation, Framing, Turn};
 use crate::delivery::{Rendered, deliver};
 use crate::error::SimError;
 use crate::headers::RateSnapshot;
-use crate::provider::{CacheRule, Conversation, Framing, Surface, Turn};
+use crate::surface::Surface;
 pub use render::Rendering;
 pub use request::MessagesRequest;
 

@@ -12,8 +12,8 @@
 
 use serde_json::{Value, json};
 
+use crate::conversation::Breakpoint;
 use crate::error::SimError;
-use crate::provider::Breakpoint;
 use crate::request::{CallChoice, FunctionSpec, Generation, Tooling};
 
 /// Smallest `thinking.budget_tokens` Anthropic accepts.

@@ -23,11 +23,12 @@ use serde_json::{Value, json};
 use super::{Sim, begin, begin_uncounted, finish, openai_key};
 use crate::Mode;
 use crate::answer::{Answer, Compose, Said};
+use crate::conversation::{Conversation, Turn};
 use crate::delivery::{Rendered, deliver};
 use crate::error::SimError;
 use crate::headers::RateSnapshot;
-use crate::provider::{Conversation, Surface, Turn};
 use crate::store::{Stored, Thread};
+use crate::surface::Surface;
 pub use render::Rendering;
 pub use request::ResponsesRequest;
 
