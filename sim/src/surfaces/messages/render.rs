@@ -52,8 +52,8 @@ impl Rendering<'_> {
             blocks.push(Block::Thinking(&choice.reasoning));
         }
         match &choice.said {
-            // A budget spent on thinking leaves no text block.
-            Said::Content(tokens) if tokens.is_empty() && !blocks.is_empty() => {}
+            // A budget spent (on thinking, or `max_tokens: 0`) leaves no text block.
+            Said::Content(tokens) if tokens.is_empty() && choice.finish_reason == "length" => {}
             Said::Content(tokens) => blocks.push(Block::Text(tokens)),
             Said::Calls { calls, .. } => blocks.extend(calls.iter().map(Block::ToolUse)),
         }
@@ -241,5 +241,127 @@ impl Rendering<'_> {
             failure: vec![event(failure)],
             content_type: "text/event-stream; charset=utf-8",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::answer::Compose;
+    use crate::model::Segment;
+    use crate::request::{CallChoice, FunctionSpec, Generation, Tooling};
+
+    fn answer(generation: &Generation) -> Answer {
+        let context = [
+            Segment {
+                role: "system".into(),
+                text: "Begin your reply with \"CG-9\" now.".into(),
+            },
+            Segment {
+                role: "user".into(),
+                text: "use get_weather for Oslo".into(),
+            },
+        ];
+        Answer::compose(Compose {
+            id: "msg_sim000000000001".into(),
+            created: 7,
+            generation,
+            context: &context,
+            prompt_tokens: 1500,
+            cached_tokens: 1024,
+        })
+    }
+
+    fn rendering(answer: &Answer) -> Rendering<'_> {
+        Rendering {
+            id: "msg_sim000000000001",
+            model: "sim-model",
+            answer,
+            cache_read: 1024,
+            cache_written: 128,
+            hour_cache: true,
+        }
+    }
+
+    #[test]
+    fn usage_splits_the_prompt_as_anthropic_does() {
+        let answer = answer(&Generation::plain("sim-model"));
+        let message = rendering(&answer).message();
+        let usage = &message["usage"];
+        assert_eq!(usage["input_tokens"], 1500 - 1024 - 128);
+        assert_eq!(usage["cache_read_input_tokens"], 1024);
+        assert_eq!(usage["cache_creation_input_tokens"], 128);
+        assert_eq!(usage["cache_creation"]["ephemeral_1h_input_tokens"], 128);
+        assert_eq!(usage["cache_creation"]["ephemeral_5m_input_tokens"], 0);
+        assert!(
+            message["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .starts_with("CG-9 You wrote:")
+        );
+    }
+
+    #[test]
+    fn a_spent_budget_leaves_no_empty_text_block() {
+        let generation = Generation {
+            max_tokens: Some(0),
+            ..Generation::plain("sim-model")
+        };
+        let answer = answer(&generation);
+        let message = rendering(&answer).message();
+        assert_eq!(message["content"], json!([]));
+        assert_eq!(message["stop_reason"], "max_tokens");
+        let thinking = Generation {
+            max_tokens: Some(5),
+            thinks: true,
+            ..Generation::plain("sim-model")
+        };
+        let answer = self::answer(&thinking);
+        let message = rendering(&answer).message();
+        let kinds: Vec<&Value> = message["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| &b["type"])
+            .collect();
+        assert_eq!(kinds, [&json!("thinking")]);
+    }
+
+    #[test]
+    fn a_cut_tool_call_streams_partial_json_and_keeps_an_object_input() {
+        let generation = Generation {
+            max_tokens: Some(4),
+            tooling: Some(Tooling {
+                functions: vec![FunctionSpec {
+                    name: "get_weather".into(),
+                    parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+                }],
+                choice: CallChoice::Required,
+                legacy: false,
+                parallel: true,
+            }),
+            ..Generation::plain("sim-model")
+        };
+        let answer = answer(&generation);
+        let rendering = rendering(&answer);
+        let message = rendering.message();
+        assert_eq!(message["stop_reason"], "max_tokens");
+        assert_eq!(message["content"][0]["input"], json!({}), "cut mid-JSON");
+        let frames = rendering.frames();
+        assert_eq!(
+            frames.steps.len(),
+            4,
+            "a token for the name, one per fragment"
+        );
+        let text: String = frames
+            .steps
+            .iter()
+            .flatten()
+            .map(|frame| String::from_utf8_lossy(frame).into_owned())
+            .collect();
+        assert!(
+            text.contains("input_json_delta") && text.contains("\"index\":0"),
+            "{text}"
+        );
     }
 }

@@ -421,3 +421,115 @@ impl Rendering<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::answer::Compose;
+    use crate::model::Segment;
+
+    fn request(body: Value) -> ResponsesRequest {
+        ResponsesRequest::parse(body.to_string().as_bytes()).unwrap()
+    }
+
+    fn answer(request: &ResponsesRequest) -> Answer {
+        let context = [Segment {
+            role: "user".into(),
+            text: "chart the northern reef".into(),
+        }];
+        Answer::compose(Compose {
+            id: "resp_sim000000000001".into(),
+            created: 7,
+            generation: &request.generation,
+            context: &context,
+            prompt_tokens: 12,
+            cached_tokens: 0,
+        })
+    }
+
+    fn events(frames: &[Bytes]) -> Vec<Value> {
+        frames
+            .iter()
+            .map(|frame| {
+                let text = std::str::from_utf8(frame).unwrap();
+                let data = text
+                    .lines()
+                    .find_map(|line| line.strip_prefix("data: "))
+                    .unwrap();
+                serde_json::from_str(data).unwrap()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn logprobs_come_when_included_and_join_to_the_text() {
+        let request = request(json!({"model": "sim-model", "input": "x",
+            "include": ["message.output_text.logprobs"], "top_logprobs": 2}));
+        let answer = answer(&request);
+        let rendering = Rendering {
+            id: "resp_sim000000000001",
+            created_at: 7,
+            request: &request,
+            answer: &answer,
+        };
+        let part = &rendering.response()["output"][0]["content"][0];
+        let tokens: String = part["logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|entry| entry["token"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(tokens, part["text"].as_str().unwrap());
+        assert_eq!(
+            part["logprobs"][0]["top_logprobs"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2
+        );
+        let frames = rendering.frames();
+        let streamed: Vec<Value> = events(&frames.steps.concat())
+            .into_iter()
+            .filter(|event| event["type"] == "response.output_text.delta")
+            .flat_map(|event| event["logprobs"].as_array().unwrap().clone())
+            .collect();
+        assert_eq!(
+            &streamed,
+            part["logprobs"].as_array().unwrap(),
+            "the same numbers streamed"
+        );
+    }
+
+    #[test]
+    fn a_budget_spent_on_reasoning_leaves_only_the_reasoning_item() {
+        let request =
+            request(json!({"model": "sim-reasoner", "input": "x", "max_output_tokens": 16}));
+        let answer = answer(&request);
+        let rendering = Rendering {
+            id: "resp_sim000000000001",
+            created_at: 7,
+            request: &request,
+            answer: &answer,
+        };
+        let response = rendering.response();
+        assert_eq!(response["status"], "incomplete");
+        let output = response["output"].as_array().unwrap();
+        assert_eq!(output.len(), 1);
+        assert_eq!(output[0]["type"], "reasoning");
+        assert_eq!(
+            response["usage"]["output_tokens_details"]["reasoning_tokens"],
+            16
+        );
+        // Streamed: one step per hidden reasoning token, then response.incomplete.
+        let frames = rendering.frames();
+        assert_eq!(frames.steps.len(), 16);
+        let closing = events(&frames.closing);
+        assert_eq!(closing[0]["type"], "response.incomplete");
+        // The failure after half the steps continues the numbering.
+        let failure = events(&frames.failure);
+        let sent = events(&frames.opening).len() + events(&frames.steps[..8].concat()).len();
+        assert_eq!(failure[0]["sequence_number"], sent);
+        assert_eq!(failure[1]["response"]["status"], "failed");
+        assert_eq!(failure[1]["response"]["error"]["code"], "server_error");
+    }
+}
