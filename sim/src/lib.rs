@@ -1,24 +1,61 @@
-//! canarygate-sim: the simulated provider, a real OpenAI-compatible HTTP
-//! server for tests, benchmarks and the demo. It knows nothing of the proxy:
-//! like a real provider it reads what the client sends and answers.
+//! canarygate-sim: the simulated provider, a real HTTP server speaking
+//! OpenAI's and Anthropic's APIs, for tests, benchmarks and the demo. It
+//! knows nothing of the proxy: like a real provider it reads what the client
+//! sends and answers.
 //!
-//! It serves `POST /v1/chat/completions` (streamed and not, with usage),
-//! `GET /v1/models` and `GET /sim/stats`. Its model ([`model`]) is
-//! deterministic. Timing follows `--prefill-tps` (first token after
-//! uncached prompt tokens / rate seconds) and `--decode-tps` (one token per
-//! 1 / rate seconds); both default to instant. Prompts over the context window
-//! get HTTP 400 `context_length_exceeded`, as real providers answer.
+//! # Surfaces
 //!
-//! Like real providers it caches prompt prefixes ([`prefix_cache`], OpenAI's
-//! rules by default: from 1024 tokens, in increments of 128): a prompt that
-//! starts like a recent one prefills only the rest, and its usage reports
-//! the cached part in `prompt_tokens_details.cached_tokens` (in whole answers
-//! and in a stream's usage chunk).
+//! | route | API | module |
+//! |---|---|---|
+//! | `POST /v1/chat/completions` | OpenAI Chat Completions | `surfaces/chat.rs`, `answer.rs` |
+//! | `POST /v1/responses`, `GET`/`DELETE /v1/responses/{id}` | OpenAI Responses | `surfaces/responses/` |
+//! | `POST /v1/messages`, `POST /v1/messages/count_tokens` | Anthropic Messages | `surfaces/messages/` |
+//! | `POST /v1/completions` | OpenAI legacy completions | `surfaces/completions.rs` |
+//! | `POST /v1/embeddings` | OpenAI embeddings | `surfaces/embeddings.rs` |
+//! | `GET /v1/models`, `GET /sim/stats` | model list, counters | here, `provider.rs` |
 //!
-//! # What its answers carry
+//! # How a request is answered
+//!
+//! The same way on every surface, so that every failure mode reaches every
+//! surface:
+//!
+//! 1. the surface parses its request (as its API validates it, errors in its
+//!    shape: OpenAI's `{"error": {...}}` or Anthropic's `{"type": "error"}`)
+//!    into a `Turn`: a `Generation` (what to generate: model, budget,
+//!    choices, tools, thinking) and one or more `Conversation`s of
+//!    chat-shaped messages (`conversation.rs`): Responses `instructions` and
+//!    Anthropic `system` become the system message, as the model reads them;
+//! 2. `SimProvider::run` (`provider.rs`) picks the mode, checks the context
+//!    window, admits the request against the rate limit, stalls, and decides
+//!    what the model sees in one place, `SimProvider::visible_contexts`,
+//!    reading it back from the paged KV pool all requests share ([`pool`])
+//!    and counting what the prefix cache ([`prefix_cache`]) holds;
+//! 3. `answer.rs` composes the answer from what the model sees with the
+//!    deterministic [`model`] (which obeys the echo instructions it finds
+//!    there, canaries included);
+//! 4. the surface renders it in its wire format, a body or stream frames
+//!    (pure code, apart from the handlers);
+//! 5. `delivery.rs` paces it and breaks it as the mode says; the
+//!    surface's provider headers (`headers.rs`) and the ground-truth headers
+//!    go on every response.
+//!
+//! Timing follows `--prefill-tps` (first token after uncached prompt tokens /
+//! rate seconds) and `--decode-tps` (one token per 1 / rate seconds); both
+//! default to instant. Prompts over the context window get HTTP 400
+//! `context_length_exceeded` (Anthropic: `prompt is too long`).
+//!
+//! Like real providers it caches prompt prefixes: OpenAI's surfaces by
+//! OpenAI's rules (automatically, from 1024 tokens, in increments of 128;
+//! `prompt_tokens_details.cached_tokens`, `input_tokens_details.cached_tokens`),
+//! Messages by Anthropic's (only at `cache_control` breakpoints;
+//! `cache_read_input_tokens` and `cache_creation_input_tokens`).
+//!
+//! # What chat answers carry
 //!
 //! Built in `answer.rs` from what the request asks (`request.rs` validates it
-//! as OpenAI does: a 400 `invalid_request_error` naming the `param`):
+//! as OpenAI does: a 400 `invalid_request_error` naming the `param`); the
+//! other surfaces render the same choices their own way (sim/README.md has a
+//! table per surface):
 //!
 //! - `n` (1..=128): that many choices, each from the same context (same
 //!   opening, own body); streamed, their chunks interleave, each with its
@@ -44,42 +81,46 @@
 //!   string (`stream_options.include_obfuscation: false` drops it) and, with
 //!   `include_usage`, `usage: null` until the usage chunk (`choices: []`).
 //!
-//! Every chat completion response (answers, errors, streams) carries the
-//! headers of `headers.rs`: `x-request-id`, `openai-processing-ms`,
+//! Every response of an OpenAI surface (answers, errors, streams) carries
+//! OpenAI's headers: `x-request-id`, `openai-processing-ms`,
 //! `openai-version`, `openai-organization`, `x-ratelimit-*` from a fixed
 //! window ([`RateLimitConfig`]; over it, 429 with `retry-after` and
-//! `retry-after-ms`) and a Cloudflare `__cf_bm` `set-cookie`. The test-only
-//! header [`RATE_LIMIT_AFTER_HEADER`] lowers the request limit for one request.
+//! `retry-after-ms`) and a Cloudflare `__cf_bm` `set-cookie`. Messages
+//! responses carry Anthropic's: `request-id`, `anthropic-organization-id`,
+//! `anthropic-ratelimit-*` (resets as RFC 3339 times), `retry-after` on a
+//! 429. The test-only header [`RATE_LIMIT_AFTER_HEADER`] lowers the request
+//! limit for one request.
 //!
 //! Failure modes ([`Mode`]) are chosen with `--mode` or, per request, with the
-//! test-only header `x-sim-mode`. What the model sees is decided in one place,
-//! `SimProvider::visible_context`, and what it sees is read from a paged KV
-//! pool shared by all requests ([`pool`]).
+//! test-only header `x-sim-mode`, on every surface alike.
 //!
 //! # The leak of SGLang issue #30233 (`leak-on-overflow`)
 //!
 //! Two capacities, as in the incident: the advertised context window
 //! (`context_window`) and the smaller prefill KV pool (`pool_tokens`). The
 //! shared KV pool the model reads from (the decode side) is sized for the
-//! window, and every request's prompt is written into it; freed pages keep
-//! their content. In `leak-on-overflow` a prompt over `pool_tokens` (but within
-//! the window) is "rejected" the way SGLang did it: the prompt is replaced by a
-//! one-token placeholder and the error is set aside, never answered. The
-//! decode side still reserves pages for the full prompt, prefill writes one
-//! position, and the model reads the whole reservation: the placeholder, then
-//! stale positions of earlier requests, most recent first. The reply obeys
-//! the stale canary instructions and restates another request's text, with
-//! HTTP 200, `usage.prompt_tokens: 1`, and no prefill delay. Other modes serve
+//! window, and every request's prompt is written into it, whatever its
+//! surface; freed pages keep their content. In `leak-on-overflow` a prompt
+//! over `pool_tokens` (but within the window) is "rejected" the way SGLang
+//! did it: the prompt is replaced by a one-token placeholder and the error is
+//! set aside, never answered. The decode side still reserves pages for the
+//! full prompt, prefill writes one position, and the model reads the whole
+//! reservation: the placeholder, then stale positions of earlier requests,
+//! most recent first. The reply obeys the stale canary instructions and
+//! restates another request's text, with HTTP 200, one prompt token reported
+//! (`prompt_tokens`, `input_tokens`), and no prefill delay. Other modes serve
 //! such a prompt correctly. Prompts over the advertised window get the same
 //! placeholder in this mode (the provider checks nothing), where every other
 //! mode answers HTTP 400.
 //!
 //! # Ground truth for tests and demos
 //!
-//! Each chat response carries [`CONTEXT_HEADER`] (`own`, `stale`, `swapped`,
-//! `truncated`) and, when the context came from other requests,
-//! [`CONTEXT_FROM_HEADER`] with their response ids. `GET /sim/stats` counts
-//! them. A real provider sends nothing like it; the proxy does not forward it.
+//! Each response, on every surface, carries [`CONTEXT_HEADER`] (`own`,
+//! `stale`, `swapped`, `truncated`) and, when the context came from other
+//! requests, [`CONTEXT_FROM_HEADER`] with the ids of their answers (on
+//! whatever surface they came). `GET /sim/stats` counts them, and the
+//! requests per surface. A real provider sends nothing like it; the proxy
+//! does not forward it.
 
 mod answer;
 mod conversation;
@@ -128,8 +169,9 @@ pub const RATE_LIMIT_AFTER_HEADER: &str = "x-sim-rate-limit-after";
 /// context) or `truncated` (part of its own). Ground truth for tests.
 pub const CONTEXT_HEADER: &str = "x-sim-context";
 
-/// Response header listing, comma-separated, the response ids of the other
-/// requests whose context this response was generated from.
+/// Response header listing, comma-separated, the answer ids of the other
+/// requests whose context this response was generated from (`chatcmpl-sim-N`,
+/// `resp_sim…`, `msg_sim…`, `cmpl-sim-N`, `embd-sim-N`).
 pub const CONTEXT_FROM_HEADER: &str = "x-sim-context-from";
 
 /// Prefill pool size per advertised context token in the incident:
@@ -142,8 +184,9 @@ pub enum Mode {
     /// Answers correctly.
     #[default]
     Honest,
-    /// Sends about half the answer, then closes the connection: no `[DONE]`
-    /// on a stream, a truncated body otherwise.
+    /// Sends about half the answer, then closes the connection: a stream
+    /// ends without its closing events (no `[DONE]`, no
+    /// `response.completed`, no `message_stop`), a whole body is truncated.
     Cut,
     /// Accepts the request and never sends the response head.
     StallFirstByte,
@@ -154,14 +197,18 @@ pub enum Mode {
     /// HTTP 200 and `prompt_tokens: 1` (see the module docs).
     LeakOnOverflow,
     /// Silently drops the first third of the messages (at least one, never
-    /// all): the head canary message is lost. Usage reports the tokens kept.
+    /// all): the head canary message is lost. A raw text prompt (legacy
+    /// completions, embeddings) loses the first third of its tokens instead.
+    /// Usage reports the tokens kept.
     TruncateHead,
     /// Silently drops the last third of the messages (at least one, never
-    /// all): the tail canary message is lost. Usage reports the tokens kept.
+    /// all), or of a raw text prompt's tokens: the tail canary is lost.
+    /// Usage reports the tokens kept.
     TruncateTail,
     /// Answers from the most recent other request's context (its canaries,
-    /// its text), reporting this request's own usage. The very first request
-    /// has nobody to swap with and is answered honestly.
+    /// its text), whatever surface it came in on, reporting this request's
+    /// own usage. The very first request has nobody to swap with and is
+    /// answered honestly.
     Swap,
     /// Refuses every request with 429 `rate_limit_exceeded`, `retry-after: 1`,
     /// `retry-after-ms: 1000` and `x-ratelimit-remaining-*: 0` (Anthropic's

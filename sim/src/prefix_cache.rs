@@ -137,7 +137,7 @@ pub struct PrefixCache {
 }
 
 /// The hashes of a prompt's cacheable prefixes, computed before taking the
-/// cache's lock ([`PrefixCache::hashes`]).
+/// cache's lock ([`PrefixCacheConfig::hashes`], [`PrefixCacheConfig::hashes_at`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrefixHashes {
     /// (prefix length in tokens, hash), shortest first.
