@@ -199,7 +199,9 @@ impl SimProvider {
         let completion = turn.generation.max_tokens.unwrap_or(0);
         // leak-on-overflow never checks what it can hold, its window included.
         if mode != Mode::LeakOnOverflow
-            && let Some(prompt) = prompts.iter().find(|prompt| **prompt + completion > window)
+            && let Some(prompt) = prompts
+                .iter()
+                .find(|prompt| prompt.saturating_add(completion) > window)
         {
             return Err(turn.surface.context_error(window, *prompt, completion));
         }
@@ -207,7 +209,10 @@ impl SimProvider {
             return Err(SimError::overloaded());
         }
         let choices = turn.generation.choices.max(1) as u64 * prompts.len() as u64;
-        let tokens = prompts.iter().sum::<u64>() + completion.saturating_mul(choices);
+        let tokens = prompts
+            .iter()
+            .sum::<u64>()
+            .saturating_add(completion.saturating_mul(choices));
         self.admit(headers, mode, turn.surface, tokens, rate)?;
         if mode == Mode::StallFirstByte {
             std::future::pending::<()>().await;

@@ -67,7 +67,7 @@ impl Surface {
     /// The 400 for a conversation of `prompt` tokens that, with `completion`
     /// tokens to generate, does not fit a window of `window` tokens.
     pub fn context_error(self, window: u64, prompt: u64, completion: u64) -> SimError {
-        let requested = prompt + completion;
+        let requested = prompt.saturating_add(completion);
         let message = match self {
             Self::Chat => format!(
                 "This model's maximum context length is {window} tokens. However, you \

@@ -67,6 +67,12 @@ async fn chat_answers_streams_and_breaks_as_before() {
     assert_eq!(chunks.last().unwrap()["error"]["message"], "Overloaded");
     assert!(chunks.len() > 3 && !broken.text.contains("[DONE]"));
 
+    let mut huge = request(&canaried, false);
+    huge["max_tokens"] = json!(u64::MAX);
+    let huge = post(sim, PATH, Auth::OpenAi, &huge, None).await;
+    assert_eq!(huge.status, 400);
+    assert_eq!(huge.json()["error"]["code"], "context_length_exceeded");
+
     let models: Value = client()
         .get(format!("{}/v1/models", sim.url))
         .send()

@@ -111,6 +111,13 @@ impl ResponsesRequest {
                 ));
             }
         };
+        if input.is_empty() && body.previous_response_id.is_none() {
+            return Err(SimError::invalid_request(
+                Some("empty_array"),
+                "Invalid 'input': empty array. Expected an array with minimum length 1.",
+            )
+            .with_param("input"));
+        }
         let max_output_tokens = bounded(
             body.max_output_tokens.as_ref(),
             "max_output_tokens",
@@ -385,6 +392,7 @@ mod tests {
         for (body, param) in [
             (json!({"model": "m"}), "input"),
             (json!({"model": "m", "input": 3}), "input"),
+            (json!({"model": "m", "input": []}), "input"),
             (
                 json!({"model": "m", "input": [{"role": "robot", "content": "x"}]}),
                 "input",
