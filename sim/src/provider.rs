@@ -19,12 +19,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::http::HeaderMap;
 use serde_json::{Value, json};
 
+use crate::answer::{Answer, Compose};
 use crate::conversation::{CacheRule, Conversation, Turn, segments};
 use crate::error::{ErrorShape, SimError};
 use crate::headers::{ORGANIZATION, RateSnapshot, RateWindow};
 use crate::model::Segment;
 use crate::pool::{KvPool, Position, ReadBack};
 use crate::prefix_cache::PrefixCache;
+use crate::request::Generation;
 use crate::store::ResponseStore;
 use crate::surface::{RequestTag, Surface};
 use crate::{MODE_HEADER, Mode, RATE_LIMIT_AFTER_HEADER, SimConfig, UnknownMode};
@@ -73,6 +75,24 @@ pub struct Run {
 }
 
 impl Run {
+    /// The answer to each conversation of the turn, from what the model
+    /// sees of it, as `generation` asks.
+    pub fn answers(&self, generation: &Generation) -> Vec<Answer> {
+        self.views
+            .iter()
+            .map(|view| {
+                Answer::compose(Compose {
+                    id: self.id.clone(),
+                    created: self.created,
+                    generation,
+                    context: &view.context,
+                    prompt_tokens: view.prompt_tokens,
+                    cached_tokens: view.cached_tokens,
+                })
+            })
+            .collect()
+    }
+
     /// The ground truth of [`crate::CONTEXT_HEADER`] and the ids of
     /// [`crate::CONTEXT_FROM_HEADER`], over every conversation.
     pub fn context_label(&self) -> (&'static str, Vec<String>) {

@@ -8,7 +8,7 @@ use axum::response::Response;
 use serde_json::json;
 
 use super::{Sim, begin, finish, openai_key};
-use crate::answer::{Answer, Compose};
+use crate::answer::Answer;
 use crate::conversation::{Conversation, Turn};
 use crate::delivery::{Frames, Rendered, data_frame, deliver};
 use crate::error::{OVERLOADED_MESSAGE, SimError};
@@ -18,10 +18,9 @@ use crate::surface::Surface;
 
 /// The handler.
 pub async fn chat_completions(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
-    let exchange = begin(&sim, Surface::Chat);
-    let mut rate = None;
-    let result = serve(&sim, &headers, &body, &mut rate).await;
-    finish(&sim, exchange, result, rate)
+    let mut exchange = begin(&sim, Surface::Chat);
+    let result = serve(&sim, &headers, &body, &mut exchange.rate).await;
+    finish(&sim, exchange, result)
 }
 
 async fn serve(
@@ -38,15 +37,7 @@ async fn serve(
         conversations: vec![Conversation::chat(request.messages)],
     };
     let run = sim.run(headers, &turn, rate).await?;
-    let view = &run.views[0];
-    let answer = Answer::compose(Compose {
-        id: run.id.clone(),
-        created: run.created,
-        generation: &turn.generation,
-        context: &view.context,
-        prompt_tokens: view.prompt_tokens,
-        cached_tokens: view.cached_tokens,
-    });
+    let answer = run.answers(&turn.generation).remove(0);
     let rendered = if turn.generation.stream {
         Rendered::Stream(frames(&answer))
     } else {

@@ -19,7 +19,7 @@ use serde_json::{Map, Value, json};
 
 use super::chat::openai_stream_error;
 use super::{Sim, begin, finish, openai_key};
-use crate::answer::{Answer, Compose, SYSTEM_FINGERPRINT, alternatives};
+use crate::answer::{Answer, SYSTEM_FINGERPRINT, alternatives};
 use crate::conversation::{CacheRule, Conversation, Turn};
 use crate::delivery::{Frames, Rendered, data_frame, deliver};
 use crate::error::SimError;
@@ -36,10 +36,9 @@ pub const MAX_LOGPROBS: u64 = 5;
 
 /// The handler.
 pub async fn create(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
-    let exchange = begin(&sim, Surface::Completions);
-    let mut rate = None;
-    let result = serve(&sim, &headers, &body, &mut rate).await;
-    finish(&sim, exchange, result, rate)
+    let mut exchange = begin(&sim, Surface::Completions);
+    let result = serve(&sim, &headers, &body, &mut exchange.rate).await;
+    finish(&sim, exchange, result)
 }
 
 async fn serve(
@@ -60,20 +59,7 @@ async fn serve(
             .collect(),
     };
     let run = sim.run(headers, &turn, rate).await?;
-    let answers: Vec<Answer> = run
-        .views
-        .iter()
-        .map(|view| {
-            Answer::compose(Compose {
-                id: run.id.clone(),
-                created: run.created,
-                generation: &turn.generation,
-                context: &view.context,
-                prompt_tokens: view.prompt_tokens,
-                cached_tokens: view.cached_tokens,
-            })
-        })
-        .collect();
+    let answers = run.answers(&turn.generation);
     let completion = Completion {
         id: &run.id,
         created: run.created,
@@ -406,6 +392,7 @@ fn legacy_logprobs(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::answer::Compose;
     use crate::model::Segment;
 
     fn request(fields: Value) -> CompletionsRequest {

@@ -41,10 +41,9 @@ pub const MAX_INPUT_TOKENS: u64 = 8192;
 
 /// The handler.
 pub async fn create(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
-    let exchange = begin(&sim, Surface::Embeddings);
-    let mut rate = None;
-    let result = serve(&sim, &headers, &body, &mut rate).await;
-    finish(&sim, exchange, result, rate)
+    let mut exchange = begin(&sim, Surface::Embeddings);
+    let result = serve(&sim, &headers, &body, &mut exchange.rate).await;
+    finish(&sim, exchange, result)
 }
 
 async fn serve(

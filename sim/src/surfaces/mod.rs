@@ -26,11 +26,13 @@ use crate::headers::{self, RateSnapshot};
 use crate::provider::SimProvider;
 use crate::surface::Surface;
 
-/// One request being answered: when it came and its request-id number.
+/// One request being answered: when it came, its request-id number, and
+/// what the rate limit reported when it was admitted.
 pub struct Exchange {
     surface: Surface,
     started: Instant,
     number: u64,
+    pub rate: Option<RateSnapshot>,
 }
 
 /// Counts a generation request of `surface` as it arrives.
@@ -39,6 +41,7 @@ pub fn begin(sim: &SimProvider, surface: Surface) -> Exchange {
         surface,
         started: Instant::now(),
         number: sim.arrive(surface),
+        rate: None,
     }
 }
 
@@ -50,17 +53,17 @@ pub fn begin_uncounted(sim: &SimProvider, surface: Surface) -> Exchange {
         started: Instant::now(),
         // Numbered apart from generation requests, for unique request ids.
         number: u64::MAX / 2 + sim.stats.lookups.fetch_add(1, Ordering::Relaxed),
+        rate: None,
     }
 }
 
 /// The response to `exchange`: `result`, or its error in the surface's
-/// shape, with the provider's headers (`rate` as admitted, else the
+/// shape, with the provider's headers (the rate limit as admitted, else the
 /// window as it stands).
 pub fn finish(
     sim: &SimProvider,
     exchange: Exchange,
     result: Result<Response, SimError>,
-    rate: Option<RateSnapshot>,
 ) -> Response {
     let shape = exchange.surface.error_shape();
     let request_id = match shape {
@@ -81,7 +84,7 @@ pub fn finish(
             error.render(shape, &request_id)
         }
     };
-    let rate = rate.unwrap_or_else(|| {
+    let rate = exchange.rate.unwrap_or_else(|| {
         sim.rate
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

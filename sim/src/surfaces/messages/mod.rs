@@ -30,7 +30,6 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 use super::{Sim, begin, begin_uncounted, finish};
-use crate::answer::{Answer, Compose};
 use crate::conversation::{CacheRule, Conversation, Framing, Turn};
 use crate::delivery::{Rendered, deliver};
 use crate::error::SimError;
@@ -41,10 +40,9 @@ pub use request::MessagesRequest;
 
 /// `POST /v1/messages`.
 pub async fn create(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
-    let exchange = begin(&sim, Surface::Messages);
-    let mut rate = None;
-    let result = serve(&sim, &headers, &body, &mut rate).await;
-    finish(&sim, exchange, result, rate)
+    let mut exchange = begin(&sim, Surface::Messages);
+    let result = serve(&sim, &headers, &body, &mut exchange.rate).await;
+    finish(&sim, exchange, result)
 }
 
 /// `POST /v1/messages/count_tokens`: `{"input_tokens": N}`.
@@ -56,7 +54,7 @@ pub async fn count_tokens(State(sim): State<Sim>, headers: HeaderMap, body: Byte
             let tokens = conversation(&request).prompt_tokens();
             Json(json!({"input_tokens": tokens})).into_response()
         });
-    finish(&sim, exchange, result, None)
+    finish(&sim, exchange, result)
 }
 
 /// Checks the key and `anthropic-version`.
@@ -113,14 +111,7 @@ async fn serve(
     };
     let run = sim.run(headers, &turn, rate).await?;
     let view = &run.views[0];
-    let answer = Answer::compose(Compose {
-        id: run.id.clone(),
-        created: run.created,
-        generation: &turn.generation,
-        context: &view.context,
-        prompt_tokens: view.prompt_tokens,
-        cached_tokens: view.cached_tokens,
-    });
+    let answer = run.answers(&turn.generation).remove(0);
     let rendering = Rendering {
         id: &run.id,
         model: &turn.generation.model,

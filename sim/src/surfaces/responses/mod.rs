@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use super::{Sim, begin, begin_uncounted, finish, openai_key};
 use crate::Mode;
-use crate::answer::{Answer, Compose, Said};
+use crate::answer::{Answer, Said};
 use crate::conversation::{Conversation, Turn};
 use crate::delivery::{Rendered, deliver};
 use crate::error::SimError;
@@ -34,10 +34,9 @@ pub use request::ResponsesRequest;
 
 /// `POST /v1/responses`.
 pub async fn create(State(sim): State<Sim>, headers: HeaderMap, body: Bytes) -> Response {
-    let exchange = begin(&sim, Surface::Responses);
-    let mut rate = None;
-    let result = serve(&sim, &headers, &body, &mut rate).await;
-    finish(&sim, exchange, result, rate)
+    let mut exchange = begin(&sim, Surface::Responses);
+    let result = serve(&sim, &headers, &body, &mut exchange.rate).await;
+    finish(&sim, exchange, result)
 }
 
 /// `GET /v1/responses/{id}`: the stored response.
@@ -52,7 +51,7 @@ pub async fn retrieve(
         let stored = store.get(&id).ok_or_else(|| not_found(&id))?;
         Ok(Json(stored.body.clone()).into_response())
     });
-    finish(&sim, exchange, result, None)
+    finish(&sim, exchange, result)
 }
 
 /// `DELETE /v1/responses/{id}`: forgets the stored response.
@@ -73,7 +72,7 @@ pub async fn delete(
         }
         Ok(Json(json!({"id": id, "object": "response.deleted", "deleted": true})).into_response())
     });
-    finish(&sim, exchange, result, None)
+    finish(&sim, exchange, result)
 }
 
 fn not_found(id: &str) -> SimError {
@@ -119,15 +118,7 @@ async fn serve(
         conversations: vec![Conversation::chat(messages)],
     };
     let run = sim.run(headers, &turn, rate).await?;
-    let view = &run.views[0];
-    let answer = Answer::compose(Compose {
-        id: run.id.clone(),
-        created: run.created,
-        generation: &turn.generation,
-        context: &view.context,
-        prompt_tokens: view.prompt_tokens,
-        cached_tokens: view.cached_tokens,
-    });
+    let answer = run.answers(&turn.generation).remove(0);
     let rendering = Rendering {
         id: &run.id,
         created_at: run.created,
