@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 
 use crate::hash;
 use crate::model::{Segment, generate_choice, last_user_text, subject, think};
-use crate::request::SimRequest;
+use crate::request::Generation;
 use crate::tools;
 
 /// The reasoning model whose thinking comes in `reasoning_content`, as
@@ -45,6 +45,11 @@ enum ReasoningField {
     Reasoning,
 }
 
+/// Whether `model` is one of the reasoning models (they think first).
+pub fn is_reasoner(model: &str) -> bool {
+    ReasoningField::of(model).is_some()
+}
+
 impl ReasoningField {
     fn of(model: &str) -> Option<Self> {
         match model {
@@ -72,23 +77,25 @@ impl ReasoningField {
 
 /// One function call of a choice.
 #[derive(Debug, Clone, PartialEq)]
-struct Call {
-    id: String,
-    name: String,
+pub struct Call {
+    /// `call_` and 24 characters.
+    pub id: String,
+    pub name: String,
     /// The arguments' JSON text, in the fragments a stream sends (a token
     /// each); concatenated they are the arguments.
-    fragments: Vec<String>,
+    pub fragments: Vec<String>,
 }
 
 impl Call {
-    fn arguments(&self) -> String {
+    /// The arguments' JSON text (cut mid-JSON when the budget ran out).
+    pub fn arguments(&self) -> String {
         self.fragments.concat()
     }
 }
 
 /// What a choice says after its reasoning.
 #[derive(Debug, Clone, PartialEq)]
-enum Said {
+pub enum Said {
     Content(Vec<String>),
     /// `tool_calls`, or with `legacy` one `function_call`.
     Calls {
@@ -99,14 +106,17 @@ enum Said {
 
 /// One choice.
 #[derive(Debug, Clone, PartialEq)]
-struct Choice {
-    reasoning: Vec<String>,
-    said: Said,
-    finish_reason: &'static str,
+pub struct Choice {
+    /// The reasoning tokens (empty unless the model thinks).
+    pub reasoning: Vec<String>,
+    pub said: Said,
+    /// `stop`, `length`, `tool_calls` or `function_call`.
+    pub finish_reason: &'static str,
 }
 
 impl Choice {
-    fn completion_tokens(&self) -> usize {
+    /// Reasoning, content and call tokens.
+    pub fn completion_tokens(&self) -> usize {
         self.reasoning.len()
             + match &self.said {
                 Said::Content(tokens) => tokens.len(),
@@ -116,7 +126,8 @@ impl Choice {
             }
     }
 
-    fn content(&self) -> Option<String> {
+    /// The content text; `None` for calls.
+    pub fn content(&self) -> Option<String> {
         match &self.said {
             Said::Content(tokens) => Some(tokens.concat()),
             Said::Calls { .. } => None,
@@ -137,6 +148,10 @@ pub struct Answer {
     obfuscation: bool,
     include_usage: bool,
     pub usage: Value,
+    /// Prompt tokens reported (all of them, cached ones included).
+    pub prompt_tokens: u64,
+    /// Of those, tokens served from the prefix cache.
+    pub cached_tokens: u64,
 }
 
 /// The chunks of a stream, in the order they are sent.
@@ -156,7 +171,7 @@ pub struct StreamPlan {
 pub struct Compose<'a> {
     pub id: String,
     pub created: u64,
-    pub request: &'a SimRequest,
+    pub generation: &'a Generation,
     /// What the model sees.
     pub context: &'a [Segment],
     pub prompt_tokens: u64,
@@ -166,7 +181,7 @@ pub struct Compose<'a> {
 impl Answer {
     /// Generates every choice of the answer to `compose.request`.
     pub fn compose(compose: Compose<'_>) -> Self {
-        let request = compose.request;
+        let request = compose.generation;
         let context = compose.context;
         let reasoning_field = ReasoningField::of(&request.model);
         let user_text = last_user_text(context);
@@ -176,12 +191,13 @@ impl Answer {
             .map(|tooling| (tools::calls(tooling, user_text), tooling.legacy))
             .unwrap_or_default();
         let called_names: Vec<&str> = called.iter().map(|spec| spec.name.as_str()).collect();
-        let max = request.max_tokens();
+        let max = request.max_tokens;
         let choices = (0..request.choices.max(1))
             .map(|index| {
-                let mut reasoning = match reasoning_field {
-                    Some(_) => think(context, &called_names),
-                    None => Vec::new(),
+                let mut reasoning = if request.thinks {
+                    think(context, &called_names)
+                } else {
+                    Vec::new()
                 };
                 // Reasoning is spent from the same budget as the answer.
                 let budget = max.map(|max| usize::try_from(max).unwrap_or(usize::MAX));
@@ -282,11 +298,31 @@ impl Answer {
             model: request.model.clone(),
             reasoning_field,
             choices,
-            top_logprobs: request.top_logprobs_wanted,
-            obfuscation: request.include_obfuscation(),
-            include_usage: request.include_usage(),
+            top_logprobs: request.top_logprobs,
+            obfuscation: request.include_obfuscation,
+            include_usage: request.include_usage,
             usage,
+            prompt_tokens: compose.prompt_tokens,
+            cached_tokens: compose.cached_tokens,
         }
+    }
+
+    /// The choices, in order.
+    pub fn choices(&self) -> &[Choice] {
+        &self.choices
+    }
+
+    /// Completion tokens of all choices (reasoning included).
+    pub fn completion_tokens(&self) -> u64 {
+        self.choices
+            .iter()
+            .map(|c| c.completion_tokens() as u64)
+            .sum()
+    }
+
+    /// Reasoning tokens of all choices.
+    pub fn reasoning_tokens(&self) -> u64 {
+        self.choices.iter().map(|c| c.reasoning.len() as u64).sum()
     }
 
     /// Decode steps of the longest choice: what pacing a whole answer takes.
@@ -499,30 +535,43 @@ impl Answer {
 /// `{"content": [...], "refusal": null}` for `tokens`, the first at
 /// `position` of its choice's content, with `top` alternatives each.
 fn logprobs(tokens: &[String], position: usize, top: usize) -> Value {
-    let content: Vec<Value> = tokens
+    json!({"content": logprob_entries(tokens, position, top), "refusal": null})
+}
+
+/// The `{"token", "logprob", "bytes", "top_logprobs"}` entries of `tokens`
+/// (Chat Completions and Responses both send them), the first at `position`.
+pub fn logprob_entries(tokens: &[String], position: usize, top: usize) -> Vec<Value> {
+    tokens
         .iter()
         .enumerate()
         .map(|(offset, token)| {
-            let logprob = token_logprob(token, position + offset);
-            let alternatives: Vec<Value> = std::iter::once((token.as_str(), logprob))
-                .chain(
-                    ALTERNATIVES
-                        .iter()
-                        .filter(|alternative| **alternative != token.as_str())
-                        .enumerate()
-                        .map(|(rank, alternative)| {
-                            (*alternative, logprob - 0.75 - rank as f64 * 0.5)
-                        }),
-                )
-                .take(top)
+            let (logprob, alternatives) = alternatives(token, position + offset, top);
+            let alternatives: Vec<Value> = alternatives
+                .into_iter()
                 .map(|(token, logprob)| entry(token, logprob))
                 .collect();
             let mut entry = entry(token, logprob);
             entry["top_logprobs"] = json!(alternatives);
             entry
         })
+        .collect()
+}
+
+/// The log probability of `token` at `position`, and its `top` most likely
+/// alternatives, the token itself first, each with its log probability.
+pub fn alternatives(token: &str, position: usize, top: usize) -> (f64, Vec<(&str, f64)>) {
+    let logprob = token_logprob(token, position);
+    let alternatives = std::iter::once((token, logprob))
+        .chain(
+            ALTERNATIVES
+                .iter()
+                .filter(|alternative| **alternative != token)
+                .enumerate()
+                .map(|(rank, alternative)| (*alternative, logprob - 0.75 - rank as f64 * 0.5)),
+        )
+        .take(top)
         .collect();
-    json!({"content": content, "refusal": null})
+    (logprob, alternatives)
 }
 
 fn entry(token: &str, logprob: f64) -> Value {
@@ -552,6 +601,7 @@ fn fragments(arguments: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::request::ChatRequest;
 
     const USER: &str = "Use get_weather for the harbour of Tromsø";
 
@@ -575,11 +625,13 @@ mod tests {
         for (key, value) in fields.as_object().unwrap() {
             body[key] = value.clone();
         }
-        let request = SimRequest::parse(body.to_string().as_bytes()).expect("valid request");
+        let request = ChatRequest::parse(body.to_string().as_bytes())
+            .expect("valid request")
+            .generation;
         Answer::compose(Compose {
             id: "chatcmpl-sim-1".into(),
             created: 7,
-            request: &request,
+            generation: &request,
             context: &context(),
             prompt_tokens: 20,
             cached_tokens: 0,
@@ -999,7 +1051,9 @@ mod tests {
         for (key, value) in fields.as_object().unwrap() {
             body[key] = value.clone();
         }
-        let request = SimRequest::parse(body.to_string().as_bytes()).unwrap();
+        let request = ChatRequest::parse(body.to_string().as_bytes())
+            .unwrap()
+            .generation;
         let context = [Segment {
             role: "user".into(),
             text: user.into(),
@@ -1007,7 +1061,7 @@ mod tests {
         Answer::compose(Compose {
             id: "chatcmpl-sim-2".into(),
             created: 7,
-            request: &request,
+            generation: &request,
             context: &context,
             prompt_tokens: 10,
             cached_tokens: 0,

@@ -1,11 +1,27 @@
-//! The simulated provider's errors, in OpenAI's wire format:
-//! `{"error":{"message","type","param","code"}}`, as real providers send them.
+//! The simulated provider's errors, in the wire format of the surface that
+//! answers them: OpenAI's `{"error":{"message","type","param","code"}}` or
+//! Anthropic's `{"type":"error","error":{"type","message"},"request_id"}`.
+//!
+//! An error is made once, with OpenAI's status and type; Anthropic's shape
+//! maps the status to its own type (Anthropic, "Errors": 400
+//! `invalid_request_error`, 401 `authentication_error`, 403
+//! `permission_error`, 404 `not_found_error`, 413 `request_too_large`, 429
+//! `rate_limit_error`, 500 `api_error`, 529 `overloaded_error`), and an
+//! overloaded provider answers 503 on OpenAI's surfaces and 529 on
+//! Anthropic's.
 
 use std::time::Duration;
 
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
+
+/// Which provider's error format a response is written in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorShape {
+    OpenAi,
+    Anthropic,
+}
 
 /// An error answered by the simulated provider.
 #[derive(Debug, Clone)]
@@ -45,6 +61,37 @@ impl SimError {
         }
     }
 
+    /// 503 on OpenAI's surfaces, 529 `overloaded_error` on Anthropic's: the
+    /// provider has no capacity for the request now.
+    pub fn overloaded() -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            kind: "server_error",
+            code: None,
+            param: None,
+            message: OVERLOADED_MESSAGE.to_owned(),
+            retry_after: None,
+        }
+    }
+
+    /// 404: no such object (a stored response, a route).
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self {
+            status: StatusCode::NOT_FOUND,
+            ..Self::invalid_request(None, message)
+        }
+    }
+
+    /// True for [`SimError::overloaded`].
+    pub fn is_overloaded(&self) -> bool {
+        self.status == StatusCode::SERVICE_UNAVAILABLE
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
     /// The HTTP status.
     pub fn status(&self) -> u16 {
         self.status.as_u16()
@@ -80,6 +127,61 @@ impl SimError {
         Self {
             param: Some(param),
             ..self
+        }
+    }
+}
+
+/// The message of an overloaded provider's errors.
+pub const OVERLOADED_MESSAGE: &str = "Overloaded";
+
+/// Anthropic's status and error type for an error of OpenAI status `status`.
+fn anthropic_type(status: StatusCode) -> (StatusCode, &'static str) {
+    match status.as_u16() {
+        400 => (status, "invalid_request_error"),
+        401 => (status, "authentication_error"),
+        403 => (status, "permission_error"),
+        404 => (status, "not_found_error"),
+        413 => (status, "request_too_large"),
+        429 => (status, "rate_limit_error"),
+        503 => (
+            StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
+            "overloaded_error",
+        ),
+        _ => (status, "api_error"),
+    }
+}
+
+impl SimError {
+    /// Anthropic's error type of this error.
+    pub fn anthropic_type(&self) -> &'static str {
+        anthropic_type(self.status).1
+    }
+
+    /// The response in `shape`; Anthropic's body carries `request_id`.
+    pub fn render(self, shape: ErrorShape, request_id: &str) -> Response {
+        match shape {
+            ErrorShape::OpenAi => self.into_response(),
+            ErrorShape::Anthropic => {
+                let (status, kind) = anthropic_type(self.status);
+                let body = json!({
+                    "type": "error",
+                    "error": {"type": kind, "message": self.message},
+                    "request_id": request_id,
+                });
+                let mut response = (status, body.to_string()).into_response();
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                if let Some(retry) = self.retry_after {
+                    // Anthropic sends whole seconds only.
+                    response.headers_mut().insert(
+                        header::RETRY_AFTER,
+                        HeaderValue::from(retry.as_millis().div_ceil(1000) as u64),
+                    );
+                }
+                response
+            }
         }
     }
 }

@@ -1,17 +1,22 @@
-//! The headers real providers send on every chat completion response, and
-//! the rate limit they report.
+//! The headers real providers send on every response, and the rate limit
+//! they report.
 //!
 //! OpenAI sends `x-request-id`, `openai-processing-ms`, `openai-version`,
 //! `openai-organization` and `x-ratelimit-{limit,remaining,reset}-{requests,tokens}`
 //! (resets as durations like `6m0s`, `1.5s`, `20ms`); Cloudflare in front of
 //! it adds a `__cf_bm` bot-management cookie, which a proxy must not pass on.
 //!
+//! Anthropic sends `request-id` (`req_011C...`), `anthropic-organization-id`
+//! and `anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}`
+//! (resets as RFC 3339 times); the simulator has one token budget, which
+//! the three token families all report.
+//!
 //! The rate limit is a fixed window ([`RateLimitConfig`]): requests and
 //! tokens (prompt plus `max_tokens` per choice, as OpenAI estimates them)
 //! admitted since the window opened. A request over either limit is refused
 //! with 429 and not counted.
 
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -22,6 +27,9 @@ pub const OPENAI_VERSION: &str = "2020-10-01";
 
 /// `openai-organization` of every response.
 pub const ORGANIZATION: &str = "sim-org";
+
+/// `anthropic-organization-id` of every Messages response.
+pub const ANTHROPIC_ORGANIZATION_ID: &str = "5a1e0000-0000-4000-8000-00000000051e";
 
 /// Limits per window.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -205,6 +213,90 @@ pub fn insert(
     );
 }
 
+/// A fresh Anthropic `request-id`: `req_011C` and 20 characters, unique
+/// per `number` and process start.
+pub fn anthropic_request_id(number: u64, started_nanos: u128) -> String {
+    let seed = hash::of(&[
+        &number.to_le_bytes(),
+        &started_nanos.to_le_bytes(),
+        b"anthropic",
+    ]);
+    format!("req_011C{}", hash::alphanumeric(seed, 20))
+}
+
+/// Inserts Anthropic's headers of one response, its resets counted from `now`.
+pub fn insert_anthropic(
+    headers: &mut HeaderMap,
+    request_id: &str,
+    rate: &RateSnapshot,
+    now: SystemTime,
+) {
+    let mut put = |name: String, value: String| {
+        if let (Ok(name), Ok(value)) = (HeaderName::try_from(name), HeaderValue::from_str(&value)) {
+            headers.insert(name, value);
+        }
+    };
+    put("request-id".into(), request_id.to_owned());
+    put(
+        "anthropic-organization-id".into(),
+        ANTHROPIC_ORGANIZATION_ID.to_owned(),
+    );
+    let reset = rfc3339(now + rate.reset);
+    let families = [
+        ("requests", rate.limit_requests, rate.remaining_requests),
+        ("tokens", rate.limit_tokens, rate.remaining_tokens),
+        ("input-tokens", rate.limit_tokens, rate.remaining_tokens),
+        ("output-tokens", rate.limit_tokens, rate.remaining_tokens),
+    ];
+    for (family, limit, remaining) in families {
+        put(
+            format!("anthropic-ratelimit-{family}-limit"),
+            limit.to_string(),
+        );
+        put(
+            format!("anthropic-ratelimit-{family}-remaining"),
+            remaining.to_string(),
+        );
+        put(format!("anthropic-ratelimit-{family}-reset"), reset.clone());
+    }
+}
+
+/// `time` as RFC 3339 in UTC, to the second: `2025-07-29T09:59:33Z`.
+pub fn rfc3339(time: SystemTime) -> String {
+    let seconds = time
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    let (days, rest) = (seconds / 86_400, seconds % 86_400);
+    let (year, month, day) = civil_date(days);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rest / 3600,
+        rest % 3600 / 60,
+        rest % 60
+    )
+}
+
+/// The proleptic Gregorian date `days` after 1970-01-01: count in 400-year
+/// eras of 146,097 days, each starting on March 1st so that the leap day
+/// ends the year.
+fn civil_date(days: u64) -> (u64, u64, u64) {
+    let shifted = days + 719_468; // days from 0000-03-01 to 1970-01-01
+    let era = shifted / 146_097;
+    let day_of_era = shifted % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -250,6 +342,46 @@ mod tests {
             .admit(start + Duration::from_secs(10), 1, None)
             .unwrap();
         assert_eq!(reopened.remaining_requests, 1);
+    }
+
+    #[test]
+    fn rfc3339_dates_are_right_across_leap_years() {
+        let at = |seconds: u64| rfc3339(UNIX_EPOCH + Duration::from_secs(seconds));
+        assert_eq!(at(0), "1970-01-01T00:00:00Z");
+        assert_eq!(at(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(at(1_753_783_173), "2025-07-29T09:59:33Z");
+        assert_eq!(at(4_107_542_399), "2100-02-28T23:59:59Z");
+        assert_eq!(
+            at(4_107_542_400),
+            "2100-03-01T00:00:00Z",
+            "2100 is no leap year"
+        );
+    }
+
+    #[test]
+    fn anthropic_headers_are_set() {
+        let mut headers = HeaderMap::new();
+        let id = anthropic_request_id(3, 42);
+        assert!(id.starts_with("req_011C") && id.len() == 28, "{id}");
+        assert_ne!(id, anthropic_request_id(4, 42));
+        let rate = RateSnapshot {
+            limit_requests: 10,
+            remaining_requests: 9,
+            limit_tokens: 100,
+            remaining_tokens: 90,
+            reset: Duration::from_secs(60),
+        };
+        insert_anthropic(&mut headers, &id, &rate, UNIX_EPOCH);
+        let get = |name: &str| headers[name].to_str().unwrap().to_owned();
+        assert_eq!(get("request-id"), id);
+        assert_eq!(get("anthropic-organization-id"), ANTHROPIC_ORGANIZATION_ID);
+        assert_eq!(get("anthropic-ratelimit-requests-remaining"), "9");
+        assert_eq!(get("anthropic-ratelimit-input-tokens-limit"), "100");
+        assert_eq!(
+            get("anthropic-ratelimit-output-tokens-reset"),
+            "1970-01-01T00:01:00Z"
+        );
+        assert!(headers.get("x-request-id").is_none());
     }
 
     #[test]

@@ -256,6 +256,22 @@ pub fn prompt_positions(messages: &[Value]) -> Vec<Position> {
     positions
 }
 
+/// The KV positions of a raw text prompt (legacy completions, embeddings):
+/// its tokens, with no message framing and no reply priming; one `user`
+/// segment when read back.
+pub fn text_positions(text: &str) -> Vec<Position> {
+    let role: Arc<str> = Arc::from("user");
+    tokenize_keeping_spaces(text)
+        .into_iter()
+        .enumerate()
+        .map(|(index, token)| Position::Message {
+            role: role.clone(),
+            opens: index == 0,
+            text: token.into_boxed_str(),
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

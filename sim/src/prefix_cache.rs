@@ -69,24 +69,57 @@ impl PrefixCacheConfig {
     /// Computed without the cache, so outside its lock.
     pub fn hashes(&self, model: &str, positions: &[Position]) -> PrefixHashes {
         let (min, step) = (self.min_tokens.max(1), self.increment_tokens.max(1));
-        let mut prefixes = Vec::new();
-        let mut hasher = DefaultHasher::new();
-        model.hash(&mut hasher);
-        let mut next = min;
-        for (index, position) in positions.iter().enumerate() {
-            let length = index as u64 + 1;
-            if length >= positions.len() as u64 {
-                break;
-            }
-            position.hash(&mut hasher);
-            if length == next {
-                let mut at = hasher.clone();
-                length.hash(&mut at);
-                prefixes.push((length, at.finish()));
-                next = next.saturating_add(step);
-            }
+        prefix_hashes(model, positions, |length| {
+            length >= min && (length - min).is_multiple_of(step)
+        })
+    }
+
+    /// The prefixes of `positions` ending at `breakpoints` (token counts, as
+    /// Anthropic's `cache_control` marks them), those of at least
+    /// `min_tokens` and shorter than the prompt: below the minimum nothing
+    /// is cached, and no error is raised.
+    pub fn hashes_at(
+        &self,
+        model: &str,
+        positions: &[Position],
+        breakpoints: &[u64],
+    ) -> PrefixHashes {
+        let min = self.min_tokens.max(1);
+        prefix_hashes(model, positions, |length| {
+            length >= min && breakpoints.contains(&length)
+        })
+    }
+}
+
+/// The hashes of the prefixes of `positions` whose length `cached` accepts,
+/// shorter than the whole (a prompt always leaves a token to prefill).
+fn prefix_hashes(
+    model: &str,
+    positions: &[Position],
+    cached: impl Fn(u64) -> bool,
+) -> PrefixHashes {
+    let mut prefixes = Vec::new();
+    let mut hasher = DefaultHasher::new();
+    model.hash(&mut hasher);
+    for (index, position) in positions.iter().enumerate() {
+        let length = index as u64 + 1;
+        if length >= positions.len() as u64 {
+            break;
         }
-        PrefixHashes { prefixes }
+        position.hash(&mut hasher);
+        if cached(length) {
+            let mut at = hasher.clone();
+            length.hash(&mut at);
+            prefixes.push((length, at.finish()));
+        }
+    }
+    PrefixHashes { prefixes }
+}
+
+impl PrefixHashes {
+    /// The longest prefix, in tokens (0 when there is none).
+    pub fn longest(&self) -> u64 {
+        self.prefixes.last().map_or(0, |(length, _)| *length)
     }
 }
 
@@ -104,7 +137,7 @@ pub struct PrefixCache {
 }
 
 /// The hashes of a prompt's cacheable prefixes, computed before taking the
-/// cache's lock ([`PrefixCache::hashes`]).
+/// cache's lock ([`PrefixCacheConfig::hashes`], [`PrefixCacheConfig::hashes_at`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrefixHashes {
     /// (prefix length in tokens, hash), shortest first.

@@ -1,6 +1,7 @@
-//! A chat completion request as the simulator reads it: the fields it
-//! honours, validated the way OpenAI validates them (a 400
-//! `invalid_request_error` naming the `param`). Other fields are accepted
+//! What the model is asked to generate ([`Generation`]: the settings every
+//! surface's request comes down to), and the chat completion request read
+//! into it: the fields it honours, validated the way OpenAI validates them (a
+//! 400 `invalid_request_error` naming the `param`). Other fields are accepted
 //! and ignored, as a provider ignores what it does not implement.
 
 use serde_json::Value;
@@ -13,11 +14,58 @@ pub const MAX_N: u64 = 128;
 /// Most alternatives per token a request may ask for (`top_logprobs`).
 pub const MAX_TOP_LOGPROBS: u64 = 20;
 
-/// One parsed request.
-#[derive(serde::Deserialize)]
-pub struct SimRequest {
+/// What the model is asked to generate, whatever the surface: every
+/// surface's request is read into one of these and a conversation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Generation {
     pub model: String,
+    pub stream: bool,
+    /// The completion budget per choice, reasoning included.
+    pub max_tokens: Option<u64>,
+    /// Choices per conversation (`n`), at least 1.
+    pub choices: usize,
+    /// `Some(k)` when logprobs were asked, with `k` alternatives per token.
+    pub top_logprobs: Option<usize>,
+    /// What the model may call.
+    pub tooling: Option<Tooling>,
+    /// The model thinks before it answers (reasoning models, Anthropic's
+    /// extended thinking).
+    pub thinks: bool,
+    /// Chat streams: a usage chunk at the end.
+    pub include_usage: bool,
+    /// Chat streams: `obfuscation` padding on every chunk.
+    pub include_obfuscation: bool,
+}
+
+impl Generation {
+    /// A plain generation for `model`: one choice, no budget, no tools.
+    pub fn plain(model: impl Into<String>) -> Self {
+        Self {
+            model: model.into(),
+            stream: false,
+            max_tokens: None,
+            choices: 1,
+            top_logprobs: None,
+            tooling: None,
+            thinks: false,
+            include_usage: false,
+            include_obfuscation: false,
+        }
+    }
+}
+
+/// A chat completion request: its generation settings and its messages.
+#[derive(Debug)]
+pub struct ChatRequest {
+    pub generation: Generation,
     pub messages: Vec<Value>,
+}
+
+/// The chat completion body as sent.
+#[derive(serde::Deserialize)]
+struct ChatBody {
+    model: String,
+    messages: Vec<Value>,
     #[serde(default)]
     stream: Option<bool>,
     #[serde(default)]
@@ -42,30 +90,23 @@ pub struct SimRequest {
     functions: Option<Vec<Value>>,
     #[serde(default)]
     function_call: Option<Value>,
-    /// Validated: `n`, 1 when absent.
-    #[serde(skip)]
-    pub choices: usize,
-    /// Validated: `Some(k)` when `logprobs: true`, with `k` alternatives.
-    #[serde(skip)]
-    pub top_logprobs_wanted: Option<usize>,
-    /// Validated: what the request allows the model to call.
-    #[serde(skip)]
-    pub tooling: Option<Tooling>,
 }
 
-#[derive(serde::Deserialize)]
-struct StreamOptions {
+/// `stream_options` (chat and legacy completions).
+#[derive(serde::Deserialize, Default)]
+pub struct StreamOptions {
     #[serde(default)]
-    include_usage: Option<bool>,
+    pub include_usage: Option<bool>,
     #[serde(default)]
-    include_obfuscation: Option<bool>,
+    pub include_obfuscation: Option<bool>,
 }
 
-/// A function the model may call: a `tools[i].function` or a `functions[i]`.
+/// A function the model may call: a `tools[i].function` or a `functions[i]`
+/// (or a Responses or Messages tool).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FunctionSpec {
     pub name: String,
-    /// Its JSON Schema (`parameters`), `null` when absent.
+    /// Its JSON Schema (`parameters`, `input_schema`), `null` when absent.
     pub parameters: Value,
 }
 
@@ -93,16 +134,11 @@ pub enum CallChoice {
     Named(String),
 }
 
-impl SimRequest {
+impl ChatRequest {
     /// Parses and validates a chat completion body; anything malformed is a
     /// 400, as a provider answers it.
     pub fn parse(body: &[u8]) -> Result<Self, SimError> {
-        let mut request: Self = serde_json::from_slice(body).map_err(|error| {
-            SimError::invalid_request(
-                None,
-                format!("We could not parse the JSON body of your request: {error}"),
-            )
-        })?;
+        let request: ChatBody = parse_json(body)?;
         if request.messages.is_empty() {
             return Err(SimError::invalid_request(
                 None,
@@ -110,7 +146,7 @@ impl SimRequest {
             )
             .with_param("messages"));
         }
-        request.choices = usize::try_from(bounded(request.n.as_ref(), "n", 1, MAX_N)?.unwrap_or(1))
+        let choices = usize::try_from(bounded(request.n.as_ref(), "n", 1, MAX_N)?.unwrap_or(1))
             .unwrap_or(usize::MAX);
         let top = bounded(
             request.top_logprobs.as_ref(),
@@ -127,36 +163,37 @@ impl SimRequest {
             )
             .with_param("top_logprobs"));
         }
-        request.top_logprobs_wanted =
-            logprobs.then(|| usize::try_from(top.unwrap_or(0)).unwrap_or(0));
-        request.tooling = request.tooling()?;
-        Ok(request)
+        let tooling = request.tooling()?;
+        let options = request.stream_options.unwrap_or_default();
+        let generation = Generation {
+            thinks: crate::answer::is_reasoner(&request.model),
+            model: request.model,
+            stream: request.stream.unwrap_or(false),
+            max_tokens: request.max_completion_tokens.or(request.max_tokens),
+            choices,
+            top_logprobs: logprobs.then(|| usize::try_from(top.unwrap_or(0)).unwrap_or(0)),
+            tooling,
+            include_usage: options.include_usage.unwrap_or(false),
+            include_obfuscation: options.include_obfuscation.unwrap_or(true),
+        };
+        Ok(Self {
+            generation,
+            messages: request.messages,
+        })
     }
+}
 
-    pub fn stream(&self) -> bool {
-        self.stream.unwrap_or(false)
-    }
+/// Parses a JSON request body, or answers 400 as OpenAI does.
+pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, SimError> {
+    serde_json::from_slice(body).map_err(|error| {
+        SimError::invalid_request(
+            None,
+            format!("We could not parse the JSON body of your request: {error}"),
+        )
+    })
+}
 
-    /// The completion budget per choice (`max_completion_tokens` first).
-    pub fn max_tokens(&self) -> Option<u64> {
-        self.max_completion_tokens.or(self.max_tokens)
-    }
-
-    pub fn include_usage(&self) -> bool {
-        self.stream_options
-            .as_ref()
-            .and_then(|options| options.include_usage)
-            .unwrap_or(false)
-    }
-
-    /// Whether stream chunks carry `obfuscation` padding (OpenAI's default).
-    pub fn include_obfuscation(&self) -> bool {
-        self.stream_options
-            .as_ref()
-            .and_then(|options| options.include_obfuscation)
-            .unwrap_or(true)
-    }
-
+impl ChatBody {
     fn tooling(&self) -> Result<Option<Tooling>, SimError> {
         let tools = self.tools.as_deref().unwrap_or_default();
         let functions = self.functions.as_deref().unwrap_or_default();
@@ -219,12 +256,13 @@ impl SimRequest {
     }
 }
 
-fn invalid(param: &'static str, message: &str) -> SimError {
+/// 400 `invalid_value` about `param`.
+pub fn invalid(param: &'static str, message: &str) -> SimError {
     SimError::invalid_request(Some("invalid_value"), message).with_param(param)
 }
 
 /// `value` as an integer in `min..=max`, `None` when absent or null.
-fn bounded(
+pub fn bounded(
     value: Option<&Value>,
     param: &'static str,
     min: u64,
@@ -263,7 +301,8 @@ fn bounded(
     Ok(Some(number as u64))
 }
 
-fn function_spec(function: &Value) -> Option<FunctionSpec> {
+/// A function's `name` and `parameters`, `None` without a name.
+pub fn function_spec(function: &Value) -> Option<FunctionSpec> {
     let name = function["name"].as_str().filter(|name| !name.is_empty())?;
     Some(FunctionSpec {
         name: name.to_owned(),
@@ -273,7 +312,7 @@ fn function_spec(function: &Value) -> Option<FunctionSpec> {
 
 /// Reads a `tool_choice` (or legacy `function_call`) against the functions
 /// offered.
-fn call_choice(
+pub fn call_choice(
     value: Option<&Value>,
     param: &'static str,
     specs: &[FunctionSpec],
@@ -325,8 +364,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn parse(body: Value) -> Result<SimRequest, SimError> {
-        SimRequest::parse(body.to_string().as_bytes())
+    fn parse(body: Value) -> Result<Generation, SimError> {
+        ChatRequest::parse(body.to_string().as_bytes()).map(|request| request.generation)
     }
 
     fn base() -> Value {
@@ -334,7 +373,7 @@ mod tests {
     }
 
     fn param_of(body: Value) -> String {
-        let error = parse(body).err().expect("rejected");
+        let error = parse(body).expect_err("rejected");
         assert_eq!(error.status(), 400);
         error.param().unwrap_or_default().to_owned()
     }
@@ -351,9 +390,9 @@ mod tests {
         }
         let mut body = base();
         body["logprobs"] = json!(true);
-        assert_eq!(parse(body.clone()).unwrap().top_logprobs_wanted, Some(0));
+        assert_eq!(parse(body.clone()).unwrap().top_logprobs, Some(0));
         body["top_logprobs"] = json!(20);
-        assert_eq!(parse(body.clone()).unwrap().top_logprobs_wanted, Some(20));
+        assert_eq!(parse(body.clone()).unwrap().top_logprobs, Some(20));
         for bad in [json!(21), json!(-1), json!("3")] {
             body["top_logprobs"] = bad;
             assert_eq!(param_of(body.clone()), "top_logprobs");
@@ -361,7 +400,7 @@ mod tests {
         let mut body = base();
         body["top_logprobs"] = json!(2);
         assert_eq!(param_of(body), "top_logprobs", "needs logprobs: true");
-        assert_eq!(parse(base()).unwrap().top_logprobs_wanted, None);
+        assert_eq!(parse(base()).unwrap().top_logprobs, None);
     }
 
     #[test]
