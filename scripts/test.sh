@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need, then runs every test.
 #
-# Needs: a Rust toolchain and python3 (3.9+). Creates .venv with the openai SDK
+# Needs: a Rust toolchain and python3 (3.9+). Creates .venv with the openai and anthropic SDKs
 # (pinned in scripts/requirements-test.txt) on first run, and installs the
 # Debian package redis-server when it is missing (apt-get, as root or sudo).
 # Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test e2e proxy_e2e::` runs tests/e2e/proxy_e2e.rs:
@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai' 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai, anthropic' 2>/dev/null; then
   python3 -m venv .venv
   .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
 fi

@@ -26,7 +26,7 @@ pub struct SimArgs {
     #[arg(long, default_value_t = 0.0)]
     decode_tps: f64,
     /// Failure mode: honest, leak-on-overflow, truncate-head, truncate-tail, swap, cut,
-    /// stall-first-byte, stall-mid-stream, rate-limited.
+    /// stall-first-byte, stall-mid-stream, rate-limited, overloaded.
     #[arg(long, default_value = "honest")]
     mode: Mode,
     /// Prefill KV pool in tokens; in leak-on-overflow, longer prompts are answered from
