@@ -12,20 +12,12 @@
 use serde_json::{Value, json};
 
 use crate::hash;
-use crate::model::{Segment, generate_choice, last_user_text, subject, think};
+use crate::model::{
+    OPENROUTER_REASONER_MODEL, REASONER_MODEL, Segment, generate_choice, last_user_text, subject,
+    think,
+};
 use crate::request::Generation;
 use crate::tools;
-
-/// The reasoning model whose thinking comes in `reasoning_content`, as
-/// DeepSeek, GLM and Qwen (served by vLLM or SGLang) send it.
-pub const REASONER_MODEL: &str = "sim-reasoner";
-
-/// The reasoning model whose thinking comes in `reasoning`, as OpenRouter
-/// sends it.
-pub const OPENROUTER_REASONER_MODEL: &str = "sim-reasoner-openrouter";
-
-/// Every model served, for `GET /v1/models`.
-pub const MODELS: [&str; 3] = ["sim-model", REASONER_MODEL, OPENROUTER_REASONER_MODEL];
 
 /// `system_fingerprint` of every answer.
 pub const SYSTEM_FINGERPRINT: &str = "fp_sim0001";
@@ -43,11 +35,6 @@ enum ReasoningField {
     ReasoningContent,
     /// `reasoning`; stream deltas carry `content: ""` beside it.
     Reasoning,
-}
-
-/// Whether `model` is one of the reasoning models (they think first).
-pub fn is_reasoner(model: &str) -> bool {
-    ReasoningField::of(model).is_some()
 }
 
 impl ReasoningField {

@@ -147,10 +147,11 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 
-use answer::MODELS;
-pub use answer::{OPENROUTER_REASONER_MODEL, REASONER_MODEL, SYSTEM_FINGERPRINT};
+pub use answer::SYSTEM_FINGERPRINT;
 pub use error::SimError;
 pub use headers::{ANTHROPIC_ORGANIZATION_ID, OPENAI_VERSION, ORGANIZATION, RateLimitConfig};
+use model::MODELS;
+pub use model::{OPENROUTER_REASONER_MODEL, REASONER_MODEL};
 pub use prefix_cache::PrefixCacheConfig;
 use provider::SimProvider;
 pub use store::MAX_STORED;

@@ -25,6 +25,22 @@ use canarygate_policies::inject::{client_text, obedient_opening};
 use canarygate_policies::probe::{RECALL_PHRASE, passphrases};
 use canarygate_policies::tokens::pieces;
 
+/// The reasoning model whose thinking comes in `reasoning_content`, as
+/// DeepSeek, GLM and Qwen (served by vLLM or SGLang) send it.
+pub const REASONER_MODEL: &str = "sim-reasoner";
+
+/// The reasoning model whose thinking comes in `reasoning`, as OpenRouter
+/// sends it.
+pub const OPENROUTER_REASONER_MODEL: &str = "sim-reasoner-openrouter";
+
+/// Every model served, for `GET /v1/models`.
+pub const MODELS: [&str; 3] = ["sim-model", REASONER_MODEL, OPENROUTER_REASONER_MODEL];
+
+/// Whether `model` is one of the reasoning models (they think first).
+pub fn is_reasoner(model: &str) -> bool {
+    model == REASONER_MODEL || model == OPENROUTER_REASONER_MODEL
+}
+
 /// One message-sized piece of context.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Segment {

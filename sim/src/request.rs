@@ -166,7 +166,7 @@ impl ChatRequest {
         let tooling = request.tooling()?;
         let options = request.stream_options.unwrap_or_default();
         let generation = Generation {
-            thinks: crate::answer::is_reasoner(&request.model),
+            thinks: crate::model::is_reasoner(&request.model),
             model: request.model,
             stream: request.stream.unwrap_or(false),
             max_tokens: request.max_completion_tokens.or(request.max_tokens),

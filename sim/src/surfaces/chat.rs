@@ -7,7 +7,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use serde_json::json;
 
-use super::{Sim, begin, finish, openai_key};
+use super::exchange::{Sim, begin, finish, openai_key};
 use crate::answer::Answer;
 use crate::conversation::{Conversation, Turn};
 use crate::delivery::{Frames, Rendered, data_frame, deliver};

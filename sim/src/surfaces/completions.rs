@@ -18,7 +18,7 @@ use axum::response::Response;
 use serde_json::{Map, Value, json};
 
 use super::chat::openai_stream_error;
-use super::{Sim, begin, finish, openai_key};
+use super::exchange::{Sim, begin, finish, openai_key};
 use crate::answer::{Answer, SYSTEM_FINGERPRINT, alternatives};
 use crate::conversation::{CacheRule, Conversation, Turn};
 use crate::delivery::{Frames, Rendered, data_frame, deliver};

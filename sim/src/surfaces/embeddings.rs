@@ -20,7 +20,7 @@ use axum::response::Response;
 use canarygate_policies::tokens::pieces;
 use serde_json::{Value, json};
 
-use super::{Sim, begin, finish, openai_key};
+use super::exchange::{Sim, begin, finish, openai_key};
 use crate::conversation::{CacheRule, Conversation, Turn};
 use crate::delivery::{Rendered, deliver};
 use crate::error::SimError;

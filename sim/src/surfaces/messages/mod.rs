@@ -29,12 +29,12 @@ use axum::http::{HeaderMap, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
-use super::{Sim, begin, begin_uncounted, finish};
 use crate::conversation::{CacheRule, Conversation, Framing, Turn};
 use crate::delivery::{Rendered, deliver};
 use crate::error::SimError;
 use crate::headers::RateSnapshot;
 use crate::surface::Surface;
+use crate::surfaces::exchange::{Sim, begin, begin_uncounted, finish};
 pub use render::Rendering;
 pub use request::MessagesRequest;
 

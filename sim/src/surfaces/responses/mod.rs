@@ -20,7 +20,6 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use super::{Sim, begin, begin_uncounted, finish, openai_key};
 use crate::Mode;
 use crate::answer::{Answer, Said};
 use crate::conversation::{Conversation, Turn};
@@ -29,6 +28,7 @@ use crate::error::SimError;
 use crate::headers::RateSnapshot;
 use crate::store::{Stored, Thread};
 use crate::surface::Surface;
+use crate::surfaces::exchange::{Sim, begin, begin_uncounted, finish, openai_key};
 pub use render::Rendering;
 pub use request::ResponsesRequest;
 

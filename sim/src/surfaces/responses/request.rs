@@ -12,8 +12,8 @@
 
 use serde_json::{Value, json};
 
-use crate::answer::is_reasoner;
 use crate::error::SimError;
+use crate::model::is_reasoner;
 use crate::request::{
     CallChoice, FunctionSpec, Generation, MAX_TOP_LOGPROBS, StreamOptions, Tooling, bounded,
     invalid, parse_json,

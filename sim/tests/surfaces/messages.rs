@@ -2,12 +2,10 @@
 //! object, the event stream, thinking, tools, prompt caching as Anthropic
 //! reports it, `count_tokens`, Anthropic's errors, and the failure modes.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::*;
 use canarygate_sim::SimConfig;
-use common::*;
 use serde_json::{Value, json};
 
 const PATH: &str = "/v1/messages";

@@ -2,10 +2,8 @@
 //! socket: the answer and its stream, the `overloaded` mode, a swap from a
 //! Messages request, and the stats of every surface.
 
-mod common;
-
+use crate::common::*;
 use canarygate_sim::SimConfig;
-use common::*;
 use serde_json::{Value, json};
 
 const PATH: &str = "/v1/chat/completions";

@@ -2,13 +2,11 @@
 //! event stream, stored responses and `previous_response_id`, and the
 //! failure modes.
 
-mod common;
-
 use std::collections::HashSet;
 use std::time::Duration;
 
+use crate::common::*;
 use canarygate_sim::SimConfig;
-use common::*;
 use serde_json::{Value, json};
 
 const PATH: &str = "/v1/responses";

@@ -2,12 +2,10 @@
 //! batches, and the failure modes (a swapped context embeds someone
 //! else's text).
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::*;
 use canarygate_sim::SimConfig;
-use common::*;
 use serde_json::{Value, json};
 
 const PATH: &str = "/v1/embeddings";

@@ -2,13 +2,11 @@
 //! SDKs (pinned in scripts/requirements-test.txt) against the simulator on
 //! a real socket, every surface plain and streamed (`sdk_surfaces.py`).
 
-mod common;
-
 use std::path::PathBuf;
 use std::process::Command;
 
+use crate::common::Sim;
 use canarygate_sim::SimConfig;
-use common::Sim;
 
 /// The Python with both SDKs: `CANARYGATE_PYTHON` (scripts/test.sh sets
 /// it), else the workspace's `.venv`.
@@ -29,7 +27,7 @@ fn python() -> PathBuf {
 #[test]
 fn the_official_sdks_speak_every_surface() {
     let sim = Sim::start(SimConfig::default());
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/sdk_surfaces.py");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/surfaces/sdk_surfaces.py");
     let output = Command::new(python())
         .arg(&script)
         .arg(&sim.url)

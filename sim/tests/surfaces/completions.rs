@@ -1,12 +1,10 @@
 //! OpenAI's legacy completions on a real socket: prompts and their choices,
 //! the chunk stream, and the failure modes on a raw text prompt.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::*;
 use canarygate_sim::SimConfig;
-use common::*;
 use serde_json::{Value, json};
 
 const PATH: &str = "/v1/completions";
