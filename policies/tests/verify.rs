@@ -1113,3 +1113,44 @@ fn an_unreachable_registry_degrades_the_verdict_or_fails_it_closed() {
         }
     }
 }
+
+/// The same across parts: reasoning that ends inside a canary-shaped span
+/// (decided when the content starts), then content, then tool-call
+/// arguments: every span a push asks about was named before it.
+#[test]
+fn spans_to_look_up_covers_part_switches() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Flag);
+    let registry = registry_with_others(4);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let (first, second) = other_canaries(1);
+    let reasoning = format!("I must not say {first}, nor CG1234");
+    let content = format!("{} fine, {second}", echo_of(&injection));
+    let arguments = format!("{{\"q\": \"{first}\"}}");
+    for cut in 1..reasoning.len() {
+        let recording = Recording {
+            inner: &registry,
+            asked: std::sync::Mutex::new(Vec::new()),
+        };
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+        let mut pushes: Vec<(Part, String)> = split_at(&reasoning, &[cut])
+            .into_iter()
+            .map(|(_, text)| (Part::Reasoning, text))
+            .collect();
+        pushes.push((Part::Content, content.clone()));
+        pushes.push((Part::ToolArguments(0), arguments.clone()));
+        for (part, text) in &pushes {
+            let named = verifier.spans_to_look_up(0, *part, text);
+            recording.asked.lock().unwrap().clear();
+            verifier.push_part(0, *part, text, &recording);
+            for asked in recording.asked.lock().unwrap().iter() {
+                assert!(
+                    named.contains(asked),
+                    "cut {cut}: a {part:?} push asked about {asked}, named {named:?}"
+                );
+            }
+        }
+        recording.asked.lock().unwrap().clear();
+        verifier.finish(&honest_facts(&injection, 1), &recording);
+        assert!(recording.asked.lock().unwrap().is_empty(), "cut {cut}");
+    }
+}
