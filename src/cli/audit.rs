@@ -98,6 +98,12 @@ fn run_with(
     input: &mut dyn BufRead,
     out: &mut dyn Write,
 ) -> Result<(), AuditError> {
+    let now = now_ms();
+    let time = |text: &Option<String>| -> Result<Option<u64>, AuditError> {
+        text.as_deref()
+            .map(|text| parse_time(text, now).map_err(bad_time))
+            .transpose()
+    };
     let dir = match (args.data.as_slice(), &args.command) {
         ([], _) => {
             return Err(AuditError::InvalidArgument(
@@ -106,12 +112,6 @@ fn run_with(
         }
         ([_, _, ..], AuditCommand::Verify) => return verify_each(&args.data, out),
         ([_, _, ..], AuditCommand::Export { since, until }) => {
-            let now = now_ms();
-            let time = |text: &Option<String>| {
-                text.as_deref()
-                    .map(|text| parse_time(text, now).map_err(bad_time))
-                    .transpose()
-            };
             return export_merged(
                 &args.data,
                 time(since)?.unwrap_or(0),
@@ -127,12 +127,6 @@ fn run_with(
         ([dir], _) => dir.as_path(),
     };
     let key_env = args.key_env.as_str();
-    let now = now_ms();
-    let time = |text: &Option<String>| -> Result<Option<u64>, AuditError> {
-        text.as_deref()
-            .map(|text| parse_time(text, now).map_err(bad_time))
-            .transpose()
-    };
     match &args.command {
         AuditCommand::Tail { n, follow } => tail(dir, *n, *follow, out),
         AuditCommand::Show { id } => show(dir, *id, key_env, out),

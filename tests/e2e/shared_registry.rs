@@ -19,7 +19,8 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::common::{
-    ProxyDir, Running, audit_export, binary, chat_body, client, make_pki, start_sim,
+    ProxyDir, Running, audit_export, binary, chat_body, client, make_pki, start_proxy_with_args,
+    start_sim,
 };
 
 /// The deployment's shared registry key, as an operator would provision it.
@@ -179,19 +180,10 @@ fn start_instance_with(
     name: &str,
     password: &str,
 ) -> Running {
-    let data = dir.data();
-    Running::start(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data",
-            data.to_str().unwrap(),
-            "--config",
-            policy.to_str().unwrap(),
-            "--instance",
-            name,
-        ],
+    start_proxy_with_args(
+        dir,
+        policy,
+        &["--instance", name],
         &[
             ("CANARYGATE_REGISTRY_KEY", REGISTRY_KEY),
             ("CANARYGATE_REDIS_PASSWORD", password),
@@ -397,16 +389,10 @@ async fn instances_share_canaries_and_behave_as_configured_without_redis() {
     let dir_c = ProxyDir::new();
     let policy_c = policy(&dir_c, &honest.url, &swap.url, port, "degrade");
     let other_key = "0f".repeat(32);
-    let c = Running::start(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data",
-            dir_c.data().to_str().unwrap(),
-            "--config",
-            policy_c.to_str().unwrap(),
-        ],
+    let c = start_proxy_with_args(
+        &dir_c,
+        &policy_c,
+        &[],
         &[
             ("CANARYGATE_REGISTRY_KEY", other_key.as_str()),
             ("CANARYGATE_REDIS_PASSWORD", REDIS_PASSWORD),

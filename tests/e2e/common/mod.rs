@@ -125,19 +125,28 @@ pub fn start_proxy(dir: &ProxyDir, upstream: &str) -> Running {
 
 /// Starts `canarygate serve --config <policy>`.
 pub fn start_proxy_with_policy(dir: &ProxyDir, policy: &Path, envs: &[(&str, &str)]) -> Running {
+    start_proxy_with_args(dir, policy, &[], envs)
+}
+
+/// [`start_proxy_with_policy`] with `extra` arguments to `serve`.
+pub fn start_proxy_with_args(
+    dir: &ProxyDir,
+    policy: &Path,
+    extra: &[&str],
+    envs: &[(&str, &str)],
+) -> Running {
     let data = dir.data();
-    Running::start(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--data",
-            data.to_str().unwrap(),
-            "--config",
-            policy.to_str().unwrap(),
-        ],
-        envs,
-    )
+    let mut args = vec![
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--data",
+        data.to_str().unwrap(),
+        "--config",
+        policy.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    Running::start(&args, envs)
 }
 
 /// An HTTP client with a generous timeout (tests must never hang).
