@@ -25,6 +25,7 @@ fn record(n: u64) -> RequestRecord {
         credential: Some("cd".repeat(32)),
         provider: "openai".into(),
         model: "gpt-4o-mini".into(),
+        endpoint: None,
         route: Route::Upstream,
         prompt_tokens_ours: Some(1234),
         prompt_tokens_provider: Some(1230),

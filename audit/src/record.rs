@@ -58,6 +58,9 @@ pub enum VerdictSummary {
     Fail,
     /// No check could judge the answer (local route, error before an answer).
     Unchecked,
+    /// The endpoint has no answer text to check (embeddings, a passthrough
+    /// path): forwarded and recorded only.
+    Unverifiable,
 }
 
 impl VerdictSummary {
@@ -148,6 +151,10 @@ pub struct RequestRecord {
     pub provider: String,
     /// Model name the client asked for.
     pub model: String,
+    /// The API endpoint the client called (`chat_completions`, `responses`,
+    /// `messages`, `completions`, `embeddings`, or a passthrough path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
     /// Upstream or local.
     pub route: Route,
     /// Our own prompt-token count.

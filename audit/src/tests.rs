@@ -39,6 +39,7 @@ pub(crate) fn request(log: &AuditLog, n: u64, failed: bool) -> RequestRecord {
         credential: Some(log.secrets().hash_credential(API_KEY)),
         provider: "sim".into(),
         model: "small".into(),
+        endpoint: None,
         route: if n.is_multiple_of(5) {
             Route::Local
         } else {

@@ -250,12 +250,37 @@ impl Default for Limits {
     }
 }
 
-/// `[[providers]]`: one upstream OpenAI-compatible API.
+/// The API a provider speaks, and so which endpoints it serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderApi {
+    /// OpenAI's: Chat Completions, the Responses API, legacy completions,
+    /// embeddings; `Authorization: Bearer`.
+    #[default]
+    Openai,
+    /// Anthropic's Messages API; `x-api-key` and `anthropic-version`.
+    Anthropic,
+}
+
+impl ProviderApi {
+    /// The name used in the policy file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Openai => "openai",
+            Self::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// `[[providers]]`: one upstream API.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
     /// Name routes refer to.
     pub name: Spanned<String>,
+    /// The API it speaks (default `openai`).
+    #[serde(default)]
+    pub api: ProviderApi,
     /// Base URL including the version prefix, e.g. `https://api.openai.com/v1`.
     pub base_url: Spanned<String>,
     /// The context window the provider advertises, in tokens.
@@ -369,12 +394,32 @@ impl Policy {
             .map(|index| &self.providers[index])
     }
 
-    /// The route for a client model name, if any route matches.
-    pub fn route<'a>(&'a self, model: &'a str) -> Option<ResolvedRoute<'a>> {
-        let route = self
-            .routes
+    /// The route for a client model name, if any route matches: the first
+    /// whose model is `model` or `*`, among routes to providers speaking
+    /// `api`.
+    pub fn route<'a>(&'a self, model: &'a str, api: ProviderApi) -> Option<ResolvedRoute<'a>> {
+        self.routes.iter().find_map(|route| {
+            let matches = route.model.get_ref() == model || route.model.get_ref() == ANY_MODEL;
+            let resolved = self.resolve(route, model).filter(|_| matches)?;
+            (self.providers[resolved.provider_index].api == api).then_some(resolved)
+        })
+    }
+
+    /// Every named route (wildcards excluded): the client's model name, the
+    /// route resolved, and the API of its provider.
+    pub fn named_routes(&self) -> impl Iterator<Item = (&str, ResolvedRoute<'_>, ProviderApi)> {
+        self.routes
             .iter()
-            .find(|route| route.model.get_ref() == model || route.model.get_ref() == ANY_MODEL)?;
+            .filter(|route| route.model.get_ref() != ANY_MODEL)
+            .filter_map(|route| {
+                let model = route.model.get_ref().as_str();
+                let resolved = self.resolve(route, model)?;
+                Some((model, resolved, self.providers[resolved.provider_index].api))
+            })
+    }
+
+    /// `route` resolved for client model `model`.
+    fn resolve<'a>(&'a self, route: &'a RouteConfig, model: &'a str) -> Option<ResolvedRoute<'a>> {
         let provider_index = self.provider_index(route.provider.get_ref())?;
         let provider = &self.providers[provider_index];
         Some(ResolvedRoute {
@@ -392,33 +437,52 @@ impl Policy {
         })
     }
 
-    /// The provider of the wildcard route (`model = "*"`, always the last
-    /// route), if there is one.
-    pub fn wildcard_provider(&self) -> Option<&str> {
+    /// The API of the providers routes lead to for `model` other than
+    /// `api`, if some route would serve it there: to tell a client which
+    /// endpoint serves the model.
+    pub fn api_serving(&self, model: &str, api: ProviderApi) -> Option<ProviderApi> {
+        self.routes.iter().find_map(|route| {
+            let matches = route.model.get_ref() == model || route.model.get_ref() == ANY_MODEL;
+            let other = self.provider(route.provider.get_ref())?.api;
+            (matches && other != api).then_some(other)
+        })
+    }
+
+    /// The provider of the wildcard route (`model = "*"`, routes come
+    /// last) to providers speaking `api`, if there is one.
+    pub fn wildcard_provider(&self, api: ProviderApi) -> Option<&str> {
         self.routes
             .iter()
-            .find(|route| route.model.get_ref() == ANY_MODEL)
+            .filter(|route| route.model.get_ref() == ANY_MODEL)
             .map(|route| route.provider.get_ref().as_str())
+            .find(|name| {
+                self.provider(name)
+                    .is_some_and(|provider| provider.api == api)
+            })
     }
 
-    /// Model names clients can ask for by name (wildcard routes excluded).
-    pub fn named_models(&self) -> impl Iterator<Item = &str> {
-        self.routes
-            .iter()
-            .map(|route| route.model.get_ref().as_str())
-            .filter(|model| *model != ANY_MODEL)
-    }
-
-    /// Sets the base URL of the only provider (`--upstream`). Errors when the
-    /// policy has more than one provider or the URL is not http(s).
+    /// Sets the base URL of every provider (`--upstream`: one server that
+    /// speaks each API, such as a gateway or the simulator). Errors when two
+    /// providers speak the same API (which one was meant?) or the URL is not
+    /// http(s).
     pub fn override_upstream(&mut self, base_url: &str) -> Result<(), BaseUrlError> {
-        match self.providers.as_slice() {
-            [provider] => {
-                let name = provider.name.get_ref().clone();
-                self.set_base_url(&name, base_url)
-            }
-            providers => Err(BaseUrlError::NotOneProvider(providers.len())),
+        let mut apis = HashSet::new();
+        if let Some(twice) = self
+            .providers
+            .iter()
+            .find(|provider| !apis.insert(provider.api))
+        {
+            return Err(BaseUrlError::NotOnePerApi(twice.api.name()));
         }
+        let names: Vec<String> = self
+            .providers
+            .iter()
+            .map(|provider| provider.name.get_ref().clone())
+            .collect();
+        for name in names {
+            self.set_base_url(&name, base_url)?;
+        }
+        Ok(())
     }
 
     /// Sets the base URL of provider `name`. Errors when there is no such
@@ -574,21 +638,32 @@ impl Policy {
             return Err((None, "a policy needs at least one [[routes]] entry".into()));
         }
         let mut models = HashSet::new();
-        for (index, route) in self.routes.iter().enumerate() {
+        let mut wildcard_seen = false;
+        for route in &self.routes {
             let model = route.model.get_ref();
             if model.is_empty() {
                 return Err((Some(route.model.span()), "route model is empty".into()));
             }
-            if !models.insert(model.as_str()) {
+            // Unknown providers are reported below, with their own message.
+            let api = self
+                .provider(route.provider.get_ref())
+                .map_or(ProviderApi::Openai, |provider| provider.api);
+            if !models.insert((model.as_str(), api)) {
                 return Err((
                     Some(route.model.span()),
-                    format!("model `{model}` is routed twice"),
+                    format!(
+                        "model `{model}` is routed twice to providers of api \"{}\"",
+                        api.name()
+                    ),
                 ));
             }
-            if model == ANY_MODEL && index + 1 != self.routes.len() {
+            if model == ANY_MODEL {
+                wildcard_seen = true;
+            } else if wildcard_seen {
                 return Err((
                     Some(route.model.span()),
-                    "the wildcard route `*` must be the last route (routes after it are unreachable)"
+                    "wildcard routes `*` must come after every named route (routes after them \
+                     are unreachable)"
                         .into(),
                 ));
             }
@@ -655,9 +730,12 @@ impl Policy {
 /// A base URL that cannot replace a provider's.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum BaseUrlError {
-    /// `--upstream` needs a policy with exactly one provider.
-    #[error("--upstream needs a policy with exactly one provider, this one has {0}")]
-    NotOneProvider(usize),
+    /// `--upstream` needs a policy with one provider per API.
+    #[error(
+        "--upstream sets every provider's base URL, but this policy has several providers of \
+         api \"{0}\": set their base_url in the policy file instead"
+    )]
+    NotOnePerApi(&'static str),
     /// No provider of that name.
     #[error("the policy has no provider `{0}`")]
     NoSuchProvider(String),
@@ -722,11 +800,18 @@ provider = "sim"
     #[test]
     fn routes_resolve_first_match_then_wildcard() {
         let policy = Policy::from_toml_str(MINIMAL, "test.toml").unwrap();
-        let small = policy.route("small").unwrap();
+        let small = policy.route("small", ProviderApi::Openai).unwrap();
         assert_eq!(small.upstream_model, "sim-small");
         assert_eq!(small.context_window, 1000);
-        assert_eq!(policy.route("other").unwrap().upstream_model, "other");
-        assert_eq!(policy.named_models().collect::<Vec<_>>(), ["small"]);
+        assert_eq!(
+            policy
+                .route("other", ProviderApi::Openai)
+                .unwrap()
+                .upstream_model,
+            "other"
+        );
+        let named: Vec<&str> = policy.named_routes().map(|(model, ..)| model).collect();
+        assert_eq!(named, ["small"]);
     }
 
     #[test]
@@ -758,7 +843,44 @@ provider = "sim"
         let text = format!("{MINIMAL}\n[[routes]]\nmodel = \"late\"\nprovider = \"sim\"\n");
         let error = error_of(&text);
         assert!(error.message.contains("wildcard"), "{error}");
-        assert_eq!(error.position.unwrap().0, 13);
+        // The unreachable route is named.
+        assert_eq!(error.position.unwrap().0, 17);
+    }
+
+    #[test]
+    fn routes_pick_a_provider_of_the_endpoint_api() {
+        let text = format!(
+            "{MINIMAL}\n[[providers]]\nname = \"claude\"\napi = \"anthropic\"\n\
+             base_url = \"http://127.0.0.1:1/v1\"\ncontext_window = 200000\n\
+             [[routes]]\nmodel = \"*\"\nprovider = \"claude\"\n"
+        );
+        let policy = Policy::from_toml_str(&text, "test.toml").unwrap();
+        let openai = policy.route("any", ProviderApi::Openai).unwrap();
+        assert_eq!(openai.provider, "sim");
+        let anthropic = policy.route("any", ProviderApi::Anthropic).unwrap();
+        assert_eq!(anthropic.provider, "claude");
+        assert_eq!(anthropic.context_window, 200_000);
+        assert_eq!(
+            policy.wildcard_provider(ProviderApi::Anthropic),
+            Some("claude")
+        );
+        // `small` is named for the OpenAI provider only.
+        assert_eq!(
+            policy
+                .route("small", ProviderApi::Anthropic)
+                .unwrap()
+                .provider,
+            "claude"
+        );
+        // Two wildcards to the same API: the second is a mistake.
+        let twice = format!("{text}\n[[routes]]\nmodel = \"*\"\nprovider = \"sim\"\n");
+        assert!(error_of(&twice).message.contains("routed twice"), "{twice}");
+        let only_openai = Policy::from_toml_str(MINIMAL, "test.toml").unwrap();
+        assert!(only_openai.route("small", ProviderApi::Anthropic).is_none());
+        assert_eq!(
+            only_openai.api_serving("small", ProviderApi::Anthropic),
+            Some(ProviderApi::Openai)
+        );
     }
 
     #[test]

@@ -31,7 +31,9 @@ use serde_json::{Value, json};
 
 use crate::canary::{CANONICAL_LEN, Canary, CanaryKey, find_canaries};
 use crate::registry::{MemoryRegistry, Registration};
-use crate::tokens::{TOKENS_PER_MESSAGE, content_text, count_chat_messages, count_text};
+use crate::tokens::{
+    TOKENS_PER_MESSAGE, TOKENS_REPLY_PRIMING, content_text, count_chat_messages, count_text,
+};
 use crate::verify_config::EchoMode;
 
 /// Opens the head instruction; the head canary and `"` follow. An obedient
@@ -188,32 +190,12 @@ pub fn inject(
             .and_then(Value::as_array)
             .is_some_and(|list| !list.is_empty())
     });
-    let passive = if echo == EchoMode::Off {
-        Some(PassiveReason::EchoOff)
-    } else if json_mode {
-        Some(PassiveReason::JsonMode)
-    } else if has_tools {
-        Some(PassiveReason::Tools)
-    } else {
-        None
-    };
-    let RequestCanaries { head, tail } = canaries;
-    let (head_block, tail_block, expected) = match (passive, echo) {
-        (None, EchoMode::HeadTail) => (
-            format!(
-                "{ECHO_PHRASE}{head}\", a space and the CG code in square brackets below, on one \
-                 line; then answer normally."
-            ),
-            tail_block(tail),
-            vec![head, tail],
-        ),
-        (None, _) => (
-            format!("{ECHO_PHRASE}{head}\" on its own line; then answer normally."),
-            passive_marker(tail),
-            vec![head],
-        ),
-        (Some(_), _) => (passive_marker(head), passive_marker(tail), Vec::new()),
-    };
+    let passive = passive_reason(echo, json_mode, has_tools);
+    let Blocks {
+        head: head_block,
+        tail: tail_block,
+        echo: expected,
+    } = Blocks::new(echo, passive, canaries);
 
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let mut client_wants_usage = true;
@@ -246,8 +228,7 @@ pub fn inject(
         .ok_or(InjectError::NoMessages)?;
     let prompt_tokens_before = count_chat_messages(messages);
     placement.apply(messages, head_block, tail_block);
-    let prompt_tokens_estimate = count_chat_messages(messages);
-    let cacheable_prompt_tokens = tokens_before(&messages[0], head);
+    let estimate = PromptEstimate::of(prompt_tokens_before, messages, canaries.head);
 
     Ok(Injection {
         canaries,
@@ -257,10 +238,126 @@ pub fn inject(
         choices: choices as u32,
         client_max_tokens,
         client_wants_usage,
-        prompt_tokens_estimate,
-        prompt_tokens_added: prompt_tokens_estimate.saturating_sub(prompt_tokens_before),
-        cacheable_prompt_tokens,
+        prompt_tokens_estimate: estimate.total,
+        prompt_tokens_added: estimate.added,
+        cacheable_prompt_tokens: estimate.cacheable,
     })
+}
+
+/// Why `echo` and the request's shape leave it passive checks only, if they
+/// do: the policy turned the echo off, or an echo would break JSON output or
+/// a tool call.
+pub fn passive_reason(echo: EchoMode, json_mode: bool, has_tools: bool) -> Option<PassiveReason> {
+    if echo == EchoMode::Off {
+        Some(PassiveReason::EchoOff)
+    } else if json_mode {
+        Some(PassiveReason::JsonMode)
+    } else if has_tools {
+        Some(PassiveReason::Tools)
+    } else {
+        None
+    }
+}
+
+/// The two texts a request's canaries are placed as, whatever the wire
+/// format: the head goes with the system text, the tail at the end of the
+/// last user text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blocks {
+    /// The head block: the echo instruction, or a passive marker.
+    pub head: String,
+    /// The tail block: `[TAIL]`, or a passive marker.
+    pub tail: String,
+    /// Canaries the reply must open with, in order (empty when passive).
+    pub echo: Vec<Canary>,
+}
+
+impl Blocks {
+    /// The blocks of `canaries` under `echo`, passive when `passive` says so.
+    pub fn new(echo: EchoMode, passive: Option<PassiveReason>, canaries: RequestCanaries) -> Self {
+        let RequestCanaries { head, tail } = canaries;
+        let (head_block, tail_block, expected) = match (passive, echo) {
+            (None, EchoMode::HeadTail) => (
+                format!(
+                    "{ECHO_PHRASE}{head}\", a space and the CG code in square brackets below, on \
+                     one line; then answer normally."
+                ),
+                tail_block(tail),
+                vec![head, tail],
+            ),
+            (None, _) => (
+                format!("{ECHO_PHRASE}{head}\" on its own line; then answer normally."),
+                passive_marker(tail),
+                vec![head],
+            ),
+            (Some(_), _) => (passive_marker(head), passive_marker(tail), Vec::new()),
+        };
+        Self {
+            head: head_block,
+            tail: tail_block,
+            echo: expected,
+        }
+    }
+}
+
+/// Our token estimates of a prompt whose canaries were placed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromptEstimate {
+    /// The whole prompt.
+    pub total: u64,
+    /// What canarygate added.
+    pub added: u64,
+    /// What comes before the head canary: the most a prompt cache can hold.
+    pub cacheable: u64,
+}
+
+impl PromptEstimate {
+    /// The estimates for `messages` (the prompt as chat messages, after the
+    /// placement; a wire format converts its own prompt), which counted
+    /// `before` tokens without canarygate's blocks, `head` its head canary.
+    pub fn of(before: u64, messages: &[Value], head: Canary) -> Self {
+        let total = count_chat_messages(messages);
+        let canary = head.to_string();
+        let holds_head = messages.iter().position(|message| {
+            message
+                .get("content")
+                .is_some_and(|content| content_text(content).contains(&canary))
+        });
+        let cacheable = match holds_head {
+            Some(index) => {
+                count_chat_messages(&messages[..index]).saturating_sub(TOKENS_REPLY_PRIMING)
+                    + tokens_before(&messages[index], head)
+            }
+            None => total,
+        };
+        Self {
+            total,
+            added: total.saturating_sub(before),
+            cacheable,
+        }
+    }
+}
+
+/// Appends `block` to a content slot after the client's own text: to a
+/// string after [`BLOCK_SEPARATOR`], to an array of parts as a new part
+/// `{"type": part_type, "text": ...}` (also opening with the separator, for
+/// templates that join parts without one); a missing (`Null`) or empty
+/// content becomes the block. Returns false, changing nothing, when the
+/// content is something else.
+pub fn append_to_content(content: &mut Value, block: &str, part_type: &str) -> bool {
+    match content {
+        Value::String(text) if !text.is_empty() => {
+            text.push_str(BLOCK_SEPARATOR);
+            text.push_str(block);
+        }
+        Value::Array(parts) => parts.push(json!({
+            "type": part_type,
+            "text": format!("{BLOCK_SEPARATOR}{block}"),
+        })),
+        Value::Null | Value::String(_) => *content = Value::String(block.to_owned()),
+        _ => return false,
+    }
+    true
 }
 
 /// Our estimate of the prompt tokens before `canary` in a conversation whose
@@ -330,18 +427,9 @@ fn append_block(message: &mut Value, block: String) {
     let Some(message) = message.as_object_mut() else {
         return;
     };
-    match message.get_mut("content") {
-        Some(Value::String(text)) if !text.is_empty() => {
-            text.push_str(BLOCK_SEPARATOR);
-            text.push_str(&block);
-        }
-        Some(Value::Array(parts)) => parts.push(json!({
-            "type": "text",
-            "text": format!("{BLOCK_SEPARATOR}{block}"),
-        })),
-        _ => {
-            message.insert("content".into(), Value::String(block));
-        }
+    let content = message.entry("content").or_insert(Value::Null);
+    if !append_to_content(content, &block, "text") {
+        *content = Value::String(block);
     }
 }
 

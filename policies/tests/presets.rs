@@ -3,7 +3,7 @@
 
 mod common;
 
-use canarygate_policies::config::PRESETS;
+use canarygate_policies::config::{PRESETS, ProviderApi};
 use canarygate_policies::registry_config::OnUnavailable;
 use canarygate_policies::{Decision, EchoMode, FailureAction, Policy, ReleasePolicy, Verifier};
 use common::*;
@@ -230,10 +230,10 @@ model_dir = "/m"
 model_name = "fallback-model"
 "#;
     let policy = Policy::from_toml_str(text, "t.toml").unwrap();
-    let capped = policy.route("capped").unwrap();
+    let capped = policy.route("capped", ProviderApi::Openai).unwrap();
     assert_eq!(capped.max_context_tokens, Some(300));
     assert_eq!(capped.local_model, "tiny-local");
-    let other = policy.route("other").unwrap();
+    let other = policy.route("other", ProviderApi::Openai).unwrap();
     assert_eq!(other.max_context_tokens, Some(700));
     assert_eq!(other.local_model, "fallback-model");
 }

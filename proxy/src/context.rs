@@ -9,7 +9,7 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::Response;
-use canarygate_policies::config::ResolvedRoute;
+use canarygate_policies::config::{ProviderApi, ResolvedRoute};
 
 use crate::clock::RequestClock;
 use crate::error::{ApiError, ErrorCode};
@@ -38,8 +38,12 @@ pub const OVERHEAD_HEADER: &str = "x-canarygate-overhead-tokens";
 /// Response headers naming the provider's id for the request.
 const PROVIDER_REQUEST_ID_HEADERS: [&str; 2] = ["x-request-id", "request-id"];
 
-/// Request headers forwarded to the provider besides `Authorization`.
-const FORWARDED_HEADERS: [&str; 3] = ["openai-organization", "openai-project", "openai-beta"];
+/// Request header naming the version of Anthropic's API.
+pub const ANTHROPIC_VERSION_HEADER: &str = "anthropic-version";
+
+/// The version of Anthropic's API sent when the client names none: the one
+/// Anthropic's SDKs send (`2023-06-01`, its only stable version).
+const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// Marks a response that passes a provider's own error on.
 #[derive(Debug, Clone, Copy)]
@@ -115,18 +119,8 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
         stream: bool,
     ) -> Result<reqwest::Response, ApiError> {
         let upstream = self.upstream;
-        let authorization = match upstream.managed_key() {
-            Some(key) => key.clone(),
-            None => self.caller.passthrough_authorization()?,
-        };
-        // A retry's answer is about the retry only.
-        self.forget_provider_headers();
-        let mut outgoing = upstream.request(body, Some(authorization), stream);
-        for name in FORWARDED_HEADERS {
-            if let Some(value) = self.client_headers.get(name) {
-                outgoing = outgoing.header(name, value);
-            }
-        }
+        let url = upstream.endpoint_url(W::PATH)?;
+        let outgoing = self.outgoing(reqwest::Method::POST, url, Some(body), stream)?;
         let limit_ms = self.state.policy.limits.first_byte_timeout_ms;
         match clock
             .wait(tokio::time::timeout(
@@ -149,6 +143,36 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
                 Ok(response)
             }
         }
+    }
+
+    /// `method` on the provider's `url` with `body`, the key (managed, or
+    /// the caller's) and the client's headers that format `W` passes on.
+    pub fn outgoing(
+        &self,
+        method: reqwest::Method,
+        url: reqwest::Url,
+        body: Option<Bytes>,
+        stream: bool,
+    ) -> Result<reqwest::RequestBuilder, ApiError> {
+        let key = match self.upstream.managed_key() {
+            Some(key) => key.clone(),
+            None => self.caller.passthrough_key()?,
+        };
+        // A retry's answer is about the retry only.
+        self.forget_provider_headers();
+        let mut outgoing = self.upstream.request(method, url, body, Some(&key), stream);
+        for name in W::FORWARDED_HEADERS {
+            if let Some(value) = self.client_headers.get(*name) {
+                outgoing = outgoing.header(*name, value);
+            }
+        }
+        if self.upstream.api == ProviderApi::Anthropic
+            && !self.client_headers.contains_key(ANTHROPIC_VERSION_HEADER)
+        {
+            // Anthropic's API requires a version; its SDKs always send one.
+            outgoing = outgoing.header(ANTHROPIC_VERSION_HEADER, ANTHROPIC_VERSION);
+        }
+        Ok(outgoing)
     }
 
     fn provider_headers(&self) -> std::sync::MutexGuard<'_, HeaderMap> {

@@ -8,6 +8,7 @@
 //! every code (a test holds it to [`ErrorCode::ALL`]).
 
 use axum::http::StatusCode;
+use canarygate_policies::config::ProviderApi;
 use canarygate_policies::verify::Verdict;
 
 /// What went wrong, as canarygate tells the client.
@@ -247,6 +248,26 @@ impl ApiError {
         Self::new(
             ErrorCode::ModelNotFound,
             format!("The model `{model}` is not routed by this canarygate policy."),
+        )
+        .with_param("model")
+    }
+
+    /// 404 `model_not_found`: `model` is routed, but to a provider of
+    /// another API than the endpoint called.
+    pub fn model_on_other_api(model: &str, api: ProviderApi) -> Self {
+        let endpoint = match api {
+            ProviderApi::Openai => {
+                "OpenAI's endpoints (/v1/chat/completions, /v1/responses, /v1/completions)"
+            }
+            ProviderApi::Anthropic => "Anthropic's Messages endpoint (POST /v1/messages)",
+        };
+        Self::new(
+            ErrorCode::ModelNotFound,
+            format!(
+                "The model `{model}` is routed to a provider of api \"{}\": call it through \
+                 {endpoint}.",
+                api.name()
+            ),
         )
         .with_param("model")
     }

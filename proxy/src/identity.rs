@@ -32,15 +32,16 @@ pub struct Caller {
 }
 
 impl Caller {
-    /// `Authorization` value to forward upstream in passthrough mode.
-    pub fn passthrough_authorization(&self) -> Result<HeaderValue, ApiError> {
-        bearer(&self.credential)
+    /// The caller's key, to forward upstream in passthrough mode (the
+    /// provider's client puts it in the header its API expects).
+    pub fn passthrough_key(&self) -> Result<HeaderValue, ApiError> {
+        key_value(&self.credential)
     }
 }
 
-/// `Authorization: Bearer <key>` as a sensitive header value.
-pub fn bearer(key: &str) -> Result<HeaderValue, ApiError> {
-    let mut value = HeaderValue::try_from(format!("Bearer {key}")).map_err(|_| {
+/// An API key as a sensitive header value (never printed by `Debug`).
+pub fn key_value(key: &str) -> Result<HeaderValue, ApiError> {
+    let mut value = HeaderValue::try_from(key).map_err(|_| {
         ApiError::new(
             ErrorCode::InvalidApiKey,
             "The API key is not valid header text.",
@@ -140,14 +141,32 @@ impl Authenticator {
     }
 }
 
-/// The token of `Authorization: Bearer <token>`.
+/// Header carrying the key in Anthropic's API (its SDKs send it).
+const API_KEY_HEADER: &str = "x-api-key";
+
+/// The client's key: the token of `Authorization: Bearer <token>` (OpenAI's
+/// clients; Anthropic's with an auth token), else `x-api-key` (Anthropic's).
 fn bearer_token(headers: &HeaderMap) -> Result<&str, ApiError> {
-    let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::MissingApiKey,
-            "You didn't provide an API key: send it as `Authorization: Bearer <key>`.",
-        )
-    })?;
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        let key = headers.get(API_KEY_HEADER).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::MissingApiKey,
+                "You didn't provide an API key: send it as `Authorization: Bearer <key>` \
+                 (or `x-api-key: <key>`).",
+            )
+        })?;
+        return key
+            .to_str()
+            .ok()
+            .map(str::trim)
+            .filter(|key| !key.is_empty())
+            .ok_or_else(|| {
+                ApiError::new(
+                    ErrorCode::InvalidApiKey,
+                    "The x-api-key header must hold the key as visible ASCII.",
+                )
+            });
+    };
     value
         .to_str()
         .ok()
@@ -219,6 +238,17 @@ mod tests {
             .err()
             .unwrap();
         assert_eq!(basic.code, ErrorCode::InvalidApiKey);
+        // Anthropic's header names the same session as a bearer token.
+        let bearer = auth
+            .authenticate(&headers(&[("authorization", "Bearer k1")]))
+            .unwrap();
+        let api_key = auth.authenticate(&headers(&[("x-api-key", "k1")])).unwrap();
+        assert_eq!(bearer.session_id, api_key.session_id);
+        let empty = auth
+            .authenticate(&headers(&[("x-api-key", " ")]))
+            .err()
+            .unwrap();
+        assert_eq!(empty.code, ErrorCode::InvalidApiKey);
     }
 
     #[test]

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use crate::clock::now_ms;
 use crate::error::error_chain;
-use crate::identity::bearer;
+use crate::identity::key_value;
 use crate::upstream::{Upstream, UpstreamError, Upstreams};
 use crate::wire::WireFormat;
 use crate::wire::chat::Chat;
@@ -119,7 +119,10 @@ impl ProbeTarget {
         };
         let name = provider.name.get_ref().as_str();
         let (model, advertised) = match model {
-            Some(model) => match policy.route(model).filter(|route| route.provider == name) {
+            Some(model) => match policy
+                .route(model, provider.api)
+                .filter(|route| route.provider == name)
+            {
                 Some(route) => (route.upstream_model.to_owned(), route.context_window),
                 None => (model.to_owned(), *provider.context_window.get_ref()),
             },
@@ -142,8 +145,8 @@ impl ProbeTarget {
 fn single_route(policy: &Policy, provider: &ProviderConfig) -> Result<(String, u64), ProbeError> {
     let name = provider.name.get_ref();
     let routes: Vec<_> = policy
-        .named_models()
-        .filter_map(|model| policy.route(model))
+        .named_routes()
+        .map(|(_, route, _)| route)
         .filter(|route| route.provider == name)
         .collect();
     match routes.as_slice() {
@@ -168,7 +171,7 @@ pub async fn run(
     let upstream = upstreams.named(&target.provider)?;
     let authorization = match (upstream.managed_key(), api_key) {
         (Some(key), _) => Some(key.clone()),
-        (None, Some(key)) => Some(bearer(key).map_err(|_| ProbeError::BadKey)?),
+        (None, Some(key)) => Some(key_value(key).map_err(|_| ProbeError::BadKey)?),
         (None, None) => None,
     };
     let mut secret = [0; 32];
@@ -272,11 +275,17 @@ impl Prober<'_> {
             what,
             detail: error_chain(&error),
         };
+        let url = self
+            .upstream
+            .endpoint_url(crate::upstream::CHAT_COMPLETIONS)
+            .map_err(|error| ProbeError::NotJson(error.to_string()))?;
         let response = self
             .upstream
             .request(
-                prompt.body.to_string().into(),
-                self.authorization.clone(),
+                reqwest::Method::POST,
+                url,
+                Some(prompt.body.to_string().into()),
+                self.authorization.as_ref(),
                 false,
             )
             .timeout(REQUEST_TIMEOUT)

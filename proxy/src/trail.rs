@@ -59,6 +59,8 @@ pub struct Trail {
     credential: Option<String>,
     provider: Option<String>,
     model: Option<String>,
+    endpoint: Option<String>,
+    unverifiable: bool,
     prompt_tokens_ours: Option<u64>,
     prompt_tokens_provider: Option<u64>,
     provider_request_id: Option<String>,
@@ -90,6 +92,8 @@ impl Trail {
             credential: None,
             provider: None,
             model: None,
+            endpoint: None,
+            unverifiable: false,
             prompt_tokens_ours: None,
             prompt_tokens_provider: None,
             provider_request_id: None,
@@ -119,6 +123,16 @@ impl Trail {
     /// Records the request body as received.
     pub fn request_body(&mut self, bytes: &[u8]) {
         self.request_bytes = bytes.to_vec();
+    }
+
+    /// Records the endpoint the client called.
+    pub fn surface(&mut self, endpoint: &str) {
+        self.endpoint = Some(endpoint.to_owned());
+    }
+
+    /// Records that the endpoint's answer has nothing to verify.
+    pub fn unverifiable(&mut self) {
+        self.unverifiable = true;
     }
 
     /// Records the model the client asked for.
@@ -275,6 +289,7 @@ impl Trail {
             credential: self.credential,
             provider: self.provider.unwrap_or_else(|| "-".to_owned()),
             model: self.model.unwrap_or_default(),
+            endpoint: self.endpoint,
             route: self.route,
             prompt_tokens_ours: self.prompt_tokens_ours,
             prompt_tokens_provider: self.prompt_tokens_provider,
@@ -288,7 +303,10 @@ impl Trail {
                     .as_ref()
                     .is_some_and(|verdict| verdict.registry_degraded),
             checks,
-            verdict: VerdictSummary::of(self.verdict.as_ref()),
+            verdict: match self.verdict.as_ref() {
+                None if self.unverifiable => VerdictSummary::Unverifiable,
+                verdict => VerdictSummary::of(verdict),
+            },
             action,
             outcome,
             latency: Latency {

@@ -8,13 +8,16 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
-use canarygate_policies::config::{AuthMode, Policy, ProviderConfig};
+use canarygate_policies::config::{AuthMode, Policy, ProviderApi, ProviderConfig};
 use futures_util::StreamExt;
 
 use crate::clock::RequestClock;
 use crate::error::{ApiError, ErrorCode, error_chain};
-use crate::identity::bearer;
+use crate::identity::key_value;
 use crate::wire::edit::TokenCounter;
+
+/// The Chat Completions endpoint, relative to a provider's `base_url`.
+pub const CHAT_COMPLETIONS: &str = "chat/completions";
 
 /// Largest upstream response body read for a non-streaming request.
 const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
@@ -132,8 +135,12 @@ impl Upstreams {
 pub struct Upstream {
     /// Provider name from the policy.
     pub name: String,
-    /// `base_url/chat/completions`, parsed once: parsing a URL per request is
-    /// measurable in a profile.
+    /// The API it speaks: which header carries the key.
+    pub api: ProviderApi,
+    /// `base_url`, parsed once (with a trailing `/`, so endpoints join onto
+    /// it); parsing a URL per request is measurable in a profile.
+    base_url: reqwest::Url,
+    /// `base_url/chat/completions`, the most common endpoint, joined once.
     chat_completions_url: reqwest::Url,
     client: reqwest::Client,
     /// Provider key from `api_key_env`, attached in managed auth.
@@ -174,23 +181,23 @@ impl Upstream {
                 builder = builder.add_root_certificate(certificate);
             }
         }
-        let url = format!(
-            "{}/chat/completions",
-            provider.base_url.get_ref().trim_end_matches('/')
-        );
-        let chat_completions_url =
-            reqwest::Url::parse(&url).map_err(|error| UpstreamError::BaseUrl {
-                provider: name.clone(),
-                url: url.clone(),
-                problem: error.to_string(),
-            })?;
+        let url = format!("{}/", provider.base_url.get_ref().trim_end_matches('/'));
+        let bad_url = |error: &dyn std::fmt::Display| UpstreamError::BaseUrl {
+            provider: name.clone(),
+            url: url.clone(),
+            problem: error.to_string(),
+        };
+        let base_url = reqwest::Url::parse(&url).map_err(|error| bad_url(&error))?;
+        let chat_completions_url = base_url
+            .join(CHAT_COMPLETIONS)
+            .map_err(|error| bad_url(&error))?;
         let client = builder.build().map_err(|error| UpstreamError::Client {
             provider: name.clone(),
             problem: error_chain(&error),
         })?;
         let managed_key = match policy.auth.mode {
             AuthMode::Managed => match provider_api_key(provider, None)? {
-                Some(key) => Some(bearer(&key).map_err(|_| UpstreamError::ApiKey {
+                Some(key) => Some(key_value(&key).map_err(|_| UpstreamError::ApiKey {
                     provider: name.clone(),
                     variable: provider.api_key_env.clone().unwrap_or_default(),
                     problem: "is not valid header text",
@@ -211,6 +218,8 @@ impl Upstream {
         };
         Ok(Self {
             tokenizer,
+            api: provider.api,
+            base_url,
             chat_completions_url,
             name,
             client,
@@ -262,23 +271,58 @@ impl Upstream {
         self.managed_key.as_ref()
     }
 
-    /// The provider's `GET /models` list (`data`), asked with
-    /// `authorization`; the head within `first_byte`, the body with at most
+    /// The URL of `endpoint` (a path relative to `base_url`, such as
+    /// `chat/completions` or `responses/resp_1`).
+    pub fn endpoint_url(&self, endpoint: &str) -> Result<reqwest::Url, ApiError> {
+        if endpoint == CHAT_COMPLETIONS {
+            return Ok(self.chat_completions_url.clone());
+        }
+        self.base_url.join(endpoint).map_err(|error| {
+            ApiError::internal(format!(
+                "provider `{}`: endpoint `{endpoint}` does not join its base_url: {error}",
+                self.name
+            ))
+        })
+    }
+
+    /// `request` carrying `key` as this provider's API expects it: OpenAI's
+    /// `Authorization: Bearer`, Anthropic's `x-api-key`.
+    pub fn with_key(
+        &self,
+        request: reqwest::RequestBuilder,
+        key: &HeaderValue,
+    ) -> reqwest::RequestBuilder {
+        match self.api {
+            ProviderApi::Openai => {
+                let mut bearer = b"Bearer ".to_vec();
+                bearer.extend_from_slice(key.as_bytes());
+                match HeaderValue::from_bytes(&bearer) {
+                    Ok(mut value) => {
+                        value.set_sensitive(true);
+                        request.header(header::AUTHORIZATION, value)
+                    }
+                    // A valid header value stays one with a prefix.
+                    Err(_) => request,
+                }
+            }
+            ProviderApi::Anthropic => request.header("x-api-key", key.clone()),
+        }
+    }
+
+    /// The provider's `GET /models` list (`data`), asked with `key`; the head within `first_byte`, the body with at most
     /// `idle` between chunks (the waits count on `clock`). The provider's own
     /// error answer comes back as [`ModelsError::Provider`], to pass on.
     pub async fn list_models(
         &self,
         clock: &mut RequestClock,
-        authorization: HeaderValue,
+        key: HeaderValue,
         first_byte: Duration,
         idle: Duration,
     ) -> Result<Vec<serde_json::Value>, ModelsError> {
-        let mut url = self.chat_completions_url.clone();
-        url.set_path(&url.path().replace("/chat/completions", "/models"));
-        let request = self
-            .client
-            .get(url)
-            .header(header::AUTHORIZATION, authorization);
+        let url = self
+            .endpoint_url("models")
+            .map_err(ModelsError::Canarygate)?;
+        let request = self.with_key(self.client.get(url), &key);
         let response = match clock
             .wait(tokio::time::timeout(first_byte, request.send()))
             .await
@@ -321,8 +365,8 @@ impl Upstream {
 
     /// Whether the provider answers HTTP at all (any status counts), within 5 s.
     pub async fn check_reachable(&self) -> Result<(), reqwest::Error> {
-        let mut url = self.chat_completions_url.clone();
-        url.set_path(&url.path().replace("/chat/completions", "/models"));
+        let mut url = self.base_url.clone();
+        url.set_path(&format!("{}models", url.path()));
         self.client
             .get(url)
             .timeout(Duration::from_secs(5))
@@ -331,23 +375,27 @@ impl Upstream {
             .map(drop)
     }
 
-    /// The one upstream request canarygate sends: a POST of the JSON `body`
-    /// to the provider's chat completions endpoint, with `authorization`
-    /// (the managed key, or whatever the caller passes on) and, for a stream,
-    /// `Accept: text/event-stream`. Callers add their deadline and headers.
+    /// The one upstream request canarygate sends: `method` on `url` (an
+    /// [`Upstream::endpoint_url`]) with the JSON `body` when there is one,
+    /// `key` (the managed key, or whatever the caller passes on) in the
+    /// API's header and, for a stream, `Accept: text/event-stream`. Callers
+    /// add their deadline and headers.
     pub fn request(
         &self,
-        body: Bytes,
-        authorization: Option<HeaderValue>,
+        method: reqwest::Method,
+        url: reqwest::Url,
+        body: Option<Bytes>,
+        key: Option<&HeaderValue>,
         stream: bool,
     ) -> reqwest::RequestBuilder {
-        let mut request = self
-            .client
-            .post(self.chat_completions_url.clone())
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(body);
-        if let Some(authorization) = authorization {
-            request = request.header(header::AUTHORIZATION, authorization);
+        let mut request = self.client.request(method, url);
+        if let Some(body) = body {
+            request = request
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(body);
+        }
+        if let Some(key) = key {
+            request = self.with_key(request, key);
         }
         if stream {
             request = request.header(header::ACCEPT, "text/event-stream");

@@ -67,13 +67,14 @@ const DEPENDENCIES: [(&str, &[&str], &[&str]); 7] = [
 /// The proxy's layers: a module may import from a lower layer; within
 /// layers 1 and 2 (the shared pieces) from the same layer too; never from a
 /// higher one, nor from another unit of layers 3 and up.
-const PROXY_LAYERS: [(&str, u8); 24] = [
+const PROXY_LAYERS: [(&str, u8); 28] = [
     ("server", 5),
     ("pipeline", 4),
     ("paths", 3),
     ("paths::verified", 3),
     ("paths::plain", 3),
     ("paths::local", 3),
+    ("paths::passthrough", 3),
     ("probe", 3),
     ("body", 2),
     ("context", 2),
@@ -88,6 +89,9 @@ const PROXY_LAYERS: [(&str, u8); 24] = [
     ("upstream", 2),
     ("wire", 2),
     ("wire::chat", 2),
+    ("wire::completions", 2),
+    ("wire::messages", 2),
+    ("wire::responses", 2),
     ("wire::format", 2),
     ("error", 1),
     ("clock", 1),

@@ -31,6 +31,7 @@ fn record(request_id: String) -> RequestRecord {
         credential: None,
         provider: "sim".into(),
         model: "small".into(),
+        endpoint: None,
         route: Route::Upstream,
         prompt_tokens_ours: Some(12),
         prompt_tokens_provider: Some(12),

@@ -78,7 +78,7 @@ fn serve_refuses_a_second_provider_override_and_a_missing_managed_key() {
         .output()
         .unwrap();
     assert!(!output.status.success());
-    assert!(String::from_utf8_lossy(&output.stderr).contains("exactly one provider"));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("several providers of api"));
 
     let managed = dir.policy(&format!(
         "[auth]\nmode = \"managed\"\nclient_keys = [{{ name = \"c\", sha256 = \"{}\" }}]\n\

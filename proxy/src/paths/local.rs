@@ -12,9 +12,11 @@
 
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use canarygate_engine::openai::{ChatError, ChatFailure, start_chat};
+use canarygate_policies::sse::SseParser;
+use futures_util::{Stream, StreamExt};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::body::{PendingBody, Served};
@@ -22,7 +24,7 @@ use crate::context::{RequestContext, SERVED_BY_HEADER};
 use crate::error::{ApiError, ErrorCode};
 use crate::relay::Relay;
 use crate::trail::Trail;
-use crate::wire::{ClientRequest, WireFormat};
+use crate::wire::{ClientRequest, LocalStream, WireFormat};
 
 /// Response header saying why a request was served locally.
 pub const LOCAL_REASON_HEADER: &str = "x-canarygate-local-reason";
@@ -83,15 +85,16 @@ pub async fn serve<W: WireFormat>(
     );
     state.metrics.count_local(reason.as_str());
     trail.served_locally();
-    let call =
-        start_chat(engine.handle(), &request.body, context.local_model).map_err(api_error)?;
+    // The engine speaks Chat Completions; other formats are translated.
+    let chat = W::local_request(&request.body)?;
+    let call = start_chat(engine.handle(), &chat, context.local_model).map_err(api_error)?;
     trail.prompt_tokens_provider(Some(call.prompt_tokens() as u64));
     if call.is_stream() {
         let permit = permit
             .take()
             .ok_or_else(|| ApiError::internal("the request's concurrency slot is gone"))?;
         let relay = Relay::<W>::local(
-            call.into_sse(),
+            translated(call.into_sse(), W::local_stream(&request.body)),
             LOCAL_PROVIDER.to_owned(),
             LOCAL_IDLE_TIMEOUT,
             permit,
@@ -100,10 +103,27 @@ pub async fn serve<W: WireFormat>(
         mark(head.headers_mut(), reason);
         return Ok(Served::Stream(head, PendingBody::new(relay)));
     }
-    let answer = call.complete().await.map_err(api_error)?;
+    let answer = W::local_answer(call.complete().await.map_err(api_error)?, &request.body);
     let mut response = context.json_response(StatusCode::OK, Body::from(answer.to_string()), None);
     mark(response.headers_mut(), reason);
     Ok(Served::Whole(response))
+}
+
+/// The engine's Chat Completions `stream` as events of the client's format.
+fn translated(
+    stream: impl Stream<Item = Bytes> + Send + 'static,
+    mut local: impl LocalStream,
+) -> impl Stream<Item = Bytes> + Send + 'static {
+    let mut parser = SseParser::new();
+    let mut events = Vec::new();
+    stream.map(move |bytes| {
+        parser.feed(&bytes, &mut events);
+        let mut out = Vec::new();
+        for event in events.drain(..) {
+            local.translate(&event, &mut out);
+        }
+        Bytes::from(out)
+    })
 }
 
 fn mark(headers: &mut HeaderMap, reason: LocalReason) {

@@ -50,13 +50,16 @@ pub async fn serve<W: WireFormat>(
 ) -> Result<Served, ApiError> {
     let bytes = admitted.body.clone();
     trail.request_body(&bytes);
+    trail.surface(W::ENDPOINT);
     let mut request = W::parse_request(&bytes)?;
     let model = request.model.clone();
     trail.model(&model);
-    let route = state
-        .policy
-        .route(&model)
-        .ok_or_else(|| ApiError::model_not_found(&model))?;
+    let route = state.policy.route(&model, W::API).ok_or_else(|| {
+        match state.policy.api_serving(&model, W::API) {
+            Some(api) => ApiError::model_on_other_api(&model, api),
+            None => ApiError::model_not_found(&model),
+        }
+    })?;
     trail.provider(route.provider);
     let renamed = route.upstream_model != model;
     if renamed {

@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, Uri, Version, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
+use canarygate_policies::config::ProviderApi;
 use canarygate_policies::registry_config::OnUnavailable;
 use serde_json::{Value, json};
 
@@ -156,13 +157,13 @@ async fn render_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse
 async fn list_models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
     let policy = &state.policy;
     let mut data: Vec<Value> = policy
-        .named_models()
-        .filter_map(|model| {
-            let route = policy.route(model)?;
-            Some(json!({"id": model, "object": "model", "created": 0, "owned_by": route.provider}))
+        .named_routes()
+        .filter(|(_, _, api)| *api == ProviderApi::Openai)
+        .map(|(model, route, _)| {
+            json!({"id": model, "object": "model", "created": 0, "owned_by": route.provider})
         })
         .collect();
-    if let Some(provider) = policy.wildcard_provider() {
+    if let Some(provider) = policy.wildcard_provider(ProviderApi::Openai) {
         match provider_models(&state, provider, &headers).await {
             Ok(models) => {
                 for model in models {
@@ -203,10 +204,10 @@ async fn provider_models(
         Ok(caller) => caller,
         Err(error) => return Ok(unlisted(&error)),
     };
-    let authorization = match upstream.managed_key() {
+    let key = match upstream.managed_key() {
         Some(key) => key.clone(),
-        None => match caller.passthrough_authorization() {
-            Ok(authorization) => authorization,
+        None => match caller.passthrough_key() {
+            Ok(key) => key,
             Err(error) => return Ok(unlisted(&error)),
         },
     };
@@ -215,7 +216,7 @@ async fn provider_models(
     let listed = upstream
         .list_models(
             &mut clock,
-            authorization,
+            key,
             Duration::from_millis(limits.first_byte_timeout_ms),
             Duration::from_millis(limits.idle_timeout_ms),
         )

@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use canarygate_policies::config::ProviderApi;
+
 use crate::clock::now_ms;
 use crate::error::error_chain;
 use crate::probe::{self, ProbeTarget};
@@ -162,8 +164,9 @@ fn scheduled_probes(state: &AppState, interval: Duration) -> Vec<ProbeTarget> {
     let mut seen = HashSet::new();
     state
         .policy
-        .named_models()
-        .filter_map(|model| state.policy.route(model))
+        .named_routes()
+        .filter(|(_, _, api)| *api == ProviderApi::Openai)
+        .map(|(_, route, _)| route)
         .filter(|route| seen.insert((route.provider, route.upstream_model)))
         .filter(|route| {
             state

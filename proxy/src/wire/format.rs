@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
+use canarygate_policies::config::ProviderApi;
 use canarygate_policies::inject::{Injection, RequestCanaries};
 use canarygate_policies::sse::SseEvent;
 use canarygate_policies::verify::{Part, ProviderUsage, Verdict, Verifier};
@@ -159,8 +160,16 @@ pub struct AnswerView {
 /// One event of a provider's stream, as the verifier reads it.
 #[derive(Debug)]
 pub enum EventView {
-    /// The provider's end-of-stream marker.
+    /// The provider's end-of-stream marker, carrying nothing the client
+    /// needs (Chat's `[DONE]`): the writer's [`StreamWriter::done`] ends the
+    /// client's stream.
     Done,
+    /// The event that ends the answer and carries its last facts (the
+    /// Responses API's `response.completed` with the whole response and its
+    /// usage): read like a chunk (its text fields, if any, are not pushed:
+    /// they repeat what the stream carried), handed to the writer, and then
+    /// the stream ends as on [`EventView::Done`].
+    Final(Chunk),
     /// The provider reported an error mid-stream (its message).
     Error(String),
     /// Not an event of this format (e.g. not JSON).
@@ -194,8 +203,9 @@ impl Chunk {
 pub trait StreamWriter: Send + 'static {
     /// Takes one provider event, already fed to the verifier: `spans[i]` is
     /// the span of its part that text field `i` of [`Chunk::texts`] carried.
-    /// `data` is the event's data as received, for events passed unchanged.
-    fn take(&mut self, chunk: Chunk, data: String, spans: Vec<Range<usize>>);
+    /// `event` is the event as received (its name and data), for events
+    /// passed unchanged.
+    fn take(&mut self, chunk: Chunk, event: SseEvent, spans: Vec<Range<usize>>);
     /// Writes to `out`, in order, every event held that `verifier` now lets
     /// out. `at_end`: the answer was verified and is delivered, so the
     /// events that end it (finish reasons, usage) go too.
@@ -207,13 +217,34 @@ pub trait StreamWriter: Send + 'static {
     fn done(&self, verdict: &Verdict) -> Vec<u8>;
 }
 
+/// Turns the local engine's Chat Completions stream into a format's events.
+pub trait LocalStream: Send + 'static {
+    /// Writes to `out` what one event of the engine's stream (a chunk, an
+    /// error, `[DONE]`) becomes in this format.
+    fn translate(&mut self, event: &SseEvent, out: &mut Vec<u8>);
+}
+
 /// A wire format: see the module docs.
 pub trait WireFormat: Send + Sync + 'static {
     /// The client-facing stream of a verified answer.
     type StreamWriter: StreamWriter;
 
-    /// Endpoint name in metrics and logs, e.g. `chat_completions`.
+    /// The local engine's stream in this format.
+    type LocalStream: LocalStream;
+
+    /// The endpoint's name in metrics, logs and audit records (the surface
+    /// that served a request), e.g. `chat_completions`.
     const ENDPOINT: &'static str;
+
+    /// The provider's endpoint, relative to its `base_url`.
+    const PATH: &'static str;
+
+    /// The API a provider must speak to serve this format.
+    const API: ProviderApi;
+
+    /// Request headers of the client's passed on to the provider (besides
+    /// its key, which goes in the header the provider's API expects).
+    const FORWARDED_HEADERS: &'static [&'static str];
 
     /// Parses and validates the client's request.
     fn parse_request(bytes: &[u8]) -> Result<ClientRequest, ApiError>;
@@ -268,6 +299,18 @@ pub trait WireFormat: Send + Sync + 'static {
 
     /// `error` as the event that ends a stream.
     fn error_event(error: &ApiError) -> Vec<u8>;
+
+    /// The client's request (as received, without canaries) as a Chat
+    /// Completions request for the local engine; a request the engine
+    /// cannot serve is an error in this format.
+    fn local_request(body: &Value) -> Result<Value, ApiError>;
+
+    /// The local engine's whole Chat Completions answer to
+    /// [`WireFormat::local_request`] of `request`, in this format.
+    fn local_answer(chat: Value, request: &Value) -> Value;
+
+    /// A translator for the local engine's stream answering `request`.
+    fn local_stream(request: &Value) -> Self::LocalStream;
 }
 
 /// Puts `text` at `field.at` in `value` (the provider's answer or event).

@@ -32,7 +32,10 @@
 //! 5. [`WireFormat::error_body`]: every error in the format's shape.
 
 pub mod chat;
+pub mod completions;
 pub mod edit;
 mod format;
+pub mod messages;
+pub mod responses;
 
-pub use format::{ChoiceView, ClientRequest, EventView, StreamWriter, WireFormat};
+pub use format::{ChoiceView, ClientRequest, EventView, LocalStream, StreamWriter, WireFormat};

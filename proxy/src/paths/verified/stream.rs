@@ -245,13 +245,14 @@ impl<W: WireFormat> VerifiedStream<W> {
     }
 
     async fn on_event(&mut self, event: SseEvent) {
-        let chunk = match W::read_event(&event) {
+        let (chunk, last) = match W::read_event(&event) {
             EventView::Done => return self.finalize(Some(true)),
+            EventView::Final(chunk) => (chunk, true),
             EventView::Malformed => return self.interrupt("sent an event that is not JSON".into()),
             EventView::Error(message) => {
                 return self.interrupt(format!("sent an error mid-stream: {message}"));
             }
-            EventView::Chunk(chunk) => chunk,
+            EventView::Chunk(chunk) => (chunk, false),
         };
         if chunk.usage.is_some() {
             self.usage = chunk.usage;
@@ -274,7 +275,10 @@ impl<W: WireFormat> VerifiedStream<W> {
                 },
             )
             .await;
-        self.writer.take(chunk, event.data, spans);
+        self.writer.take(chunk, event, spans);
+        if last {
+            return self.finalize(Some(true));
+        }
         if stop {
             return self.finalize(None);
         }

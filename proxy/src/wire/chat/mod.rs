@@ -22,6 +22,7 @@ use std::ops::Range;
 
 use std::borrow::Cow;
 
+use canarygate_policies::config::ProviderApi;
 use canarygate_policies::inject::{InjectError, Injection, RequestCanaries, inject};
 use canarygate_policies::sse::{SseEvent, encode_data};
 use canarygate_policies::verify::{ProviderUsage, Verifier};
@@ -34,15 +35,19 @@ use self::deliver::edit_fields;
 use self::stream::ChatStream;
 use crate::error::{ApiError, ErrorCode};
 use crate::wire::edit::Delivery;
-use crate::wire::format::{AnswerView, Chunk, ClientRequest, EventView, WireFormat};
+use crate::wire::format::{AnswerView, Chunk, ClientRequest, EventView, LocalStream, WireFormat};
 
 /// OpenAI Chat Completions.
 pub struct Chat;
 
 impl WireFormat for Chat {
     type StreamWriter = ChatStream;
+    type LocalStream = ChatLocal;
 
     const ENDPOINT: &'static str = "chat_completions";
+    const PATH: &'static str = crate::upstream::CHAT_COMPLETIONS;
+    const API: ProviderApi = ProviderApi::Openai;
+    const FORWARDED_HEADERS: &'static [&'static str] = &OPENAI_HEADERS;
 
     fn parse_request(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
         request::parse(bytes)
@@ -183,13 +188,38 @@ impl WireFormat for Chat {
         encode_data(&error_json(error).to_string(), &mut event);
         event
     }
+
+    fn local_request(body: &Value) -> Result<Value, ApiError> {
+        Ok(body.clone())
+    }
+
+    fn local_answer(chat: Value, _request: &Value) -> Value {
+        chat
+    }
+
+    fn local_stream(_request: &Value) -> ChatLocal {
+        ChatLocal
+    }
 }
+
+/// The local engine's stream is already Chat Completions: passed as it is.
+pub struct ChatLocal;
+
+impl LocalStream for ChatLocal {
+    fn translate(&mut self, event: &SseEvent, out: &mut Vec<u8>) {
+        encode_data(&event.data, out);
+    }
+}
+
+/// Request headers of OpenAI's API passed on to the provider.
+pub const OPENAI_HEADERS: [&str; 3] = ["openai-organization", "openai-project", "openai-beta"];
 
 /// Request fields that make a provider return the prompt itself.
 const PROMPT_ECHO_FIELDS: [&str; 2] = ["prompt_logprobs", "return_token_ids"];
 
-/// OpenAI's error object for `error`.
-fn error_json(error: &ApiError) -> Value {
+/// OpenAI's error object for `error` (every OpenAI-API format writes its
+/// errors so).
+pub fn error_json(error: &ApiError) -> Value {
     let code = error.code;
     let mut body = json!({"error": {
         "message": error.message, "type": code.kind(), "param": error.param, "code": code.code(),

@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use canarygate_policies::sse::encode_data;
+use canarygate_policies::sse::{SseEvent, encode_data};
 use canarygate_policies::verify::{Verdict, Verifier};
 use serde_json::Value;
 
@@ -107,7 +107,8 @@ impl ChatStream {
 }
 
 impl StreamWriter for ChatStream {
-    fn take(&mut self, chunk: Chunk, data: String, spans: Vec<Range<usize>>) {
+    fn take(&mut self, chunk: Chunk, event: SseEvent, spans: Vec<Range<usize>>) {
+        let data = event.data;
         // A finish reason ends a choice; the usage chunk (no choices) ends
         // the answer. Usage on every chunk (vLLM's continuous usage stats)
         // does not hold them back.
