@@ -14,6 +14,7 @@ use std::ops::Range;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::endpoints_config::EndpointsConfig;
 use crate::local_config::{LocalConfig, ProbeConfig};
 use crate::registry_config::{RegistryConfig, check_env_name};
 use crate::verify_config::VerifyConfig;
@@ -86,6 +87,9 @@ pub struct Policy {
     /// Where live canaries are kept: this process, or shared on Redis.
     #[serde(default)]
     pub registry: RegistryConfig,
+    /// Endpoints canarygate cannot verify: forwarded or refused.
+    #[serde(default)]
+    pub endpoints: EndpointsConfig,
 }
 
 /// Sample rate of `[audit]` when none is given (2%).
@@ -405,6 +409,29 @@ impl Policy {
         })
     }
 
+    /// Where a request to an API that names no model goes (a stored
+    /// response fetched by id): the provider of the wildcard route to
+    /// providers speaking `api`, else the first such provider. Its route
+    /// names no model.
+    pub fn api_route(&self, api: ProviderApi) -> Option<ResolvedRoute<'_>> {
+        let provider_index = match self.wildcard_provider(api) {
+            Some(name) => self.provider_index(name)?,
+            None => self
+                .providers
+                .iter()
+                .position(|provider| provider.api == api)?,
+        };
+        let provider = &self.providers[provider_index];
+        Some(ResolvedRoute {
+            provider_index,
+            provider: provider.name.get_ref(),
+            upstream_model: "",
+            context_window: *provider.context_window.get_ref(),
+            max_context_tokens: provider.max_context_tokens,
+            local_model: &self.local.model_name,
+        })
+    }
+
     /// Every named route (wildcards excluded): the client's model name, the
     /// route resolved, and the API of its provider.
     pub fn named_routes(&self) -> impl Iterator<Item = (&str, ResolvedRoute<'_>, ProviderApi)> {
@@ -505,6 +532,7 @@ impl Policy {
         self.local.validate()?;
         self.probe.validate()?;
         self.registry.validate()?;
+        self.endpoints.validate()?;
         self.verify.validate(&providers, self.local.enabled())?;
         self.validate_routes(&providers)?;
         self.validate_auth()

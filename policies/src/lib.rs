@@ -10,6 +10,7 @@
 pub mod canary;
 pub mod config;
 pub mod context;
+pub mod endpoints_config;
 pub mod inject;
 pub mod local_config;
 pub mod probe;

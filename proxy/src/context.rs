@@ -118,9 +118,19 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
         body: Bytes,
         stream: bool,
     ) -> Result<reqwest::Response, ApiError> {
-        let upstream = self.upstream;
-        let url = upstream.endpoint_url(W::PATH)?;
+        let url = self.upstream.endpoint_url(W::PATH)?;
         let outgoing = self.outgoing(reqwest::Method::POST, url, Some(body), stream)?;
+        self.send_request(clock, outgoing).await
+    }
+
+    /// Sends `outgoing` (built by [`RequestContext::outgoing`]) and waits,
+    /// as [`RequestContext::send`] does, for the response head.
+    pub async fn send_request(
+        &self,
+        clock: &mut RequestClock,
+        outgoing: reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ApiError> {
+        let upstream = self.upstream;
         let limit_ms = self.state.policy.limits.first_byte_timeout_ms;
         match clock
             .wait(tokio::time::timeout(

@@ -33,6 +33,9 @@ pub enum ErrorCode {
     ModelNotFound,
     /// No such endpoint.
     UnknownUrl,
+    /// An endpoint whose answers cannot be verified (embeddings, a
+    /// passthrough path) under `[endpoints] unverifiable = "block"`.
+    UnverifiableEndpoint,
     /// The endpoint exists but not with this method (sent with `Allow`).
     MethodNotAllowed,
     /// The request body did not arrive within `limits.client_body_timeout_ms`,
@@ -80,7 +83,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in the README table's order.
-    pub const ALL: [Self; 29] = [
+    pub const ALL: [Self; 30] = [
         Self::InvalidJson,
         Self::InvalidValue,
         Self::InvalidBody,
@@ -91,6 +94,7 @@ impl ErrorCode {
         Self::InvalidApiKey,
         Self::ModelNotFound,
         Self::UnknownUrl,
+        Self::UnverifiableEndpoint,
         Self::MethodNotAllowed,
         Self::RequestTimeout,
         Self::RequestTooLarge,
@@ -124,6 +128,7 @@ impl ErrorCode {
             Self::InvalidApiKey => "invalid_api_key",
             Self::ModelNotFound => "model_not_found",
             Self::UnknownUrl => "unknown_url",
+            Self::UnverifiableEndpoint => "canarygate_unverifiable_endpoint",
             Self::MethodNotAllowed => "method_not_allowed",
             Self::RequestTimeout => "request_timeout",
             Self::RequestTooLarge => "request_too_large",
@@ -159,6 +164,7 @@ impl ErrorCode {
             | Self::LocalEngineRejected => StatusCode::BAD_REQUEST,
             Self::MissingApiKey | Self::InvalidApiKey => StatusCode::UNAUTHORIZED,
             Self::ModelNotFound | Self::UnknownUrl => StatusCode::NOT_FOUND,
+            Self::UnverifiableEndpoint => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,

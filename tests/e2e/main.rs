@@ -24,6 +24,7 @@ mod honest_traffic;
 mod hostile_clients;
 mod local_fallback;
 mod openai_sdk;
+mod passthrough;
 mod probe;
 mod prompt_caching;
 mod proxy_e2e;

@@ -13,8 +13,11 @@ mod preflight;
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Method};
+use axum::response::Response;
+use canarygate_policies::endpoints_config::Unverifiable;
 use canarygate_policies::local_config::UntrustedContext;
+use serde_json::Value;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::body::Served;
@@ -22,6 +25,7 @@ use crate::context::{ProviderError, RequestContext};
 use crate::error::{ApiError, ErrorCode};
 use crate::identity::Caller;
 use crate::paths::local::{self, LocalReason};
+use crate::paths::passthrough::{self, Forward};
 use crate::paths::plain;
 use crate::paths::verified::{self, Verified};
 use crate::state::AppState;
@@ -132,6 +136,98 @@ pub async fn serve<W: WireFormat>(
         .await;
     }
     served
+}
+
+/// An endpoint served by forwarding: what it is and where it goes.
+pub struct Passthrough<'a> {
+    /// Its name in metrics and audit records (`embeddings`, ...).
+    pub endpoint: &'static str,
+    /// Refused under `[endpoints] unverifiable = "block"` (embeddings,
+    /// passthrough paths; not the auxiliary endpoints of verified APIs).
+    pub blockable: bool,
+    /// The client's method.
+    pub method: Method,
+    /// The provider endpoint relative to its `base_url`, query included.
+    pub upstream_endpoint: &'a str,
+}
+
+/// Forwards one request of an endpoint without answer text to verify
+/// ([`passthrough`]): routed by the `model` of a JSON body when it names
+/// one (renamed as the route says), else to the API's provider
+/// ([`canarygate_policies::config::Policy::api_route`]).
+pub async fn pass_through<W: WireFormat>(
+    state: &AppState,
+    admitted: Admitted<'_>,
+    endpoint: Passthrough<'_>,
+    trail: &mut Trail,
+) -> Result<Response, ApiError> {
+    let bytes = admitted.body;
+    let admitted_content_type = admitted.headers.get(axum::http::header::CONTENT_TYPE).cloned();
+    trail.request_body(&bytes);
+    trail.surface(endpoint.endpoint);
+    trail.unverifiable();
+    if endpoint.blockable && state.policy.endpoints.unverifiable == Unverifiable::Block {
+        return Err(ApiError::new(
+            ErrorCode::UnverifiableEndpoint,
+            format!(
+                "canarygate cannot verify the answers of {} and its policy refuses such \
+                 endpoints ([endpoints] unverifiable = \"block\").",
+                endpoint.endpoint
+            ),
+        ));
+    }
+    let mut body: Option<Value> = serde_json::from_slice(&bytes).ok();
+    let model = body
+        .as_ref()
+        .and_then(|body| body.get("model")?.as_str())
+        .map(str::to_owned);
+    let route = match &model {
+        Some(model) => {
+            trail.model(model);
+            state
+                .policy
+                .route(model, W::API)
+                .ok_or_else(|| match state.policy.api_serving(model, W::API) {
+                    Some(api) => ApiError::model_on_other_api(model, api),
+                    None => ApiError::model_not_found(model),
+                })?
+        }
+        None => state.policy.api_route(W::API).ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::UnknownUrl,
+                format!(
+                    "No provider of api \"{}\" in this canarygate policy serves {}.",
+                    W::API.name(),
+                    endpoint.endpoint
+                ),
+            )
+        })?,
+    };
+    trail.provider(route.provider);
+    let upstream_body = match (&mut body, &model) {
+        (Some(json), Some(model)) if route.upstream_model != model => {
+            json["model"] = Value::from(route.upstream_model);
+            Some(Bytes::from(json.to_string()))
+        }
+        _ if bytes.is_empty() => None,
+        _ => Some(bytes.clone()),
+    };
+    let context = RequestContext::<W>::new(
+        state,
+        admitted.caller,
+        admitted.request_id,
+        admitted.headers,
+        &route,
+    )?;
+    let forward = Forward {
+        method: endpoint.method,
+        endpoint: endpoint.upstream_endpoint.to_owned(),
+        content_type: upstream_body
+            .as_ref()
+            .and_then(|_| admitted_content_type.clone()),
+        body: upstream_body,
+    };
+    passthrough::serve(&context, forward, trail).await
 }
 
 /// Serves the client's request (parsed again from the `bytes` received,

@@ -47,16 +47,23 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/chat/completions",
             only(POST_ONLY, post(serve_endpoint::<Chat>)),
         )
+        .route("/v1/embeddings", only(POST_ONLY, post(embeddings)))
+        .route(
+            "/v1/responses/{id}",
+            only("GET, HEAD, DELETE", get(stored_response).delete(stored_response)),
+        )
+        .route(
+            "/v1/responses/{id}/input_items",
+            only(GET_ONLY, get(stored_response)),
+        )
+        .route(
+            "/v1/responses/{id}/cancel",
+            only(POST_ONLY, post(stored_response)),
+        )
         .route("/v1/models", only(GET_ONLY, get(list_models)))
         .route("/healthz", only(GET_ONLY, get(healthz)))
         .route("/metrics", only(GET_ONLY, get(render_metrics)))
-        .fallback(|| async {
-            error_response::<Chat>(&ApiError::new(
-                ErrorCode::UnknownUrl,
-                "Unknown endpoint: canarygate serves POST /v1/chat/completions, \
-                 GET /v1/models, GET /healthz and GET /metrics.",
-            ))
-        })
+        .fallback(passthrough_or_unknown)
         .layer(middleware::from_fn_with_state(metrics, tag_and_count))
         .with_state(state)
 }
@@ -92,6 +99,11 @@ async fn tag_and_count(
         .map(MatchedPath::as_str)
     {
         Some("/v1/chat/completions") => Chat::ENDPOINT,
+        Some("/v1/embeddings") => "embeddings",
+        Some(
+            "/v1/responses/{id}" | "/v1/responses/{id}/input_items" | "/v1/responses/{id}/cancel",
+        ) => STORED_RESPONSES,
+        None if request.uri().path().starts_with("/v1/") => PASSTHROUGH,
         Some("/v1/models") => "models",
         Some("/healthz") => "healthz",
         Some("/metrics") => "metrics",
@@ -104,6 +116,116 @@ async fn tag_and_count(
         response.headers_mut().insert(REQUEST_ID_HEADER, value);
     }
     response
+}
+
+/// Endpoint name of the stored-response endpoints of the Responses API.
+const STORED_RESPONSES: &str = "responses_stored";
+
+/// Endpoint name of the `[endpoints] passthrough` paths.
+const PASSTHROUGH: &str = "passthrough";
+
+/// A request of an endpoint without answer text to verify, in wire format
+/// `W`'s API: admitted, forwarded, recorded.
+async fn forward<W: WireFormat>(
+    state: Arc<AppState>,
+    request_id: RequestId,
+    request: Request,
+    endpoint: &'static str,
+    blockable: bool,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    let mut trail = PendingTrail::new(Trail::start(
+        state.audit.clone(),
+        &request_id.0,
+        state.metrics.clone(),
+    ));
+    let path = parts.uri.path();
+    if !is_plain_path(path) {
+        return error_response::<W>(&ApiError::new(
+            ErrorCode::UnknownUrl,
+            "A forwarded path must be plain: no `.` or `..` segments, no escaped dots or \
+             slashes, no backslashes.",
+        ));
+    }
+    let upstream_endpoint = match parts.uri.query() {
+        Some(query) => format!("{}?{query}", path.trim_start_matches("/v1/")),
+        None => path.trim_start_matches("/v1/").to_owned(),
+    };
+    let served = match admit(&state, request_id.0.clone(), &parts.headers, body, trail.get()).await
+    {
+        Ok(admitted) => {
+            let passthrough = pipeline::Passthrough {
+                endpoint,
+                blockable,
+                method: parts.method.clone(),
+                upstream_endpoint: &upstream_endpoint,
+            };
+            pipeline::pass_through::<W>(&state, admitted, passthrough, trail.get()).await
+        }
+        Err(error) => Err(error),
+    };
+    let response = served.unwrap_or_else(|error| {
+        tracing::debug!(request_id = %request_id.0, "{error}");
+        error_response::<W>(&error)
+    });
+    deliver_whole::<W>(trail.take(), response).await
+}
+
+/// Whether `path` means what it says once joined onto a provider's base
+/// URL: `..` there would climb out of the endpoint the policy allows (to
+/// `chat/completions`, unverified).
+fn is_plain_path(path: &str) -> bool {
+    let lowered = path.to_ascii_lowercase();
+    !["%2e", "%2f", "%5c", "\\"]
+        .iter()
+        .any(|bad| lowered.contains(bad))
+        && path
+            .trim_end_matches('/')
+            .split('/')
+            .skip(1)
+            .all(|segment| !matches!(segment, "" | "." | ".."))
+}
+
+/// `POST /v1/embeddings`: forwarded, recorded `unverifiable`.
+async fn embeddings(
+    State(state): State<Arc<AppState>>,
+    axum::Extension(request_id): axum::Extension<RequestId>,
+    request: Request,
+) -> Response {
+    forward::<Chat>(state, request_id, request, "embeddings", true).await
+}
+
+/// The Responses API's stored responses (`GET`/`DELETE /v1/responses/{id}`,
+/// its `input_items`, `cancel`): forwarded as the provider stored them.
+async fn stored_response(
+    State(state): State<Arc<AppState>>,
+    axum::Extension(request_id): axum::Extension<RequestId>,
+    request: Request,
+) -> Response {
+    forward::<Chat>(state, request_id, request, STORED_RESPONSES, false).await
+}
+
+/// Any other path: forwarded when `[endpoints] passthrough` lists it, else
+/// 404 `unknown_url`.
+async fn passthrough_or_unknown(
+    State(state): State<Arc<AppState>>,
+    request_id: Option<axum::Extension<RequestId>>,
+    request: Request,
+) -> Response {
+    if let Some(axum::Extension(request_id)) = request_id
+        && state.policy.endpoints.passes_through(request.uri().path())
+    {
+        return forward::<Chat>(state, request_id, request, PASSTHROUGH, true).await;
+    }
+    error_response::<Chat>(&ApiError::new(
+        ErrorCode::UnknownUrl,
+        format!(
+            "Unknown endpoint {}: canarygate serves POST /v1/chat/completions, /v1/responses, \
+             /v1/messages, /v1/completions and /v1/embeddings, GET /v1/models, GET /healthz, \
+             GET /metrics, and the paths its policy lists in [endpoints] passthrough.",
+            request.uri().path()
+        ),
+    ))
 }
 
 /// `GET /healthz`: `ok`, or, while the shared canary registry cannot be

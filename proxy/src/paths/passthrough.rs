@@ -1,0 +1,75 @@
+//! The passthrough path: endpoints whose answers carry no model text to
+//! verify. Embeddings, `[endpoints] passthrough` paths, and the auxiliary
+//! endpoints of the verified APIs (a stored response fetched or deleted,
+//! Anthropic's token count) are forwarded as they are, and their answer
+//! comes back whole, as the provider sent it: status, body, content type,
+//! the provider headers clients act on. Each is recorded with the verdict
+//! `unverifiable` and the endpoint it called.
+
+use axum::body::{Body, Bytes};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::Response;
+
+use crate::context::RequestContext;
+use crate::error::ApiError;
+use crate::trail::Trail;
+use crate::wire::WireFormat;
+
+/// One request to forward: the provider endpoint and what goes there.
+pub struct Forward {
+    /// The HTTP method, as the client sent it.
+    pub method: reqwest::Method,
+    /// The provider's endpoint relative to its `base_url`, with the
+    /// client's query string (`embeddings`, `responses/resp_1?include=x`).
+    pub endpoint: String,
+    /// The body to send (the client's, with the model renamed when the
+    /// route renames it); `None` when the client sent none.
+    pub body: Option<Bytes>,
+    /// The client's `Content-Type` (a file upload is multipart, not JSON).
+    pub content_type: Option<HeaderValue>,
+}
+
+/// Forwards `forward` to the route's provider and answers with what it
+/// answered.
+pub async fn serve<W: WireFormat>(
+    context: &RequestContext<'_, W>,
+    forward: Forward,
+    trail: &mut Trail,
+) -> Result<Response, ApiError> {
+    let upstream = context.upstream;
+    let url = upstream.endpoint_url(&forward.endpoint)?;
+    let mut outgoing = context.outgoing(forward.method, url, forward.body, false)?;
+    if let Some(content_type) = forward.content_type {
+        // Replaces the JSON content type the request was built with.
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert(header::CONTENT_TYPE, content_type);
+        outgoing = outgoing.headers(headers);
+    }
+    trail.forwarded();
+    let started = std::time::Instant::now();
+    let response = context.send_request(trail.clock(), outgoing).await?;
+    trail.first_byte(started.elapsed().as_millis() as u64);
+    trail.provider_request_id(context.provider_request_id());
+    let status = response.status();
+    let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+    let body = upstream
+        .read_whole(trail.clock(), response, context.idle_timeout())
+        .await?;
+    if !status.is_success() {
+        return Ok(context.provider_error_response(status, body));
+    }
+    let mut answer = context.json_response(status, Body::from(body), None);
+    let headers = answer.headers_mut();
+    match content_type {
+        Some(value) => headers.insert(header::CONTENT_TYPE, value),
+        None => headers.remove(header::CONTENT_TYPE),
+    };
+    headers.insert(
+        crate::context::VERDICT_HEADER,
+        HeaderValue::from_static("unverifiable"),
+    );
+    if status == StatusCode::NO_CONTENT {
+        headers.remove(header::CONTENT_TYPE);
+    }
+    Ok(answer)
+}
