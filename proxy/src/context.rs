@@ -9,13 +9,13 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::Response;
-use canarygate_policies::config::{ProviderApi, ResolvedRoute};
+use canarygate_policies::config::ResolvedRoute;
 
 use crate::clock::RequestClock;
 use crate::error::{ApiError, ErrorCode};
 use crate::identity::Caller;
 use crate::state::AppState;
-use crate::upstream::{Upstream, relayed_headers};
+use crate::upstream::{ANTHROPIC_VERSION_HEADER, Upstream, relayed_headers};
 use crate::wire::{ClientRequest, WireFormat};
 
 /// Response header carrying the id of the request (also in the audit log).
@@ -37,13 +37,6 @@ pub const OVERHEAD_HEADER: &str = "x-canarygate-overhead-tokens";
 
 /// Response headers naming the provider's id for the request.
 const PROVIDER_REQUEST_ID_HEADERS: [&str; 2] = ["x-request-id", "request-id"];
-
-/// Request header naming the version of Anthropic's API.
-pub const ANTHROPIC_VERSION_HEADER: &str = "anthropic-version";
-
-/// The version of Anthropic's API sent when the client names none: the one
-/// Anthropic's SDKs send (`2023-06-01`, its only stable version).
-const ANTHROPIC_VERSION: &str = "2023-06-01";
 
 /// Marks a response that passes a provider's own error on.
 #[derive(Debug, Clone, Copy)]
@@ -176,11 +169,9 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
                 outgoing = outgoing.header(*name, value);
             }
         }
-        if self.upstream.api == ProviderApi::Anthropic
-            && !self.client_headers.contains_key(ANTHROPIC_VERSION_HEADER)
-        {
+        if !self.client_headers.contains_key(ANTHROPIC_VERSION_HEADER) {
             // Anthropic's API requires a version; its SDKs always send one.
-            outgoing = outgoing.header(ANTHROPIC_VERSION_HEADER, ANTHROPIC_VERSION);
+            outgoing = outgoing.headers(self.upstream.api_headers());
         }
         Ok(outgoing)
     }

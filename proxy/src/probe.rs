@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use axum::http::HeaderValue;
-use canarygate_policies::config::{Policy, ProviderConfig};
+use canarygate_policies::config::{Policy, ProviderApi, ProviderConfig};
 use canarygate_policies::inject::{Injection, RequestCanaries};
 use canarygate_policies::probe::{
     LengthSearch, Needle, OVER_WINDOW_TOKENS, PROBE_COMPLETION_TOKENS, PROBE_MAX_TOKENS, ProbeCost,
@@ -165,7 +165,7 @@ pub async fn run(
     target: &ProbeTarget,
     api_key: Option<&str>,
     budget_tokens: u64,
-    mut on_step: impl FnMut(&ProbeStep),
+    on_step: impl FnMut(&ProbeStep),
 ) -> Result<ProbeResult, ProbeError> {
     let upstreams = Upstreams::build(policy)?;
     let upstream = upstreams.named(&target.provider)?;
@@ -176,14 +176,32 @@ pub async fn run(
     };
     let mut secret = [0; 32];
     getrandom::fill(&mut secret)?;
-    let mut prober = Prober {
-        policy,
-        upstream,
-        target,
-        authorization,
-        registry: MemoryRegistry::new(&secret),
-        spent: 0,
-    };
+    match upstream.api {
+        ProviderApi::Openai => {
+            let prober = Prober::<Chat> {
+                policy,
+                upstream,
+                target,
+                authorization,
+                registry: MemoryRegistry::new(&secret),
+                spent: 0,
+                wire: std::marker::PhantomData,
+            };
+            search(prober, budget_tokens, on_step).await
+        }
+        ProviderApi::Anthropic => Err(ProbeError::Request(
+            "probing a Messages API provider is not supported yet".into(),
+        )),
+    }
+}
+
+/// The probe's search, run by `prober`: see [`run`].
+async fn search<W: WireFormat>(
+    mut prober: Prober<'_, W>,
+    budget_tokens: u64,
+    mut on_step: impl FnMut(&ProbeStep),
+) -> Result<ProbeResult, ProbeError> {
+    let target = prober.target;
 
     let advertised = target.advertised_window_tokens;
     let mut search = LengthSearch::for_window(advertised);
@@ -227,8 +245,8 @@ pub async fn run(
     })
 }
 
-/// State of one probe run.
-struct Prober<'a> {
+/// State of one probe run, speaking wire format `W` (the provider's API).
+struct Prober<'a, W> {
     policy: &'a Policy,
     upstream: &'a Upstream,
     target: &'a ProbeTarget,
@@ -236,6 +254,7 @@ struct Prober<'a> {
     /// This probe's canaries, so a later answer echoing an earlier one fails.
     registry: MemoryRegistry,
     spent: u64,
+    wire: std::marker::PhantomData<W>,
 }
 
 /// One probe prompt, built and measured.
@@ -249,7 +268,7 @@ struct Prompt {
     exact_tokens: Option<u64>,
 }
 
-impl Prober<'_> {
+impl<W: WireFormat> Prober<'_, W> {
     /// Sends one needle prompt of about `length` prompt tokens (injection
     /// included) and judges the answer.
     async fn step(&mut self, length: u64, max_tokens: u64) -> Result<ProbeStep, ProbeError> {
@@ -277,7 +296,7 @@ impl Prober<'_> {
         };
         let url = self
             .upstream
-            .endpoint_url(crate::upstream::CHAT_COMPLETIONS)
+            .endpoint_url(W::PATH)
             .map_err(|error| ProbeError::NotJson(error.to_string()))?;
         let response = self
             .upstream
@@ -288,6 +307,7 @@ impl Prober<'_> {
                 self.authorization.as_ref(),
                 false,
             )
+            .headers(self.upstream.api_headers())
             .timeout(REQUEST_TIMEOUT)
             .send()
             .await
@@ -344,9 +364,9 @@ impl Prober<'_> {
                 "temperature": 0,
                 "stream": false,
             });
-            let injection = Chat::place_canaries(&mut body, EchoMode::HeadTail, canaries)
+            let injection = W::place_canaries(&mut body, EchoMode::HeadTail, canaries)
                 .map_err(|error| ProbeError::Request(error.message))?;
-            let messages = Chat::prompt_messages(&body);
+            let messages = W::prompt_messages(&body);
             let exact_tokens = self.upstream.count_prompt_tokens(&messages);
             let tokens = exact_tokens.unwrap_or_else(|| count_chat_messages(&messages));
             drop(messages);
@@ -365,7 +385,7 @@ impl Prober<'_> {
 
     /// Fills `step` from the answer: needles recalled, the verifier's checks.
     fn judge(&self, prompt: &Prompt, answer: &Value, ttft_ms: u64, step: &mut ProbeStep) {
-        let view = Chat::read_answer(answer);
+        let view = W::read_answer(answer);
         let first = view.choices.first();
         let content = first
             .and_then(|choice| {

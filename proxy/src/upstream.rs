@@ -19,6 +19,14 @@ use crate::wire::edit::TokenCounter;
 /// The Chat Completions endpoint, relative to a provider's `base_url`.
 pub const CHAT_COMPLETIONS: &str = "chat/completions";
 
+/// Request header naming the version of Anthropic's API.
+pub const ANTHROPIC_VERSION_HEADER: &str = "anthropic-version";
+
+/// The version of Anthropic's API sent when the client names none: the one
+/// Anthropic's SDKs sent until 2026 (`2023-06-01`), which its API still
+/// accepts.
+pub const ANTHROPIC_VERSION: &str = "2023-06-01";
+
 /// Largest upstream response body read for a non-streaming request.
 const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
 
@@ -283,6 +291,19 @@ impl Upstream {
                 self.name
             ))
         })
+    }
+
+    /// Headers this provider's API requires of every request canarygate
+    /// makes itself (a probe): Anthropic's `anthropic-version`.
+    pub fn api_headers(&self) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        if self.api == ProviderApi::Anthropic {
+            headers.insert(
+                ANTHROPIC_VERSION_HEADER,
+                HeaderValue::from_static(ANTHROPIC_VERSION),
+            );
+        }
+        headers
     }
 
     /// `request` carrying `key` as this provider's API expects it: OpenAI's

@@ -40,8 +40,8 @@ provider = "sim"
 async fn raw_post(url: &str, path: &str, key: &str) -> (u16, String) {
     let address = url.trim_start_matches("http://");
     let mut stream = TcpStream::connect(address).await.unwrap();
-    let body = json!({"model": "sim-model", "messages": [{"role": "user", "content": "x"}]})
-        .to_string();
+    let body =
+        json!({"model": "sim-model", "messages": [{"role": "user", "content": "x"}]}).to_string();
     let request = format!(
         "POST {path} HTTP/1.1\r\nhost: {address}\r\nauthorization: {key}\r\n\
          content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",

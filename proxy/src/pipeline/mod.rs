@@ -162,7 +162,10 @@ pub async fn pass_through<W: WireFormat>(
     trail: &mut Trail,
 ) -> Result<Response, ApiError> {
     let bytes = admitted.body;
-    let admitted_content_type = admitted.headers.get(axum::http::header::CONTENT_TYPE).cloned();
+    let admitted_content_type = admitted
+        .headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .cloned();
     trail.request_body(&bytes);
     trail.surface(endpoint.endpoint);
     trail.unverifiable();
@@ -184,13 +187,12 @@ pub async fn pass_through<W: WireFormat>(
     let route = match &model {
         Some(model) => {
             trail.model(model);
-            state
-                .policy
-                .route(model, W::API)
-                .ok_or_else(|| match state.policy.api_serving(model, W::API) {
+            state.policy.route(model, W::API).ok_or_else(|| {
+                match state.policy.api_serving(model, W::API) {
                     Some(api) => ApiError::model_on_other_api(model, api),
                     None => ApiError::model_not_found(model),
-                })?
+                }
+            })?
         }
         None => state.policy.api_route(W::API).ok_or_else(|| {
             ApiError::new(

@@ -50,7 +50,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/embeddings", only(POST_ONLY, post(embeddings)))
         .route(
             "/v1/responses/{id}",
-            only("GET, HEAD, DELETE", get(stored_response).delete(stored_response)),
+            only(
+                "GET, HEAD, DELETE",
+                get(stored_response).delete(stored_response),
+            ),
         )
         .route(
             "/v1/responses/{id}/input_items",
@@ -151,7 +154,14 @@ async fn forward<W: WireFormat>(
         Some(query) => format!("{}?{query}", path.trim_start_matches("/v1/")),
         None => path.trim_start_matches("/v1/").to_owned(),
     };
-    let served = match admit(&state, request_id.0.clone(), &parts.headers, body, trail.get()).await
+    let served = match admit(
+        &state,
+        request_id.0.clone(),
+        &parts.headers,
+        body,
+        trail.get(),
+    )
+    .await
     {
         Ok(admitted) => {
             let passthrough = pipeline::Passthrough {
