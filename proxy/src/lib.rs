@@ -18,6 +18,7 @@
 //!    responses), `upstream` (the providers' clients, the one upstream
 //!    request, error mapping), `body` (the one audited response body),
 //!    `relay`, `trail` (the audit record, concluded in one place),
+//!    `upstream_setup` (what building the providers' clients needs),
 //!    `registry` (live canaries), `wire` (wire formats), `state`,
 //!    `identity`, `engine`, `probe_results`.
 //! 5. `error`, `clock`, `metrics`.
@@ -40,6 +41,7 @@ mod shared_registry;
 mod state;
 mod trail;
 mod upstream;
+mod upstream_setup;
 mod wire;
 
 pub use context::{

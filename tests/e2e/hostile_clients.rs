@@ -572,7 +572,7 @@ async fn every_error_has_the_four_keys_and_405_names_allow() {
     let dir = ProxyDir::new();
     let proxy = start_plain_proxy(&dir, &closed_url());
     let client = client();
-    let routes: [(&str, Option<&str>); 9] = [
+    let routes: [(&str, Option<&str>); 10] = [
         ("/v1/chat/completions", Some("POST")),
         ("/v1/models", Some("GET, HEAD")),
         ("/healthz", Some("GET, HEAD")),
@@ -581,7 +581,8 @@ async fn every_error_has_the_four_keys_and_405_names_allow() {
         ("/v1", None),
         ("/v1/completions", None),
         ("/v1/chat/completions/extra", None),
-        ("/v1/embeddings", None),
+        ("/v1/embeddings", Some("POST")),
+        ("/v1/audio/speech", None),
     ];
     let methods = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];
     let mut checked = 0;
@@ -601,7 +602,7 @@ async fn every_error_has_the_four_keys_and_405_names_allow() {
             let expected = match (allow, allowed) {
                 (None, _) => 404,
                 (Some(_), false) => 405,
-                // A body of `{` to the chat endpoint: invalid JSON.
+                // A body of `{` to an endpoint that reads JSON: invalid JSON.
                 (Some(_), true) if method == "POST" => 400,
                 (Some(_), true) => 200,
             };
@@ -633,8 +634,13 @@ async fn every_error_has_the_four_keys_and_405_names_allow() {
         }
     }
     // Unknown paths: 6 methods with a body (HEAD has none); GET paths: 5
-    // other methods with a body; the chat endpoint: 5 plus its 400.
-    assert_eq!(checked, 5 * 6 + 3 * 5 + 6, "error bodies checked");
+    // other methods with a body; the POST endpoints: 5 plus their 400.
+    let posts = routes
+        .iter()
+        .filter(|(_, allow)| *allow == Some("POST"))
+        .count();
+    let unknown = routes.iter().filter(|(_, allow)| allow.is_none()).count();
+    assert_eq!(checked, unknown * 6 + 3 * 5 + posts * 6, "error bodies checked");
 
     // Errors before the body: no credential; a body over the limit.
     let response = client

@@ -145,6 +145,9 @@ pub struct Passthrough<'a> {
     /// Refused under `[endpoints] unverifiable = "block"` (embeddings,
     /// passthrough paths; not the auxiliary endpoints of verified APIs).
     pub blockable: bool,
+    /// Its body is a JSON object naming a `model` (embeddings, a token
+    /// count): anything else is a 400 before anything is sent.
+    pub needs_model: bool,
     /// The client's method.
     pub method: Method,
     /// The provider endpoint relative to its `base_url`, query included.
@@ -184,6 +187,17 @@ pub async fn pass_through<W: WireFormat>(
         .as_ref()
         .and_then(|body| body.get("model")?.as_str())
         .map(str::to_owned);
+    if endpoint.needs_model && model.is_none() {
+        return Err(match &body {
+            Some(Value::Object(_)) => {
+                ApiError::invalid_param("model", "You must provide a model parameter.")
+            }
+            _ => ApiError::new(
+                ErrorCode::InvalidJson,
+                "The request body must be a JSON object.",
+            ),
+        });
+    }
     let route = match &model {
         Some(model) => {
             trail.model(model);

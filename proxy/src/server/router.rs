@@ -135,6 +135,7 @@ async fn forward<W: WireFormat>(
     request: Request,
     endpoint: &'static str,
     blockable: bool,
+    needs_model: bool,
 ) -> Response {
     let (parts, body) = request.into_parts();
     let mut trail = PendingTrail::new(Trail::start(
@@ -167,6 +168,7 @@ async fn forward<W: WireFormat>(
             let passthrough = pipeline::Passthrough {
                 endpoint,
                 blockable,
+                needs_model,
                 method: parts.method.clone(),
                 upstream_endpoint: &upstream_endpoint,
             };
@@ -202,7 +204,7 @@ async fn embeddings(
     axum::Extension(request_id): axum::Extension<RequestId>,
     request: Request,
 ) -> Response {
-    forward::<Chat>(state, request_id, request, "embeddings", true).await
+    forward::<Chat>(state, request_id, request, "embeddings", true, true).await
 }
 
 /// The Responses API's stored responses (`GET`/`DELETE /v1/responses/{id}`,
@@ -212,7 +214,7 @@ async fn stored_response(
     axum::Extension(request_id): axum::Extension<RequestId>,
     request: Request,
 ) -> Response {
-    forward::<Chat>(state, request_id, request, STORED_RESPONSES, false).await
+    forward::<Chat>(state, request_id, request, STORED_RESPONSES, false, false).await
 }
 
 /// Any other path: forwarded when `[endpoints] passthrough` lists it, else
@@ -225,7 +227,7 @@ async fn passthrough_or_unknown(
     if let Some(axum::Extension(request_id)) = request_id
         && state.policy.endpoints.passes_through(request.uri().path())
     {
-        return forward::<Chat>(state, request_id, request, PASSTHROUGH, true).await;
+        return forward::<Chat>(state, request_id, request, PASSTHROUGH, true, false).await;
     }
     error_response::<Chat>(&ApiError::new(
         ErrorCode::UnknownUrl,
