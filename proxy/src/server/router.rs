@@ -27,6 +27,7 @@ use crate::trail::{PendingTrail, Trail};
 use crate::upstream::ModelsError;
 use crate::wire::WireFormat;
 use crate::wire::chat::Chat;
+use crate::wire::completions::Completions;
 
 /// Request id of the current request, set by the middleware.
 #[derive(Clone)]
@@ -47,6 +48,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/chat/completions",
             only(POST_ONLY, post(serve_endpoint::<Chat>)),
         )
+        .route(
+            "/v1/completions",
+            only(POST_ONLY, post(serve_endpoint::<Completions>)),
+        )
         .route("/v1/models", only(GET_ONLY, get(list_models)))
         .route("/healthz", only(GET_ONLY, get(healthz)))
         .route("/metrics", only(GET_ONLY, get(render_metrics)))
@@ -54,7 +59,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             error_response::<Chat>(&ApiError::new(
                 ErrorCode::UnknownUrl,
                 "Unknown endpoint: canarygate serves POST /v1/chat/completions, \
-                 GET /v1/models, GET /healthz and GET /metrics.",
+                 POST /v1/completions, GET /v1/models, GET /healthz and GET /metrics.",
             ))
         })
         .layer(middleware::from_fn_with_state(metrics, tag_and_count))
@@ -92,6 +97,7 @@ async fn tag_and_count(
         .map(MatchedPath::as_str)
     {
         Some("/v1/chat/completions") => Chat::ENDPOINT,
+        Some("/v1/completions") => Completions::ENDPOINT,
         Some("/v1/models") => "models",
         Some("/healthz") => "healthz",
         Some("/metrics") => "metrics",
