@@ -579,7 +579,7 @@ async fn every_error_has_the_four_keys_and_405_names_allow() {
         ("/metrics", Some("GET, HEAD")),
         ("/", None),
         ("/v1", None),
-        ("/v1/completions", None),
+        ("/v1/completions", Some("POST")),
         ("/v1/chat/completions/extra", None),
         ("/v1/embeddings", Some("POST")),
         ("/v1/audio/speech", None),

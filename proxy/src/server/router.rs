@@ -27,6 +27,7 @@ use crate::trail::{PendingTrail, Trail};
 use crate::upstream::ModelsError;
 use crate::wire::WireFormat;
 use crate::wire::chat::Chat;
+use crate::wire::completions::Completions;
 
 /// Request id of the current request, set by the middleware.
 #[derive(Clone)]
@@ -62,6 +63,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(
             "/v1/responses/{id}/cancel",
             only(POST_ONLY, post(stored_response)),
+        )
+        .route(
+            "/v1/completions",
+            only(POST_ONLY, post(serve_endpoint::<Completions>)),
         )
         .route("/v1/models", only(GET_ONLY, get(list_models)))
         .route("/healthz", only(GET_ONLY, get(healthz)))
@@ -102,6 +107,7 @@ async fn tag_and_count(
         .map(MatchedPath::as_str)
     {
         Some("/v1/chat/completions") => Chat::ENDPOINT,
+        Some("/v1/completions") => Completions::ENDPOINT,
         Some("/v1/embeddings") => "embeddings",
         Some(
             "/v1/responses/{id}" | "/v1/responses/{id}/input_items" | "/v1/responses/{id}/cancel",

@@ -68,6 +68,27 @@ fn residual_strings(
     }
 }
 
+/// Pushes onto `texts`, as [`Part::Other`] fields of choice `choice`, every
+/// string under the members of `object` (at `at`) that holds a canary-shaped
+/// span, except under the members `known` says are read as their own parts
+/// (and tool or function arguments, always their own parts).
+pub fn residual_members(
+    object: &Value,
+    at: Location,
+    choice: u32,
+    known: impl Fn(&str) -> bool,
+    texts: &mut Vec<TextField>,
+) {
+    let Some(members) = object.as_object() else {
+        return;
+    };
+    for (position, (key, value)) in members.iter().enumerate() {
+        if !known(key) {
+            residual_strings(value, at.member(position), choice, key, texts);
+        }
+    }
+}
+
 /// Choice `position` of an answer (`part` = `message`) or chunk (`delta`).
 pub fn read_choice(choice: &Value, position: usize, part: &'static str) -> ChoiceView {
     let index = index_of(choice, position);
@@ -126,14 +147,8 @@ pub fn read_choice(choice: &Value, position: usize, part: &'static str) -> Choic
     // Canary text may turn up anywhere the provider puts model output or the
     // prompt: any other string of the message that holds a canary-shaped span
     // is verified too.
-    if let Some(members) = message.as_object() {
-        for (position, (key, value)) in members.iter().enumerate() {
-            let known = TEXT_FIELDS.iter().any(|(field, _)| field == key) || key == "role";
-            if !known {
-                residual_strings(value, at.member(position), index, key, &mut texts);
-            }
-        }
-    }
+    let known = |key: &str| TEXT_FIELDS.iter().any(|(field, _)| *field == key) || key == "role";
+    residual_members(message, at, index, known, &mut texts);
     ChoiceView {
         index,
         position,

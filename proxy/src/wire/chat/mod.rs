@@ -30,9 +30,11 @@ use canarygate_policies::verify_config::EchoMode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use self::answer::{read_choice, usage_of};
+use self::answer::read_choice;
+pub use self::answer::{index_of, residual_members, usage_of};
+pub use self::deliver::Edited;
 use self::deliver::edit_fields;
-use self::stream::ChatStream;
+pub use self::stream::{ChatStream, ChunkEditor};
 use crate::error::{ApiError, ErrorCode};
 use crate::wire::edit::Delivery;
 use crate::wire::format::{AnswerView, Chunk, ClientRequest, EventView, LocalStream, WireFormat};

@@ -1,5 +1,9 @@
 //! The client's side of a verified Chat Completions stream: the provider's
 //! own chunks, held until their text is verified, passed on edited.
+//!
+//! Legacy completions stream the same way (chunks with `choices`, a usage
+//! chunk without, `data: [DONE]`) with text elsewhere in a choice: the writer
+//! takes the chunk editing as a [`ChunkEditor`].
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -8,9 +12,40 @@ use canarygate_policies::sse::{SseEvent, encode_data};
 use canarygate_policies::verify::{Verdict, Verifier};
 use serde_json::Value;
 
-use super::deliver::edit_fields;
+use super::deliver::{Edited, edit_fields};
 use crate::wire::edit::Delivery;
-use crate::wire::format::{Chunk, StreamWriter};
+use crate::wire::format::{ChoiceView, Chunk, StreamWriter, TextField};
+
+/// Edits one chunk for the client, as the format's whole answers are edited:
+/// its text `fields` (each with the span of its part it carried) become what
+/// `verifier` and `delivery` leave of them, with what follows the text.
+pub trait ChunkEditor: Send + 'static {
+    /// Edits `chunk`, whose choices are `choices`.
+    fn edit(
+        &mut self,
+        chunk: &mut Value,
+        choices: &[ChoiceView],
+        fields: &[(TextField, Range<usize>)],
+        verifier: &Verifier,
+        delivery: &mut Delivery,
+    ) -> Edited;
+}
+
+/// Chat Completions chunks: [`edit_fields`].
+pub struct ChatChunks;
+
+impl ChunkEditor for ChatChunks {
+    fn edit(
+        &mut self,
+        chunk: &mut Value,
+        choices: &[ChoiceView],
+        fields: &[(TextField, Range<usize>)],
+        verifier: &Verifier,
+        delivery: &mut Delivery,
+    ) -> Edited {
+        edit_fields(chunk, choices, fields, verifier, delivery)
+    }
+}
 
 /// One provider chunk waiting for its text to be verified.
 struct Held {
@@ -27,18 +62,27 @@ struct Held {
 /// The client's side of a verified Chat Completions stream (see the module
 /// docs). Chunks leave in the order they came; a chunk whose every text
 /// was removed (the echo) is dropped, one that nothing changed goes out as
-/// the provider's own bytes.
-pub struct ChatStream {
+/// the provider's own bytes. `E` edits the chunks.
+pub struct ChatStream<E = ChatChunks> {
     delivery: Delivery,
     held: VecDeque<Held>,
+    editor: E,
 }
 
 impl ChatStream {
-    /// A writer delivering by `delivery`.
+    /// A writer of Chat Completions chunks delivering by `delivery`.
     pub fn new(delivery: Delivery) -> Self {
+        Self::with_editor(delivery, ChatChunks)
+    }
+}
+
+impl<E: ChunkEditor> ChatStream<E> {
+    /// A writer delivering by `delivery`, its chunks edited by `editor`.
+    pub fn with_editor(delivery: Delivery, editor: E) -> Self {
         Self {
             delivery,
             held: VecDeque::new(),
+            editor,
         }
     }
 
@@ -69,7 +113,7 @@ impl ChatStream {
             ..
         } = held;
         let fields: Vec<_> = chunk.texts().copied().zip(spans).collect();
-        let edited = edit_fields(
+        let edited = self.editor.edit(
             &mut chunk.event,
             &chunk.choices,
             &fields,
@@ -106,7 +150,7 @@ impl ChatStream {
     }
 }
 
-impl StreamWriter for ChatStream {
+impl<E: ChunkEditor> StreamWriter for ChatStream<E> {
     fn take(&mut self, chunk: Chunk, event: SseEvent, spans: Vec<Range<usize>>) {
         let data = event.data;
         // A finish reason ends a choice; the usage chunk (no choices) ends

@@ -1,0 +1,150 @@
+//! Where text sits in a completions answer or stream chunk: each choice's
+//! `text` (its content), any other string of the choice that holds a
+//! canary-shaped span, its finish reason; the answer's usage.
+
+use canarygate_policies::sse::SseEvent;
+use canarygate_policies::verify::Part;
+use serde_json::Value;
+
+use crate::wire::chat::{index_of, residual_members, usage_of};
+use crate::wire::format::{AnswerView, ChoiceView, Chunk, EventView, Location, TextField};
+
+/// Members of a choice read on their own: the text, and what is not model
+/// output (`logprobs` follow the text, [`super::logprobs`]).
+const KNOWN: [&str; 4] = ["text", "index", "finish_reason", "logprobs"];
+
+/// Choice `position` of an answer's or chunk's `choices`.
+pub fn read_choice(choice: &Value, position: usize) -> ChoiceView {
+    let index = index_of(choice, position);
+    let at = Location::ROOT.key("choices").index(position);
+    let mut texts = Vec::new();
+    if choice.get("text").is_some_and(Value::is_string) {
+        texts.push(TextField {
+            choice: index,
+            kind: Part::Content,
+            at: at.key("text"),
+        });
+    }
+    // A provider's own fields (SGLang's `matched_stop`, vLLM's
+    // `stop_reason`) may repeat prompt or output text.
+    residual_members(choice, at, index, |key| KNOWN.contains(&key), &mut texts);
+    ChoiceView {
+        index,
+        position,
+        texts,
+        finish_reason: choice
+            .get("finish_reason")
+            .and_then(Value::as_str)
+            .map(str::to_owned),
+    }
+}
+
+/// The choices of `value`'s `choices`.
+fn choices_of(value: &Value) -> Vec<ChoiceView> {
+    value
+        .get("choices")
+        .and_then(Value::as_array)
+        .map(|choices| {
+            choices
+                .iter()
+                .enumerate()
+                .map(|(position, choice)| read_choice(choice, position))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A whole `text_completion` answer.
+pub fn read_answer(answer: &Value) -> AnswerView {
+    AnswerView {
+        choices: choices_of(answer),
+        usage: usage_of(answer),
+    }
+}
+
+/// One event of a completions stream: chunks, an `{"error": …}` event, or
+/// `[DONE]`.
+pub fn read_event(event: &SseEvent) -> EventView {
+    if event.is_done() {
+        return EventView::Done;
+    }
+    let Ok(chunk) = serde_json::from_str::<Value>(&event.data) else {
+        return EventView::Malformed;
+    };
+    if let Some(error) = chunk.get("error") {
+        let message = error
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("no message");
+        return EventView::Error(message.to_owned());
+    }
+    EventView::Chunk(Chunk {
+        choices: choices_of(&chunk),
+        usage: usage_of(&chunk),
+        event: chunk,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use canarygate_policies::verify::ProviderUsage;
+    use serde_json::json;
+
+    #[test]
+    fn each_choice_text_is_its_content_and_stray_canaries_are_read_too() {
+        let canary = "CG123456789012345";
+        let answer = json!({"object": "text_completion", "choices": [
+            {"index": 0, "text": "one", "logprobs": null, "finish_reason": "stop"},
+            {"index": 1, "text": "two", "logprobs": {"tokens": ["two"]}, "finish_reason": "length",
+             "matched_stop": format!("[{canary}]")},
+        ], "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}});
+        let view = read_answer(&answer);
+        assert_eq!(view.choices.len(), 2);
+        let texts: Vec<(u32, Part, &str)> = view
+            .choices
+            .iter()
+            .flat_map(|choice| &choice.texts)
+            .map(|field| (field.choice, field.kind, field.text(&answer)))
+            .collect();
+        let stray = format!("[{canary}]");
+        assert_eq!(
+            texts,
+            [
+                (0, Part::Content, "one"),
+                (1, Part::Content, "two"),
+                (1, Part::Other(1), stray.as_str()),
+            ]
+        );
+        assert_eq!(view.choices[1].finish_reason.as_deref(), Some("length"));
+        assert_eq!(
+            view.usage,
+            Some(ProviderUsage {
+                prompt_tokens: 9,
+                completion_tokens: Some(2),
+                cached_prompt_tokens: None,
+            })
+        );
+    }
+
+    #[test]
+    fn stream_events_are_chunks_errors_or_the_end() {
+        let event = |data: &str| SseEvent {
+            data: data.to_owned(),
+            ..SseEvent::default()
+        };
+        let EventView::Chunk(chunk) = read_event(&event(
+            r#"{"object":"text_completion","choices":[{"index":3,"text":"hi","finish_reason":null}]}"#,
+        )) else {
+            panic!("a chunk");
+        };
+        assert_eq!(chunk.choices[0].index, 3);
+        assert_eq!(chunk.texts().next().unwrap().text(&chunk.event), "hi");
+        assert!(matches!(read_event(&event("[DONE]")), EventView::Done));
+        assert!(matches!(read_event(&event("nope")), EventView::Malformed));
+        assert!(matches!(
+            read_event(&event(r#"{"error":{"message":"overloaded"}}"#)),
+            EventView::Error(message) if message == "overloaded"
+        ));
+    }
+}
