@@ -27,6 +27,7 @@ use crate::trail::{PendingTrail, Trail};
 use crate::upstream::ModelsError;
 use crate::wire::WireFormat;
 use crate::wire::chat::Chat;
+use crate::wire::responses::Responses;
 
 /// Request id of the current request, set by the middleware.
 #[derive(Clone)]
@@ -47,13 +48,17 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/v1/chat/completions",
             only(POST_ONLY, post(serve_endpoint::<Chat>)),
         )
+        .route(
+            "/v1/responses",
+            only(POST_ONLY, post(serve_endpoint::<Responses>)),
+        )
         .route("/v1/models", only(GET_ONLY, get(list_models)))
         .route("/healthz", only(GET_ONLY, get(healthz)))
         .route("/metrics", only(GET_ONLY, get(render_metrics)))
         .fallback(|| async {
             error_response::<Chat>(&ApiError::new(
                 ErrorCode::UnknownUrl,
-                "Unknown endpoint: canarygate serves POST /v1/chat/completions, \
+                "Unknown endpoint: canarygate serves POST /v1/chat/completions, POST /v1/responses, \
                  GET /v1/models, GET /healthz and GET /metrics.",
             ))
         })
@@ -92,6 +97,7 @@ async fn tag_and_count(
         .map(MatchedPath::as_str)
     {
         Some("/v1/chat/completions") => Chat::ENDPOINT,
+        Some("/v1/responses") => Responses::ENDPOINT,
         Some("/v1/models") => "models",
         Some("/healthz") => "healthz",
         Some("/metrics") => "metrics",
