@@ -28,8 +28,8 @@
 //! fails `foreign_canary`, even one of the same session (clients never see
 //! canaries, so no honest prompt can contain one), unless the request
 //! continues a conversation the provider keeps, whose earlier turns hold
-//! the session's own canaries ([`Verifier::accept_session_canaries`]). A span that could still
-//! grow into a canary (at most
+//! the session's own canaries ([`Verifier::accept_session_canaries`]). A
+//! span that could still grow into a canary (at most
 //! [`MAX_MATCH_BYTES`](crate::canary::MAX_MATCH_BYTES)) stays held until the
 //! next delta decides it, so a canary split across deltas is never released.
 //! Release policy:

@@ -145,7 +145,7 @@ impl WireFormat for Responses {
     }
 
     fn local_request(body: &Value) -> Result<Value, ApiError> {
-        request::local_request(body)
+        local::local_request(body)
     }
 
     fn local_answer(chat: Value, request: &Value) -> Value {

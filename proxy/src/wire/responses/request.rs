@@ -354,36 +354,6 @@ fn last_user_text(body: &Value) -> Option<TailSlot> {
     }
 }
 
-/// The client's request as a Chat Completions request for the local
-/// engine: instructions and input as messages, `max_output_tokens` as
-/// `max_tokens`, the stream with its usage.
-pub fn local_request(body: &Value) -> Result<Value, ApiError> {
-    let messages = chat_messages(body);
-    if !messages.iter().any(|message| message["role"] == "user") {
-        return Err(ApiError::invalid_param(
-            "input",
-            "The local engine needs a user message in `input` to answer.",
-        ));
-    }
-    let mut chat = json!({"model": body["model"], "messages": messages});
-    if let Some(limit) = body
-        .get("max_output_tokens")
-        .filter(|value| !value.is_null())
-    {
-        chat["max_tokens"] = limit.clone();
-    }
-    for field in ["temperature", "top_p"] {
-        if let Some(value) = body.get(field).filter(|value| !value.is_null()) {
-            chat[field] = value.clone();
-        }
-    }
-    if body.get("stream").and_then(Value::as_bool) == Some(true) {
-        chat["stream"] = json!(true);
-        chat["stream_options"] = json!({"include_usage": true});
-    }
-    Ok(chat)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -512,24 +482,5 @@ mod tests {
         let mut body = json!({"model": "m", "input": "x", "background": true});
         let error = place(&mut body, EchoMode::HeadTail, canaries).unwrap_err();
         assert_eq!(error.param, Some("background"));
-    }
-
-    #[test]
-    fn the_local_engine_gets_chat_messages() {
-        let body = json!({"model": "m", "instructions": "Be brief.", "max_output_tokens": 7,
-            "stream": true, "input": [
-                {"role": "developer", "content": "Use metric units."},
-                {"role": "user", "content": [{"type": "input_text", "text": "hi"}]}]});
-        let chat = local_request(&body).unwrap();
-        assert_eq!(
-            chat["messages"],
-            json!([{"role": "system", "content": "Be brief."},
-                   {"role": "system", "content": "Use metric units."},
-                   {"role": "user", "content": "hi"}])
-        );
-        assert_eq!(chat["max_tokens"], 7);
-        assert_eq!(chat["stream_options"]["include_usage"], true);
-        let error = local_request(&json!({"model": "m", "instructions": "x"})).unwrap_err();
-        assert_eq!(error.param, Some("input"));
     }
 }

@@ -243,3 +243,232 @@ impl StreamWriter for ResponsesStream {
         tail
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use canarygate_policies::inject::{Injection, RequestCanaries};
+    use canarygate_policies::registry::MemoryRegistry;
+    use canarygate_policies::sse::SseParser;
+    use canarygate_policies::verify::Facts;
+    use canarygate_policies::verify_config::{EchoMode, VerifyConfig};
+
+    use super::*;
+    use crate::wire::edit::{TokenCounter, UsageOptions};
+    use crate::wire::format::EventView;
+    use crate::wire::responses::answer::read_event;
+    use crate::wire::responses::request::place;
+
+    /// A provider's stream of `deltas` (one message), as the real API
+    /// orders it, numbered from 0, with the request's instructions.
+    fn provider_events(deltas: &[String], instructions: &str, limit: Value) -> Vec<SseEvent> {
+        let whole: String = deltas.concat();
+        let at = |kind: &str| {
+            json!({"type": kind, "item_id": "msg_1", "output_index": 0,
+                                      "content_index": 0})
+        };
+        let response = |status: &str, output: Value| {
+            json!({"id": "resp_1", "object": "response",
+            "status": status, "instructions": instructions, "max_output_tokens": limit,
+            "output": output, "usage": if status == "completed" {
+                json!({"input_tokens": 90, "output_tokens": 30, "total_tokens": 120})
+            } else { Value::Null }})
+        };
+        let item = |text: &str| {
+            json!({"id": "msg_1", "type": "message", "status": "completed",
+            "role": "assistant", "content": [{"type": "output_text", "text": text,
+            "annotations": [], "logprobs": []}]})
+        };
+        let mut events = vec![
+            json!({"type": "response.created", "response": response("in_progress", json!([]))}),
+            json!({"type": "response.in_progress", "response": response("in_progress", json!([]))}),
+            json!({"type": "response.output_item.added", "output_index": 0,
+                   "item": {"id": "msg_1", "type": "message", "status": "in_progress",
+                            "role": "assistant", "content": []}}),
+        ];
+        let mut added = at("response.content_part.added");
+        added["part"] = json!({"type": "output_text", "text": "", "annotations": []});
+        events.push(added);
+        for delta in deltas {
+            let mut event = at("response.output_text.delta");
+            event["delta"] = json!(delta);
+            event["logprobs"] = json!([]);
+            events.push(event);
+        }
+        let mut done = at("response.output_text.done");
+        done["text"] = json!(whole);
+        events.push(done);
+        let mut part_done = at("response.content_part.done");
+        part_done["part"] = json!({"type": "output_text", "text": whole, "annotations": []});
+        events.push(part_done);
+        events.push(
+            json!({"type": "response.output_item.done", "output_index": 0,
+                           "item": item(&whole)}),
+        );
+        events.push(json!({"type": "response.completed",
+                           "response": response("completed", json!([item(&whole)]))}));
+        events
+            .into_iter()
+            .enumerate()
+            .map(|(number, mut event)| {
+                event["sequence_number"] = json!(number);
+                SseEvent {
+                    event: Some(event["type"].as_str().unwrap().to_owned()),
+                    data: event.to_string(),
+                    id: None,
+                }
+            })
+            .collect()
+    }
+
+    /// Runs `events` through a verifier and the writer, as the verified
+    /// path does; returns the client's events (name, data) and the bytes.
+    fn relay(
+        events: Vec<SseEvent>,
+        injection: &Injection,
+        client_limit: Option<u64>,
+    ) -> (Vec<(String, Value)>, String) {
+        let registry = MemoryRegistry::new(b"test");
+        let mut verifier = Verifier::new(injection, &VerifyConfig::default(), "p", None);
+        let delivery = Delivery::new(
+            TokenCounter::default(),
+            client_limit,
+            UsageOptions {
+                client_wants_usage: true,
+                without_canarygate: false,
+                overhead_prompt: 0,
+            },
+            1,
+        );
+        let mut writer = ResponsesStream::new(delivery);
+        let mut out = Vec::new();
+        let mut reasons = Vec::new();
+        for event in events {
+            let (chunk, last) = match read_event(&event) {
+                EventView::Chunk(chunk) => (chunk, false),
+                EventView::Final(chunk) => (chunk, true),
+                other => panic!("{other:?}"),
+            };
+            let mut spans = Vec::new();
+            for choice in &chunk.choices {
+                for field in &choice.texts {
+                    let text = field.text(&chunk.event);
+                    let start = verifier.received(field.choice, field.kind);
+                    spans.push(start..start + text.len());
+                    verifier.push_part(field.choice, field.kind, text, &registry);
+                }
+                if choice.finish_reason.is_some() {
+                    reasons = vec![choice.finish_reason.clone()];
+                }
+            }
+            writer.take(chunk, event, spans);
+            if last {
+                let facts = Facts {
+                    finish_reasons: reasons.clone(),
+                    usage: None,
+                    done_marker: Some(true),
+                };
+                let finished = verifier.finish(&facts, &registry);
+                assert!(finished.verdict.passed(), "{:?}", finished.verdict);
+                writer.flush(&verifier, true, &mut out);
+                out.extend(writer.done(&finished.verdict));
+            } else {
+                writer.flush(&verifier, false, &mut out);
+            }
+        }
+        let text = String::from_utf8(out).unwrap();
+        let mut parser = SseParser::new();
+        let mut parsed = Vec::new();
+        parser.feed(text.as_bytes(), &mut parsed);
+        let events = parsed
+            .into_iter()
+            .map(|event| {
+                (
+                    event.event.unwrap_or_default(),
+                    serde_json::from_str(&event.data).unwrap(),
+                )
+            })
+            .collect();
+        (events, text)
+    }
+
+    fn setup(max_output_tokens: Option<u64>) -> (Injection, Value, RequestCanaries) {
+        let canaries = RequestCanaries::mint().unwrap();
+        let mut body = json!({"model": "m", "instructions": "Be brief.", "input": "Name the planets",
+                              "stream": true});
+        if let Some(limit) = max_output_tokens {
+            body["max_output_tokens"] = json!(limit);
+        }
+        let injection = place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        (injection, body, canaries)
+    }
+
+    #[test]
+    fn every_event_passes_numbered_with_the_echo_stripped_everywhere() {
+        let (injection, body, canaries) = setup(None);
+        let answer = "Mercury, Venus, Earth and Mars are rocky.";
+        let mut deltas = vec![
+            format!("{} ", canaries.head),
+            format!("{}\n", canaries.tail),
+        ];
+        deltas.extend(answer.split_inclusive(' ').map(str::to_owned));
+        let instructions = body["instructions"].as_str().unwrap();
+        let events = provider_events(&deltas, instructions, Value::Null);
+        let count = events.len();
+        let (client, bytes) = relay(events, &injection, None);
+        assert_eq!(client.len(), count, "no event dropped: {bytes}");
+        for (number, (name, data)) in client.iter().enumerate() {
+            assert_eq!(data["sequence_number"], number, "{bytes}");
+            assert_eq!(data["type"], *name, "every event has its event: line");
+        }
+        assert!(!bytes.contains(&canaries.head.to_string()), "{bytes}");
+        assert!(!bytes.contains(&canaries.tail.to_string()), "{bytes}");
+        assert!(!bytes.contains("[DONE]"));
+        assert!(bytes.contains(": x-canarygate-verdict pass"), "{bytes}");
+        let deltas: String = client
+            .iter()
+            .filter(|(name, _)| name == "response.output_text.delta")
+            .map(|(_, data)| data["delta"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(deltas, answer);
+        let data = |name: &str| &client.iter().find(|(n, _)| n == name).unwrap().1;
+        assert_eq!(data("response.output_text.done")["text"], answer);
+        assert_eq!(data("response.content_part.done")["part"]["text"], answer);
+        assert_eq!(
+            data("response.output_item.done")["item"]["content"][0]["text"],
+            answer
+        );
+        let completed = &data("response.completed")["response"];
+        assert_eq!(completed["output"][0]["content"][0]["text"], answer);
+        assert_eq!(completed["instructions"], "Be brief.");
+        assert_eq!(
+            data("response.created")["response"]["instructions"],
+            "Be brief."
+        );
+        assert_eq!(completed["usage"]["total_tokens"], 120, "usage as billed");
+    }
+
+    #[test]
+    fn a_cut_at_the_clients_limit_ends_incomplete() {
+        let (injection, body, canaries) = setup(Some(3));
+        let mut deltas = vec![format!("{} {}\n", canaries.head, canaries.tail)];
+        deltas.extend(["one ", "two ", "six ", "ten ", "nine "].map(str::to_owned));
+        let limit = body["max_output_tokens"].clone();
+        assert_eq!(limit, 3 + canarygate_policies::inject::ECHO_TOKEN_ALLOWANCE);
+        let events = provider_events(&deltas, body["instructions"].as_str().unwrap(), limit);
+        let (client, bytes) = relay(events, &injection, Some(3));
+        let (name, last) = client.last().unwrap();
+        assert_eq!(name, "response.incomplete", "{bytes}");
+        let response = &last["response"];
+        assert_eq!(response["status"], "incomplete");
+        assert_eq!(
+            response["incomplete_details"]["reason"],
+            "max_output_tokens"
+        );
+        assert_eq!(response["max_output_tokens"], 3, "the client's own limit");
+        let text = response["output"][0]["content"][0]["text"]
+            .as_str()
+            .unwrap();
+        assert_eq!(text, "one two six ");
+        assert_eq!(response["output"][0]["status"], "incomplete");
+    }
+}
