@@ -87,14 +87,22 @@ fn item_texts(item: &Value, at: Location, output_index: u32, texts: &mut Vec<Tex
             known = &["content"];
             for (index, part) in list("content").enumerate() {
                 let at = at.key("content").index(index);
-                match part.get("type").and_then(Value::as_str) {
+                let text = match part.get("type").and_then(Value::as_str) {
                     Some("output_text") if is_string(part, "text") => {
                         push(texts, Part::Content, at.key("text"));
+                        "text"
                     }
                     Some("refusal") if is_string(part, "refusal") => {
                         push(texts, Part::Refusal, at.key("refusal"));
+                        "refusal"
                     }
-                    _ => residual(part, at, "", texts),
+                    _ => "",
+                };
+                // Annotations and the like (logprobs follow the text).
+                for (position, (key, value)) in part.as_object().into_iter().flatten().enumerate() {
+                    if key != text && key != "logprobs" {
+                        residual(value, at.member(position), key, texts);
+                    }
                 }
             }
         }
@@ -324,5 +332,157 @@ fn instructions_texts(response: &Value, at: Location, texts: &mut Vec<TextField>
         .find(|(_, (key, _))| key.as_str() == "instructions");
     if let Some((position, (_, value))) = instructions {
         residual(value, at.member(position), "", texts);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn event(data: Value) -> SseEvent {
+        SseEvent {
+            event: data["type"].as_str().map(str::to_owned),
+            data: data.to_string(),
+            id: None,
+        }
+    }
+
+    #[test]
+    fn every_output_text_is_read_with_its_part() {
+        let canary = "CG123456789012345";
+        let response = json!({"id": "resp_1", "object": "response", "status": "completed",
+            "instructions": format!("Be brief.\n\n[{canary}]"),
+            "output": [
+                {"type": "reasoning", "id": "rs_1",
+                 "summary": [{"type": "summary_text", "text": "thinking"}],
+                 "content": [{"type": "reasoning_text", "text": "more"}]},
+                {"type": "message", "id": "msg_1", "role": "assistant", "content": [
+                    {"type": "output_text", "text": "hello", "annotations": [
+                        {"type": "url_citation", "url": format!("https://x/{canary}")}]},
+                    {"type": "refusal", "refusal": "no"}]},
+                {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f",
+                 "arguments": "{\"a\":1}"},
+            ],
+            "usage": {"input_tokens": 20, "output_tokens": 9,
+                      "input_tokens_details": {"cached_tokens": 4}, "total_tokens": 29}});
+        let texts = response_texts(&response);
+        let read: Vec<(Part, &str)> = texts
+            .iter()
+            .map(|field| (field.kind, field.text(&response)))
+            .collect();
+        assert_eq!(
+            read,
+            [
+                (Part::Reasoning, "thinking"),
+                (Part::Reasoning, "more"),
+                (Part::Content, "hello"),
+                (Part::Other(3), format!("https://x/{canary}").as_str()),
+                (Part::Refusal, "no"),
+                (Part::ToolArguments(2), "{\"a\":1}"),
+                (Part::Other(6), format!("Be brief.\n\n[{canary}]").as_str()),
+            ]
+        );
+        assert_eq!(finish_of(&response).as_deref(), Some("tool_calls"));
+        assert_eq!(
+            usage_of(&response),
+            Some(ProviderUsage {
+                prompt_tokens: 20,
+                completion_tokens: Some(9),
+                cached_prompt_tokens: Some(4),
+            })
+        );
+    }
+
+    #[test]
+    fn finish_reasons_are_chats() {
+        let finish = |response: Value| finish_of(&response);
+        assert_eq!(
+            finish(json!({"status": "completed", "output": []})).unwrap(),
+            "stop"
+        );
+        assert_eq!(
+            finish(json!({"status": "incomplete",
+                          "incomplete_details": {"reason": "max_output_tokens"}}))
+            .unwrap(),
+            "length"
+        );
+        assert_eq!(
+            finish(json!({"status": "incomplete",
+                          "incomplete_details": {"reason": "content_filter"}}))
+            .unwrap(),
+            "content_filter"
+        );
+        assert_eq!(finish(json!({"status": "in_progress"})), None);
+    }
+
+    #[test]
+    fn events_are_read_by_type() {
+        let delta = |kind: &str| {
+            let view = read_event(&event(json!({"type": kind, "output_index": 3,
+                "content_index": 0, "summary_index": 0, "delta": "abc", "sequence_number": 5})));
+            let EventView::Chunk(chunk) = view else {
+                panic!("{view:?}")
+            };
+            let field = chunk.texts().next().copied().unwrap();
+            assert_eq!(field.text(&chunk.event), "abc");
+            field.kind
+        };
+        assert_eq!(delta("response.output_text.delta"), Part::Content);
+        assert_eq!(delta("response.refusal.delta"), Part::Refusal);
+        assert_eq!(
+            delta("response.reasoning_summary_text.delta"),
+            Part::Reasoning
+        );
+        assert_eq!(delta("response.reasoning_text.delta"), Part::Reasoning);
+        assert_eq!(
+            delta("response.function_call_arguments.delta"),
+            Part::ToolArguments(3)
+        );
+        // The repeats carry no text of their own.
+        let view = read_event(&event(json!({"type": "response.output_text.done",
+            "text": "CG123456789012345", "output_index": 0})));
+        assert!(matches!(view, EventView::Chunk(chunk) if chunk.choices.is_empty()));
+        // Another kind of event: canary-shaped text in it is read.
+        let view = read_event(&event(json!({"type": "response.audio.transcript.delta",
+            "delta": "said CG123456789012345"})));
+        let EventView::Chunk(chunk) = view else {
+            panic!()
+        };
+        assert_eq!(chunk.texts().count(), 1);
+
+        let view = read_event(&event(json!({"type": "response.completed", "response": {
+            "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"},
+            "output": [{"type": "message", "content": [{"type": "output_text", "text": "x"}]}],
+            "usage": {"input_tokens": 5, "output_tokens": 2}}})));
+        let EventView::Final(chunk) = view else {
+            panic!("{view:?}")
+        };
+        assert_eq!(chunk.choices[0].finish_reason.as_deref(), Some("length"));
+        assert_eq!(
+            chunk.texts().count(),
+            0,
+            "the final event is not pushed again"
+        );
+        assert_eq!(chunk.usage.unwrap().prompt_tokens, 5);
+
+        for failure in [
+            json!({"type": "error", "code": "server_error", "message": "boom"}),
+            json!({"type": "response.failed", "response": {"error": {"message": "boom"}}}),
+        ] {
+            assert!(
+                matches!(read_event(&event(failure)), EventView::Error(message) if message == "boom")
+            );
+        }
+        let not_json = SseEvent {
+            data: "nope".into(),
+            ..SseEvent::default()
+        };
+        assert!(matches!(read_event(&not_json), EventView::Malformed));
+        assert!(is_end(&event(json!({"type": "response.incomplete"}))));
+        assert!(!is_end(&event(
+            json!({"type": "response.output_text.done"})
+        )));
     }
 }

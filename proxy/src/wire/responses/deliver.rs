@@ -256,3 +256,100 @@ pub fn deliver_answer(
     }
     report_usage(answer, delivery);
 }
+
+#[cfg(test)]
+mod tests {
+    use canarygate_policies::inject::RequestCanaries;
+    use canarygate_policies::registry::MemoryRegistry;
+    use canarygate_policies::verify::Facts;
+    use canarygate_policies::verify_config::{EchoMode, VerifyConfig};
+
+    use super::*;
+    use crate::wire::edit::{TokenCounter, UsageOptions};
+    use crate::wire::format::ChoiceView;
+    use crate::wire::responses::answer::response_texts;
+    use crate::wire::responses::request::place;
+
+    #[test]
+    fn a_whole_answer_is_edited_in_place() {
+        let canaries = RequestCanaries::mint().unwrap();
+        let mut body = json!({"model": "m", "instructions": "Be brief.", "input": "hi",
+                              "max_output_tokens": 3});
+        let injection = place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        let echo = format!("{} {}\n", canaries.head, canaries.tail);
+        let text = format!("{echo}one two six ten");
+        let tokens: Vec<Value> = [echo.as_str(), "one ", "two ", "six ", "ten"]
+            .iter()
+            .map(|token| json!({"token": token, "logprob": -0.1}))
+            .collect();
+        let mut answer = json!({"id": "resp_1", "object": "response", "status": "completed",
+            "instructions": body["instructions"], "max_output_tokens": body["max_output_tokens"],
+            "output": [{"type": "message", "status": "completed", "role": "assistant",
+                        "content": [{"type": "output_text", "text": text, "logprobs": tokens}]}],
+            "usage": {"input_tokens": 50, "output_tokens": 20, "total_tokens": 70}});
+        let view = AnswerView {
+            choices: vec![ChoiceView {
+                index: 0,
+                position: 0,
+                texts: response_texts(&answer),
+                finish_reason: Some("stop".into()),
+            }],
+            usage: None,
+        };
+        let registry = MemoryRegistry::new(b"test");
+        let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
+        let mut spans = Vec::new();
+        for field in &view.choices[0].texts {
+            let text = field.text(&answer);
+            let start = verifier.received(0, field.kind);
+            spans.push(start..start + text.len());
+            verifier.push_part(0, field.kind, text, &registry);
+        }
+        let facts = Facts {
+            finish_reasons: vec![Some("stop".into())],
+            usage: None,
+            done_marker: None,
+        };
+        assert!(verifier.finish(&facts, &registry).verdict.passed());
+        let usage = UsageOptions {
+            client_wants_usage: true,
+            without_canarygate: true,
+            overhead_prompt: 30,
+        };
+        let mut delivery = Delivery::new(TokenCounter::default(), Some(3), usage, 1);
+        deliver_answer(&mut answer, &view, &spans, &verifier, &mut delivery);
+        let part = &answer["output"][0]["content"][0];
+        assert_eq!(part["text"], "one two six ");
+        let kept: Vec<&str> = part["logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|entry| entry["token"].as_str().unwrap())
+            .collect();
+        assert_eq!(kept, ["one ", "two ", "six "], "logprobs follow the text");
+        assert_eq!(answer["status"], "incomplete");
+        assert_eq!(answer["incomplete_details"]["reason"], "max_output_tokens");
+        assert_eq!(answer["output"][0]["status"], "incomplete");
+        assert_eq!(answer["instructions"], "Be brief.");
+        assert_eq!(answer["max_output_tokens"], 3);
+        let usage = &answer["usage"];
+        assert_eq!(usage["input_tokens"], 20);
+        assert_eq!(
+            usage["total_tokens"].as_u64(),
+            Some(20 + usage["output_tokens"].as_u64().unwrap())
+        );
+    }
+
+    #[test]
+    fn only_canarygates_instructions_are_removed() {
+        let mut response = json!({"instructions": "Mine.", "max_output_tokens": 40});
+        assert!(!restore_request_fields(&mut response));
+        let mut response = json!({"instructions": "Begin your reply with \"CG123456789012345\" \
+            on its own line; then answer normally.", "max_output_tokens": 72});
+        assert!(restore_request_fields(&mut response));
+        assert_eq!(
+            response,
+            json!({"instructions": null, "max_output_tokens": 40})
+        );
+    }
+}

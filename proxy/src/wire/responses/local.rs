@@ -324,4 +324,102 @@ mod tests {
         let error = local_request(&json!({"model": "m", "instructions": "x"})).unwrap_err();
         assert_eq!(error.param, Some("input"));
     }
+
+    #[test]
+    fn a_whole_local_answer_is_a_response() {
+        let chat = json!({"id": "chatcmpl-local-1", "created": 7, "choices": [{"index": 0,
+            "message": {"role": "assistant", "content": "hello there"},
+            "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}});
+        let request = json!({"model": "m", "instructions": "Be brief.", "input": "hi"});
+        let response = local_answer(&chat, &request);
+        assert!(response["id"].as_str().unwrap().starts_with("resp_"));
+        assert_eq!(response["object"], "response");
+        assert_eq!(response["status"], "incomplete");
+        assert_eq!(
+            response["incomplete_details"]["reason"],
+            "max_output_tokens"
+        );
+        assert_eq!(response["output"][0]["content"][0]["text"], "hello there");
+        assert_eq!(response["usage"]["input_tokens"], 9);
+        assert_eq!(response["usage"]["total_tokens"], 11);
+        assert_eq!(response["instructions"], "Be brief.");
+    }
+
+    #[test]
+    fn the_local_stream_is_the_responses_event_sequence() {
+        let mut local = ResponsesLocal::new(&json!({"model": "m", "input": "hi"}));
+        let mut out = Vec::new();
+        let chunk = |delta: Value, finish: Value| SseEvent {
+            data: json!({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+                .to_string(),
+            ..SseEvent::default()
+        };
+        for event in [
+            chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+            chunk(json!({"content": "hel"}), Value::Null),
+            chunk(json!({"content": "lo"}), Value::Null),
+            chunk(json!({}), json!("stop")),
+            SseEvent {
+                data: json!({"choices": [], "usage": {"prompt_tokens": 4,
+                    "completion_tokens": 2}})
+                .to_string(),
+                ..SseEvent::default()
+            },
+            SseEvent {
+                data: "[DONE]".into(),
+                ..SseEvent::default()
+            },
+        ] {
+            local.translate(&event, &mut out);
+        }
+        let mut events = Vec::new();
+        canarygate_policies::sse::SseParser::new().feed(&out, &mut events);
+        let types: Vec<String> = events.iter().map(|e| e.event.clone().unwrap()).collect();
+        assert_eq!(
+            types,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.output_item.added",
+                "response.content_part.added",
+                "response.output_text.delta",
+                "response.output_text.delta",
+                "response.output_text.done",
+                "response.content_part.done",
+                "response.output_item.done",
+                "response.completed",
+            ]
+        );
+        let data: Vec<Value> = events
+            .iter()
+            .map(|e| serde_json::from_str(&e.data).unwrap())
+            .collect();
+        for (number, event) in data.iter().enumerate() {
+            assert_eq!(event["sequence_number"], number);
+            assert_eq!(event["type"], types[number]);
+        }
+        let completed = &data[9]["response"];
+        assert_eq!(
+            completed["id"], data[0]["response"]["id"],
+            "one response id"
+        );
+        assert_eq!(completed["output"][0]["content"][0]["text"], "hello");
+        assert_eq!(completed["usage"]["output_tokens"], 2);
+        assert_eq!(data[6]["text"], "hello");
+
+        // An engine failure ends the stream with an error event.
+        let mut failing = ResponsesLocal::new(&json!({"model": "m", "input": "hi"}));
+        let mut out = Vec::new();
+        failing.translate(
+            &SseEvent {
+                data: json!({"error": {"message": "engine stopped"}}).to_string(),
+                ..SseEvent::default()
+            },
+            &mut out,
+        );
+        let text = String::from_utf8(out).unwrap();
+        assert!(text.starts_with("event: error\n"), "{text}");
+        assert!(text.contains("engine stopped"));
+    }
 }

@@ -156,3 +156,32 @@ impl WireFormat for Responses {
         ResponsesLocal::new(request)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorCode;
+
+    #[test]
+    fn errors_are_openais_and_the_stream_event_raises_in_the_sdk() {
+        let error = ApiError::invalid_param("input", "bad input");
+        let body: Value = serde_json::from_slice(&Responses::error_body(&error)).unwrap();
+        assert_eq!(
+            body,
+            json!({"error": {"message": "bad input", "type": "invalid_request_error",
+                             "param": "input", "code": "invalid_value"}})
+        );
+        assert!(Responses::is_error_body(&Responses::error_body(&error)));
+        let failed = ApiError::new(ErrorCode::UpstreamStreamInterrupted, "cut off");
+        let event = String::from_utf8(Responses::error_event(&failed)).unwrap();
+        let (name, data) = event.split_once('\n').unwrap();
+        assert_eq!(name, "event: error");
+        let data: Value = serde_json::from_str(data.strip_prefix("data: ").unwrap()).unwrap();
+        // The Responses event's own fields, and the `error` object the SDK
+        // raises on.
+        assert_eq!(data["type"], "error");
+        assert_eq!(data["code"], "upstream_stream_interrupted");
+        assert_eq!(data["message"], "cut off");
+        assert_eq!(data["error"], error_json(&failed)["error"]);
+    }
+}
