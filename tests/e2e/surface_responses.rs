@@ -83,7 +83,6 @@ fn responses_surface_with_the_openai_sdk() {
         "surface_responses.py failed:\n{stdout}\n{stderr}"
     );
     let result: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
-    eprintln!("{result:#}");
 
     // Whole: the echo stripped, the repeated request fields the client's own.
     let plain = &result["plain"];
@@ -141,6 +140,11 @@ fn responses_surface_with_the_openai_sdk() {
             "{conversation}"
         );
     }
+
+    let bad = &result["bad_input"];
+    assert_eq!(bad["status"], 400, "{bad}");
+    assert_eq!(bad["code"], "invalid_value", "{bad}");
+    assert_eq!(bad["param"], "input", "{bad}");
 
     // A leak and a foreign canary are blocked.
     for (case, check) in [("truncated", "echo"), ("swapped", "foreign_canary")] {

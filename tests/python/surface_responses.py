@@ -32,7 +32,12 @@ def failure(call):
     try:
         call()
     except openai.APIStatusError as error:
-        return {"status": error.status_code, "code": error.code, "message": error.message}
+        return {
+            "status": error.status_code,
+            "code": error.code,
+            "param": error.param,
+            "message": error.message,
+        }
     except openai.APIError as error:
         return {"status": None, "code": getattr(error, "code", None), "message": error.message}
     return None
@@ -116,6 +121,11 @@ streamed_turn = "".join(
 )
 check_clean("third turn", streamed_turn)
 result["conversation"] = {"second": second.output_text, "third": streamed_turn}
+
+# A bad shape: 400 naming the parameter, nothing sent upstream.
+result["bad_input"] = failure(
+    lambda: client.responses.create(model="m-honest", input=[{"role": "user", "content": 7}])
+)
 
 # A leak (the head canary dropped) and a foreign canary (a swapped context).
 result["truncated"] = failure(
