@@ -26,8 +26,10 @@
 //! the echo is removed. Every canary-shaped span is looked up in the
 //! registry: this request's own canaries are removed, any other live canary
 //! fails `foreign_canary`, even one of the same session (clients never see
-//! canaries, so no honest prompt can contain one). A span that could still
-//! grow into a canary (at most
+//! canaries, so no honest prompt can contain one), unless the request
+//! continues a conversation the provider keeps, whose earlier turns hold
+//! the session's own canaries ([`Verifier::accept_session_canaries`]). A
+//! span that could still grow into a canary (at most
 //! [`MAX_MATCH_BYTES`](crate::canary::MAX_MATCH_BYTES)) stays held until the
 //! next delta decides it, so a canary split across deltas is never released.
 //! Release policy:
@@ -552,6 +554,9 @@ impl ChoiceState {
 #[derive(Debug)]
 pub struct Verifier {
     own: [Canary; 2],
+    /// A session whose other canaries are this conversation's earlier
+    /// turns ([`Verifier::accept_session_canaries`]).
+    own_session: Option<String>,
     echo: Vec<Canary>,
     passive: Option<PassiveReason>,
     release: ReleasePolicy,
@@ -613,6 +618,7 @@ impl Verifier {
             injection.scaled_to_exact(injection.cacheable_prompt_tokens, exact_prompt_tokens);
         Self {
             own: [injection.canaries.head, injection.canaries.tail],
+            own_session: None,
             echo: injection.echo.clone(),
             passive: injection.passive,
             release,
@@ -638,6 +644,15 @@ impl Verifier {
             released_any: false,
             finished: false,
         }
+    }
+
+    /// The request continues a conversation the provider keeps (the
+    /// Responses API's `previous_response_id`): its earlier turns, with
+    /// their canaries, are in the model's context. Canaries registered to
+    /// `session` (the caller's) are then removed like this request's own
+    /// instead of failing `foreign_canary`; another session's still fail.
+    pub fn accept_session_canaries(&mut self, session: &str) {
+        self.own_session = Some(session.to_owned());
     }
 
     /// True once any text was released to the client.
@@ -1022,7 +1037,7 @@ impl Verifier {
         let found = scan(
             track,
             end,
-            &self.own,
+            (&self.own, self.own_session.as_deref()),
             registry,
             index as u32,
             &mut self.findings,
@@ -1306,13 +1321,13 @@ struct Findings {
 }
 
 /// Moves the decided part of the track's pending text to `ready`, without
-/// own canaries (recorded as removed spans); keeps pending a suffix that may
-/// still grow into a canary (nothing when `end`). Returns true when a
-/// foreign canary was found.
+/// own canaries (the request's, and any of `own_session`'s; recorded as
+/// removed spans); keeps pending a suffix that may still grow into a canary
+/// (nothing when `end`). Returns true when a foreign canary was found.
 fn scan(
     track: &mut Track,
     end: bool,
-    own: &[Canary; 2],
+    (own, own_session): (&[Canary; 2], Option<&str>),
     registry: &dyn CanaryRegistry,
     choice: u32,
     findings: &mut Findings,
@@ -1333,14 +1348,21 @@ fn scan(
             }
             Shape::Partial | Shape::NoMatch => {}
             Shape::Complete { canary, end: stop } => {
-                if own.contains(&canary) {
+                // Own: this request's, or an earlier turn's of a kept
+                // conversation (the owner looked up only when needed).
+                let owner = (!own.contains(&canary))
+                    .then(|| registry.owner(&canary))
+                    .flatten();
+                let earlier_turn = own_session.is_some()
+                    && owner.as_ref().map(|owner| owner.session.as_str()) == own_session;
+                if own.contains(&canary) || earlier_turn {
                     track.ready.push_str(&text[copied..start]);
                     track
                         .removed
                         .push(track.decided + start..track.decided + stop);
                     copied = stop;
                     from = stop;
-                } else if let Some(owner) = registry.owner(&canary) {
+                } else if let Some(owner) = owner {
                     foreign = true;
                     findings.foreign += 1;
                     if findings.hits.len() < MAX_FOREIGN_EVIDENCE {

@@ -1154,3 +1154,41 @@ fn spans_to_look_up_covers_part_switches() {
         assert!(recording.asked.lock().unwrap().is_empty(), "cut {cut}");
     }
 }
+
+#[test]
+fn a_kept_conversation_accepts_the_sessions_earlier_canaries_only() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(10);
+    // An earlier turn of the same session ("me"), and another session's.
+    let (_, earlier) = prepare(&policy, &registry, chat_request(true), 2);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let old = earlier.canaries.tail;
+    let (foreign, _) = other_canaries(3);
+    let repeated = format!("{} As before ({old}), the answer.", echo_of(&injection));
+    let leaked = format!("{} As before ({foreign}), the answer.", echo_of(&injection));
+    for (accepting, answer, passes) in [
+        (false, &repeated, false),
+        (true, &repeated, true),
+        (true, &leaked, false),
+    ] {
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+        if accepting {
+            verifier.accept_session_canaries("me");
+        }
+        let run = feed(
+            &mut verifier,
+            &registry,
+            &words(answer),
+            &honest_facts(&injection, 1),
+        );
+        assert_eq!(
+            run.finished.verdict.passed(),
+            passes,
+            "{accepting} {answer}: {:?}",
+            run.finished.verdict
+        );
+        if passes {
+            assert_eq!(run.released[0], "As before (), the answer.");
+        }
+    }
+}

@@ -572,7 +572,7 @@ async fn every_error_has_the_four_keys_and_405_names_allow() {
     let dir = ProxyDir::new();
     let proxy = start_plain_proxy(&dir, &closed_url());
     let client = client();
-    let routes: [(&str, Option<&str>); 10] = [
+    let routes: [(&str, Option<&str>); 11] = [
         ("/v1/chat/completions", Some("POST")),
         ("/v1/models", Some("GET, HEAD")),
         ("/healthz", Some("GET, HEAD")),
@@ -582,6 +582,7 @@ async fn every_error_has_the_four_keys_and_405_names_allow() {
         ("/v1/completions", Some("POST")),
         ("/v1/chat/completions/extra", None),
         ("/v1/embeddings", Some("POST")),
+        ("/v1/responses", Some("POST")),
         ("/v1/audio/speech", None),
     ];
     let methods = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];

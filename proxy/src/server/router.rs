@@ -28,6 +28,7 @@ use crate::upstream::ModelsError;
 use crate::wire::WireFormat;
 use crate::wire::chat::Chat;
 use crate::wire::completions::Completions;
+use crate::wire::responses::Responses;
 
 /// Request id of the current request, set by the middleware.
 #[derive(Clone)]
@@ -47,6 +48,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(
             "/v1/chat/completions",
             only(POST_ONLY, post(serve_endpoint::<Chat>)),
+        )
+        .route(
+            "/v1/responses",
+            only(POST_ONLY, post(serve_endpoint::<Responses>)),
         )
         .route("/v1/embeddings", only(POST_ONLY, post(embeddings)))
         .route(
@@ -113,6 +118,7 @@ async fn tag_and_count(
             "/v1/responses/{id}" | "/v1/responses/{id}/input_items" | "/v1/responses/{id}/cancel",
         ) => STORED_RESPONSES,
         None if request.uri().path().starts_with("/v1/") => PASSTHROUGH,
+        Some("/v1/responses") => Responses::ENDPOINT,
         Some("/v1/models") => "models",
         Some("/healthz") => "healthz",
         Some("/metrics") => "metrics",

@@ -255,6 +255,13 @@ pub trait WireFormat: Send + Sync + 'static {
     /// The prompt as chat messages, for token counts.
     fn prompt_messages(body: &Value) -> Cow<'_, [Value]>;
 
+    /// Whether the provider adds to this request's context a conversation
+    /// it keeps (the Responses API's `previous_response_id`): earlier turns'
+    /// canaries, the caller's own, come back with it and are not foreign.
+    fn continues_stored_conversation(_body: &Value) -> bool {
+        false
+    }
+
     /// Places `canaries` in `body` per `echo`.
     fn place_canaries(
         body: &mut Value,

@@ -105,6 +105,7 @@ async fn send<W: WireFormat>(
     trail: &mut Trail,
 ) -> Result<Sent, ApiError> {
     let config = &context.state.policy.verify;
+    let continues = W::continues_stored_conversation(&request.body);
     let Prepared {
         bytes,
         injection,
@@ -121,6 +122,9 @@ async fn send<W: WireFormat>(
         &context.upstream.name,
         exact_prompt_tokens,
     );
+    if continues {
+        verifier.accept_session_canaries(&context.caller.session_id);
+    }
     if registered.degraded {
         verifier.registry_degraded(0, false);
         trail.registry_degraded();

@@ -1,0 +1,488 @@
+//! Where text sits in a Responses API answer and in its stream's events.
+//!
+//! A response's `output` is a list of items: a `message`'s `output_text`
+//! parts are the content and its `refusal` parts the refusal, a
+//! `reasoning` item's `summary[].text` and `content[].text` the reasoning,
+//! a `function_call`'s `arguments` the arguments of tool call N (N: the
+//! item's `output_index`); any other string holding a canary-shaped span is
+//! verified too. A stream carries the same texts as deltas of typed events;
+//! the `.done` events and `response.completed` repeat them whole and are
+//! not read (the writer rewrites them from what was delivered).
+
+use canarygate_policies::canary::find_canaries;
+use canarygate_policies::sse::SseEvent;
+use canarygate_policies::verify::{Part, ProviderUsage};
+use serde_json::Value;
+
+use crate::wire::format::{ChoiceView, Chunk, EventView, Location, TextField};
+
+/// `usage` of a response: `input_tokens` (cached ones included),
+/// `output_tokens`, `input_tokens_details.cached_tokens`.
+pub fn usage_of(response: &Value) -> Option<ProviderUsage> {
+    let usage = response.get("usage")?;
+    let prompt_tokens = usage.get("input_tokens").and_then(Value::as_u64)?;
+    Some(ProviderUsage {
+        prompt_tokens,
+        completion_tokens: usage.get("output_tokens").and_then(Value::as_u64),
+        cached_prompt_tokens: usage
+            .pointer("/input_tokens_details/cached_tokens")
+            .and_then(Value::as_u64),
+    })
+}
+
+/// The finish reason of a response, as Chat Completions names it: `stop`
+/// (`tool_calls` when it calls a function), `length` when
+/// `max_output_tokens` ran out, `content_filter`; `None` while it is not
+/// finished.
+pub fn finish_of(response: &Value) -> Option<String> {
+    let status = response.get("status").and_then(Value::as_str)?;
+    let reason = match status {
+        "completed" => {
+            let calls = response
+                .get("output")
+                .and_then(Value::as_array)
+                .is_some_and(|items| items.iter().any(|item| item["type"] == "function_call"));
+            if calls { "tool_calls" } else { "stop" }
+        }
+        "incomplete" => match response
+            .pointer("/incomplete_details/reason")
+            .and_then(Value::as_str)
+        {
+            Some("max_output_tokens") => "length",
+            Some("content_filter") => "content_filter",
+            Some(other) => return Some(other.to_owned()),
+            None => "length",
+        },
+        "failed" | "cancelled" => status,
+        _ => return None,
+    };
+    Some(reason.to_owned())
+}
+
+/// The texts of a whole response's output items (at `at`), in order.
+pub fn output_texts(response: &Value, at: Location) -> Vec<TextField> {
+    let mut texts = Vec::new();
+    let Some(items) = response.get("output").and_then(Value::as_array) else {
+        return texts;
+    };
+    let at = at.key("output");
+    for (position, item) in items.iter().enumerate() {
+        item_texts(item, at.index(position), position as u32, &mut texts);
+    }
+    texts
+}
+
+/// The texts of output item `output_index` (at `at`).
+fn item_texts(item: &Value, at: Location, output_index: u32, texts: &mut Vec<TextField>) {
+    let list = |key: &str| {
+        item.get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+    };
+    let is_string = |part: &Value, key: &str| part.get(key).is_some_and(Value::is_string);
+    let mut known: &[&str] = &[];
+    match item.get("type").and_then(Value::as_str) {
+        Some("message") => {
+            known = &["content"];
+            for (index, part) in list("content").enumerate() {
+                let at = at.key("content").index(index);
+                let text = match part.get("type").and_then(Value::as_str) {
+                    Some("output_text") if is_string(part, "text") => {
+                        push(texts, Part::Content, at.key("text"));
+                        "text"
+                    }
+                    Some("refusal") if is_string(part, "refusal") => {
+                        push(texts, Part::Refusal, at.key("refusal"));
+                        "refusal"
+                    }
+                    _ => "",
+                };
+                // Annotations and the like (logprobs follow the text).
+                for (position, (key, value)) in part.as_object().into_iter().flatten().enumerate() {
+                    if key != text && key != "logprobs" {
+                        residual(value, at.member(position), key, texts);
+                    }
+                }
+            }
+        }
+        Some("reasoning") => {
+            known = &["summary", "content"];
+            for key in ["summary", "content"] {
+                for (index, part) in list(key).enumerate() {
+                    let at = at.key(if key == "summary" {
+                        "summary"
+                    } else {
+                        "content"
+                    });
+                    if is_string(part, "text") {
+                        push(texts, Part::Reasoning, at.index(index).key("text"));
+                    } else {
+                        residual(part, at.index(index), "", texts);
+                    }
+                }
+            }
+        }
+        Some("function_call") => {
+            known = &["arguments"];
+            if is_string(item, "arguments") {
+                push(
+                    texts,
+                    Part::ToolArguments(output_index),
+                    at.key("arguments"),
+                );
+            }
+        }
+        _ => {}
+    }
+    if let Some(members) = item.as_object() {
+        for (position, (key, value)) in members.iter().enumerate() {
+            if !known.contains(&key.as_str()) {
+                residual(value, at.member(position), key, texts);
+            }
+        }
+    }
+}
+
+fn push(texts: &mut Vec<TextField>, kind: Part, at: Location) {
+    texts.push(TextField {
+        choice: 0,
+        kind,
+        at,
+    });
+}
+
+/// Pushes onto `texts` every string under `value` (at `at`, reached by
+/// member `key`) that holds a canary-shaped span, as a [`Part::Other`]
+/// field (function arguments are their own part). Strings nested deeper
+/// than a [`Location`] reaches are not looked at.
+pub fn residual(value: &Value, at: Location, key: &str, texts: &mut Vec<TextField>) {
+    match value {
+        Value::String(text) if key != "arguments" && find_canaries(text).next().is_some() => {
+            let n = texts.len() as u32;
+            push(texts, Part::Other(n), at);
+        }
+        Value::Array(items) if at.has_room() => {
+            for (position, item) in items.iter().enumerate() {
+                residual(item, at.index(position), key, texts);
+            }
+        }
+        Value::Object(members) if at.has_room() => {
+            for (position, (member, inner)) in members.iter().enumerate() {
+                residual(inner, at.member(position), member, texts);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// An event's type: its data's `type`, else its `event:` name.
+pub fn event_type<'a>(data: &'a Value, event: &'a SseEvent) -> &'a str {
+    data.get("type")
+        .and_then(Value::as_str)
+        .or(event.event.as_deref())
+        .unwrap_or("")
+}
+
+/// The part whose text a delta event of type `kind` carries in `delta`.
+pub fn delta_part(kind: &str, data: &Value) -> Option<Part> {
+    Some(match kind {
+        "response.output_text.delta" => Part::Content,
+        "response.refusal.delta" => Part::Refusal,
+        "response.reasoning_summary_text.delta" | "response.reasoning_text.delta" => {
+            Part::Reasoning
+        }
+        "response.function_call_arguments.delta" => {
+            let index = data.get("output_index").and_then(Value::as_u64)?;
+            Part::ToolArguments(u32::try_from(index).ok()?)
+        }
+        _ => return None,
+    })
+}
+
+/// Events that carry no model text of their own: the response's
+/// lifecycle, items and parts opening (empty), and the events that repeat
+/// streamed text whole (rewritten by the writer from what was delivered).
+pub const WITHOUT_TEXT: [&str; 16] = [
+    "response.created",
+    "response.queued",
+    "response.in_progress",
+    "response.output_item.added",
+    "response.output_item.done",
+    "response.content_part.added",
+    "response.content_part.done",
+    "response.output_text.done",
+    "response.refusal.done",
+    "response.reasoning_summary_part.added",
+    "response.reasoning_summary_part.done",
+    "response.reasoning_summary_text.done",
+    "response.reasoning_text.done",
+    "response.function_call_arguments.done",
+    "response.completed",
+    "response.incomplete",
+];
+
+/// One event of a provider's Responses stream.
+pub fn read_event(event: &SseEvent) -> EventView {
+    if event.is_done() {
+        return EventView::Done;
+    }
+    let Ok(data) = serde_json::from_str::<Value>(&event.data) else {
+        return EventView::Malformed;
+    };
+    if !data.is_object() {
+        return EventView::Malformed;
+    }
+    let kind = event_type(&data, event).to_owned();
+    let message = |error: Option<&Value>| {
+        error
+            .and_then(|error| error.get("message"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    };
+    match kind.as_str() {
+        "error" => {
+            let text = message(Some(&data))
+                .or_else(|| message(data.get("error")))
+                .unwrap_or_else(|| "no message".to_owned());
+            return EventView::Error(text);
+        }
+        "response.failed" => {
+            let text = message(data.pointer("/response/error"))
+                .unwrap_or_else(|| "the response failed".to_owned());
+            return EventView::Error(text);
+        }
+        "response.completed" | "response.incomplete" => {
+            let response = data.get("response").unwrap_or(&Value::Null);
+            let choices = vec![ChoiceView {
+                index: 0,
+                position: 0,
+                texts: Vec::new(),
+                finish_reason: finish_of(response),
+            }];
+            return EventView::Final(Chunk {
+                usage: usage_of(response),
+                event: data,
+                choices,
+            });
+        }
+        _ => {}
+    }
+    let mut texts = Vec::new();
+    if let Some(part) = delta_part(&kind, &data) {
+        if data.get("delta").is_some_and(Value::is_string) {
+            push(&mut texts, part, Location::ROOT.key("delta"));
+        }
+    } else if matches!(
+        kind.as_str(),
+        "response.created" | "response.queued" | "response.in_progress"
+    ) {
+        // The instructions the response repeats hold canarygate's blocks.
+        if let Some(response) = data.get("response") {
+            instructions_texts(response, Location::ROOT.key("response"), &mut texts);
+        }
+    } else if !WITHOUT_TEXT.contains(&kind.as_str()) {
+        // An event of another kind (annotations, audio, custom tools...):
+        // any canary-shaped text in it is verified.
+        residual(&data, Location::ROOT, "", &mut texts);
+    }
+    let choices = if texts.is_empty() {
+        Vec::new()
+    } else {
+        vec![ChoiceView {
+            index: 0,
+            position: 0,
+            texts,
+            finish_reason: None,
+        }]
+    };
+    EventView::Chunk(Chunk {
+        event: data,
+        choices,
+        usage: None,
+    })
+}
+
+/// Whether `event` ends a Responses stream: `response.completed`,
+/// `response.incomplete` or `response.failed`.
+pub fn is_end(event: &SseEvent) -> bool {
+    serde_json::from_str::<Value>(&event.data).is_ok_and(|data| {
+        matches!(
+            event_type(&data, event),
+            "response.completed" | "response.incomplete" | "response.failed"
+        )
+    })
+}
+
+/// The texts of a whole response: its output's, and the instructions it
+/// repeats when they hold a canary-shaped span.
+pub fn response_texts(response: &Value) -> Vec<TextField> {
+    let mut texts = output_texts(response, Location::ROOT);
+    instructions_texts(response, Location::ROOT, &mut texts);
+    texts
+}
+
+/// The `instructions` a response (at `at`) repeats, as a [`Part::Other`]
+/// field when they hold a canary-shaped span.
+fn instructions_texts(response: &Value, at: Location, texts: &mut Vec<TextField>) {
+    let instructions = response
+        .as_object()
+        .into_iter()
+        .flat_map(|members| members.iter().enumerate())
+        .find(|(_, (key, _))| key.as_str() == "instructions");
+    if let Some((position, (_, value))) = instructions {
+        residual(value, at.member(position), "", texts);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn event(data: Value) -> SseEvent {
+        SseEvent {
+            event: data["type"].as_str().map(str::to_owned),
+            data: data.to_string(),
+            id: None,
+        }
+    }
+
+    #[test]
+    fn every_output_text_is_read_with_its_part() {
+        let canary = "CG123456789012345";
+        let response = json!({"id": "resp_1", "object": "response", "status": "completed",
+            "instructions": format!("Be brief.\n\n[{canary}]"),
+            "output": [
+                {"type": "reasoning", "id": "rs_1",
+                 "summary": [{"type": "summary_text", "text": "thinking"}],
+                 "content": [{"type": "reasoning_text", "text": "more"}]},
+                {"type": "message", "id": "msg_1", "role": "assistant", "content": [
+                    {"type": "output_text", "text": "hello", "annotations": [
+                        {"type": "url_citation", "url": format!("https://x/{canary}")}]},
+                    {"type": "refusal", "refusal": "no"}]},
+                {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f",
+                 "arguments": "{\"a\":1}"},
+            ],
+            "usage": {"input_tokens": 20, "output_tokens": 9,
+                      "input_tokens_details": {"cached_tokens": 4}, "total_tokens": 29}});
+        let texts = response_texts(&response);
+        let read: Vec<(Part, &str)> = texts
+            .iter()
+            .map(|field| (field.kind, field.text(&response)))
+            .collect();
+        assert_eq!(
+            read,
+            [
+                (Part::Reasoning, "thinking"),
+                (Part::Reasoning, "more"),
+                (Part::Content, "hello"),
+                (Part::Other(3), format!("https://x/{canary}").as_str()),
+                (Part::Refusal, "no"),
+                (Part::ToolArguments(2), "{\"a\":1}"),
+                (Part::Other(6), format!("Be brief.\n\n[{canary}]").as_str()),
+            ]
+        );
+        assert_eq!(finish_of(&response).as_deref(), Some("tool_calls"));
+        assert_eq!(
+            usage_of(&response),
+            Some(ProviderUsage {
+                prompt_tokens: 20,
+                completion_tokens: Some(9),
+                cached_prompt_tokens: Some(4),
+            })
+        );
+    }
+
+    #[test]
+    fn finish_reasons_are_chats() {
+        let finish = |response: Value| finish_of(&response);
+        assert_eq!(
+            finish(json!({"status": "completed", "output": []})).unwrap(),
+            "stop"
+        );
+        assert_eq!(
+            finish(json!({"status": "incomplete",
+                          "incomplete_details": {"reason": "max_output_tokens"}}))
+            .unwrap(),
+            "length"
+        );
+        assert_eq!(
+            finish(json!({"status": "incomplete",
+                          "incomplete_details": {"reason": "content_filter"}}))
+            .unwrap(),
+            "content_filter"
+        );
+        assert_eq!(finish(json!({"status": "in_progress"})), None);
+    }
+
+    #[test]
+    fn events_are_read_by_type() {
+        let delta = |kind: &str| {
+            let view = read_event(&event(json!({"type": kind, "output_index": 3,
+                "content_index": 0, "summary_index": 0, "delta": "abc", "sequence_number": 5})));
+            let EventView::Chunk(chunk) = view else {
+                panic!("{view:?}")
+            };
+            let field = chunk.texts().next().copied().unwrap();
+            assert_eq!(field.text(&chunk.event), "abc");
+            field.kind
+        };
+        assert_eq!(delta("response.output_text.delta"), Part::Content);
+        assert_eq!(delta("response.refusal.delta"), Part::Refusal);
+        assert_eq!(
+            delta("response.reasoning_summary_text.delta"),
+            Part::Reasoning
+        );
+        assert_eq!(delta("response.reasoning_text.delta"), Part::Reasoning);
+        assert_eq!(
+            delta("response.function_call_arguments.delta"),
+            Part::ToolArguments(3)
+        );
+        // The repeats carry no text of their own.
+        let view = read_event(&event(json!({"type": "response.output_text.done",
+            "text": "CG123456789012345", "output_index": 0})));
+        assert!(matches!(view, EventView::Chunk(chunk) if chunk.choices.is_empty()));
+        // Another kind of event: canary-shaped text in it is read.
+        let view = read_event(&event(json!({"type": "response.audio.transcript.delta",
+            "delta": "said CG123456789012345"})));
+        let EventView::Chunk(chunk) = view else {
+            panic!()
+        };
+        assert_eq!(chunk.texts().count(), 1);
+
+        let view = read_event(&event(json!({"type": "response.completed", "response": {
+            "status": "incomplete", "incomplete_details": {"reason": "max_output_tokens"},
+            "output": [{"type": "message", "content": [{"type": "output_text", "text": "x"}]}],
+            "usage": {"input_tokens": 5, "output_tokens": 2}}})));
+        let EventView::Final(chunk) = view else {
+            panic!("{view:?}")
+        };
+        assert_eq!(chunk.choices[0].finish_reason.as_deref(), Some("length"));
+        assert_eq!(
+            chunk.texts().count(),
+            0,
+            "the final event is not pushed again"
+        );
+        assert_eq!(chunk.usage.unwrap().prompt_tokens, 5);
+
+        for failure in [
+            json!({"type": "error", "code": "server_error", "message": "boom"}),
+            json!({"type": "response.failed", "response": {"error": {"message": "boom"}}}),
+        ] {
+            assert!(
+                matches!(read_event(&event(failure)), EventView::Error(message) if message == "boom")
+            );
+        }
+        let not_json = SseEvent {
+            data: "nope".into(),
+            ..SseEvent::default()
+        };
+        assert!(matches!(read_event(&not_json), EventView::Malformed));
+        assert!(is_end(&event(json!({"type": "response.incomplete"}))));
+        assert!(!is_end(&event(
+            json!({"type": "response.output_text.done"})
+        )));
+    }
+}

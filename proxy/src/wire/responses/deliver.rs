@@ -1,0 +1,355 @@
+//! Editing a Responses API answer for the client: each text becomes what
+//! the verifier's release and the delivery leave of it (logprobs follow),
+//! a cut at the client's limit makes the response `incomplete`, usage is
+//! edited by the delivery, and the request fields a response repeats
+//! (`instructions`, `max_output_tokens`) are the client's own again.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+use canarygate_policies::inject::{ECHO_PHRASE, ECHO_TOKEN_ALLOWANCE, client_text};
+use canarygate_policies::verify::{Part, Verifier};
+use serde_json::{Value, json};
+
+use crate::wire::edit::{Delivery, apply};
+use crate::wire::format::{AnswerView, Location, put_text};
+
+/// Which text of an output item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Slot {
+    /// `content[i]` (a message's text or refusal, a reasoning text).
+    Content(u64),
+    /// `summary[i]` of a reasoning item.
+    Summary(u64),
+    /// A function call's `arguments`.
+    Arguments,
+}
+
+/// What the client got of one text, so far.
+#[derive(Debug, Default, Clone)]
+pub struct Shown {
+    /// The text.
+    pub text: String,
+    /// The logprobs of what was shown, when the provider sent them.
+    pub logprobs: Vec<Value>,
+}
+
+/// What the client got of each text, by `(output_index, slot)`.
+pub type Delivered = BTreeMap<(u64, Slot), Shown>;
+
+/// The logprob entries of `entries` (whose tokens spell `text`) that lie
+/// wholly in `kept`; none when they do not spell the text.
+pub fn follow_logprobs(entries: &[Value], text: &str, kept: &[Range<usize>]) -> Vec<Value> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    for entry in entries {
+        let Some(token) = entry.get("token").and_then(Value::as_str) else {
+            return Vec::new();
+        };
+        let range = at..at + token.len();
+        at = range.end;
+        if kept
+            .iter()
+            .any(|keep| keep.start <= range.start && range.end <= keep.end)
+        {
+            out.push(entry.clone());
+        }
+    }
+    if at == text.len() { out } else { Vec::new() }
+}
+
+/// Makes the request fields a response repeats the client's own again:
+/// `instructions` without canarygate's blocks (`null` when only ours were
+/// there) and `max_output_tokens` without the echo's allowance. Returns
+/// whether anything changed.
+pub fn restore_request_fields(response: &mut Value) -> bool {
+    let Some(instructions) = response.get("instructions").and_then(Value::as_str) else {
+        return false;
+    };
+    let client = client_text(instructions);
+    if client.len() == instructions.len() {
+        return false;
+    }
+    let asked_echo = instructions[client.len()..].contains(ECHO_PHRASE);
+    response["instructions"] = if client.is_empty() {
+        Value::Null
+    } else {
+        json!(client)
+    };
+    if asked_echo && let Some(limit) = response["max_output_tokens"].as_u64() {
+        response["max_output_tokens"] = json!(limit.saturating_sub(ECHO_TOKEN_ALLOWANCE));
+    }
+    true
+}
+
+/// Sets output item `item` (at `output_index`) to what was delivered of
+/// its texts; a message of a cut answer is `incomplete`.
+pub fn rewrite_item(item: &mut Value, output_index: u64, delivered: &Delivered, cut: bool) {
+    let shown = |slot| {
+        delivered
+            .get(&(output_index, slot))
+            .cloned()
+            .unwrap_or_default()
+    };
+    match item.get("type").and_then(Value::as_str) {
+        Some("message") => {
+            if let Some(parts) = item.get_mut("content").and_then(Value::as_array_mut) {
+                for (index, part) in parts.iter_mut().enumerate() {
+                    rewrite_part(part, &shown(Slot::Content(index as u64)));
+                }
+            }
+            if cut && item.get("status").is_some() {
+                item["status"] = json!("incomplete");
+            }
+        }
+        Some("reasoning") => {
+            for (key, slot) in [
+                ("summary", Slot::Summary as fn(u64) -> Slot),
+                ("content", Slot::Content),
+            ] {
+                if let Some(parts) = item.get_mut(key).and_then(Value::as_array_mut) {
+                    for (index, part) in parts.iter_mut().enumerate() {
+                        rewrite_part(part, &shown(slot(index as u64)));
+                    }
+                }
+            }
+        }
+        Some("function_call") if item.get("arguments").is_some_and(Value::is_string) => {
+            item["arguments"] = json!(shown(Slot::Arguments).text);
+        }
+        _ => {}
+    }
+}
+
+/// Sets a content or summary part to `shown`.
+pub fn rewrite_part(part: &mut Value, shown: &Shown) {
+    let key = if part.get("type").and_then(Value::as_str) == Some("refusal") {
+        "refusal"
+    } else {
+        "text"
+    };
+    if part.get(key).is_some_and(Value::is_string) {
+        part[key] = json!(shown.text);
+    }
+    if part
+        .get("logprobs")
+        .and_then(Value::as_array)
+        .is_some_and(|entries| !entries.is_empty())
+    {
+        part["logprobs"] = json!(shown.logprobs);
+    }
+}
+
+/// The response of an answer cut at the client's limit: `incomplete`, as
+/// `max_output_tokens` makes it.
+pub fn mark_cut(response: &mut Value) {
+    response["status"] = json!("incomplete");
+    response["incomplete_details"] = json!({"reason": "max_output_tokens"});
+}
+
+/// A response's `usage` as the delivery reports it (`total_tokens`
+/// following); returns whether it changed.
+pub fn report_usage(response: &mut Value, delivery: &Delivery) -> bool {
+    let Some(usage) = response.get_mut("usage").filter(|usage| usage.is_object()) else {
+        return false;
+    };
+    if !delivery.report_usage(usage) {
+        return false;
+    }
+    if let (Some(input), Some(output), true) = (
+        usage["input_tokens"].as_u64(),
+        usage["output_tokens"].as_u64(),
+        usage.get("total_tokens").is_some(),
+    ) {
+        usage["total_tokens"] = json!(input + output);
+    }
+    true
+}
+
+/// Where each output text of `response` sits: `(output_index, slot)` by
+/// location.
+fn slots(response: &Value) -> Vec<(Location, u64, Slot)> {
+    let mut slots = Vec::new();
+    let items = response.get("output").and_then(Value::as_array);
+    for (index, item) in items.into_iter().flatten().enumerate() {
+        let at = Location::ROOT.key("output").index(index);
+        let output_index = index as u64;
+        for (key, slot, field) in [
+            ("content", Slot::Content as fn(u64) -> Slot, "text"),
+            ("content", Slot::Content, "refusal"),
+            ("summary", Slot::Summary, "text"),
+        ] {
+            let parts = item.get(key).and_then(Value::as_array);
+            for (part, _) in parts.into_iter().flatten().enumerate() {
+                slots.push((
+                    at.key(key).index(part).key(field),
+                    output_index,
+                    slot(part as u64),
+                ));
+            }
+        }
+        slots.push((at.key("arguments"), output_index, Slot::Arguments));
+    }
+    slots
+}
+
+/// Edits a verified whole response for the client (see the module docs).
+pub fn deliver_answer(
+    answer: &mut Value,
+    view: &AnswerView,
+    spans: &[Range<usize>],
+    verifier: &Verifier,
+    delivery: &mut Delivery,
+) {
+    let original = answer.clone();
+    let slots = slots(&original);
+    let fields = view.choices.iter().flat_map(|choice| &choice.texts);
+    for (field, span) in fields.zip(spans) {
+        let text = field.text(&original).to_owned();
+        let edit = delivery.admit(
+            field.choice,
+            field.kind,
+            &text,
+            span.clone(),
+            verifier.release_of(field.choice, field.kind),
+        );
+        if edit.unchanged() {
+            continue;
+        }
+        put_text(answer, field, apply(&text, &edit.kept));
+        if !matches!(field.kind, Part::Content | Part::Refusal) {
+            continue;
+        }
+        let Some(&(_, output_index, Slot::Content(part))) =
+            slots.iter().find(|(at, _, _)| *at == field.at)
+        else {
+            continue;
+        };
+        let at = Location::ROOT
+            .key("output")
+            .index(output_index as usize)
+            .key("content")
+            .index(part as usize)
+            .key("logprobs");
+        if let Some(logprobs) = at.get_mut(answer)
+            && let Some(entries) = logprobs.as_array().filter(|entries| !entries.is_empty())
+        {
+            *logprobs = json!(follow_logprobs(entries, &text, &edit.kept));
+        }
+    }
+    if delivery.was_cut(0) {
+        mark_cut(answer);
+        if let Some(items) = answer.get_mut("output").and_then(Value::as_array_mut) {
+            for item in items.iter_mut().filter(|item| item["type"] == "message") {
+                if item.get("status").is_some() {
+                    item["status"] = json!("incomplete");
+                }
+            }
+        }
+    }
+    // Canarygate's blocks, not the verifier's edit, decide what the
+    // repeated instructions become.
+    let mut restored = original;
+    if restore_request_fields(&mut restored) {
+        answer["instructions"] = restored["instructions"].clone();
+        answer["max_output_tokens"] = restored["max_output_tokens"].clone();
+    }
+    report_usage(answer, delivery);
+}
+
+#[cfg(test)]
+mod tests {
+    use canarygate_policies::inject::RequestCanaries;
+    use canarygate_policies::registry::MemoryRegistry;
+    use canarygate_policies::verify::Facts;
+    use canarygate_policies::verify_config::{EchoMode, VerifyConfig};
+
+    use super::*;
+    use crate::wire::edit::{TokenCounter, UsageOptions};
+    use crate::wire::format::ChoiceView;
+    use crate::wire::responses::answer::response_texts;
+    use crate::wire::responses::request::place;
+
+    #[test]
+    fn a_whole_answer_is_edited_in_place() {
+        let canaries = RequestCanaries::mint().unwrap();
+        let mut body = json!({"model": "m", "instructions": "Be brief.", "input": "hi",
+                              "max_output_tokens": 3});
+        let injection = place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        let echo = format!("{} {}\n", canaries.head, canaries.tail);
+        let text = format!("{echo}one two six ten");
+        let tokens: Vec<Value> = [echo.as_str(), "one ", "two ", "six ", "ten"]
+            .iter()
+            .map(|token| json!({"token": token, "logprob": -0.1}))
+            .collect();
+        let mut answer = json!({"id": "resp_1", "object": "response", "status": "completed",
+            "instructions": body["instructions"], "max_output_tokens": body["max_output_tokens"],
+            "output": [{"type": "message", "status": "completed", "role": "assistant",
+                        "content": [{"type": "output_text", "text": text, "logprobs": tokens}]}],
+            "usage": {"input_tokens": 50, "output_tokens": 20, "total_tokens": 70}});
+        let view = AnswerView {
+            choices: vec![ChoiceView {
+                index: 0,
+                position: 0,
+                texts: response_texts(&answer),
+                finish_reason: Some("stop".into()),
+            }],
+            usage: None,
+        };
+        let registry = MemoryRegistry::new(b"test");
+        let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
+        let mut spans = Vec::new();
+        for field in &view.choices[0].texts {
+            let text = field.text(&answer);
+            let start = verifier.received(0, field.kind);
+            spans.push(start..start + text.len());
+            verifier.push_part(0, field.kind, text, &registry);
+        }
+        let facts = Facts {
+            finish_reasons: vec![Some("stop".into())],
+            usage: None,
+            done_marker: None,
+        };
+        assert!(verifier.finish(&facts, &registry).verdict.passed());
+        let usage = UsageOptions {
+            client_wants_usage: true,
+            without_canarygate: true,
+            overhead_prompt: 30,
+        };
+        let mut delivery = Delivery::new(TokenCounter::default(), Some(3), usage, 1);
+        deliver_answer(&mut answer, &view, &spans, &verifier, &mut delivery);
+        let part = &answer["output"][0]["content"][0];
+        assert_eq!(part["text"], "one two six ");
+        let kept: Vec<&str> = part["logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|entry| entry["token"].as_str().unwrap())
+            .collect();
+        assert_eq!(kept, ["one ", "two ", "six "], "logprobs follow the text");
+        assert_eq!(answer["status"], "incomplete");
+        assert_eq!(answer["incomplete_details"]["reason"], "max_output_tokens");
+        assert_eq!(answer["output"][0]["status"], "incomplete");
+        assert_eq!(answer["instructions"], "Be brief.");
+        assert_eq!(answer["max_output_tokens"], 3);
+        let usage = &answer["usage"];
+        assert_eq!(usage["input_tokens"], 20);
+        assert_eq!(
+            usage["total_tokens"].as_u64(),
+            Some(20 + usage["output_tokens"].as_u64().unwrap())
+        );
+    }
+
+    #[test]
+    fn only_canarygates_instructions_are_removed() {
+        let mut response = json!({"instructions": "Mine.", "max_output_tokens": 40});
+        assert!(!restore_request_fields(&mut response));
+        let mut response = json!({"instructions": "Begin your reply with \"CG123456789012345\" \
+            on its own line; then answer normally.", "max_output_tokens": 72});
+        assert!(restore_request_fields(&mut response));
+        assert_eq!(
+            response,
+            json!({"instructions": null, "max_output_tokens": 40})
+        );
+    }
+}

@@ -1,0 +1,486 @@
+//! A Responses API request: validated as far as canarygate relies on it,
+//! read as chat messages (token counts, the local engine), and given its
+//! canaries.
+//!
+//! The model reads `instructions` first, then the conversation a
+//! `previous_response_id` (or `conversation`) continues, then `input`. The
+//! head block goes at the end of `instructions` (set when absent: a stored
+//! conversation does not carry earlier instructions, so each request's head
+//! is fresh); the tail block at the end of the last user item's text.
+
+use canarygate_policies::inject::{
+    Blocks, ECHO_TOKEN_ALLOWANCE, Injection, PromptEstimate, RequestCanaries, append_to_content,
+    passive_reason,
+};
+use canarygate_policies::tokens::count_chat_messages;
+use canarygate_policies::verify_config::EchoMode;
+use serde_json::{Map, Value, json};
+
+use crate::error::{ApiError, ErrorCode};
+use crate::wire::format::ClientRequest;
+
+/// Parses and validates a Responses API request.
+pub fn parse(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
+    let body: Value = serde_json::from_slice(bytes).map_err(|error| {
+        ApiError::new(
+            ErrorCode::InvalidJson,
+            format!("We could not parse the JSON body of your request: {error}"),
+        )
+    })?;
+    let object = body.as_object().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::InvalidJson,
+            "The request body must be a JSON object.",
+        )
+    })?;
+    let model = match object.get("model") {
+        Some(Value::String(model)) if !model.is_empty() => model.clone(),
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "model",
+                "`model` must be a non-empty string.",
+            ));
+        }
+        None => {
+            return Err(ApiError::invalid_param(
+                "model",
+                "You must provide a model parameter.",
+            ));
+        }
+    };
+    check_input(object.get("input"))?;
+    match object.get("instructions") {
+        None | Some(Value::Null | Value::String(_)) => {}
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "instructions",
+                "`instructions` must be a string.",
+            ));
+        }
+    }
+    let stream = match object.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(stream)) => *stream,
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "stream",
+                "`stream` must be a boolean.",
+            ));
+        }
+    };
+    let max_tokens = match object.get("max_output_tokens") {
+        None | Some(Value::Null) => None,
+        Some(value) => Some(value.as_u64().ok_or_else(|| {
+            ApiError::invalid_param(
+                "max_output_tokens",
+                "`max_output_tokens` must be a non-negative integer.",
+            )
+        })?),
+    };
+    for (field, what) in [("tools", "an array"), ("text", "an object")] {
+        let fits = match object.get(field) {
+            None | Some(Value::Null) => true,
+            Some(Value::Array(_)) => field == "tools",
+            Some(Value::Object(_)) => field == "text",
+            Some(_) => false,
+        };
+        if !fits {
+            return Err(ApiError::invalid_param(
+                if field == "tools" { "tools" } else { "text" },
+                format!("`{field}` must be {what}."),
+            ));
+        }
+    }
+    Ok(ClientRequest {
+        body,
+        model,
+        stream,
+        max_tokens,
+    })
+}
+
+/// `input`: absent, a string, or an array of item objects whose messages
+/// have a string role and string or array content.
+fn check_input(input: Option<&Value>) -> Result<(), ApiError> {
+    let items = match input {
+        None | Some(Value::Null | Value::String(_)) => return Ok(()),
+        Some(Value::Array(items)) => items,
+        Some(_) => {
+            return Err(ApiError::invalid_param(
+                "input",
+                "`input` must be a string or an array of input items.",
+            ));
+        }
+    };
+    for (index, item) in items.iter().enumerate() {
+        let Some(item) = item.as_object() else {
+            return Err(ApiError::invalid_param(
+                "input",
+                format!("input[{index}] must be an object."),
+            ));
+        };
+        if !is_message(item) {
+            if item.get("type").and_then(Value::as_str).is_none() {
+                return Err(ApiError::invalid_param(
+                    "input",
+                    format!("input[{index}] must have a string `type` or `role`."),
+                ));
+            }
+            continue;
+        }
+        if item.get("role").and_then(Value::as_str).is_none() {
+            return Err(ApiError::invalid_param(
+                "input",
+                format!("input[{index}] is a message: it must have a string `role`."),
+            ));
+        }
+        match item.get("content") {
+            Some(Value::String(_)) => {}
+            Some(Value::Array(parts)) if parts.iter().all(Value::is_object) => {}
+            _ => {
+                return Err(ApiError::invalid_param(
+                    "input",
+                    format!(
+                        "input[{index}].content must be a string or an array of content parts."
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether an input item is a message (`type: "message"`, or no type and a
+/// role: the easy form).
+fn is_message(item: &Map<String, Value>) -> bool {
+    match item.get("type").and_then(Value::as_str) {
+        Some(kind) => kind == "message",
+        None => item.contains_key("role"),
+    }
+}
+
+/// Whether the provider adds a conversation it keeps to this request's
+/// context (`previous_response_id` or `conversation`): earlier turns'
+/// canaries come back with it.
+pub fn continues_stored_conversation(body: &Value) -> bool {
+    ["previous_response_id", "conversation"]
+        .iter()
+        .any(|field| body.get(*field).is_some_and(|value| !value.is_null()))
+}
+
+/// The text of an item's `content` (a string, or the `text`/`refusal` of
+/// its parts), for token counts and the local engine.
+fn content_text(content: &Value) -> String {
+    match content {
+        Value::String(text) => text.clone(),
+        Value::Array(parts) => parts
+            .iter()
+            .filter_map(|part| {
+                part.get("text")
+                    .or_else(|| part.get("refusal"))
+                    .and_then(Value::as_str)
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// Chat role of a Responses message role.
+fn chat_role(role: &str) -> &str {
+    match role {
+        "developer" => "system",
+        role => role,
+    }
+}
+
+/// The prompt as chat messages `{role, content}`: instructions as the
+/// system message, then each input item (function calls as the
+/// assistant's, their outputs and other items' text as the user's).
+pub fn chat_messages(body: &Value) -> Vec<Value> {
+    let mut messages = Vec::new();
+    if let Some(instructions) = body.get("instructions").and_then(Value::as_str) {
+        messages.push(json!({"role": "system", "content": instructions}));
+    }
+    match body.get("input") {
+        Some(Value::String(text)) => messages.push(json!({"role": "user", "content": text})),
+        Some(Value::Array(items)) => {
+            for item in items {
+                if let Some(message) = item_message(item) {
+                    messages.push(message);
+                }
+            }
+        }
+        _ => {}
+    }
+    messages
+}
+
+/// One input item as a chat message, if it holds text.
+fn item_message(item: &Value) -> Option<Value> {
+    let object = item.as_object()?;
+    if is_message(object) {
+        let role = object.get("role").and_then(Value::as_str).unwrap_or("user");
+        let content = content_text(object.get("content").unwrap_or(&Value::Null));
+        return Some(json!({"role": chat_role(role), "content": content}));
+    }
+    let text = |key: &str| object.get(key).and_then(Value::as_str).unwrap_or("");
+    match object.get("type").and_then(Value::as_str)? {
+        "function_call" => Some(json!({"role": "assistant",
+            "content": format!("{}({})", text("name"), text("arguments"))})),
+        "function_call_output" => {
+            let output = object.get("output").unwrap_or(&Value::Null);
+            Some(json!({"role": "user", "content": content_text(output)}))
+        }
+        "reasoning" => {
+            let summary = object.get("summary").map(content_text).unwrap_or_default();
+            (!summary.is_empty()).then(|| json!({"role": "assistant", "content": summary}))
+        }
+        _ => None,
+    }
+}
+
+/// Places `canaries` in `body` (already [`parse`]d) per `echo`; on error
+/// the body is left as it was.
+pub fn place(
+    body: &mut Value,
+    echo: EchoMode,
+    canaries: RequestCanaries,
+) -> Result<Injection, ApiError> {
+    if body
+        .get("background")
+        .is_some_and(|value| *value == json!(true))
+    {
+        return Err(ApiError::invalid_param(
+            "background",
+            "`background: true` answers later, through GET /v1/responses/{id}: it cannot be \
+             verified as it is answered, so it is not served on the verified path.",
+        ));
+    }
+    let before = count_chat_messages(&chat_messages(body));
+    let json_mode = body
+        .pointer("/text/format/type")
+        .and_then(Value::as_str)
+        .is_some_and(|kind| kind == "json_object" || kind == "json_schema");
+    let has_tools = body
+        .get("tools")
+        .and_then(Value::as_array)
+        .is_some_and(|tools| !tools.is_empty());
+    // Earlier turns of a stored conversation hold their own tail blocks:
+    // "the code in square brackets below" would name several. The head is
+    // fresh in every request's instructions, so the echo asks for it alone
+    // and the tail is a passive marker.
+    let echo = match echo {
+        EchoMode::HeadTail if continues_stored_conversation(body) => EchoMode::Head,
+        echo => echo,
+    };
+    let passive = passive_reason(echo, json_mode, has_tools);
+    let blocks = Blocks::new(echo, passive, canaries);
+    let tail_slot = last_user_text(body);
+    let object = body.as_object_mut().ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::InvalidJson,
+            "The request body must be a JSON object.",
+        )
+    })?;
+    if let Some(slot) = tail_slot {
+        let placed = match slot {
+            TailSlot::Input => object.get_mut("input"),
+            TailSlot::Item(index) => object
+                .get_mut("input")
+                .and_then(|input| input.get_mut(index))
+                .and_then(|item| item.get_mut("content")),
+        }
+        .is_some_and(|content| append_to_content(content, &blocks.tail, "input_text"));
+        if !placed {
+            return Err(ApiError::invalid_param(
+                "input",
+                "The last user message's content must be a string or an array of parts.",
+            ));
+        }
+    }
+    let instructions = object.entry("instructions").or_insert(Value::Null);
+    append_to_content(instructions, &blocks.head, "input_text");
+    if tail_slot.is_none() {
+        append_to_content(instructions, &blocks.tail, "input_text");
+    }
+    let client_max_tokens = object.get("max_output_tokens").and_then(Value::as_u64);
+    if let Some(limit) = client_max_tokens
+        && !blocks.echo.is_empty()
+    {
+        object["max_output_tokens"] = json!(limit.saturating_add(ECHO_TOKEN_ALLOWANCE));
+    }
+    let stream = object
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let estimate = PromptEstimate::of(before, &chat_messages(body), canaries.head);
+    Ok(Injection {
+        canaries,
+        echo: blocks.echo,
+        passive,
+        stream,
+        choices: 1,
+        client_max_tokens,
+        // Usage always comes with `response.completed`.
+        client_wants_usage: true,
+        prompt_tokens_estimate: estimate.total,
+        prompt_tokens_added: estimate.added,
+        cacheable_prompt_tokens: estimate.cacheable,
+    })
+}
+
+/// Where the tail block goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TailSlot {
+    /// `input` is a string.
+    Input,
+    /// The content of input item `index`, the last user message.
+    Item(usize),
+}
+
+/// The last user text of `input`, if any.
+fn last_user_text(body: &Value) -> Option<TailSlot> {
+    match body.get("input")? {
+        Value::String(_) => Some(TailSlot::Input),
+        Value::Array(items) => items
+            .iter()
+            .rposition(|item| {
+                item.as_object().is_some_and(is_message)
+                    && item.get("role").and_then(Value::as_str) == Some("user")
+            })
+            .map(TailSlot::Item),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use canarygate_policies::inject::client_text;
+
+    fn parsed(body: Value) -> Value {
+        parse(body.to_string().as_bytes()).unwrap().body
+    }
+
+    fn param(body: &str) -> Option<&'static str> {
+        parse(body.as_bytes()).unwrap_err().param
+    }
+
+    #[test]
+    fn rejects_bad_shapes_naming_the_param() {
+        assert_eq!(
+            parse(b"{nope").unwrap_err().code,
+            ErrorCode::InvalidJson,
+            "not JSON"
+        );
+        assert_eq!(param(r#"{"input":"hi"}"#), Some("model"));
+        assert_eq!(param(r#"{"model":"m","input":5}"#), Some("input"));
+        assert_eq!(param(r#"{"model":"m","input":[3]}"#), Some("input"));
+        assert_eq!(
+            param(r#"{"model":"m","input":[{"role":"user","content":7}]}"#),
+            Some("input")
+        );
+        assert_eq!(
+            param(r#"{"model":"m","input":"x","instructions":["a"]}"#),
+            Some("instructions")
+        );
+        assert_eq!(
+            param(r#"{"model":"m","input":"x","max_output_tokens":-2}"#),
+            Some("max_output_tokens")
+        );
+        assert_eq!(
+            param(r#"{"model":"m","input":"x","stream":"yes"}"#),
+            Some("stream")
+        );
+        assert_eq!(
+            param(r#"{"model":"m","input":"x","tools":{}}"#),
+            Some("tools")
+        );
+        let request =
+            parse(br#"{"model":"m","input":"x","max_output_tokens":9,"stream":true}"#).unwrap();
+        assert_eq!((request.max_tokens, request.stream), (Some(9), true));
+    }
+
+    #[test]
+    fn head_goes_after_the_instructions_and_tail_after_the_last_user_text() {
+        let canaries = RequestCanaries::mint().unwrap();
+        let mut body = parsed(json!({"model": "m", "instructions": "Be brief.",
+        "max_output_tokens": 100,
+        "input": [
+            {"role": "user", "content": "first"},
+            {"type": "message", "role": "assistant",
+             "content": [{"type": "output_text", "text": "ok"}]},
+            {"type": "message", "role": "user",
+             "content": [{"type": "input_text", "text": "second"}]},
+            {"type": "function_call_output", "call_id": "c1", "output": "42"},
+        ]}));
+        let injection = place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        let instructions = body["instructions"].as_str().unwrap();
+        assert!(instructions.starts_with("Be brief.\n\n"), "{instructions}");
+        assert!(instructions.contains(&canaries.head.to_string()));
+        assert_eq!(client_text(instructions), "Be brief.");
+        assert_eq!(
+            body["input"][0]["content"], "first",
+            "earlier turns untouched"
+        );
+        let parts = body["input"][2]["content"].as_array().unwrap();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[1]["type"], "input_text");
+        assert!(
+            parts[1]["text"]
+                .as_str()
+                .unwrap()
+                .contains(&canaries.tail.to_string())
+        );
+        assert_eq!(injection.echo, vec![canaries.head, canaries.tail]);
+        assert_eq!(injection.client_max_tokens, Some(100));
+        assert_eq!(body["max_output_tokens"], 100 + ECHO_TOKEN_ALLOWANCE);
+        assert!(injection.prompt_tokens_added > 0);
+        assert!(injection.cacheable_prompt_tokens < injection.prompt_tokens_estimate);
+    }
+
+    #[test]
+    fn a_string_input_gets_the_tail_and_no_user_item_puts_it_in_the_instructions() {
+        let canaries = RequestCanaries::mint().unwrap();
+        let mut body = parsed(json!({"model": "m", "input": "hello"}));
+        place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        let input = body["input"].as_str().unwrap();
+        assert!(input.starts_with("hello\n\n") && input.contains(&canaries.tail.to_string()));
+        let instructions = body["instructions"].as_str().unwrap();
+        assert!(instructions.contains(&canaries.head.to_string()));
+        assert!(!instructions.contains(&canaries.tail.to_string()));
+
+        let mut body = parsed(json!({"model": "m", "input": [
+            {"type": "function_call_output", "call_id": "c1", "output": "42"}]}));
+        place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        let instructions = body["instructions"].as_str().unwrap();
+        let (head, tail) = (canaries.head.to_string(), canaries.tail.to_string());
+        assert!(instructions.find(&head).unwrap() < instructions.find(&tail).unwrap());
+    }
+
+    #[test]
+    fn json_mode_and_tools_are_passive_and_a_stored_conversation_echoes_the_head() {
+        let canaries = RequestCanaries::mint().unwrap();
+        for extra in [
+            json!({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}),
+            json!({"text": {"format": {"type": "json_object"}}}),
+            json!({"tools": [{"type": "function", "name": "f", "parameters": {}}]}),
+        ] {
+            let mut body = json!({"model": "m", "input": "x", "max_output_tokens": 50});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            let injection = place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+            assert!(injection.echo.is_empty() && injection.passive.is_some());
+            assert_eq!(body["max_output_tokens"], 50, "no echo, no allowance");
+        }
+        let mut body = json!({"model": "m", "input": "x", "previous_response_id": "resp_1"});
+        assert!(continues_stored_conversation(&body));
+        let injection = place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        assert_eq!(injection.echo, vec![canaries.head]);
+        let mut body = json!({"model": "m", "input": "x", "background": true});
+        let error = place(&mut body, EchoMode::HeadTail, canaries).unwrap_err();
+        assert_eq!(error.param, Some("background"));
+    }
+}

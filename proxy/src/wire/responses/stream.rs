@@ -1,0 +1,474 @@
+//! The client's side of a verified Responses stream: the provider's own
+//! typed events, held until their text is verified, passed on edited.
+//!
+//! Deltas carry the text the verifier reads; each becomes what the release
+//! and the delivery leave of it (an emptied delta is still sent, so the
+//! `sequence_number`s run on). The events that repeat a text whole (the
+//! `.done` events, `content_part.done`, `output_item.done` and the final
+//! `response.completed`, whose `output` the SDK trusts) are rewritten from
+//! what was delivered for that `(output_index, content or summary index)`.
+//! Every event goes out with its `event:` line; one that nothing changed as
+//! the provider's own data.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use canarygate_policies::sse::{SseEvent, encode_data};
+use canarygate_policies::verify::{Verdict, Verifier};
+use serde_json::{Value, json};
+
+use super::answer::{delta_part, event_type};
+use super::deliver::{
+    Delivered, Slot, follow_logprobs, mark_cut, report_usage, restore_request_fields, rewrite_item,
+    rewrite_part,
+};
+use crate::wire::edit::{Delivery, apply};
+use crate::wire::format::{Chunk, StreamWriter, put_text};
+
+/// One provider event waiting for its text to be verified.
+struct Held {
+    chunk: Chunk,
+    /// The event as received.
+    event: SseEvent,
+    /// The span of its part each text field carried.
+    spans: Vec<Range<usize>>,
+    /// It ends the answer (`response.completed` / `incomplete`): it waits
+    /// for the verdict.
+    ends: bool,
+}
+
+/// The client's side of a verified Responses stream (see the module docs).
+pub struct ResponsesStream {
+    delivery: Delivery,
+    held: VecDeque<Held>,
+    delivered: Delivered,
+}
+
+impl ResponsesStream {
+    /// A writer delivering by `delivery`.
+    pub fn new(delivery: Delivery) -> Self {
+        Self {
+            delivery,
+            held: VecDeque::new(),
+            delivered: Delivered::new(),
+        }
+    }
+
+    /// Whether `held` may go out now, before the verdict. An event without
+    /// text (`response.created`, an item opening) waits until the answer
+    /// has begun: nothing opens the client's stream before the echo passed.
+    fn ready(held: &Held, verifier: &Verifier) -> bool {
+        if held.ends {
+            return false;
+        }
+        if held.chunk.choices.is_empty() {
+            return verifier.released_any();
+        }
+        held.chunk
+            .choices
+            .iter()
+            .all(|choice| verifier.may_show(choice.index))
+            && held.chunk.texts().zip(&held.spans).all(|(field, span)| {
+                verifier.release_of(field.choice, field.kind).through >= span.end
+            })
+    }
+
+    fn write(&mut self, held: Held, verifier: &Verifier, out: &mut Vec<u8>) {
+        let Held {
+            mut chunk,
+            event,
+            spans,
+            ..
+        } = held;
+        let original = chunk.event.clone();
+        let kind = event_type(&original, &event).to_owned();
+        let data = &mut chunk.event;
+        let at_index = |key: &str| data.get(key).and_then(Value::as_u64).unwrap_or(0);
+        let output_index = at_index("output_index");
+        let content_index = at_index("content_index");
+        let summary_index = at_index("summary_index");
+        let slot = match kind.as_str() {
+            "response.reasoning_summary_text.delta"
+            | "response.reasoning_summary_text.done"
+            | "response.reasoning_summary_part.added"
+            | "response.reasoning_summary_part.done" => Slot::Summary(summary_index),
+            "response.function_call_arguments.delta" | "response.function_call_arguments.done" => {
+                Slot::Arguments
+            }
+            _ => Slot::Content(content_index),
+        };
+        let fields: Vec<_> = chunk
+            .choices
+            .iter()
+            .flat_map(|choice| &choice.texts)
+            .copied()
+            .collect();
+        for (field, span) in fields.iter().zip(spans) {
+            let text = field.text(&original).to_owned();
+            let edit = self.delivery.admit(
+                field.choice,
+                field.kind,
+                &text,
+                span,
+                verifier.release_of(field.choice, field.kind),
+            );
+            let kept = apply(&text, &edit.kept);
+            if delta_part(&kind, &original).is_some() {
+                let shown = self.delivered.entry((output_index, slot)).or_default();
+                shown.text.push_str(&kept);
+                if let Some(entries) = original.get("logprobs").and_then(Value::as_array) {
+                    let followed = follow_logprobs(entries, &text, &edit.kept);
+                    if !edit.unchanged() {
+                        data["logprobs"] = json!(followed);
+                    }
+                    shown.logprobs.extend(followed);
+                }
+            }
+            if !edit.unchanged() {
+                put_text(data, field, kept);
+            }
+        }
+        let cut = self.delivery.was_cut(0);
+        let shown = self
+            .delivered
+            .get(&(output_index, slot))
+            .cloned()
+            .unwrap_or_default();
+        match kind.as_str() {
+            "response.output_text.done"
+            | "response.reasoning_summary_text.done"
+            | "response.reasoning_text.done" => {
+                data["text"] = json!(shown.text);
+                if data
+                    .get("logprobs")
+                    .and_then(Value::as_array)
+                    .is_some_and(|entries| !entries.is_empty())
+                {
+                    data["logprobs"] = json!(shown.logprobs);
+                }
+            }
+            "response.refusal.done" => data["refusal"] = json!(shown.text),
+            "response.function_call_arguments.done" => data["arguments"] = json!(shown.text),
+            "response.content_part.added"
+            | "response.content_part.done"
+            | "response.reasoning_summary_part.added"
+            | "response.reasoning_summary_part.done" => {
+                if let Some(part) = data.get_mut("part") {
+                    rewrite_part(part, &shown);
+                }
+            }
+            "response.output_item.added" | "response.output_item.done" => {
+                if let Some(item) = data.get_mut("item") {
+                    rewrite_item(item, output_index, &self.delivered, cut);
+                }
+            }
+            "response.created"
+            | "response.queued"
+            | "response.in_progress"
+            | "response.completed"
+            | "response.incomplete" => {
+                let mut restored = original.get("response").cloned().unwrap_or(Value::Null);
+                if let Some(response) = data.get_mut("response").filter(|value| value.is_object()) {
+                    if restore_request_fields(&mut restored) {
+                        response["instructions"] = restored["instructions"].clone();
+                        response["max_output_tokens"] = restored["max_output_tokens"].clone();
+                    }
+                    if let Some(items) = response.get_mut("output").and_then(Value::as_array_mut) {
+                        for (index, item) in items.iter_mut().enumerate() {
+                            rewrite_item(item, index as u64, &self.delivered, cut);
+                        }
+                    }
+                    report_usage(response, &self.delivery);
+                    if cut && kind == "response.completed" {
+                        mark_cut(response);
+                        data["type"] = json!("response.incomplete");
+                    }
+                }
+            }
+            _ => {}
+        }
+        let name = data
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or(&kind)
+            .to_owned();
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(name.as_bytes());
+        out.push(b'\n');
+        if *data == original {
+            encode_data(&event.data, out);
+        } else {
+            encode_data(&data.to_string(), out);
+        }
+    }
+}
+
+impl StreamWriter for ResponsesStream {
+    fn take(&mut self, chunk: Chunk, event: SseEvent, spans: Vec<Range<usize>>) {
+        let ends = chunk
+            .choices
+            .iter()
+            .any(|choice| choice.finish_reason.is_some());
+        self.held.push_back(Held {
+            chunk,
+            event,
+            spans,
+            ends,
+        });
+    }
+
+    fn flush(&mut self, verifier: &Verifier, at_end: bool, out: &mut Vec<u8>) {
+        while let Some(held) = self.held.front() {
+            if !at_end && !Self::ready(held, verifier) {
+                return;
+            }
+            let held = self.held.pop_front().expect("just looked at it");
+            self.write(held, verifier, out);
+        }
+    }
+
+    fn delivery(&self) -> &Delivery {
+        &self.delivery
+    }
+
+    /// The verdict and canarygate's token overhead as SSE comments: a
+    /// Responses stream ends with its `response.completed` event, no
+    /// `[DONE]`.
+    fn done(&self, verdict: &Verdict) -> Vec<u8> {
+        let mut tail = b": x-canarygate-verdict ".to_vec();
+        tail.extend_from_slice(verdict.header_value().as_bytes());
+        tail.extend_from_slice(b"\n: x-canarygate-overhead-tokens ");
+        tail.extend_from_slice(self.delivery.overhead_header().as_bytes());
+        tail.extend_from_slice(b"\n\n");
+        tail
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use canarygate_policies::inject::{Injection, RequestCanaries};
+    use canarygate_policies::registry::MemoryRegistry;
+    use canarygate_policies::sse::SseParser;
+    use canarygate_policies::verify::Facts;
+    use canarygate_policies::verify_config::{EchoMode, VerifyConfig};
+
+    use super::*;
+    use crate::wire::edit::{TokenCounter, UsageOptions};
+    use crate::wire::format::EventView;
+    use crate::wire::responses::answer::read_event;
+    use crate::wire::responses::request::place;
+
+    /// A provider's stream of `deltas` (one message), as the real API
+    /// orders it, numbered from 0, with the request's instructions.
+    fn provider_events(deltas: &[String], instructions: &str, limit: Value) -> Vec<SseEvent> {
+        let whole: String = deltas.concat();
+        let at = |kind: &str| {
+            json!({"type": kind, "item_id": "msg_1", "output_index": 0,
+                                      "content_index": 0})
+        };
+        let response = |status: &str, output: Value| {
+            json!({"id": "resp_1", "object": "response",
+            "status": status, "instructions": instructions, "max_output_tokens": limit,
+            "output": output, "usage": if status == "completed" {
+                json!({"input_tokens": 90, "output_tokens": 30, "total_tokens": 120})
+            } else { Value::Null }})
+        };
+        let item = |text: &str| {
+            json!({"id": "msg_1", "type": "message", "status": "completed",
+            "role": "assistant", "content": [{"type": "output_text", "text": text,
+            "annotations": [], "logprobs": []}]})
+        };
+        let mut events = vec![
+            json!({"type": "response.created", "response": response("in_progress", json!([]))}),
+            json!({"type": "response.in_progress", "response": response("in_progress", json!([]))}),
+            json!({"type": "response.output_item.added", "output_index": 0,
+                   "item": {"id": "msg_1", "type": "message", "status": "in_progress",
+                            "role": "assistant", "content": []}}),
+        ];
+        let mut added = at("response.content_part.added");
+        added["part"] = json!({"type": "output_text", "text": "", "annotations": []});
+        events.push(added);
+        for delta in deltas {
+            let mut event = at("response.output_text.delta");
+            event["delta"] = json!(delta);
+            event["logprobs"] = json!([]);
+            events.push(event);
+        }
+        let mut done = at("response.output_text.done");
+        done["text"] = json!(whole);
+        events.push(done);
+        let mut part_done = at("response.content_part.done");
+        part_done["part"] = json!({"type": "output_text", "text": whole, "annotations": []});
+        events.push(part_done);
+        events.push(
+            json!({"type": "response.output_item.done", "output_index": 0,
+                           "item": item(&whole)}),
+        );
+        events.push(json!({"type": "response.completed",
+                           "response": response("completed", json!([item(&whole)]))}));
+        events
+            .into_iter()
+            .enumerate()
+            .map(|(number, mut event)| {
+                event["sequence_number"] = json!(number);
+                SseEvent {
+                    event: Some(event["type"].as_str().unwrap().to_owned()),
+                    data: event.to_string(),
+                    id: None,
+                }
+            })
+            .collect()
+    }
+
+    /// Runs `events` through a verifier and the writer, as the verified
+    /// path does; returns the client's events (name, data) and the bytes.
+    fn relay(
+        events: Vec<SseEvent>,
+        injection: &Injection,
+        client_limit: Option<u64>,
+    ) -> (Vec<(String, Value)>, String) {
+        let registry = MemoryRegistry::new(b"test");
+        let mut verifier = Verifier::new(injection, &VerifyConfig::default(), "p", None);
+        let delivery = Delivery::new(
+            TokenCounter::default(),
+            client_limit,
+            UsageOptions {
+                client_wants_usage: true,
+                without_canarygate: false,
+                overhead_prompt: 0,
+            },
+            1,
+        );
+        let mut writer = ResponsesStream::new(delivery);
+        let mut out = Vec::new();
+        let mut reasons = Vec::new();
+        for event in events {
+            let (chunk, last) = match read_event(&event) {
+                EventView::Chunk(chunk) => (chunk, false),
+                EventView::Final(chunk) => (chunk, true),
+                other => panic!("{other:?}"),
+            };
+            let mut spans = Vec::new();
+            for choice in &chunk.choices {
+                for field in &choice.texts {
+                    let text = field.text(&chunk.event);
+                    let start = verifier.received(field.choice, field.kind);
+                    spans.push(start..start + text.len());
+                    verifier.push_part(field.choice, field.kind, text, &registry);
+                }
+                if choice.finish_reason.is_some() {
+                    reasons = vec![choice.finish_reason.clone()];
+                }
+            }
+            writer.take(chunk, event, spans);
+            if last {
+                let facts = Facts {
+                    finish_reasons: reasons.clone(),
+                    usage: None,
+                    done_marker: Some(true),
+                };
+                let finished = verifier.finish(&facts, &registry);
+                assert!(finished.verdict.passed(), "{:?}", finished.verdict);
+                writer.flush(&verifier, true, &mut out);
+                out.extend(writer.done(&finished.verdict));
+            } else {
+                writer.flush(&verifier, false, &mut out);
+            }
+        }
+        let text = String::from_utf8(out).unwrap();
+        let mut parser = SseParser::new();
+        let mut parsed = Vec::new();
+        parser.feed(text.as_bytes(), &mut parsed);
+        let events = parsed
+            .into_iter()
+            .map(|event| {
+                (
+                    event.event.unwrap_or_default(),
+                    serde_json::from_str(&event.data).unwrap(),
+                )
+            })
+            .collect();
+        (events, text)
+    }
+
+    fn setup(max_output_tokens: Option<u64>) -> (Injection, Value, RequestCanaries) {
+        let canaries = RequestCanaries::mint().unwrap();
+        let mut body = json!({"model": "m", "instructions": "Be brief.", "input": "Name the planets",
+                              "stream": true});
+        if let Some(limit) = max_output_tokens {
+            body["max_output_tokens"] = json!(limit);
+        }
+        let injection = place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        (injection, body, canaries)
+    }
+
+    #[test]
+    fn every_event_passes_numbered_with_the_echo_stripped_everywhere() {
+        let (injection, body, canaries) = setup(None);
+        let answer = "Mercury, Venus, Earth and Mars are rocky.";
+        let mut deltas = vec![
+            format!("{} ", canaries.head),
+            format!("{}\n", canaries.tail),
+        ];
+        deltas.extend(answer.split_inclusive(' ').map(str::to_owned));
+        let instructions = body["instructions"].as_str().unwrap();
+        let events = provider_events(&deltas, instructions, Value::Null);
+        let count = events.len();
+        let (client, bytes) = relay(events, &injection, None);
+        assert_eq!(client.len(), count, "no event dropped: {bytes}");
+        for (number, (name, data)) in client.iter().enumerate() {
+            assert_eq!(data["sequence_number"], number, "{bytes}");
+            assert_eq!(data["type"], *name, "every event has its event: line");
+        }
+        assert!(!bytes.contains(&canaries.head.to_string()), "{bytes}");
+        assert!(!bytes.contains(&canaries.tail.to_string()), "{bytes}");
+        assert!(!bytes.contains("[DONE]"));
+        assert!(bytes.contains(": x-canarygate-verdict pass"), "{bytes}");
+        let deltas: String = client
+            .iter()
+            .filter(|(name, _)| name == "response.output_text.delta")
+            .map(|(_, data)| data["delta"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(deltas, answer);
+        let data = |name: &str| &client.iter().find(|(n, _)| n == name).unwrap().1;
+        assert_eq!(data("response.output_text.done")["text"], answer);
+        assert_eq!(data("response.content_part.done")["part"]["text"], answer);
+        assert_eq!(
+            data("response.output_item.done")["item"]["content"][0]["text"],
+            answer
+        );
+        let completed = &data("response.completed")["response"];
+        assert_eq!(completed["output"][0]["content"][0]["text"], answer);
+        assert_eq!(completed["instructions"], "Be brief.");
+        assert_eq!(
+            data("response.created")["response"]["instructions"],
+            "Be brief."
+        );
+        assert_eq!(completed["usage"]["total_tokens"], 120, "usage as billed");
+    }
+
+    #[test]
+    fn a_cut_at_the_clients_limit_ends_incomplete() {
+        let (injection, body, canaries) = setup(Some(3));
+        let mut deltas = vec![format!("{} {}\n", canaries.head, canaries.tail)];
+        deltas.extend(["one ", "two ", "six ", "ten ", "nine "].map(str::to_owned));
+        let limit = body["max_output_tokens"].clone();
+        assert_eq!(limit, 3 + canarygate_policies::inject::ECHO_TOKEN_ALLOWANCE);
+        let events = provider_events(&deltas, body["instructions"].as_str().unwrap(), limit);
+        let (client, bytes) = relay(events, &injection, Some(3));
+        let (name, last) = client.last().unwrap();
+        assert_eq!(name, "response.incomplete", "{bytes}");
+        let response = &last["response"];
+        assert_eq!(response["status"], "incomplete");
+        assert_eq!(
+            response["incomplete_details"]["reason"],
+            "max_output_tokens"
+        );
+        assert_eq!(response["max_output_tokens"], 3, "the client's own limit");
+        let text = response["output"][0]["content"][0]["text"]
+            .as_str()
+            .unwrap();
+        assert_eq!(text, "one two six ");
+        assert_eq!(response["output"][0]["status"], "incomplete");
+    }
+}

@@ -1,0 +1,172 @@
+"""Drives canarygate's Responses API surface with the official openai SDK;
+prints one JSON object of what it saw, for tests/e2e/surface_responses.rs.
+
+usage: surface_responses.py BASE_URL
+
+Models (routes of the test's policy): m-honest, m-reasoner (a reasoning
+model), m-trunc (drops the head canary), m-swap (answers from the previous
+request's context), m-overloaded (a stream fails half-way), m-local (served
+by the local engine).
+"""
+
+import json
+import re
+import sys
+
+import openai
+from openai import OpenAI
+
+CANARY = re.compile(r"CG[0-9A-Za-z]{6,}", re.IGNORECASE)
+
+base_url = sys.argv[1]
+client = OpenAI(base_url=base_url, api_key="sk-responses-test", max_retries=0, timeout=30)
+result = {}
+
+
+def check_clean(label, text):
+    assert not CANARY.search(text or ""), f"{label}: a canary reached the client: {text!r}"
+
+
+def failure(call):
+    """The SDK error `call` raises, as a dict."""
+    try:
+        call()
+    except openai.APIStatusError as error:
+        return {
+            "status": error.status_code,
+            "code": error.code,
+            "param": error.param,
+            "message": error.message,
+        }
+    except openai.APIError as error:
+        return {"status": None, "code": getattr(error, "code", None), "message": error.message}
+    return None
+
+
+# Plain.
+raw = client.responses.with_raw_response.create(
+    model="m-honest", instructions="Be brief.", input="Name the planets", max_output_tokens=40
+)
+response = raw.parse()
+check_clean("plain", response.output_text)
+check_clean("plain instructions", response.instructions)
+result["plain"] = {
+    "id": response.id,
+    "status": response.status,
+    "text": response.output_text,
+    "instructions": response.instructions,
+    "max_output_tokens": response.max_output_tokens,
+    "input_tokens": response.usage.input_tokens,
+    "output_tokens": response.usage.output_tokens,
+    "verdict": raw.headers.get("x-canarygate-verdict"),
+}
+
+# Streamed, raw events.
+events = list(
+    client.responses.create(
+        model="m-honest",
+        input=[{"role": "user", "content": [{"type": "input_text", "text": "Name the planets"}]}],
+        stream=True,
+    )
+)
+deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+done = [e.text for e in events if e.type == "response.output_text.done"]
+final = events[-1]
+assert final.type == "response.completed", [e.type for e in events]
+check_clean("stream", deltas)
+check_clean("stream final", json.dumps(final.response.model_dump()))
+result["stream"] = {
+    "types": [e.type for e in events],
+    "sequence": [e.sequence_number for e in events],
+    "deltas": deltas,
+    "done": done,
+    "final_text": final.response.output_text,
+}
+
+# The stream helper, with a reasoning model's summary.
+with client.responses.stream(
+    model="m-reasoner", input="Name the planets", reasoning={"summary": "auto"}
+) as stream:
+    helper_text, summary = [], []
+    for event in stream:
+        if event.type == "response.output_text.delta":
+            helper_text.append(event.delta)
+        elif event.type == "response.reasoning_summary_text.delta":
+            summary.append(event.delta)
+    final = stream.get_final_response()
+check_clean("helper", final.output_text)
+check_clean("helper summary", "".join(summary))
+check_clean("helper final", json.dumps(final.model_dump()))
+result["helper"] = {
+    "deltas": "".join(helper_text),
+    "final_text": final.output_text,
+    "summary": "".join(summary),
+    "final_summary": [
+        part.text for item in final.output if item.type == "reasoning" for part in item.summary
+    ],
+}
+
+# Two turns of a conversation the provider keeps.
+first = client.responses.create(model="m-honest", input="Remember the word teal")
+second = client.responses.create(
+    model="m-honest", input="Which word did I ask you to remember?", previous_response_id=first.id
+)
+check_clean("second turn", second.output_text)
+streamed_turn = "".join(
+    e.delta
+    for e in client.responses.create(
+        model="m-honest", input="And once more?", previous_response_id=second.id, stream=True
+    )
+    if e.type == "response.output_text.delta"
+)
+check_clean("third turn", streamed_turn)
+result["conversation"] = {"second": second.output_text, "third": streamed_turn}
+
+# A bad shape: 400 naming the parameter, nothing sent upstream.
+result["bad_input"] = failure(
+    lambda: client.responses.create(model="m-honest", input=[{"role": "user", "content": 7}])
+)
+
+# A leak (the head canary dropped) and a foreign canary (a swapped context).
+result["truncated"] = failure(
+    lambda: client.responses.create(model="m-trunc", instructions="Be brief.", input="Name the rivers")
+)
+client.responses.create(model="m-swap", input="The payroll of Quenby")
+result["swapped"] = failure(lambda: client.responses.create(model="m-swap", input="Name the rivers"))
+
+# A failure after the stream began: the SDK raises, plain and with the helper.
+def overloaded_stream():
+    for _ in client.responses.create(model="m-overloaded", input="Name the planets", stream=True):
+        pass
+
+
+def overloaded_helper():
+    with client.responses.stream(model="m-overloaded", input="Name the planets") as stream:
+        for _ in stream:
+            pass
+
+
+result["overloaded"] = {"stream": failure(overloaded_stream), "helper": failure(overloaded_helper)}
+
+# Served by the local engine, whole and streamed.
+raw = client.responses.with_raw_response.create(model="m-local", input="Name the planets", max_output_tokens=8)
+local = raw.parse()
+with client.responses.stream(model="m-local", input="Name the planets", max_output_tokens=8) as stream:
+    local_events = list(stream)
+local_deltas = "".join(e.delta for e in local_events if e.type == "response.output_text.delta")
+# At the limit the answer ends `incomplete`, as OpenAI's does (the helper's
+# get_final_response() wants `completed`): the last event carries it.
+local_final = local_events[-1].response
+result["local"] = {
+    "served_by": raw.headers.get("x-canarygate-served-by"),
+    "id": local.id,
+    "object": local.object,
+    "status": local.status,
+    "text": local.output_text,
+    "output_tokens": local.usage.output_tokens,
+    "stream_deltas": local_deltas,
+    "stream_text": local_final.output_text,
+    "stream_id": local_final.id,
+}
+
+print(json.dumps(result))
