@@ -22,6 +22,11 @@
 //! Every prompt carries a word unique to its request (`rq00042`). An answer
 //! that contains another request's word is a leak: the client got someone
 //! else's text.
+//!
+//! The requests take turns across the APIs jobs call ([`Surface`]): Chat
+//! Completions, the Responses API and Anthropic's Messages API, each
+//! streamed and not; the simulator leaks on all three alike, and the report
+//! counts each surface on its own too.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -51,6 +56,113 @@ pub const DEMO_PREFILL_TOKENS_PER_SECOND: f64 = 50_000.0;
 
 /// Prompt sizes within this many tokens of the pool size are moved below it.
 const BOUNDARY_MARGIN: usize = 256;
+
+/// Output tokens a Messages request asks for (the API requires a limit):
+/// enough for an answer to show whose text it holds.
+const MESSAGES_MAX_TOKENS: u64 = 256;
+
+/// An API the demo's clients call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Surface {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/responses`.
+    Responses,
+    /// `POST /v1/messages` (Anthropic).
+    Messages,
+}
+
+impl Surface {
+    /// The surface of request `index`: they take turns.
+    fn of(index: usize) -> Self {
+        [Self::Chat, Self::Responses, Self::Messages][index % 3]
+    }
+
+    /// The name the audit record gives the endpoint.
+    fn name(self) -> &'static str {
+        match self {
+            Self::Chat => "chat_completions",
+            Self::Responses => "responses",
+            Self::Messages => "messages",
+        }
+    }
+
+    fn path(self) -> &'static str {
+        match self {
+            Self::Chat => "/v1/chat/completions",
+            Self::Responses => "/v1/responses",
+            Self::Messages => "/v1/messages",
+        }
+    }
+
+    /// The request body for `prompt`.
+    fn body(self, prompt: String, stream: bool) -> Value {
+        match self {
+            Self::Chat => json!({
+                "model": DEMO_MODEL, "stream": stream,
+                "messages": [{"role": "user", "content": prompt}],
+            }),
+            Self::Responses => json!({"model": DEMO_MODEL, "stream": stream, "input": prompt}),
+            Self::Messages => json!({
+                "model": DEMO_MODEL, "stream": stream, "max_tokens": MESSAGES_MAX_TOKENS,
+                "messages": [{"role": "user", "content": prompt}],
+            }),
+        }
+    }
+
+    /// The answer's text in a whole answer.
+    fn text(self, answer: &Value) -> String {
+        let parts = |list: Option<&Value>, kind: &str| -> String {
+            list.and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter(|part| part["type"] == kind)
+                .filter_map(|part| part["text"].as_str())
+                .collect()
+        };
+        match self {
+            Self::Chat => answer
+                .pointer("/choices/0/message/content")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            Self::Responses => answer["output"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|item| parts(item.get("content"), "output_text"))
+                .collect(),
+            Self::Messages => parts(answer.get("content"), "text"),
+        }
+    }
+
+    /// The text one stream event adds.
+    fn delta<'a>(self, event: &'a Value) -> Option<&'a str> {
+        match self {
+            Self::Chat => event.pointer("/choices/0/delta/content")?.as_str(),
+            Self::Responses if event["type"] == "response.output_text.delta" => {
+                event["delta"].as_str()
+            }
+            Self::Messages if event.pointer("/delta/type")? == "text_delta" => {
+                event.pointer("/delta/text")?.as_str()
+            }
+            _ => None,
+        }
+    }
+}
+
+/// What one surface's clients received, direct and through canarygate.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SurfaceReport {
+    /// Requests sent on it in each phase.
+    pub requests: usize,
+    /// Direct: answers with HTTP 200 that carried another request's text.
+    pub direct_leaks_delivered: usize,
+    /// Through canarygate: the same.
+    pub proxied_leaks_delivered: usize,
+    /// Through canarygate: answers served by the local engine.
+    pub proxied_served_local: usize,
+}
 
 /// Settings of one demo run.
 #[derive(Debug, Clone)]
@@ -100,6 +212,9 @@ pub struct DemoReport {
     pub window_tokens: u64,
     /// Its KV pool, in tokens.
     pub pool_tokens: u64,
+    /// The same counts per API (`chat_completions`, `responses`,
+    /// `messages`).
+    pub surfaces: std::collections::BTreeMap<&'static str, SurfaceReport>,
     /// Wall time of the whole run, in seconds.
     pub seconds: f64,
 }
@@ -251,16 +366,24 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
         let own = job.marker();
         let over_pool = job.words > pool_tokens as usize;
         report.over_pool_requests += usize::from(over_pool);
+        let surface = report
+            .surfaces
+            .entry(Surface::of(job.index).name())
+            .or_default();
+        surface.requests += 1;
         if direct.status == 200 {
             report.direct_delivered += 1;
-            report.direct_leaks_delivered +=
-                usize::from(carries_foreign_text(&direct.content, &own));
+            let leaked = usize::from(carries_foreign_text(&direct.content, &own));
+            report.direct_leaks_delivered += leaked;
+            surface.direct_leaks_delivered += leaked;
         }
         if proxied.status == 200 {
+            let leaked = usize::from(carries_foreign_text(&proxied.content, &own));
             report.proxied_delivered += 1;
             report.proxied_served_local += usize::from(proxied.local);
-            report.proxied_leaks_delivered +=
-                usize::from(carries_foreign_text(&proxied.content, &own));
+            report.proxied_leaks_delivered += leaked;
+            surface.proxied_served_local += usize::from(proxied.local);
+            surface.proxied_leaks_delivered += leaked;
         } else if proxied.code.as_deref() == Some("canarygate_verification_failed") {
             report.proxied_blocked += 1;
             report.false_positives += usize::from(!over_pool);
@@ -287,16 +410,15 @@ async fn run_phase(
     concurrency: usize,
 ) -> anyhow::Result<Vec<Answer>> {
     let slots = Arc::new(Semaphore::new(concurrency.max(1)));
-    let url = format!("http://{target}/v1/chat/completions");
     let mut tasks = Vec::with_capacity(jobs.len());
     for job in jobs {
         let permit = slots.clone().acquire_owned().await?;
         let client = client.clone();
-        let url = url.clone();
+        let base = format!("http://{target}");
         let job = job.clone();
         tasks.push(tokio::spawn(async move {
             let _permit = permit;
-            ask(&client, &url, &job).await
+            ask(&client, &base, &job).await
         }));
     }
     let mut answers = Vec::with_capacity(tasks.len());
@@ -306,17 +428,19 @@ async fn run_phase(
     Ok(answers)
 }
 
-async fn ask(client: &reqwest::Client, url: &str, job: &Job) -> anyhow::Result<Answer> {
-    // Odd requests stream, even ones do not: both paths are exercised.
-    let stream = job.index % 2 == 1;
-    let response = client
-        .post(url)
-        .bearer_auth(format!("sk-demo-session-{}", job.session))
-        .json(&json!({
-            "model": DEMO_MODEL,
-            "stream": stream,
-            "messages": [{"role": "user", "content": job.prompt()}],
-        }))
+async fn ask(client: &reqwest::Client, base: &str, job: &Job) -> anyhow::Result<Answer> {
+    let surface = Surface::of(job.index);
+    // Each surface streams every other request: both paths are exercised.
+    let stream = (job.index / 3) % 2 == 1;
+    let key = format!("sk-demo-session-{}", job.session);
+    let request = client.post(format!("{base}{}", surface.path()));
+    let request = match surface {
+        // Anthropic's clients send their key as x-api-key.
+        Surface::Messages => request.header("x-api-key", key),
+        _ => request.bearer_auth(key),
+    };
+    let response = request
+        .json(&surface.body(job.prompt(), stream))
         .send()
         .await
         .context("demo request failed")?;
@@ -339,13 +463,10 @@ async fn ask(client: &reqwest::Client, url: &str, job: &Job) -> anyhow::Result<A
             let Ok(value) = serde_json::from_str::<Value>(&event.data) else {
                 continue;
             };
-            if let Some(error_code) = value.pointer("/error/code").and_then(Value::as_str) {
-                code = Some(error_code.to_owned());
+            if let Some(error_code) = error_code(&value) {
+                code = Some(error_code);
             }
-            if let Some(text) = value
-                .pointer("/choices/0/delta/content")
-                .and_then(Value::as_str)
-            {
+            if let Some(text) = surface.delta(&value) {
                 content.push_str(text);
             }
         }
@@ -361,17 +482,21 @@ async fn ask(client: &reqwest::Client, url: &str, job: &Job) -> anyhow::Result<A
     let value: Value = response.json().await.unwrap_or(Value::Null);
     Ok(Answer {
         status,
-        content: value
-            .pointer("/choices/0/message/content")
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned(),
-        code: value
-            .pointer("/error/code")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
+        content: surface.text(&value),
+        code: error_code(&value),
         local,
     })
+}
+
+/// canarygate's (or the provider's) error code in an answer or event, in
+/// any of the three APIs' shapes.
+fn error_code(value: &Value) -> Option<String> {
+    let error = value.get("error")?;
+    error
+        .get("code")
+        .or_else(|| error.get("type"))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
 }
 
 /// The demo's local model: tiny, random, one token per word, with a window
@@ -442,6 +567,7 @@ impl DemoReport {
              {:<44}{:>10}{:>22}\n\
              {:<44}{:>10}{:>22}\n\
              \n\
+             {}\
              finished in {:.1} s\n",
             self.window_tokens,
             self.pool_tokens,
@@ -466,6 +592,16 @@ impl DemoReport {
             "blocked by verification (false alarms)",
             "-",
             format!("{} ({})", self.proxied_blocked, self.false_positives),
+            self.surfaces
+                .iter()
+                .map(|(name, surface)| format!(
+                    "{name}: {} requests, leaks {} direct / {} through canarygate, {} served locally\n",
+                    surface.requests,
+                    surface.direct_leaks_delivered,
+                    surface.proxied_leaks_delivered,
+                    surface.proxied_served_local
+                ))
+                .collect::<String>(),
             self.seconds,
         )
     }
