@@ -27,6 +27,7 @@ use crate::trail::{PendingTrail, Trail};
 use crate::upstream::ModelsError;
 use crate::wire::WireFormat;
 use crate::wire::chat::Chat;
+use crate::wire::messages::Messages;
 
 /// Request id of the current request, set by the middleware.
 #[derive(Clone)]
@@ -38,33 +39,47 @@ const POST_ONLY: &str = "POST";
 const GET_ONLY: &str = "GET, HEAD";
 
 /// The proxy's routes. An unknown path is 404 `unknown_url`, a known one
-/// with another method 405 `method_not_allowed` with `Allow`: both
-/// OpenAI-shaped, like every error.
+/// with another method 405 `method_not_allowed` with `Allow`: both in the
+/// shape of the API the path belongs to (Anthropic's under `/v1/messages`,
+/// OpenAI's elsewhere), like every error.
 pub fn router(state: Arc<AppState>) -> Router {
     let metrics = state.metrics.clone();
     Router::new()
         .route(
             "/v1/chat/completions",
-            only(POST_ONLY, post(serve_endpoint::<Chat>)),
+            only::<Chat>(POST_ONLY, post(serve_endpoint::<Chat>)),
         )
-        .route("/v1/models", only(GET_ONLY, get(list_models)))
-        .route("/healthz", only(GET_ONLY, get(healthz)))
-        .route("/metrics", only(GET_ONLY, get(render_metrics)))
-        .fallback(|| async {
-            error_response::<Chat>(&ApiError::new(
+        .route(
+            "/v1/messages",
+            only::<Messages>(POST_ONLY, post(serve_endpoint::<Messages>)),
+        )
+        .route("/v1/models", only::<Chat>(GET_ONLY, get(list_models)))
+        .route("/healthz", only::<Chat>(GET_ONLY, get(healthz)))
+        .route("/metrics", only::<Chat>(GET_ONLY, get(render_metrics)))
+        .fallback(|uri: Uri| async move {
+            let error = ApiError::new(
                 ErrorCode::UnknownUrl,
                 "Unknown endpoint: canarygate serves POST /v1/chat/completions, \
-                 GET /v1/models, GET /healthz and GET /metrics.",
-            ))
+                 POST /v1/messages, GET /v1/models, GET /healthz and GET /metrics.",
+            );
+            if uri.path().starts_with("/v1/messages/") {
+                error_response::<Messages>(&error)
+            } else {
+                error_response::<Chat>(&error)
+            }
         })
         .layer(middleware::from_fn_with_state(metrics, tag_and_count))
         .with_state(state)
 }
 
-/// `methods` with every other method answered 405, naming `allow`.
-fn only(allow: &'static str, methods: MethodRouter<Arc<AppState>>) -> MethodRouter<Arc<AppState>> {
+/// `methods` with every other method answered 405 in `W`'s error shape,
+/// naming `allow`.
+fn only<W: WireFormat>(
+    allow: &'static str,
+    methods: MethodRouter<Arc<AppState>>,
+) -> MethodRouter<Arc<AppState>> {
     methods.fallback(move |method: Method, uri: Uri| async move {
-        let mut response = error_response::<Chat>(&ApiError::new(
+        let mut response = error_response::<W>(&ApiError::new(
             ErrorCode::MethodNotAllowed,
             format!(
                 "{method} is not allowed on {}: it answers {allow}.",
@@ -92,6 +107,7 @@ async fn tag_and_count(
         .map(MatchedPath::as_str)
     {
         Some("/v1/chat/completions") => Chat::ENDPOINT,
+        Some("/v1/messages") => Messages::ENDPOINT,
         Some("/v1/models") => "models",
         Some("/healthz") => "healthz",
         Some("/metrics") => "metrics",
