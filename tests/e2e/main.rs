@@ -29,5 +29,6 @@ mod prompt_caching;
 mod proxy_e2e;
 mod shared_registry;
 mod sim_modes;
+mod surface_messages;
 mod tls_upstream;
 mod verification_e2e;
