@@ -302,9 +302,15 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
             let mut words = (fraction * DEMO_WINDOW_TOKENS as f64) as usize;
             // Keep clear of the pool boundary, where canarygate's own
             // instructions (a few dozen tokens) could tip a prompt over.
+            // A Messages request's limit on output counts against the
+            // context too: its prompts keep clear of that as well.
             let pool = pool_tokens as usize;
-            if (pool.saturating_sub(BOUNDARY_MARGIN)..pool + BOUNDARY_MARGIN).contains(&words) {
-                words = pool.saturating_sub(BOUNDARY_MARGIN);
+            let below = match Surface::of(index) {
+                Surface::Messages => BOUNDARY_MARGIN + MESSAGES_MAX_TOKENS as usize,
+                _ => BOUNDARY_MARGIN,
+            };
+            if (pool.saturating_sub(below)..pool + BOUNDARY_MARGIN).contains(&words) {
+                words = pool.saturating_sub(below);
             }
             Job {
                 index,
@@ -340,17 +346,29 @@ pub async fn run(options: &DemoOptions) -> anyhow::Result<DemoReport> {
     let direct = run_phase(&client, sim_addr, &jobs, options.concurrency).await?;
 
     // What `canarygate probe --yes` does before serving, stored where
-    // `serve` reads it.
-    let target = ProbeTarget {
-        provider: policy.providers[0].name.get_ref().clone(),
-        model: DEMO_MODEL.to_owned(),
-        advertised_window_tokens: DEMO_WINDOW_TOKENS,
-    };
-    let probed = probe::run(&policy, &target, Some("sk-demo-probe"), u64::MAX, |_| {})
-        .await
-        .context("probing the simulated provider")?;
-    store_probe_result(&data_dir, &probed)?;
-    report.probed_limit_tokens = probed.effective_limit_tokens;
+    // `serve` reads it: each provider (OpenAI's API and Anthropic's, both
+    // the simulator) is probed in its own API.
+    let providers: Vec<String> = policy
+        .providers
+        .iter()
+        .map(|provider| provider.name.get_ref().clone())
+        .collect();
+    for provider in providers {
+        let target = ProbeTarget {
+            provider,
+            model: DEMO_MODEL.to_owned(),
+            advertised_window_tokens: DEMO_WINDOW_TOKENS,
+        };
+        let probed = probe::run(&policy, &target, Some("sk-demo-probe"), u64::MAX, |_| {})
+            .await
+            .with_context(|| format!("probing the simulated provider `{}`", target.provider))?;
+        store_probe_result(&data_dir, &probed)?;
+        // The report names the lowest limit found.
+        report.probed_limit_tokens = match report.probed_limit_tokens {
+            0 => probed.effective_limit_tokens,
+            found => found.min(probed.effective_limit_tokens),
+        };
+    }
     let server = Server::bind(ServeOptions {
         policy,
         listen: SocketAddr::from(([127, 0, 0, 1], 0)),
@@ -435,8 +453,10 @@ async fn ask(client: &reqwest::Client, base: &str, job: &Job) -> anyhow::Result<
     let key = format!("sk-demo-session-{}", job.session);
     let request = client.post(format!("{base}{}", surface.path()));
     let request = match surface {
-        // Anthropic's clients send their key as x-api-key.
-        Surface::Messages => request.header("x-api-key", key),
+        // Anthropic's clients send their key as x-api-key, and the version.
+        Surface::Messages => request
+            .header("x-api-key", key)
+            .header("anthropic-version", "2023-06-01"),
         _ => request.bearer_auth(key),
     };
     let response = request

@@ -29,6 +29,7 @@ use crate::identity::key_value;
 use crate::upstream::{Upstream, UpstreamError, Upstreams};
 use crate::wire::WireFormat;
 use crate::wire::chat::Chat;
+use crate::wire::messages::Messages;
 
 /// Needles hidden in every probe prompt.
 const NEEDLES_PER_PROMPT: usize = 3;
@@ -176,6 +177,7 @@ pub async fn run(
     };
     let mut secret = [0; 32];
     getrandom::fill(&mut secret)?;
+    let registry = MemoryRegistry::new(&secret);
     match upstream.api {
         ProviderApi::Openai => {
             let prober = Prober::<Chat> {
@@ -183,15 +185,26 @@ pub async fn run(
                 upstream,
                 target,
                 authorization,
-                registry: MemoryRegistry::new(&secret),
+                registry,
                 spent: 0,
                 wire: std::marker::PhantomData,
             };
             search(prober, budget_tokens, on_step).await
         }
-        ProviderApi::Anthropic => Err(ProbeError::Request(
-            "probing a Messages API provider is not supported yet".into(),
-        )),
+        // The probe's body (model, messages, max_tokens, temperature,
+        // stream) is a valid Messages request too.
+        ProviderApi::Anthropic => {
+            let prober = Prober::<Messages> {
+                policy,
+                upstream,
+                target,
+                authorization,
+                registry,
+                spent: 0,
+                wire: std::marker::PhantomData,
+            };
+            search(prober, budget_tokens, on_step).await
+        }
     }
 }
 

@@ -44,5 +44,26 @@ fn demo_shows_leaks_direct_and_local_answers_through_canarygate() {
     assert_eq!(number("proxied_blocked"), 0, "{report}");
     assert_eq!(number("false_positives"), 0, "{report}");
     assert_eq!(number("proxied_delivered"), number("requests"), "{report}");
+    // Each API alike: Chat Completions, Responses, Messages; every
+    // over-pool prompt leaked direct and was served locally through
+    // canarygate (a within-pool prompt sent locally would be a false alarm:
+    // a streamed Responses answer once failed ttft on the instructions its
+    // `response.created` repeats).
+    for surface in ["chat_completions", "responses", "messages"] {
+        let counts = &report["surfaces"][surface];
+        let count = |key: &str| {
+            counts[key]
+                .as_u64()
+                .unwrap_or_else(|| panic!("{surface} {key}: {report}"))
+        };
+        assert_eq!(count("requests"), 16, "{surface}: {report}");
+        assert!(count("direct_leaks_delivered") > 0, "{surface}: {report}");
+        assert_eq!(count("proxied_leaks_delivered"), 0, "{surface}: {report}");
+        assert_eq!(
+            count("proxied_served_local"),
+            count("direct_leaks_delivered"),
+            "{surface}: {report}"
+        );
+    }
     assert!(report["seconds"].as_f64().unwrap() < 120.0, "{report}");
 }

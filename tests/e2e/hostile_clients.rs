@@ -641,7 +641,11 @@ async fn every_error_has_the_four_keys_and_405_names_allow() {
         .filter(|(_, allow)| *allow == Some("POST"))
         .count();
     let unknown = routes.iter().filter(|(_, allow)| allow.is_none()).count();
-    assert_eq!(checked, unknown * 6 + 3 * 5 + posts * 6, "error bodies checked");
+    assert_eq!(
+        checked,
+        unknown * 6 + 3 * 5 + posts * 6,
+        "error bodies checked"
+    );
 
     // Errors before the body: no credential; a body over the limit.
     let response = client

@@ -31,6 +31,7 @@ mod proxy_e2e;
 mod shared_registry;
 mod sim_modes;
 mod surface_completions;
+mod surface_messages;
 mod surface_responses;
 mod tls_upstream;
 mod verification_e2e;

@@ -28,6 +28,7 @@ use crate::upstream::ModelsError;
 use crate::wire::WireFormat;
 use crate::wire::chat::Chat;
 use crate::wire::completions::Completions;
+use crate::wire::messages::Messages;
 use crate::wire::responses::Responses;
 
 /// Request id of the current request, set by the middleware.
@@ -40,51 +41,64 @@ const POST_ONLY: &str = "POST";
 const GET_ONLY: &str = "GET, HEAD";
 
 /// The proxy's routes. An unknown path is 404 `unknown_url`, a known one
-/// with another method 405 `method_not_allowed` with `Allow`: both
-/// OpenAI-shaped, like every error.
+/// with another method 405 `method_not_allowed` with `Allow`: both in the
+/// shape of the API the path belongs to (Anthropic's under `/v1/messages`,
+/// OpenAI's elsewhere), like every error.
 pub fn router(state: Arc<AppState>) -> Router {
     let metrics = state.metrics.clone();
     Router::new()
         .route(
             "/v1/chat/completions",
-            only(POST_ONLY, post(serve_endpoint::<Chat>)),
+            only::<Chat>(POST_ONLY, post(serve_endpoint::<Chat>)),
         )
         .route(
             "/v1/responses",
-            only(POST_ONLY, post(serve_endpoint::<Responses>)),
+            only::<Chat>(POST_ONLY, post(serve_endpoint::<Responses>)),
         )
-        .route("/v1/embeddings", only(POST_ONLY, post(embeddings)))
+        .route("/v1/embeddings", only::<Chat>(POST_ONLY, post(embeddings)))
         .route(
             "/v1/responses/{id}",
-            only(
+            only::<Chat>(
                 "GET, HEAD, DELETE",
                 get(stored_response).delete(stored_response),
             ),
         )
         .route(
             "/v1/responses/{id}/input_items",
-            only(GET_ONLY, get(stored_response)),
+            only::<Chat>(GET_ONLY, get(stored_response)),
         )
         .route(
             "/v1/responses/{id}/cancel",
-            only(POST_ONLY, post(stored_response)),
+            only::<Chat>(POST_ONLY, post(stored_response)),
         )
         .route(
             "/v1/completions",
-            only(POST_ONLY, post(serve_endpoint::<Completions>)),
+            only::<Chat>(POST_ONLY, post(serve_endpoint::<Completions>)),
         )
-        .route("/v1/models", only(GET_ONLY, get(list_models)))
-        .route("/healthz", only(GET_ONLY, get(healthz)))
-        .route("/metrics", only(GET_ONLY, get(render_metrics)))
+        .route("/v1/models", only::<Chat>(GET_ONLY, get(list_models)))
+        .route("/healthz", only::<Chat>(GET_ONLY, get(healthz)))
+        .route("/metrics", only::<Chat>(GET_ONLY, get(render_metrics)))
+        .route(
+            "/v1/messages",
+            only::<Messages>(POST_ONLY, post(serve_endpoint::<Messages>)),
+        )
+        .route(
+            "/v1/messages/count_tokens",
+            only::<Messages>(POST_ONLY, post(count_tokens)),
+        )
         .fallback(passthrough_or_unknown)
         .layer(middleware::from_fn_with_state(metrics, tag_and_count))
         .with_state(state)
 }
 
-/// `methods` with every other method answered 405, naming `allow`.
-fn only(allow: &'static str, methods: MethodRouter<Arc<AppState>>) -> MethodRouter<Arc<AppState>> {
+/// `methods` with every other method answered 405 in `W`'s error shape,
+/// naming `allow`.
+fn only<W: WireFormat>(
+    allow: &'static str,
+    methods: MethodRouter<Arc<AppState>>,
+) -> MethodRouter<Arc<AppState>> {
     methods.fallback(move |method: Method, uri: Uri| async move {
-        let mut response = error_response::<Chat>(&ApiError::new(
+        let mut response = error_response::<W>(&ApiError::new(
             ErrorCode::MethodNotAllowed,
             format!(
                 "{method} is not allowed on {}: it answers {allow}.",
@@ -119,6 +133,8 @@ async fn tag_and_count(
         ) => STORED_RESPONSES,
         None if request.uri().path().starts_with("/v1/") => PASSTHROUGH,
         Some("/v1/responses") => Responses::ENDPOINT,
+        Some("/v1/messages") => Messages::ENDPOINT,
+        Some("/v1/messages/count_tokens") => COUNT_TOKENS,
         Some("/v1/models") => "models",
         Some("/healthz") => "healthz",
         Some("/metrics") => "metrics",
@@ -135,6 +151,9 @@ async fn tag_and_count(
 
 /// Endpoint name of the stored-response endpoints of the Responses API.
 const STORED_RESPONSES: &str = "responses_stored";
+
+/// Endpoint name of Anthropic's token count.
+const COUNT_TOKENS: &str = "messages_count_tokens";
 
 /// Endpoint name of the `[endpoints] passthrough` paths.
 const PASSTHROUGH: &str = "passthrough";
@@ -229,8 +248,17 @@ async fn stored_response(
     forward::<Chat>(state, request_id, request, STORED_RESPONSES, false, false).await
 }
 
+/// `POST /v1/messages/count_tokens`: forwarded to the Messages provider.
+async fn count_tokens(
+    State(state): State<Arc<AppState>>,
+    axum::Extension(request_id): axum::Extension<RequestId>,
+    request: Request,
+) -> Response {
+    forward::<Messages>(state, request_id, request, COUNT_TOKENS, false, true).await
+}
+
 /// Any other path: forwarded when `[endpoints] passthrough` lists it, else
-/// 404 `unknown_url`.
+/// 404 `unknown_url` (in Anthropic's shape under `/v1/messages/`).
 async fn passthrough_or_unknown(
     State(state): State<Arc<AppState>>,
     request_id: Option<axum::Extension<RequestId>>,
@@ -241,7 +269,7 @@ async fn passthrough_or_unknown(
     {
         return forward::<Chat>(state, request_id, request, PASSTHROUGH, true, false).await;
     }
-    error_response::<Chat>(&ApiError::new(
+    let error = ApiError::new(
         ErrorCode::UnknownUrl,
         format!(
             "Unknown endpoint {}: canarygate serves POST /v1/chat/completions, /v1/responses, \
@@ -249,7 +277,12 @@ async fn passthrough_or_unknown(
              GET /metrics, and the paths its policy lists in [endpoints] passthrough.",
             request.uri().path()
         ),
-    ))
+    );
+    if request.uri().path().starts_with("/v1/messages/") {
+        error_response::<Messages>(&error)
+    } else {
+        error_response::<Chat>(&error)
+    }
 }
 
 /// `GET /healthz`: `ok`, or, while the shared canary registry cannot be

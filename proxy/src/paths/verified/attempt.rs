@@ -54,7 +54,8 @@ impl Attempt {
     /// Feeds every text field of `choices` (read from `value`, a whole
     /// answer or one stream event) to the verifier, in order, and records
     /// the choices' finish reasons in `reasons`. `before_text` runs before
-    /// each non-empty text is pushed and says whether to stop there (the
+    /// each non-empty text of the answer's own parts (not
+    /// [`Part::Other`]) is pushed and says whether to stop there (the
     /// stream's time to first token, measured by the caller when the event
     /// arrived: the registry's round trip is canarygate's time). Returns the span of its part each field
     /// carried, in the order of the fields, and whether the verifier said to
@@ -82,7 +83,10 @@ impl Attempt {
                 if stop || text.is_empty() {
                     continue;
                 }
-                if before_text(verifier) {
+                // Any other string (a prompt field the provider repeats, as
+                // the Responses API's `instructions` in `response.created`,
+                // sent before the prefill) is not the first generated text.
+                if !matches!(field.kind, Part::Other(_)) && before_text(verifier) {
                     stop = true;
                     continue;
                 }

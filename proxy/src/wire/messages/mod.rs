@@ -1,1 +1,453 @@
-//! (being written)
+//! Anthropic's Messages API (`POST /v1/messages`), served to providers
+//! declared `api = "anthropic"`.
+//!
+//! Requests are validated as far as canarygate relies on them
+//! ([`request`]): `model`, `max_tokens` (required, as Anthropic requires
+//! it), `messages` with string or block content, `system` as a string or
+//! text blocks, `stream`, `thinking`, `tools`; every other field passes
+//! through. The head canary goes after the client's system text, the tail
+//! after the last user turn's content, as new text blocks where the
+//! content is blocks. A whole answer's content blocks are read as one
+//! choice ([`answer`]); a stream's events are read and held until verified
+//! ([`stream`]). The client gets the provider's own answer and events,
+//! edited where their text changed ([`deliver`]). Errors are Anthropic's
+//! `{"type":"error","error":{"type","message"}}` with canarygate's own
+//! `code` beside them ([`error`]). The local engine's answers are
+//! translated into messages and Messages events ([`local`]).
+
+mod answer;
+mod deliver;
+mod error;
+mod local;
+mod request;
+mod stream;
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use canarygate_policies::config::ProviderApi;
+use canarygate_policies::inject::{Injection, RequestCanaries};
+use canarygate_policies::sse::SseEvent;
+use canarygate_policies::verify::{ProviderUsage, Verifier};
+use canarygate_policies::verify_config::EchoMode;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use self::local::MessagesLocal;
+use self::stream::MessagesStream;
+use crate::error::ApiError;
+use crate::wire::edit::Delivery;
+use crate::wire::format::{AnswerView, ClientRequest, EventView, WireFormat};
+
+/// Anthropic's Messages API.
+pub struct Messages;
+
+impl WireFormat for Messages {
+    type StreamWriter = MessagesStream;
+    type LocalStream = MessagesLocal;
+
+    const ENDPOINT: &'static str = "messages";
+    const PATH: &'static str = "messages";
+    const API: ProviderApi = ProviderApi::Anthropic;
+    const FORWARDED_HEADERS: &'static [&'static str] = &["anthropic-version", "anthropic-beta"];
+
+    fn parse_request(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
+        request::parse(bytes)
+    }
+
+    fn set_model(body: &mut Value, model: &str) {
+        body["model"] = json!(model);
+    }
+
+    fn prompt_messages(body: &Value) -> Cow<'_, [Value]> {
+        Cow::Owned(request::chat_messages(body))
+    }
+
+    fn place_canaries(
+        body: &mut Value,
+        echo: EchoMode,
+        canaries: RequestCanaries,
+    ) -> Result<Injection, ApiError> {
+        request::place(body, echo, canaries)
+    }
+
+    fn read_answer(answer: &Value) -> AnswerView {
+        answer::read(answer)
+    }
+
+    fn usage_in(answer: &[u8]) -> Option<ProviderUsage> {
+        /// Just `usage` of a message; the rest is skipped unparsed.
+        #[derive(Deserialize)]
+        struct UsageOnly {
+            usage: Option<Value>,
+        }
+        answer::usage_of(
+            serde_json::from_slice::<UsageOnly>(answer)
+                .ok()?
+                .usage
+                .as_ref(),
+        )
+    }
+
+    fn read_event(event: &SseEvent) -> EventView {
+        stream::read_event(event)
+    }
+
+    fn is_end_marker(event: &SseEvent) -> bool {
+        stream::is_end_marker(event)
+    }
+
+    fn stream_writer(delivery: Delivery) -> MessagesStream {
+        MessagesStream::new(delivery)
+    }
+
+    fn deliver_answer(
+        answer: &mut Value,
+        view: &AnswerView,
+        spans: &[Range<usize>],
+        verifier: &Verifier,
+        delivery: &mut Delivery,
+    ) {
+        deliver::deliver(answer, view, spans, verifier, delivery);
+    }
+
+    fn is_error_body(body: &[u8]) -> bool {
+        error::is_error_body(body)
+    }
+
+    fn error_body(error: &ApiError) -> Vec<u8> {
+        error::error_json(error).to_string().into_bytes()
+    }
+
+    fn error_event(error: &ApiError) -> Vec<u8> {
+        error::error_event(error)
+    }
+
+    fn local_request(body: &Value) -> Result<Value, ApiError> {
+        local::request(body)
+    }
+
+    fn local_answer(chat: Value, request: &Value) -> Value {
+        local::answer(chat, request)
+    }
+
+    fn local_stream(_request: &Value) -> MessagesLocal {
+        MessagesLocal::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use canarygate_policies::inject::obedient_echo;
+    use canarygate_policies::registry::MemoryRegistry;
+    use canarygate_policies::sse::SseParser;
+    use canarygate_policies::verify::{Facts, Part, Verdict};
+    use canarygate_policies::verify_config::VerifyConfig;
+
+    use crate::wire::StreamWriter;
+    use crate::wire::edit::{TokenCounter, UsageOptions};
+    use crate::wire::format::{ChoiceView, Chunk};
+
+    /// A request with canaries placed, its injection, and the opening an
+    /// obedient model writes.
+    fn placed(body: Value) -> (Value, Injection, String) {
+        let mut body = Messages::parse_request(body.to_string().as_bytes())
+            .unwrap()
+            .body;
+        let canaries = RequestCanaries::mint().unwrap();
+        let injection = Messages::place_canaries(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        let opening = obedient_echo(&json!({"messages": request::chat_messages(&body)})).unwrap();
+        (body, injection, opening)
+    }
+
+    fn delivery(injection: &Injection) -> Delivery {
+        Delivery::new(
+            TokenCounter::default(),
+            injection.client_max_tokens,
+            UsageOptions {
+                client_wants_usage: true,
+                without_canarygate: true,
+                overhead_prompt: injection.prompt_tokens_added,
+            },
+            1,
+        )
+    }
+
+    /// Pushes every text field of `choices` (read from `value`) to the
+    /// verifier as the verified path does; returns each field's span.
+    fn feed(verifier: &mut Verifier, choices: &[ChoiceView], value: &Value) -> Vec<Range<usize>> {
+        let registry = MemoryRegistry::new(b"test");
+        let mut spans = Vec::new();
+        for field in choices.iter().flat_map(|choice| &choice.texts) {
+            let text = field.text(value);
+            let start = verifier.received(field.choice, field.kind);
+            spans.push(start..start + text.len());
+            if !text.is_empty() {
+                verifier.push_part(field.choice, field.kind, text, &registry);
+            }
+        }
+        spans
+    }
+
+    fn finish(verifier: &mut Verifier, reason: &str, usage: Option<ProviderUsage>) -> Verdict {
+        let facts = Facts {
+            finish_reasons: vec![Some(reason.to_owned())],
+            usage,
+            done_marker: Some(true),
+        };
+        let verdict = verifier
+            .finish(&facts, &MemoryRegistry::new(b"test"))
+            .verdict;
+        assert!(verdict.passed(), "{}", verdict.header_value());
+        verdict
+    }
+
+    fn request(max_tokens: u64, stream: bool) -> Value {
+        json!({"model": "claude", "max_tokens": max_tokens, "stream": stream,
+               "system": [{"type": "text", "text": "Be brief."}],
+               "messages": [{"role": "user", "content": "Name the planets"}]})
+    }
+
+    #[test]
+    fn a_whole_answer_is_delivered_edited_in_place() {
+        let (_, injection, opening) = placed(request(200, false));
+        let prompt = injection.prompt_tokens_estimate;
+        let mut answer = json!({"id": "msg_1", "type": "message", "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "The planets.", "signature": "c2ln"},
+                {"type": "text", "text": format!("{opening}\nMercury, Venus.")},
+            ],
+            "stop_reason": "end_turn", "stop_sequence": null,
+            "usage": {"input_tokens": prompt - 5, "cache_read_input_tokens": 5,
+                      "output_tokens": 20}});
+        let view = Messages::read_answer(&answer);
+        assert_eq!(view.usage.unwrap().prompt_tokens, prompt);
+        let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
+        let spans = feed(&mut verifier, &view.choices, &answer);
+        finish(&mut verifier, "stop", view.usage);
+        let mut delivery = delivery(&injection);
+        Messages::deliver_answer(&mut answer, &view, &spans, &verifier, &mut delivery);
+        assert_eq!(answer["content"][1]["text"], "Mercury, Venus.");
+        assert_eq!(
+            answer["content"][0],
+            json!({"type": "thinking", "thinking": "The planets.", "signature": "c2ln"})
+        );
+        assert_eq!(answer["stop_reason"], "end_turn");
+        let usage = &answer["usage"];
+        assert_eq!(
+            usage["input_tokens"],
+            (prompt - 5).saturating_sub(injection.prompt_tokens_added)
+        );
+        assert!(usage["output_tokens"].as_u64().unwrap() < 20, "{usage}");
+        assert_eq!(usage["cache_read_input_tokens"], 5);
+    }
+
+    #[test]
+    fn an_answer_past_the_clients_limit_is_cut_and_stops_for_max_tokens() {
+        let (body, injection, opening) = placed(request(3, false));
+        assert_eq!(body["max_tokens"], 3 + 32);
+        let mut answer = json!({"type": "message", "content": [
+            {"type": "text", "text": format!("{opening} one two six ten and more words")}],
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": injection.prompt_tokens_estimate, "output_tokens": 30}});
+        let view = Messages::read_answer(&answer);
+        let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
+        let spans = feed(&mut verifier, &view.choices, &answer);
+        finish(&mut verifier, "stop", view.usage);
+        let mut delivery = delivery(&injection);
+        Messages::deliver_answer(&mut answer, &view, &spans, &verifier, &mut delivery);
+        assert_eq!(answer["content"][0]["text"], "one two six ");
+        assert_eq!(answer["stop_reason"], "max_tokens");
+    }
+
+    fn sse(name: &str, data: Value) -> SseEvent {
+        SseEvent {
+            event: Some(name.to_owned()),
+            data: data.to_string(),
+            id: None,
+        }
+    }
+
+    /// A provider's stream answering with `opening` then `text` in two
+    /// text deltas, after a thinking block.
+    fn provider_stream(opening: &str, text: &str, input_tokens: u64) -> Vec<SseEvent> {
+        vec![
+            sse(
+                "message_start",
+                json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                  "role": "assistant", "content": [], "stop_reason": null,
+                  "usage": {"input_tokens": input_tokens, "output_tokens": 1}}}),
+            ),
+            sse(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0,
+                       "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+            ),
+            sse("ping", json!({"type": "ping"})),
+            sse(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0,
+                       "delta": {"type": "thinking_delta", "thinking": "Planets."}}),
+            ),
+            sse(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 0,
+                       "delta": {"type": "signature_delta", "signature": "c2ln"}}),
+            ),
+            sse(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 0}),
+            ),
+            sse(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 1,
+                       "content_block": {"type": "text", "text": ""}}),
+            ),
+            sse(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 1,
+                       "delta": {"type": "text_delta", "text": format!("{opening}\n")}}),
+            ),
+            sse(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 1,
+                       "delta": {"type": "text_delta", "text": text}}),
+            ),
+            sse(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 1}),
+            ),
+            sse(
+                "message_delta",
+                json!({"type": "message_delta", "delta": {"stop_reason": "end_turn",
+                       "stop_sequence": null}, "usage": {"output_tokens": 25}}),
+            ),
+            sse("message_stop", json!({"type": "message_stop"})),
+        ]
+    }
+
+    #[test]
+    fn a_stream_is_held_until_the_echo_and_delivered_with_every_block() {
+        let (_, injection, opening) = placed(request(200, true));
+        let events = provider_stream(&opening, "Mercury.", injection.prompt_tokens_estimate);
+        let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
+        let mut writer = Messages::stream_writer(delivery(&injection));
+        let mut out = Vec::new();
+        let mut usage = None;
+        let mut verdict = None;
+        for (position, event) in events.into_iter().enumerate() {
+            let chunk: Chunk = match Messages::read_event(&event) {
+                EventView::Chunk(chunk) => chunk,
+                EventView::Done => {
+                    assert_eq!(position, 11, "message_stop ends the stream");
+                    verdict = Some(finish(&mut verifier, "stop", usage));
+                    writer.flush(&verifier, true, &mut out);
+                    break;
+                }
+                other => panic!("{other:?}"),
+            };
+            usage = chunk.usage.or(usage);
+            let spans = feed(&mut verifier, &chunk.choices, &chunk.event);
+            writer.take(chunk, event, spans);
+            writer.flush(&verifier, false, &mut out);
+            if position < 7 {
+                assert!(out.is_empty(), "nothing before the echo is verified");
+            }
+        }
+        out.extend(writer.done(&verdict.unwrap()));
+        let mut parsed = Vec::new();
+        SseParser::new().feed(&out, &mut parsed);
+        let names: Vec<&str> = parsed.iter().filter_map(|e| e.event.as_deref()).collect();
+        assert_eq!(parsed.len(), names.len(), "every event is named");
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "ping",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ],
+            "the echo's delta is dropped, every block kept"
+        );
+        let data: Vec<Value> = parsed
+            .iter()
+            .map(|event| serde_json::from_str(&event.data).unwrap())
+            .collect();
+        assert_eq!(data[4]["delta"]["signature"], "c2ln");
+        assert_eq!(data[7]["delta"]["text"], "Mercury.");
+        assert_eq!(data[6]["index"], 1);
+        assert!(data[9]["usage"]["output_tokens"].as_u64().unwrap() < 25);
+        let start_usage = &data[0]["message"]["usage"];
+        assert_eq!(
+            start_usage["input_tokens"],
+            injection.prompt_tokens_estimate - injection.prompt_tokens_added
+        );
+    }
+
+    #[test]
+    fn stream_events_are_read_as_their_parts() {
+        let read = |name: &str, data: Value| match Messages::read_event(&sse(name, data)) {
+            EventView::Chunk(chunk) => chunk,
+            other => panic!("{other:?}"),
+        };
+        let chunk = read(
+            "content_block_delta",
+            json!({"type": "content_block_delta", "index": 2,
+                   "delta": {"type": "input_json_delta", "partial_json": "{\"q\":"}}),
+        );
+        let field = chunk.texts().next().unwrap();
+        assert_eq!(field.kind, Part::ToolArguments(2));
+        assert_eq!(field.text(&chunk.event), "{\"q\":");
+        let delta = read(
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": "max_tokens"},
+                   "usage": {"output_tokens": 9}}),
+        );
+        assert_eq!(delta.choices[0].finish_reason.as_deref(), Some("length"));
+        assert_eq!(delta.usage, None, "no prompt count in it");
+        let start = read(
+            "message_start",
+            json!({"type": "message_start", "message": {"usage": {"input_tokens": 5,
+                   "cache_creation_input_tokens": 7, "output_tokens": 1}}}),
+        );
+        assert!(start.choices.is_empty());
+        assert_eq!(
+            start.usage,
+            Some(ProviderUsage {
+                prompt_tokens: 12,
+                completion_tokens: None,
+                cached_prompt_tokens: None,
+            })
+        );
+        let error = sse(
+            "error",
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+        );
+        assert!(
+            matches!(Messages::read_event(&error), EventView::Error(message) if message.contains("Overloaded"))
+        );
+        let stop = sse("message_stop", json!({"type": "message_stop"}));
+        assert!(matches!(Messages::read_event(&stop), EventView::Done));
+        assert!(Messages::is_end_marker(&stop));
+        assert!(!Messages::is_end_marker(&sse(
+            "ping",
+            json!({"type": "ping"})
+        )));
+        let broken = SseEvent {
+            data: "{not json".into(),
+            ..SseEvent::default()
+        };
+        assert!(matches!(
+            Messages::read_event(&broken),
+            EventView::Malformed
+        ));
+    }
+}

@@ -1,0 +1,185 @@
+//! Where text sits in a Messages answer: its content blocks, read as one
+//! choice (Anthropic answers with one).
+//!
+//! `text` blocks are [`Part::Content`], `thinking` blocks
+//! [`Part::Reasoning`] (their `signature` is opaque and passes untouched),
+//! and every other string that holds a canary-shaped span (a string in a
+//! `tool_use` block's `input` object, a citation, a server tool's result)
+//! a [`Part::Other`]. `redacted_thinking` data and signatures are opaque
+//! and pass. The stop reason is mapped to Chat's finish reasons for the
+//! verifier's finish check ([`finish_reason`]).
+
+use canarygate_policies::canary::find_canaries;
+use canarygate_policies::verify::{Part, ProviderUsage};
+use serde_json::Value;
+
+use crate::wire::format::{AnswerView, ChoiceView, Location, TextField};
+
+/// The keys of a block that never hold model text: opaque tokens and ids.
+const OPAQUE_KEYS: [&str; 5] = ["signature", "data", "id", "tool_use_id", "type"];
+
+/// Chat's finish reason for Anthropic's `stop_reason`: `end_turn` and
+/// `stop_sequence` stop, `pause_turn` (a server tool's long turn, to be
+/// continued by the client) stops too, `max_tokens` and
+/// `model_context_window_exceeded` are `length`, `tool_use` is
+/// `tool_calls`, `refusal` is `content_filter`; an unknown reason passes
+/// as it is.
+pub fn finish_reason(stop_reason: &str) -> String {
+    match stop_reason {
+        "end_turn" | "stop_sequence" | "pause_turn" => "stop",
+        "max_tokens" | "model_context_window_exceeded" => "length",
+        "tool_use" => "tool_calls",
+        "refusal" => "content_filter",
+        other => other,
+    }
+    .to_owned()
+}
+
+/// The usage of a whole answer or of a stream's `message_delta`: Anthropic's
+/// prompt is `input_tokens` plus the cache's read and written tokens
+/// ([`ProviderUsage::from_usage`]).
+pub fn usage_of(usage: Option<&Value>) -> Option<ProviderUsage> {
+    ProviderUsage::from_usage(usage?)
+}
+
+/// Pushes onto `texts` every string under `value` (at `at`) that holds a
+/// canary-shaped span, as a [`Part::Other`] field; opaque keys are skipped.
+pub fn residual_strings(value: &Value, at: Location, key: &str, texts: &mut Vec<TextField>) {
+    match value {
+        Value::String(text)
+            if !OPAQUE_KEYS.contains(&key) && find_canaries(text).next().is_some() =>
+        {
+            let n = texts.len() as u32;
+            texts.push(TextField {
+                choice: 0,
+                kind: Part::Other(n),
+                at,
+            });
+        }
+        Value::Array(items) if at.has_room() => {
+            for (position, item) in items.iter().enumerate() {
+                residual_strings(item, at.index(position), key, texts);
+            }
+        }
+        Value::Object(members) if at.has_room() => {
+            for (position, (member, inner)) in members.iter().enumerate() {
+                residual_strings(inner, at.member(position), member, texts);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The text fields of one content block at `at`: its text or thinking, then
+/// any other canary-shaped string in it.
+pub fn block_texts(block: &Value, at: Location, texts: &mut Vec<TextField>) {
+    let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
+    let own = match kind {
+        "text" => Some(("text", Part::Content)),
+        "thinking" => Some(("thinking", Part::Reasoning)),
+        "redacted_thinking" => return,
+        _ => None,
+    };
+    if let Some((key, part)) = own
+        && block.get(key).is_some_and(Value::is_string)
+    {
+        texts.push(TextField {
+            choice: 0,
+            kind: part,
+            at: at.key(key),
+        });
+    }
+    if let Some(members) = block.as_object() {
+        for (position, (member, value)) in members.iter().enumerate() {
+            if own.is_some_and(|(key, _)| key == member) {
+                continue;
+            }
+            residual_strings(value, at.member(position), member, texts);
+        }
+    }
+}
+
+/// A whole `message`, as the verifier reads it.
+pub fn read(answer: &Value) -> AnswerView {
+    let mut texts = Vec::new();
+    if let Some(blocks) = answer.get("content").and_then(Value::as_array) {
+        for (position, block) in blocks.iter().enumerate() {
+            block_texts(
+                block,
+                Location::ROOT.key("content").index(position),
+                &mut texts,
+            );
+        }
+    }
+    AnswerView {
+        choices: vec![ChoiceView {
+            index: 0,
+            position: 0,
+            texts,
+            finish_reason: answer
+                .get("stop_reason")
+                .and_then(Value::as_str)
+                .map(finish_reason),
+        }],
+        usage: usage_of(answer.get("usage")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn blocks_are_read_as_their_parts() {
+        let canary = "CG123456789012345";
+        let answer = json!({"type": "message", "content": [
+            {"type": "thinking", "thinking": "let me think", "signature": format!("sig{canary}")},
+            {"type": "redacted_thinking", "data": format!("{canary}opaque")},
+            {"type": "text", "text": "hello", "citations": [{"cited_text": format!("[{canary}]")}]},
+            {"type": "tool_use", "id": "toolu_1", "name": "f",
+             "input": {"q": format!("see {canary}"), "n": 1, "clean": "x"}},
+        ], "stop_reason": "tool_use", "usage": {"input_tokens": 10,
+            "cache_read_input_tokens": 1000, "cache_creation_input_tokens": 24, "output_tokens": 7}});
+        let view = read(&answer);
+        let choice = &view.choices[0];
+        assert_eq!(choice.finish_reason.as_deref(), Some("tool_calls"));
+        let texts: Vec<(Part, &str)> = choice
+            .texts
+            .iter()
+            .map(|field| (field.kind, field.text(&answer)))
+            .collect();
+        assert_eq!(
+            texts,
+            [
+                (Part::Reasoning, "let me think"),
+                (Part::Content, "hello"),
+                (Part::Other(2), &*format!("[{canary}]")),
+                (Part::Other(3), &*format!("see {canary}")),
+            ]
+        );
+        assert_eq!(
+            view.usage,
+            Some(ProviderUsage {
+                prompt_tokens: 1034,
+                completion_tokens: Some(7),
+                cached_prompt_tokens: Some(1000),
+            })
+        );
+    }
+
+    #[test]
+    fn stop_reasons_map_to_chats_finish_reasons() {
+        for (stop, finish) in [
+            ("end_turn", "stop"),
+            ("stop_sequence", "stop"),
+            ("pause_turn", "stop"),
+            ("max_tokens", "length"),
+            ("tool_use", "tool_calls"),
+            ("refusal", "content_filter"),
+        ] {
+            assert_eq!(finish_reason(stop), finish);
+        }
+        assert_eq!(read(&json!({"content": []})).choices[0].finish_reason, None);
+    }
+}

@@ -1,0 +1,292 @@
+//! The local engine serving a Messages request: the request as a Chat
+//! Completions body, the engine's answer as a `message`, and its stream as
+//! the Messages events the SDK's `messages.stream()` helper accumulates
+//! (`message_start`, one text block's start, deltas and stop,
+//! `message_delta` with the stop reason and usage, `message_stop`).
+
+use canarygate_policies::sse::{SseEvent, encode_data};
+use serde_json::{Value, json};
+
+use super::error::error_json;
+use super::request::chat_messages;
+use crate::error::{ApiError, ErrorCode};
+use crate::wire::format::LocalStream;
+
+/// The client's Messages request as a Chat Completions request for the
+/// engine: the system prompt as a system message, every turn's text
+/// (tool inputs and results as their text), the limit and sampling.
+pub fn request(body: &Value) -> Result<Value, ApiError> {
+    let mut chat = json!({
+        "model": body.get("model").cloned().unwrap_or(Value::Null),
+        "messages": chat_messages(body),
+        "max_tokens": body.get("max_tokens").cloned().unwrap_or(Value::Null),
+        "stream": body.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        // The stream's `message_delta` reports the usage.
+        "stream_options": {"include_usage": true},
+    });
+    for field in ["temperature", "top_p", "top_k"] {
+        if let Some(value) = body.get(field).filter(|value| !value.is_null()) {
+            chat[field] = value.clone();
+        }
+    }
+    if let Some(stops) = body.get("stop_sequences").filter(|stops| !stops.is_null()) {
+        chat["stop"] = stops.clone();
+    }
+    Ok(chat)
+}
+
+/// Anthropic's `stop_reason` for the engine's finish reason.
+fn stop_reason(finish: Option<&str>) -> &'static str {
+    match finish {
+        Some("length") => "max_tokens",
+        _ => "end_turn",
+    }
+}
+
+/// A `msg_` id from the engine's completion id.
+fn message_id(chat: &Value) -> String {
+    let id = chat.get("id").and_then(Value::as_str).unwrap_or("local");
+    format!("msg_{}", id.strip_prefix("chatcmpl-").unwrap_or(id))
+}
+
+fn count(usage: &Value, key: &str) -> u64 {
+    usage.get(key).and_then(Value::as_u64).unwrap_or(0)
+}
+
+/// The engine's whole answer as a `message`.
+pub fn answer(chat: Value, _request: &Value) -> Value {
+    let choice = &chat["choices"][0];
+    let text = choice["message"]["content"].as_str().unwrap_or("");
+    let content: Vec<Value> = if text.is_empty() {
+        Vec::new()
+    } else {
+        vec![json!({"type": "text", "text": text})]
+    };
+    let usage = &chat["usage"];
+    json!({
+        "id": message_id(&chat),
+        "type": "message",
+        "role": "assistant",
+        "model": chat.get("model").cloned().unwrap_or(Value::Null),
+        "content": content,
+        "stop_reason": stop_reason(choice["finish_reason"].as_str()),
+        "stop_sequence": null,
+        "usage": {"input_tokens": count(usage, "prompt_tokens"),
+                  "output_tokens": count(usage, "completion_tokens")},
+    })
+}
+
+/// Translates the engine's Chat Completions stream into Messages events.
+#[derive(Default)]
+pub struct MessagesLocal {
+    started: bool,
+    stop_reason: Option<&'static str>,
+    usage: Option<(u64, u64)>,
+    ended: bool,
+}
+
+fn event(name: &str, data: &Value, out: &mut Vec<u8>) {
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(name.as_bytes());
+    out.push(b'\n');
+    encode_data(&data.to_string(), out);
+}
+
+impl MessagesLocal {
+    fn start(&mut self, chunk: &Value, out: &mut Vec<u8>) {
+        if std::mem::replace(&mut self.started, true) {
+            return;
+        }
+        let message = json!({
+            "id": message_id(chunk), "type": "message", "role": "assistant",
+            "model": chunk.get("model").cloned().unwrap_or(Value::Null),
+            "content": [], "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": 0, "output_tokens": 0},
+        });
+        event(
+            "message_start",
+            &json!({"type": "message_start", "message": message}),
+            out,
+        );
+        event(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": 0,
+                    "content_block": {"type": "text", "text": ""}}),
+            out,
+        );
+    }
+
+    fn end(&mut self, out: &mut Vec<u8>) {
+        if std::mem::replace(&mut self.ended, true) {
+            return;
+        }
+        self.start(&Value::Null, out);
+        event(
+            "content_block_stop",
+            &json!({"type": "content_block_stop", "index": 0}),
+            out,
+        );
+        let (input, output) = self.usage.unwrap_or((0, 0));
+        event(
+            "message_delta",
+            &json!({"type": "message_delta",
+                    "delta": {"stop_reason": self.stop_reason.unwrap_or("end_turn"),
+                              "stop_sequence": null},
+                    "usage": {"input_tokens": input, "output_tokens": output}}),
+            out,
+        );
+        event(
+            super::stream::MESSAGE_STOP,
+            &json!({"type": "message_stop"}),
+            out,
+        );
+    }
+}
+
+impl LocalStream for MessagesLocal {
+    fn translate(&mut self, sse: &SseEvent, out: &mut Vec<u8>) {
+        if self.ended {
+            return;
+        }
+        if sse.is_done() {
+            return self.end(out);
+        }
+        let Ok(chunk) = serde_json::from_str::<Value>(&sse.data) else {
+            return;
+        };
+        if let Some(error) = chunk.get("error") {
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("the local engine failed");
+            let failed = ApiError::new(
+                ErrorCode::LocalEngineFailed,
+                format!("Local engine: {message}"),
+            );
+            event("error", &error_json(&failed), out);
+            self.ended = true;
+            return;
+        }
+        self.start(&chunk, out);
+        if let Some(usage) = chunk.get("usage").filter(|usage| usage.is_object()) {
+            self.usage = Some((
+                count(usage, "prompt_tokens"),
+                count(usage, "completion_tokens"),
+            ));
+        }
+        let Some(choice) = chunk["choices"].get(0) else {
+            return;
+        };
+        if let Some(text) = choice["delta"]["content"]
+            .as_str()
+            .filter(|text| !text.is_empty())
+        {
+            event(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": 0,
+                        "delta": {"type": "text_delta", "text": text}}),
+                out,
+            );
+        }
+        if let Some(finish) = choice["finish_reason"].as_str() {
+            self.stop_reason = Some(stop_reason(Some(finish)));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use canarygate_policies::sse::SseParser;
+
+    #[test]
+    fn the_request_reads_as_a_chat_request() {
+        let body = json!({"model": "m", "max_tokens": 9, "stream": true, "temperature": 0.5,
+            "stop_sequences": ["END"], "system": "S",
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]});
+        let chat = request(&body).unwrap();
+        assert_eq!(
+            chat["messages"],
+            json!([{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}])
+        );
+        assert_eq!(chat["max_tokens"], 9);
+        assert_eq!(chat["stream"], true);
+        assert_eq!(chat["stop"], json!(["END"]));
+        assert_eq!(chat["temperature"], 0.5);
+    }
+
+    #[test]
+    fn the_answer_is_a_message() {
+        let chat = json!({"id": "chatcmpl-local-7", "model": "tiny", "choices": [{"index": 0,
+            "message": {"role": "assistant", "content": "hello"}, "finish_reason": "length"}],
+            "usage": {"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15}});
+        assert_eq!(
+            answer(chat, &Value::Null),
+            json!({"id": "msg_local-7", "type": "message", "role": "assistant", "model": "tiny",
+                   "content": [{"type": "text", "text": "hello"}], "stop_reason": "max_tokens",
+                   "stop_sequence": null, "usage": {"input_tokens": 12, "output_tokens": 3}})
+        );
+    }
+
+    fn translate(events: &[&str]) -> Vec<SseEvent> {
+        let mut local = MessagesLocal::default();
+        let mut out = Vec::new();
+        for data in events {
+            let sse = SseEvent {
+                data: (*data).to_owned(),
+                ..SseEvent::default()
+            };
+            local.translate(&sse, &mut out);
+        }
+        let mut parsed = Vec::new();
+        SseParser::new().feed(&out, &mut parsed);
+        parsed
+    }
+
+    #[test]
+    fn the_stream_is_the_messages_event_sequence() {
+        let chunk = |delta: Value, finish: Value| {
+            json!({"id": "chatcmpl-local-1", "model": "tiny",
+                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+            .to_string()
+        };
+        let events = translate(&[
+            &chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+            &chunk(json!({"content": "Hel"}), Value::Null),
+            &chunk(json!({"content": "lo"}), Value::Null),
+            &chunk(json!({}), json!("stop")),
+            &json!({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 2}})
+                .to_string(),
+            "[DONE]",
+        ]);
+        let names: Vec<&str> = events
+            .iter()
+            .map(|event| event.event.as_deref().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_delta",
+                "content_block_delta",
+                "content_block_stop",
+                "message_delta",
+                "message_stop"
+            ]
+        );
+        for event in &events {
+            let data: Value = serde_json::from_str(&event.data).unwrap();
+            assert_eq!(data["type"], event.event.as_deref().unwrap());
+        }
+        let delta: Value = serde_json::from_str(&events[5].data).unwrap();
+        assert_eq!(delta["delta"]["stop_reason"], "end_turn");
+        assert_eq!(delta["usage"]["output_tokens"], 2);
+        assert_eq!(delta["usage"]["input_tokens"], 5);
+
+        let failed = translate(&[r#"{"error": {"message": "boom"}}"#]);
+        assert_eq!(failed.len(), 1);
+        assert_eq!(failed[0].event.as_deref(), Some("error"));
+        assert!(failed[0].data.contains("boom"));
+    }
+}

@@ -1,0 +1,262 @@
+//! A Messages stream: the provider's events read for the verifier, and the
+//! client's side of a verified stream, the provider's own events held until
+//! their text is verified and passed on edited.
+//!
+//! Events (research: Anthropic's streaming docs and the SDK's
+//! `lib/streaming/_messages.py`): `message_start` (the message, its input
+//! usage), per content block `content_block_start`, `content_block_delta`
+//! (`text_delta` is content, `thinking_delta` reasoning, `input_json_delta`
+//! the tool's arguments, `signature_delta` opaque) and `content_block_stop`,
+//! `message_delta` (the stop reason and cumulative usage), `message_stop`
+//! (the end marker), `ping`, and `error`. The SDK drops events without an
+//! `event:` line, so every event is written with its name, and it addresses
+//! blocks by their `index`, so no block's start or stop is ever dropped
+//! (an emptied delta is).
+
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use canarygate_policies::sse::{SseEvent, encode_data};
+use canarygate_policies::verify::{Part, ProviderUsage, Verdict, Verifier};
+use serde_json::Value;
+
+use super::answer::{block_texts, finish_reason, residual_strings, usage_of};
+use super::deliver::{cut_stop_reason, edit_texts};
+use super::error::{is_error_value, message_of};
+use crate::wire::edit::Delivery;
+use crate::wire::format::{ChoiceView, Chunk, EventView, Location, StreamWriter, TextField};
+
+/// The end marker's name (and its data's `type`).
+pub const MESSAGE_STOP: &str = "message_stop";
+
+/// The event's type: its data's `type`, else its `event:` name.
+fn event_type<'a>(event: &'a SseEvent, data: &'a Value) -> &'a str {
+    data.get("type")
+        .and_then(Value::as_str)
+        .or(event.event.as_deref())
+        .unwrap_or("")
+}
+
+/// Whether `event` is `message_stop`.
+pub fn is_end_marker(event: &SseEvent) -> bool {
+    event.event.as_deref() == Some(MESSAGE_STOP)
+        || serde_json::from_str::<Value>(&event.data)
+            .is_ok_and(|data| data.get("type").and_then(Value::as_str) == Some(MESSAGE_STOP))
+}
+
+/// One event of the provider's stream, as the verifier reads it.
+pub fn read_event(event: &SseEvent) -> EventView {
+    let Ok(data) = serde_json::from_str::<Value>(&event.data) else {
+        return EventView::Malformed;
+    };
+    if !data.is_object() {
+        return EventView::Malformed;
+    }
+    let kind = event_type(event, &data).to_owned();
+    let mut texts = Vec::new();
+    let mut finish = None;
+    let mut usage = None;
+    let mut carries_choice = true;
+    match kind.as_str() {
+        MESSAGE_STOP => return EventView::Done,
+        "error" if is_error_value(&data) => return EventView::Error(message_of(&data)),
+        "error" => return EventView::Error("error event without an error object".into()),
+        "message_start" => {
+            carries_choice = false;
+            // Its output count is not the answer's: the final one comes in
+            // `message_delta`.
+            usage = usage_of(data.get("message").and_then(|message| message.get("usage"))).map(
+                |usage| ProviderUsage {
+                    completion_tokens: None,
+                    ..usage
+                },
+            );
+        }
+        "ping" => carries_choice = false,
+        "content_block_start" => block_texts(
+            &data["content_block"],
+            Location::ROOT.key("content_block"),
+            &mut texts,
+        ),
+        "content_block_delta" => delta_texts(&data, &mut texts),
+        "content_block_stop" => {}
+        "message_delta" => {
+            finish = data
+                .get("delta")
+                .and_then(|delta| delta.get("stop_reason"))
+                .and_then(Value::as_str)
+                .map(finish_reason);
+            // Without `input_tokens` it reports only the output count, and
+            // the prompt's stays the one `message_start` reported.
+            usage = usage_of(data.get("usage"));
+        }
+        // Anything else (a new event type) is read for canary-shaped text.
+        _ => residual_strings(&data, Location::ROOT, "", &mut texts),
+    }
+    let choices = if carries_choice {
+        vec![ChoiceView {
+            index: 0,
+            position: 0,
+            texts,
+            finish_reason: finish,
+        }]
+    } else {
+        Vec::new()
+    };
+    EventView::Chunk(Chunk {
+        event: data,
+        choices,
+        usage,
+    })
+}
+
+/// The text fields of a `content_block_delta`.
+fn delta_texts(data: &Value, texts: &mut Vec<TextField>) {
+    let delta = &data["delta"];
+    let at = Location::ROOT.key("delta");
+    let index = data
+        .get("index")
+        .and_then(Value::as_u64)
+        .unwrap_or(0)
+        .min(u64::from(u32::MAX)) as u32;
+    let own = match delta.get("type").and_then(Value::as_str) {
+        Some("text_delta") => Some(("text", Part::Content)),
+        Some("thinking_delta") => Some(("thinking", Part::Reasoning)),
+        Some("input_json_delta") => Some(("partial_json", Part::ToolArguments(index))),
+        Some("signature_delta") => return,
+        _ => None,
+    };
+    match own {
+        Some((key, kind)) if delta.get(key).is_some_and(Value::is_string) => {
+            texts.push(TextField {
+                choice: 0,
+                kind,
+                at: at.key(key),
+            });
+        }
+        Some(_) => {}
+        // `citations_delta` and anything new.
+        None => residual_strings(delta, at, "delta", texts),
+    }
+}
+
+/// One provider event waiting for its text to be verified.
+struct Held {
+    chunk: Chunk,
+    /// The event's name and data as received.
+    event: SseEvent,
+    /// The span of its part each text field carried.
+    spans: Vec<Range<usize>>,
+    /// `message_delta`: the stop reason and usage wait for the verdict.
+    ends: bool,
+}
+
+/// The client's side of a verified Messages stream (see the module docs).
+/// Events leave in the order they came: `message_start` and every event
+/// without text wait until text of the answer is released (so nothing
+/// reaches the client before the echo is verified), events with text until
+/// their text is, `message_delta` until the verdict.
+pub struct MessagesStream {
+    delivery: Delivery,
+    held: VecDeque<Held>,
+}
+
+impl MessagesStream {
+    /// A writer delivering by `delivery`.
+    pub fn new(delivery: Delivery) -> Self {
+        Self {
+            delivery,
+            held: VecDeque::new(),
+        }
+    }
+
+    fn ready(held: &Held, verifier: &Verifier) -> bool {
+        if held.ends {
+            return false;
+        }
+        if held.chunk.texts().next().is_none() {
+            return verifier.released_any();
+        }
+        verifier.may_show(0)
+            && held.chunk.texts().zip(&held.spans).all(|(field, span)| {
+                verifier.release_of(field.choice, field.kind).through >= span.end
+            })
+    }
+
+    fn write(&mut self, held: Held, verifier: &Verifier, out: &mut Vec<u8>) {
+        let Held {
+            mut chunk,
+            event,
+            spans,
+            ..
+        } = held;
+        let fields: Vec<_> = chunk.texts().copied().zip(spans).collect();
+        let edited = edit_texts(&mut chunk.event, &fields, verifier, &mut self.delivery);
+        let mut changed = edited.changed;
+        let kind = event_type(&event, &chunk.event).to_owned();
+        if edited.emptied && kind == "content_block_delta" {
+            // All its text was canarygate's (or past the client's limit).
+            return;
+        }
+        let usage = match kind.as_str() {
+            "message_start" => chunk
+                .event
+                .get_mut("message")
+                .and_then(|message| message.get_mut("usage")),
+            "message_delta" => {
+                if let Some(delta) = chunk.event.get_mut("delta") {
+                    changed |= cut_stop_reason(delta, &self.delivery);
+                }
+                chunk.event.get_mut("usage")
+            }
+            _ => None,
+        };
+        if let Some(usage) = usage.filter(|usage| usage.is_object()) {
+            changed |= self.delivery.report_usage(usage);
+        }
+        out.extend_from_slice(b"event: ");
+        out.extend_from_slice(event.event.as_deref().unwrap_or(&kind).as_bytes());
+        out.push(b'\n');
+        if changed {
+            encode_data(&chunk.event.to_string(), out);
+        } else {
+            encode_data(&event.data, out);
+        }
+    }
+}
+
+impl StreamWriter for MessagesStream {
+    fn take(&mut self, chunk: Chunk, event: SseEvent, spans: Vec<Range<usize>>) {
+        let ends = event_type(&event, &chunk.event) == "message_delta";
+        self.held.push_back(Held {
+            chunk,
+            event,
+            spans,
+            ends,
+        });
+    }
+
+    fn flush(&mut self, verifier: &Verifier, at_end: bool, out: &mut Vec<u8>) {
+        while let Some(held) = self.held.front() {
+            if !at_end && !Self::ready(held, verifier) {
+                return;
+            }
+            let held = self.held.pop_front().expect("just looked at it");
+            self.write(held, verifier, out);
+        }
+    }
+
+    fn delivery(&self) -> &Delivery {
+        &self.delivery
+    }
+
+    fn done(&self, verdict: &Verdict) -> Vec<u8> {
+        let mut tail = b": x-canarygate-verdict ".to_vec();
+        tail.extend_from_slice(verdict.header_value().as_bytes());
+        tail.extend_from_slice(b"\n: x-canarygate-overhead-tokens ");
+        tail.extend_from_slice(self.delivery.overhead_header().as_bytes());
+        tail.extend_from_slice(b"\n\nevent: message_stop\n");
+        encode_data(r#"{"type":"message_stop"}"#, &mut tail);
+        tail
+    }
+}

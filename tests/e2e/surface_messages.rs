@@ -1,0 +1,233 @@
+//! Anthropic's Messages API through canarygate, with the official anthropic
+//! SDK (tests/python/surface_messages.py): honest answers plain, streamed
+//! and through `messages.stream()`, canaries stripped; a leak
+//! (`truncate-head`) and a foreign canary (`swap`) blocked with an
+//! Anthropic-shaped 502 the SDK raises; a provider failing mid-stream ends
+//! in an `event: error` the SDK raises; the local engine serving a prompt
+//! the provider is not trusted with, in Messages' shape; canarygate's own
+//! errors (no key, wrong API, bad request, wrong method) in Anthropic's
+//! shape; every request in the audit log under endpoint `messages`.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::common::*;
+
+/// Words of the prompt sent to the local engine (over the route's trusted
+/// context of 300 tokens).
+const LONG_WORDS: usize = 500;
+
+fn long_text() -> String {
+    let filler = ["the", "orbit", "of", "each", "planet", "was", "logged"];
+    let words: Vec<&str> = (0..LONG_WORDS)
+        .map(|index| filler[index % filler.len()])
+        .collect();
+    format!("Planet log: {}", words.join(" "))
+}
+
+fn anthropic_provider(name: &str, url: &str) -> String {
+    format!(
+        r#"
+[[providers]]
+name = "{name}"
+api = "anthropic"
+base_url = "{url}/v1"
+context_window = 100000
+"#
+    )
+}
+
+fn route(model: &str, provider: &str, extra: &str) -> String {
+    format!(
+        r#"
+[[routes]]
+model = "{model}"
+provider = "{provider}"
+upstream_model = "sim-model"
+local_model = "tiny-local"
+{extra}
+"#
+    )
+}
+
+fn text(value: &Value) -> &str {
+    value.as_str().unwrap_or_default()
+}
+
+/// An honest answer: the sim's reply, canaries gone.
+fn assert_honest(answer: &Value, what: &str) {
+    let text = text(&answer["text"]);
+    assert!(
+        text.starts_with("You wrote: Name the planets"),
+        "{what}: {answer}"
+    );
+    assert!(!holds_canary(text), "{what}: {answer}");
+}
+
+fn assert_blocked(error: &Value, check: &str, what: &str) {
+    assert_eq!(error["class"], "InternalServerError", "{what}: {error}");
+    assert_eq!(error["status"], 502, "{what}: {error}");
+    let body = &error["body"];
+    assert_eq!(body["type"], "error", "{what}: {error}");
+    assert_eq!(body["error"]["type"], "api_error", "{what}: {error}");
+    assert_eq!(
+        body["error"]["code"], "canarygate_verification_failed",
+        "{what}: {error}"
+    );
+    let checks = body["error"]["failed_checks"].as_array().unwrap();
+    assert!(checks.iter().any(|name| name == check), "{what}: {error}");
+    assert!(!holds_canary(&body.to_string()), "{what}: {error}");
+}
+
+#[test]
+fn the_anthropic_sdk_gets_every_guarantee_on_messages() {
+    let honest = start_sim(&[]);
+    let truncate = start_sim(&["--mode", "truncate-head"]);
+    let swap = start_sim(&["--mode", "swap"]);
+    let overloaded = start_sim(&["--mode", "overloaded", "--decode-tps", "400"]);
+    let dir = ProxyDir::new();
+    let model = tiny_model(dir.dir.path(), "tiny", 4096);
+    let mut policy = String::from("[limits]\nfirst_byte_timeout_ms = 5000\n");
+    for (name, sim) in [
+        ("honest", &honest),
+        ("truncate", &truncate),
+        ("swap", &swap),
+        ("overloaded", &overloaded),
+    ] {
+        policy.push_str(&anthropic_provider(name, &sim.url));
+    }
+    policy.push_str(&format!(
+        "\n[[providers]]\nname = \"openai\"\nbase_url = \"{}/v1\"\ncontext_window = 100000\n",
+        honest.url
+    ));
+    for (model, provider, extra) in [
+        ("m-honest", "honest", ""),
+        ("m-truncate", "truncate", ""),
+        ("m-swap", "swap", ""),
+        ("m-overloaded", "overloaded", ""),
+        ("m-openai", "openai", ""),
+        ("m-local", "honest", "max_context_tokens = 300"),
+    ] {
+        policy.push_str(&route(model, provider, extra));
+    }
+    policy.push_str(&format!(
+        "\n[local]\nmodel_dir = \"{}\"\nkv_budget_mib = 32\n",
+        model.display()
+    ));
+    let proxy = start_proxy_with_policy(&dir, &dir.policy(&policy), &[]);
+
+    let output = Command::new(python())
+        .arg(workspace_root().join("tests/python/surface_messages.py"))
+        .arg(&proxy.url)
+        .arg(long_text())
+        .output()
+        .expect("run python");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "surface_messages.py failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let result: Value = serde_json::from_str(stdout.trim()).expect("one JSON line");
+
+    // Honest answers, canaries stripped, whichever way they are read.
+    let plain = &result["plain"];
+    assert_honest(plain, "plain");
+    assert_eq!(plain["verdict"], "pass", "{plain}");
+    assert_eq!(plain["served_by"], "upstream", "{plain}");
+    assert_eq!(plain["types"], serde_json::json!(["text"]), "{plain}");
+    assert!(text(&plain["id"]).starts_with("msg_"), "{plain}");
+    assert!(plain["input_tokens"].as_u64().unwrap() > 5, "{plain}");
+    let stream = &result["stream"];
+    assert_honest(stream, "stream");
+    let events: Vec<&str> = stream["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(text)
+        .collect();
+    assert_eq!(events.first(), Some(&"message_start"), "{stream}");
+    assert_eq!(events.last(), Some(&"message_stop"), "{stream}");
+    assert!(events.contains(&"message_delta"), "{stream}");
+    assert!(stream["output_tokens"].as_u64().unwrap() > 3, "{stream}");
+    let helper = &result["helper"];
+    assert_honest(helper, "helper");
+    assert_eq!(helper["text"], helper["final_text"], "{helper}");
+
+    // A leak (the head canary's message dropped) is blocked, plain and streamed.
+    assert_blocked(&result["leak"], "echo", "leak");
+    let leak = &result["leak_stream"];
+    assert!(leak["events"].as_array().unwrap().is_empty(), "{leak}");
+    assert_blocked(&leak["error"], "echo", "leak stream");
+    // Another session's canaries in the answer.
+    assert_blocked(&result["swap"], "foreign_canary", "swap");
+
+    // The provider's own error passes as it sent it; a failure after the
+    // stream began ends in an error event the SDK raises.
+    let refused = &result["overloaded"];
+    assert_eq!(refused["class"], "OverloadedError", "{refused}");
+    assert_eq!(refused["body"]["error"]["type"], "overloaded_error");
+    assert!(refused["body"]["error"].get("code").is_none(), "{refused}");
+    let broken = &result["overloaded_stream"];
+    assert!(!text(&broken["text"]).is_empty(), "{broken}");
+    assert!(!holds_canary(text(&broken["text"])), "{broken}");
+    assert_eq!(broken["error"]["class"], "APIStatusError", "{broken}");
+    let body = &broken["error"]["body"];
+    assert_eq!(body["type"], "error", "{broken}");
+    assert_eq!(body["error"]["code"], "upstream_stream_interrupted");
+
+    // canarygate's own errors, in Anthropic's shape.
+    let other_api = &result["other_api"];
+    assert_eq!(other_api["class"], "NotFoundError", "{other_api}");
+    assert_eq!(other_api["body"]["error"]["type"], "not_found_error");
+    assert!(
+        text(&other_api["body"]["error"]["message"]).contains("api \"openai\""),
+        "{other_api}"
+    );
+    let no_key = &result["no_key"];
+    assert_eq!(no_key["class"], "AuthenticationError", "{no_key}");
+    assert_eq!(no_key["body"]["error"]["type"], "authentication_error");
+    assert_eq!(no_key["body"]["error"]["code"], "missing_api_key");
+    let bad = &result["bad_request"];
+    assert_eq!(bad["class"], "BadRequestError", "{bad}");
+    assert_eq!(bad["body"]["error"]["param"], "messages", "{bad}");
+    let old_client = &result["x_api_key"];
+    assert_eq!(old_client["status"], 200, "{old_client}");
+    assert!(!holds_canary(&old_client["body"].to_string()));
+    for (key, status) in [("get", 405), ("unknown", 404)] {
+        let answer = &result[key];
+        assert_eq!(answer["status"], status, "{answer}");
+        assert_eq!(answer["body"]["type"], "error", "{answer}");
+    }
+
+    // The local engine serves what the provider is not trusted with.
+    let local = &result["local"];
+    assert_eq!(local["served_by"], "local", "{local}");
+    assert_eq!(local["model"], "tiny-local", "{local}");
+    assert!(text(&local["id"]).starts_with("msg_"), "{local}");
+    assert!(!text(&local["text"]).is_empty(), "{local}");
+    let local_stream = &local["stream"];
+    assert_eq!(local_stream["text"], local["text"], "greedy: {local}");
+    assert_eq!(local_stream["stop_reason"], local["stop_reason"], "{local}");
+    assert_eq!(local["helper"]["final_text"], local["text"], "{local}");
+
+    // Every request is recorded under the Messages endpoint.
+    drop(proxy);
+    let records = audit_export(&dir.data());
+    let messages: Vec<&Value> = records
+        .iter()
+        .filter(|record| record["endpoint"] == "messages")
+        .collect();
+    assert!(messages.len() >= 12, "{records:?}");
+    assert!(
+        messages.iter().any(|record| record["route"] == "local"),
+        "{messages:?}"
+    );
+    assert!(
+        messages
+            .iter()
+            .any(|record| record["verdict"].to_string().contains("fail")),
+        "{messages:?}"
+    );
+}

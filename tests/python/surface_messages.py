@@ -1,0 +1,173 @@
+"""The official anthropic SDK, unchanged but for its base URL, against
+canarygate's Messages endpoint (tests/e2e/surface_messages.rs).
+
+Every call's outcome is printed as one JSON object: what an honest answer,
+a streamed one and the `messages.stream()` helper delivered, and which SDK
+exception each failure raised, with its status and body.
+
+usage: surface_messages.py BASE_URL LONG_TEXT
+"""
+
+import json
+import sys
+import urllib.error
+import urllib.request
+
+import anthropic
+
+base_url, long_text = sys.argv[1:3]
+SYSTEM = [{"type": "text", "text": "Be brief.", "cache_control": {"type": "ephemeral"}}]
+
+
+def client(session="surface-messages", **options):
+    return anthropic.Anthropic(
+        base_url=base_url,
+        api_key="sk-ant-surface-test",
+        max_retries=0,
+        timeout=60,
+        default_headers={"x-canarygate-session": session},
+        **options,
+    )
+
+
+def ask(model, text="Name the planets", max_tokens=200):
+    # Greedy, so the local engine's answers can be compared (2.15.0 no longer
+    # declares `temperature`: it goes as an extra field).
+    return {
+        "extra_body": {"temperature": 0},
+        "model": model,
+        "max_tokens": max_tokens,
+        "system": SYSTEM,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": text}]}],
+    }
+
+
+def failure(error):
+    """What an SDK exception says."""
+    return {
+        "class": type(error).__name__,
+        "status": getattr(error, "status_code", None),
+        "body": getattr(error, "body", None),
+    }
+
+
+def plain(model, **kwargs):
+    raw = client(**kwargs).messages.with_raw_response.create(**ask(model))
+    message = raw.parse()
+    return {
+        "verdict": raw.headers.get("x-canarygate-verdict"),
+        "served_by": raw.headers.get("x-canarygate-served-by"),
+        "request_id": raw.headers.get("x-canarygate-request-id"),
+        "id": message.id,
+        "model": message.model,
+        "types": [block.type for block in message.content],
+        "text": "".join(block.text for block in message.content if block.type == "text"),
+        "stop_reason": message.stop_reason,
+        "input_tokens": message.usage.input_tokens,
+        "output_tokens": message.usage.output_tokens,
+    }
+
+
+def streamed(model, text="Name the planets", max_tokens=200):
+    """`messages.create(stream=True)`: every event, and the text deltas."""
+    events, parts, stop_reason, output_tokens = [], [], None, None
+    try:
+        for event in client().messages.create(**ask(model, text, max_tokens), stream=True):
+            events.append(event.type)
+            if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                parts.append(event.delta.text)
+            if event.type == "message_delta":
+                stop_reason = event.delta.stop_reason
+                output_tokens = event.usage.output_tokens
+    except anthropic.APIError as error:
+        return {"events": events, "text": "".join(parts), "error": failure(error)}
+    return {
+        "events": events,
+        "text": "".join(parts),
+        "stop_reason": stop_reason,
+        "output_tokens": output_tokens,
+    }
+
+
+def helper(model, text="Name the planets", max_tokens=200):
+    """The `messages.stream()` helper: `text_stream` and `get_final_message()`."""
+    with client().messages.stream(**ask(model, text, max_tokens)) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    return {
+        "text": text,
+        "final_text": "".join(b.text for b in final.content if b.type == "text"),
+        "model": final.model,
+        "stop_reason": final.stop_reason,
+        "output_tokens": final.usage.output_tokens,
+    }
+
+
+def raised(call):
+    try:
+        call()
+    except anthropic.APIError as error:
+        return failure(error)
+    return {"class": None}
+
+
+def raw_http(method, path, headers, body=None):
+    """A request the SDK would not send: status and JSON body."""
+    request = urllib.request.Request(
+        base_url + path,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"content-type": "application/json", **headers},
+        method=method,
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return {"status": response.status, "body": json.loads(response.read())}
+    except urllib.error.HTTPError as error:
+        return {"status": error.code, "body": json.loads(error.read())}
+
+
+result = {
+    "plain": plain("m-honest"),
+    "stream": streamed("m-honest"),
+    "helper": helper("m-honest"),
+    "leak": raised(lambda: client().messages.create(**ask("m-truncate"))),
+    "leak_stream": streamed("m-truncate"),
+    "overloaded": raised(lambda: client().messages.create(**ask("m-overloaded"))),
+    "overloaded_stream": streamed("m-overloaded", "Write a long story about the planets"),
+    "other_api": raised(lambda: client().messages.create(**ask("m-openai"))),
+    "no_key": raised(
+        lambda: client().messages.create(**ask("m-honest"), extra_headers={"Authorization": anthropic.Omit()})
+    ),
+}
+# The long prompt goes to the local engine (the route's trusted context is small).
+raw = client().messages.with_raw_response.create(**ask("m-local", long_text, max_tokens=12))
+message = raw.parse()
+result["local"] = {
+    "served_by": raw.headers.get("x-canarygate-served-by"),
+    "model": message.model,
+    "id": message.id,
+    "text": "".join(b.text for b in message.content if b.type == "text"),
+    "stop_reason": message.stop_reason,
+    "output_tokens": message.usage.output_tokens,
+    "stream": streamed("m-local", long_text, 12),
+    "helper": helper("m-local", long_text, 12),
+}
+# Swap: the second request is answered from the first's context, another
+# session's canaries in it.
+client("swap-first").messages.create(**ask("m-swap", "Name three rivers"))
+result["swap"] = raised(lambda: client("swap-second").messages.create(**ask("m-swap")))
+# An older client's `x-api-key`, a wrong method, and a path nobody serves.
+result["x_api_key"] = raw_http(
+    "POST",
+    "/v1/messages",
+    {"x-api-key": "sk-ant-old-client", "anthropic-version": "2023-06-01"},
+    {key: value for key, value in ask("m-honest").items() if key != "extra_body"},
+)
+result["get"] = raw_http("GET", "/v1/messages", {"x-api-key": "k"})
+result["unknown"] = raw_http("POST", "/v1/messages/batches", {"x-api-key": "k"}, {})
+result["bad_request"] = raised(
+    lambda: client().messages.create(
+        model="m-honest", max_tokens=5, messages=[{"role": "user", "content": 7}]
+    )
+)
+print(json.dumps(result))
