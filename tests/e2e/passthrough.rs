@@ -155,10 +155,11 @@ async fn unverifiable_endpoints_are_forwarded_and_recorded_or_refused() {
     }
     let stats = sim_stats(&sim).await;
     assert_eq!(
-        stats["requests"]["chat_completions"].as_u64().unwrap_or(0),
-        0,
+        stats["surfaces"]["chat_completions"].as_u64(),
+        Some(0),
         "nothing reached the provider's chat endpoint: {stats}"
     );
+    assert_eq!(stats["surfaces"]["embeddings"].as_u64(), Some(1), "{stats}");
 
     let records = audit_export(&dir.data());
     let endpoints: Vec<(&str, &str)> = records

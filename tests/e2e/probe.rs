@@ -84,6 +84,30 @@ fn probe_json(policy: &Path, data: &Path) -> Value {
     serde_json::from_slice(&output.stdout).expect("one JSON object on stdout")
 }
 
+#[tokio::test]
+async fn a_messages_api_provider_is_probed_in_its_own_api() {
+    let sim = start_leaky_sim();
+    let dir = ProxyDir::new();
+    let policy = sim_policy(&dir, &sim.url, "api = \"anthropic\"", "");
+    let result = probe_json(&policy, &dir.data());
+    let limit = result["effective_limit_tokens"].as_u64().unwrap();
+    assert!(
+        limit <= 5322 && limit as f64 >= 5322.0 * 0.95,
+        "effective limit {limit} is not within 5% under the pool of 5322: {result}"
+    );
+    assert_eq!(result["trusted"], false, "{result}");
+    let stats = sim_stats(&sim).await;
+    assert_eq!(
+        stats["surfaces"]["chat_completions"].as_u64(),
+        Some(0),
+        "{stats}"
+    );
+    assert!(
+        stats["surfaces"]["messages"].as_u64().unwrap() > 3,
+        "{stats}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn probe_finds_a_leaky_providers_pool_and_flags_its_over_window_answer() {
     let sim = start_leaky_sim();
