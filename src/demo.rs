@@ -137,7 +137,7 @@ impl Surface {
     }
 
     /// The text one stream event adds.
-    fn delta<'a>(self, event: &'a Value) -> Option<&'a str> {
+    fn delta(self, event: &Value) -> Option<&str> {
         match self {
             Self::Chat => event.pointer("/choices/0/delta/content")?.as_str(),
             Self::Responses if event["type"] == "response.output_text.delta" => {
