@@ -104,7 +104,11 @@ pub fn read(answer: &Value) -> AnswerView {
     let mut texts = Vec::new();
     if let Some(blocks) = answer.get("content").and_then(Value::as_array) {
         for (position, block) in blocks.iter().enumerate() {
-            block_texts(block, Location::ROOT.key("content").index(position), &mut texts);
+            block_texts(
+                block,
+                Location::ROOT.key("content").index(position),
+                &mut texts,
+            );
         }
     }
     AnswerView {

@@ -135,7 +135,11 @@ impl MessagesLocal {
                     "usage": {"input_tokens": input, "output_tokens": output}}),
             out,
         );
-        event(super::stream::MESSAGE_STOP, &json!({"type": "message_stop"}), out);
+        event(
+            super::stream::MESSAGE_STOP,
+            &json!({"type": "message_stop"}),
+            out,
+        );
     }
 }
 

@@ -437,7 +437,10 @@ mod tests {
         let stop = sse("message_stop", json!({"type": "message_stop"}));
         assert!(matches!(Messages::read_event(&stop), EventView::Done));
         assert!(Messages::is_end_marker(&stop));
-        assert!(!Messages::is_end_marker(&sse("ping", json!({"type": "ping"}))));
+        assert!(!Messages::is_end_marker(&sse(
+            "ping",
+            json!({"type": "ping"})
+        )));
         let broken = SseEvent {
             data: "{not json".into(),
             ..SseEvent::default()

@@ -43,9 +43,9 @@ pub fn parse(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
         None => return Err(invalid("model", "model: Field required")),
     };
     let max_tokens = match object.get("max_tokens") {
-        Some(value) => value.as_u64().ok_or_else(|| {
-            invalid("max_tokens", "max_tokens: must be a non-negative integer")
-        })?,
+        Some(value) => value
+            .as_u64()
+            .ok_or_else(|| invalid("max_tokens", "max_tokens: must be a non-negative integer"))?,
         None => return Err(invalid("max_tokens", "max_tokens: Field required")),
     };
     check_messages(object.get("messages"))?;
@@ -201,7 +201,10 @@ pub fn chat_messages(body: &Value) -> Vec<Value> {
         messages.push(json!({"role": "system", "content": blocks_text(system)}));
     }
     for message in body["messages"].as_array().map_or(&[][..], Vec::as_slice) {
-        let role = message.get("role").and_then(Value::as_str).unwrap_or("user");
+        let role = message
+            .get("role")
+            .and_then(Value::as_str)
+            .unwrap_or("user");
         let content = message.get("content").map(blocks_text).unwrap_or_default();
         messages.push(json!({"role": role, "content": content}));
     }
@@ -342,7 +345,10 @@ mod tests {
             Some("messages")
         );
         assert_eq!(
-            param(with("messages", json!([{"role": "user", "content": [{"text": "x"}]}]))),
+            param(with(
+                "messages",
+                json!([{"role": "user", "content": [{"text": "x"}]}])
+            )),
             Some("messages")
         );
         assert_eq!(param(with("system", json!(5))), Some("system"));
@@ -367,7 +373,8 @@ mod tests {
     #[test]
     fn blocks_go_after_the_clients_text_and_the_limit_is_raised() {
         let canaries = RequestCanaries::mint().unwrap();
-        let cached = json!({"type": "text", "text": "long policy", "cache_control": {"type": "ephemeral"}});
+        let cached =
+            json!({"type": "text", "text": "long policy", "cache_control": {"type": "ephemeral"}});
         let mut body = json!({
             "model": "m", "max_tokens": 100,
             "thinking": {"type": "enabled", "budget_tokens": 99},
@@ -382,9 +389,7 @@ mod tests {
         assert_eq!(injection.echo.len(), 2);
         assert_eq!(injection.client_max_tokens, Some(100));
         assert_eq!(body["max_tokens"], 100 + ECHO_TOKEN_ALLOWANCE);
-        assert!(
-            body["thinking"]["budget_tokens"].as_u64().unwrap() < 100 + ECHO_TOKEN_ALLOWANCE
-        );
+        assert!(body["thinking"]["budget_tokens"].as_u64().unwrap() < 100 + ECHO_TOKEN_ALLOWANCE);
         // The client's cached block is untouched; ours follows it.
         assert_eq!(body["system"][0], cached);
         let head = body["system"][1]["text"].as_str().unwrap();
@@ -417,7 +422,12 @@ mod tests {
         let mut body = minimal();
         body["system"] = json!("Be brief.");
         place(&mut body, EchoMode::HeadTail, canaries).unwrap();
-        assert!(body["system"].as_str().unwrap().starts_with("Be brief.\n\n"));
+        assert!(
+            body["system"]
+                .as_str()
+                .unwrap()
+                .starts_with("Be brief.\n\n")
+        );
 
         // Only an assistant prefill: both blocks go with the system prompt.
         let mut body = minimal();
@@ -432,7 +442,10 @@ mod tests {
     fn tools_and_structured_output_are_passive_and_keep_the_limit() {
         let canaries = RequestCanaries::mint().unwrap();
         for (key, value) in [
-            ("tools", json!([{"name": "f", "input_schema": {"type": "object"}}])),
+            (
+                "tools",
+                json!([{"name": "f", "input_schema": {"type": "object"}}]),
+            ),
             (
                 "output_config",
                 json!({"format": {"type": "json_schema", "schema": {}}}),
