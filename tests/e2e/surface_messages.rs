@@ -155,6 +155,37 @@ fn the_anthropic_sdk_gets_every_guarantee_on_messages() {
     assert_honest(helper, "helper");
     assert_eq!(helper["text"], helper["final_text"], "{helper}");
 
+    // Thinking passes with its signature; the echo never shows.
+    let thinking = &result["thinking"];
+    assert_eq!(
+        thinking["types"],
+        serde_json::json!(["thinking", "text"]),
+        "{thinking}"
+    );
+    assert!(!text(&thinking["signature"]).is_empty(), "{thinking}");
+    assert!(!text(&thinking["thinking"]).is_empty(), "{thinking}");
+    assert_honest(thinking, "thinking");
+    // Tools: passive checks, the call's input intact both ways.
+    let tools = &result["tools"];
+    assert_eq!(tools["verdict"], "pass; passive=tools", "{tools}");
+    assert_eq!(tools["stop_reason"], "tool_use", "{tools}");
+    assert!(tools["inputs"][0]["city"].is_string(), "{tools}");
+    assert_eq!(tools["stream_inputs"], tools["inputs"], "{tools}");
+    assert_eq!(tools["stream_stop_reason"], "tool_use", "{tools}");
+    // The client's max_tokens holds although canarygate raised the provider's.
+    let limit = &result["limit"];
+    assert_eq!(limit["plain"]["stop_reason"], "max_tokens", "{limit}");
+    assert_eq!(limit["stream"]["stop_reason"], "max_tokens", "{limit}");
+    for shown in [
+        text(&limit["plain"]["content"][0]["text"]),
+        text(&limit["stream"]["text"]),
+    ] {
+        assert!(
+            !holds_canary(shown) && shown.split_whitespace().count() <= 4,
+            "{limit}"
+        );
+    }
+
     // A leak (the head canary's message dropped) is blocked, plain and streamed.
     assert_blocked(&result["leak"], "echo", "leak");
     let leak = &result["leak_stream"];

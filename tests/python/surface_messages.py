@@ -156,6 +156,45 @@ result["local"] = {
 # session's canaries in it.
 client("swap-first").messages.create(**ask("m-swap", "Name three rivers"))
 result["swap"] = raised(lambda: client("swap-second").messages.create(**ask("m-swap")))
+# Thinking: the thinking block (and its signature) reaches the client, the
+# echo does not.
+with client().messages.stream(
+    **ask("m-honest", max_tokens=3000), thinking={"type": "enabled", "budget_tokens": 1024}
+) as stream:
+    final = stream.get_final_message()
+result["thinking"] = {
+    "types": [block.type for block in final.content],
+    "thinking": "".join(b.thinking for b in final.content if b.type == "thinking"),
+    "signature": "".join(b.signature for b in final.content if b.type == "thinking"),
+    "text": "".join(b.text for b in final.content if b.type == "text"),
+}
+# Tools (passive checks): the tool call's input, plain and accumulated from
+# the stream's partial JSON.
+weather = {
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+}
+tool_request = ask("m-honest", "Use get_weather for Oslo") | {
+    "tools": [weather],
+    "tool_choice": {"type": "any"},
+}
+raw = client().messages.with_raw_response.create(**tool_request)
+message = raw.parse()
+with client().messages.stream(**tool_request) as stream:
+    streamed_tool = stream.get_final_message()
+result["tools"] = {
+    "verdict": raw.headers.get("x-canarygate-verdict"),
+    "stop_reason": message.stop_reason,
+    "inputs": [b.input for b in message.content if b.type == "tool_use"],
+    "stream_inputs": [b.input for b in streamed_tool.content if b.type == "tool_use"],
+    "stream_stop_reason": streamed_tool.stop_reason,
+}
+# The client's own limit, below what canarygate asked of the provider.
+result["limit"] = {
+    "plain": client().messages.create(**ask("m-honest", max_tokens=4)).model_dump(),
+    "stream": streamed("m-honest", max_tokens=4),
+}
 # An older client's `x-api-key`, a wrong method, and a path nobody serves.
 result["x_api_key"] = raw_http(
     "POST",
