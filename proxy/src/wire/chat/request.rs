@@ -1,6 +1,6 @@
 //! Parsing and validating a Chat Completions request.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::error::{ApiError, ErrorCode};
 use crate::wire::format::ClientRequest;
@@ -12,44 +12,11 @@ pub fn messages(body: &Value) -> &[Value] {
 
 /// Parses and validates a chat completion request.
 pub fn parse(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
-    let body: Value = serde_json::from_slice(bytes).map_err(|error| {
-        ApiError::new(
-            ErrorCode::InvalidJson,
-            format!("We could not parse the JSON body of your request: {error}"),
-        )
-    })?;
-    let object = body.as_object().ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::InvalidJson,
-            "The request body must be a JSON object.",
-        )
-    })?;
-    let model = match object.get("model") {
-        Some(Value::String(model)) if !model.is_empty() => model.clone(),
-        Some(_) => {
-            return Err(ApiError::invalid_param(
-                "model",
-                "`model` must be a non-empty string.",
-            ));
-        }
-        None => {
-            return Err(ApiError::invalid_param(
-                "model",
-                "You must provide a model parameter.",
-            ));
-        }
-    };
+    let body = json_object(bytes)?;
+    let object = body.as_object().expect("json_object returns an object");
+    let model = model_of(object)?;
     check_messages(object.get("messages"))?;
-    let stream = match object.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(stream)) => *stream,
-        Some(_) => {
-            return Err(ApiError::invalid_param(
-                "stream",
-                "`stream` must be a boolean.",
-            ));
-        }
-    };
+    let stream = stream_of(object)?;
     for field in ["max_tokens", "max_completion_tokens", "n"] {
         match object.get(field) {
             None | Some(Value::Null) => {}
@@ -71,6 +38,51 @@ pub fn parse(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
         stream,
         max_tokens,
     })
+}
+
+/// The request body as a JSON object, or a 400 `invalid_json` (every
+/// format's first check).
+pub fn json_object(bytes: &[u8]) -> Result<Value, ApiError> {
+    let body: Value = serde_json::from_slice(bytes).map_err(|error| {
+        ApiError::new(
+            ErrorCode::InvalidJson,
+            format!("We could not parse the JSON body of your request: {error}"),
+        )
+    })?;
+    if !body.is_object() {
+        return Err(ApiError::new(
+            ErrorCode::InvalidJson,
+            "The request body must be a JSON object.",
+        ));
+    }
+    Ok(body)
+}
+
+/// `model`: a non-empty string, as OpenAI's endpoints require it.
+pub fn model_of(object: &Map<String, Value>) -> Result<String, ApiError> {
+    match object.get("model") {
+        Some(Value::String(model)) if !model.is_empty() => Ok(model.clone()),
+        Some(_) => Err(ApiError::invalid_param(
+            "model",
+            "`model` must be a non-empty string.",
+        )),
+        None => Err(ApiError::invalid_param(
+            "model",
+            "You must provide a model parameter.",
+        )),
+    }
+}
+
+/// `stream`: a boolean, absent or null meaning false.
+pub fn stream_of(object: &Map<String, Value>) -> Result<bool, ApiError> {
+    match object.get("stream") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(stream)) => Ok(*stream),
+        Some(_) => Err(ApiError::invalid_param(
+            "stream",
+            "`stream` must be a boolean.",
+        )),
+    }
 }
 
 /// `messages`: a non-empty array of objects with a string `role` and string,

@@ -10,6 +10,7 @@ use canarygate_policies::verify_config::EchoMode;
 use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, ErrorCode};
+use crate::wire::chat::{json_object, model_of, stream_of};
 use crate::wire::format::ClientRequest;
 
 /// `max_tokens` when the request sets none (OpenAI's API reference for
@@ -33,44 +34,11 @@ pub fn prompts(body: &Value) -> Prompts<'_> {
 /// Parses and validates a completions request: only what canarygate relies
 /// on; every other field is the provider's to judge.
 pub fn parse(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
-    let body: Value = serde_json::from_slice(bytes).map_err(|error| {
-        ApiError::new(
-            ErrorCode::InvalidJson,
-            format!("We could not parse the JSON body of your request: {error}"),
-        )
-    })?;
-    let object = body.as_object().ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::InvalidJson,
-            "The request body must be a JSON object.",
-        )
-    })?;
-    let model = match object.get("model") {
-        Some(Value::String(model)) if !model.is_empty() => model.clone(),
-        Some(_) => {
-            return Err(ApiError::invalid_param(
-                "model",
-                "`model` must be a non-empty string.",
-            ));
-        }
-        None => {
-            return Err(ApiError::invalid_param(
-                "model",
-                "You must provide a model parameter.",
-            ));
-        }
-    };
+    let body = json_object(bytes)?;
+    let object = body.as_object().expect("json_object returns an object");
+    let model = model_of(object)?;
     read_prompts(object.get("prompt"))?;
-    let stream = match object.get("stream") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(stream)) => *stream,
-        Some(_) => {
-            return Err(ApiError::invalid_param(
-                "stream",
-                "`stream` must be a boolean.",
-            ));
-        }
-    };
+    let stream = stream_of(object)?;
     for field in COUNT_FIELDS {
         match object.get(field) {
             None | Some(Value::Null) => {}

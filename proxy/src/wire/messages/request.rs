@@ -21,22 +21,13 @@ use canarygate_policies::verify_config::EchoMode;
 use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, ErrorCode};
+use crate::wire::chat::json_object;
 use crate::wire::format::ClientRequest;
 
 /// Parses and validates a Messages request.
 pub fn parse(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
-    let body: Value = serde_json::from_slice(bytes).map_err(|error| {
-        ApiError::new(
-            ErrorCode::InvalidJson,
-            format!("We could not parse the JSON body of your request: {error}"),
-        )
-    })?;
-    let object = body.as_object().ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::InvalidJson,
-            "The request body must be a JSON object.",
-        )
-    })?;
+    let body = json_object(bytes)?;
+    let object = body.as_object().expect("json_object returns an object");
     let model = match object.get("model") {
         Some(Value::String(model)) if !model.is_empty() => model.clone(),
         Some(_) => return Err(invalid("model", "model: must be a non-empty string")),
