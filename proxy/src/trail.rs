@@ -8,18 +8,22 @@ use std::time::Instant;
 
 use axum::http::StatusCode;
 use canarygate_audit::{
-    Action, AuditError, AuditLog, CheckRecord, Latency, NewRecord, Outcome, RequestRecord, Route,
-    Sample, TokenOverhead, VerdictSummary, sha256_hex, should_sample,
+    Action, AuditError, AuditLog, CheckRecord, Latency, NewRecord, Outcome, Recorded,
+    RequestRecord, Route, Sample, TokenOverhead, TopicScore, VerdictSummary, sha256_hex,
+    should_sample,
 };
 use canarygate_policies::canary::find_canaries;
+use canarygate_policies::topic::{TopicAction, sample_chance};
 use canarygate_policies::verify::Verdict;
 use sha2::{Digest, Sha256};
 
 use crate::clock::{RequestClock, now_ms};
 use crate::identity::Caller;
 use crate::metrics::Metrics;
+use crate::topic::TopicCheck;
 
-/// Most response bytes kept for a spot-check sample.
+/// Most response bytes kept for a spot-check sample, and most bytes of
+/// what the provider sent kept as a failed verdict's evidence.
 const MAX_SAMPLE_BYTES: usize = 256 * 1024;
 
 /// Placeholder for a canary in sampled text.
@@ -73,6 +77,16 @@ pub struct Trail {
     response_hash: Sha256,
     response_len: u64,
     response_kept: Vec<u8>,
+    /// What the provider sent in the attempt whose verdict is recorded.
+    provider_kept: Vec<u8>,
+    /// The topic check, when it runs for this request.
+    topic: Option<Arc<TopicCheck>>,
+    /// What the client asked, for the topic check.
+    question: Option<String>,
+    /// What the answer said, for the topic check.
+    answer: Option<String>,
+    /// The topic score taken before the answer was delivered.
+    topic_score: Option<TopicScore>,
 }
 
 impl Trail {
@@ -106,6 +120,11 @@ impl Trail {
             response_hash: Sha256::new(),
             response_len: 0,
             response_kept: Vec::new(),
+            provider_kept: Vec::new(),
+            topic: None,
+            question: None,
+            answer: None,
+            topic_score: None,
         }
     }
 
@@ -212,6 +231,38 @@ impl Trail {
         self.verdict = Some(verdict.clone());
     }
 
+    /// Sets the topic check for this request, and what the client asked.
+    pub fn topic(&mut self, check: Arc<TopicCheck>, question: Option<String>) {
+        self.topic = Some(check);
+        self.question = question;
+    }
+
+    /// What the client asked, when the topic check runs.
+    pub fn question(&self) -> Option<&str> {
+        self.question.as_deref()
+    }
+
+    /// Starts recording a new upstream attempt's answer (a retry's
+    /// replaces the first one's).
+    pub fn new_attempt(&mut self) {
+        self.answer = None;
+        self.provider_kept.clear();
+    }
+
+    /// Records what the answer says so far (its text for the topic check)
+    /// and the next bytes the provider sent (kept up to a bound).
+    pub fn provider_answer(&mut self, answer: Option<String>, sent: &[u8]) {
+        self.answer = answer;
+        let room = MAX_SAMPLE_BYTES.saturating_sub(self.provider_kept.len());
+        self.provider_kept
+            .extend_from_slice(&sent[..sent.len().min(room)]);
+    }
+
+    /// Records the topic score taken before the answer was delivered.
+    pub fn topic_score(&mut self, score: TopicScore) {
+        self.topic_score = Some(score);
+    }
+
     /// Records bytes sent to the client.
     pub fn sent(&mut self, bytes: &[u8]) {
         self.response_hash.update(bytes);
@@ -267,8 +318,10 @@ impl Trail {
     }
 
     /// Concludes and appends the record; durable when this returns `Ok`
-    /// (queued, with `[audit] durability = "background"`).
-    pub async fn commit(self, ending: Ending) -> Result<(), AuditError> {
+    /// (queued, with `[audit] durability = "background"`). With `[topic]
+    /// action = "record"`, the answer's topic score follows in a record of
+    /// its own, from a task that does not hold up the client.
+    pub async fn commit(mut self, ending: Ending) -> Result<(), AuditError> {
         let (outcome, action) = self.conclude(ending);
         let overhead_ms = self.clock.overhead().as_millis() as u64;
         let failed = self.failed();
@@ -277,11 +330,23 @@ impl Trail {
             .iter()
             .flat_map(|verdict| verdict.checks.iter().map(CheckRecord::from))
             .collect();
-        checks.extend(self.extra_checks);
-        let sample = should_sample(self.log.sample_rate(), failed).then(|| Sample {
-            request_text: redact(&String::from_utf8_lossy(&self.request_bytes)),
-            response_text: redact(&String::from_utf8_lossy(&self.response_kept)),
-        });
+        checks.extend(std::mem::take(&mut self.extra_checks));
+        let rate = self.log.sample_rate();
+        let min_similarity = self
+            .topic
+            .as_ref()
+            .map_or(0.0, |check| check.min_similarity());
+        let similarity = self.topic_score.as_ref().and_then(|score| score.similarity);
+        let sampled = should_sample(sample_chance(rate, failed, similarity, min_similarity));
+        let texts = SampleTexts {
+            request: std::mem::take(&mut self.request_bytes),
+            response: std::mem::take(&mut self.response_kept),
+            provider: failed.then(|| std::mem::take(&mut self.provider_kept)),
+        };
+        let scored_later = self
+            .topic
+            .clone()
+            .filter(|check| check.action() == TopicAction::Record && self.verdict.is_some());
         let record = RequestRecord {
             request_id: self.request_id,
             started_at_ms: self.started_at_ms,
@@ -302,6 +367,7 @@ impl Trail {
                     .verdict
                     .as_ref()
                     .is_some_and(|verdict| verdict.registry_degraded),
+            topic: self.topic_score,
             checks,
             verdict: match self.verdict.as_ref() {
                 None if self.unverifiable => VerdictSummary::Unverifiable,
@@ -314,12 +380,27 @@ impl Trail {
                 total_ms: self.started.elapsed().as_millis() as u64,
                 overhead_ms,
             },
-            bytes_in: self.request_bytes.len() as u64,
+            bytes_in: texts.request.len() as u64,
             bytes_out: self.response_len,
-            request_sha256: sha256_hex(&self.request_bytes),
+            request_sha256: sha256_hex(&texts.request),
             response_sha256: hex::encode(self.response_hash.finalize()),
         };
-        self.log.record(NewRecord { record, sample }).await
+        let request_id = record.request_id.clone();
+        let sample = sampled.then(|| texts.sample());
+        let recorded = self.log.record(NewRecord { record, sample }).await?;
+        if let Some(check) = scored_later {
+            let later = ScoreLater {
+                log: self.log,
+                check,
+                request_id,
+                question: self.question,
+                answer: self.answer,
+                texts: (!sampled).then_some(texts),
+                rate,
+            };
+            tokio::spawn(later.run(recorded));
+        }
+        Ok(())
     }
 
     /// Appends the record from a task of its own, for a request whose
@@ -333,6 +414,73 @@ impl Trail {
                 tracing::error!("audit append of an interrupted request failed: {error}");
             }
         });
+    }
+}
+
+/// The texts a sample is made of, before redaction.
+struct SampleTexts {
+    request: Vec<u8>,
+    response: Vec<u8>,
+    /// What the provider sent, kept when the verdict failed.
+    provider: Option<Vec<u8>>,
+}
+
+impl SampleTexts {
+    /// The sample, canaries redacted.
+    fn sample(&self) -> Sample {
+        Sample {
+            request_text: redact(&String::from_utf8_lossy(&self.request)),
+            response_text: redact(&String::from_utf8_lossy(&self.response)),
+            provider_text: self
+                .provider
+                .as_ref()
+                .map(|sent| redact(&String::from_utf8_lossy(sent))),
+        }
+    }
+}
+
+/// A topic score taken after the request's record was written.
+struct ScoreLater {
+    log: AuditLog,
+    check: Arc<TopicCheck>,
+    request_id: String,
+    question: Option<String>,
+    answer: Option<String>,
+    /// The sample's texts, when the request record kept none.
+    texts: Option<SampleTexts>,
+    rate: f64,
+}
+
+impl ScoreLater {
+    /// Scores, and appends the score after the request's record.
+    async fn run(self, recorded: Recorded) {
+        let score = self.check.score(self.question, self.answer).await;
+        // The plain share was drawn with the request record: what is left
+        // is the chance the score adds.
+        let chance = sample_chance(self.rate, false, score.similarity, score.min_similarity);
+        let added = if self.rate < 1.0 {
+            (chance - self.rate) / (1.0 - self.rate)
+        } else {
+            0.0
+        };
+        let sample = self
+            .texts
+            .filter(|_| should_sample(added))
+            .map(|texts| texts.sample());
+        let scored_id = match recorded.id().await {
+            Ok(id) => id,
+            Err(error) => {
+                tracing::error!(request_id = %self.request_id, "no topic score: the request's record failed: {error}");
+                return;
+            }
+        };
+        if let Err(error) = self
+            .log
+            .append_topic(scored_id, &self.request_id, score, sample.as_ref())
+            .await
+        {
+            tracing::error!(request_id = %self.request_id, "audit append of a topic score failed: {error}");
+        }
     }
 }
 

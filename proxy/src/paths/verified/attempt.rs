@@ -4,19 +4,25 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::response::Response;
+use canarygate_audit::TopicScore;
 use canarygate_policies::canary::Canary;
 use canarygate_policies::inject::{Injection, MAX_CHOICES};
 use canarygate_policies::registry::Registration;
-use canarygate_policies::verify::{Part, Verdict, Verifier};
+use canarygate_policies::topic::{self, TopicAction};
+use canarygate_policies::verify::{Decision, Part, Verdict, Verifier};
+use canarygate_policies::verify_config::FailureAction;
 use serde_json::Value;
 
 use crate::body::Served;
 use crate::context::RequestContext;
 use crate::error::ApiError;
 use crate::registry::CanaryBook;
+use crate::topic::{AnswerTexts, TopicCheck, check_result};
+use crate::trail::Trail;
 use crate::wire::edit::Delivery;
 use crate::wire::{ChoiceView, WireFormat};
 
@@ -48,7 +54,20 @@ pub struct Attempt {
     /// A lookup in the shared registry failed during this attempt (counted
     /// once).
     pub lookups_degraded: bool,
+    /// The answer's texts, for the topic check.
+    pub answer: AnswerTexts,
+    /// The bytes the provider sent (at most [`MAX_KEPT_BYTES`]): a failed
+    /// verdict's evidence.
+    pub received: Vec<u8>,
+    /// Bytes kept in all.
+    pub kept: usize,
+    /// The topic check, when the answer waits for its score (`[topic]
+    /// action = "flag"` or `"block"`), and what the client asked.
+    pub topic: Option<(Arc<TopicCheck>, Option<String>)>,
 }
+
+/// Most bytes of the provider's answer an attempt keeps.
+pub const MAX_KEPT_BYTES: usize = 256 * 1024;
 
 impl Attempt {
     /// Feeds every text field of `choices` (read from `value`, a whole
@@ -78,6 +97,7 @@ impl Attempt {
         for choice in choices {
             for field in &choice.texts {
                 let text = field.text(value);
+                self.answer.push(field.choice, field.kind, text);
                 let start = verifier.received(field.choice, field.kind);
                 spans.push(start..start + text.len());
                 if stop || text.is_empty() {
@@ -97,6 +117,41 @@ impl Attempt {
             set_reason(reasons, choice.index, choice.finish_reason.as_deref());
         }
         (spans, stop)
+    }
+
+    /// Keeps `bytes` of the provider's answer, up to [`MAX_KEPT_BYTES`]
+    /// in all.
+    pub fn keep(&mut self, bytes: &[u8]) {
+        let room = MAX_KEPT_BYTES.saturating_sub(self.kept);
+        let kept = bytes.len().min(room);
+        self.received.extend_from_slice(&bytes[..kept]);
+        self.kept += kept;
+    }
+
+    /// With `[topic] action = "flag"` or `"block"`: scores the answer and
+    /// adds the `topic` check to `verdict`. Returns the score.
+    pub async fn judge_topic(&mut self, verdict: &mut Verdict) -> Option<TopicScore> {
+        let (check, question) = self.topic.as_ref()?;
+        let score = check.score(question.clone(), self.answer.text()).await;
+        verdict.checks.push(check_result(&score));
+        Some(score)
+    }
+
+    /// What to do with `verdict` under the policy (a low topic score alone
+    /// is only flagged under `[topic] action = "flag"`).
+    pub fn decide(&self, verdict: &Verdict, action: FailureAction, released_any: bool) -> Decision {
+        let topic = self
+            .topic
+            .as_ref()
+            .map_or(TopicAction::Record, |(check, _)| check.action());
+        topic::decide(verdict, topic, action, self.attempt, released_any)
+    }
+
+    /// Hands what the answer says and what the provider sent since the
+    /// last call to `trail`.
+    pub fn record_answer(&mut self, trail: &mut Trail) {
+        trail.provider_answer(self.answer.text(), &self.received);
+        self.received.clear();
     }
 
     /// Fetches who minted the canary-shaped spans that the text fields of
