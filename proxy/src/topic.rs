@@ -128,48 +128,107 @@ pub fn check_result(score: &TopicScore) -> CheckResult {
     }
 }
 
-/// The texts of an answer's first choice that the topic check reads: its
-/// content and its tool-call and function-call arguments, as the provider
-/// sent them, each bounded.
+/// Most bytes of an answer's texts kept ([`AnswerTexts`]).
+const MAX_KEPT_BYTES: usize = 256 * 1024;
+
+/// The texts of an answer as the provider sent them, by choice and part,
+/// bounded: what the topic check reads ([`AnswerTexts::topic_text`]) and
+/// what a failed verdict keeps as evidence ([`AnswerTexts::evidence`]).
 #[derive(Debug, Default)]
 pub struct AnswerTexts {
-    /// Content, then refusal, then each argument string, by part.
-    parts: Vec<(Part, String)>,
+    parts: Vec<((u32, Part), String)>,
+    kept: usize,
+    /// Texts stopped being kept at the bound.
+    cut: bool,
 }
 
 impl AnswerTexts {
-    /// Adds `text` of `part` of choice `choice` (only choice 0 is kept).
+    /// Adds `text` of `part` of choice `choice`.
     pub fn push(&mut self, choice: u32, part: Part, text: &str) {
-        if choice != 0
-            || !matches!(
-                part,
-                Part::Content | Part::Refusal | Part::ToolArguments(_) | Part::FunctionArguments
-            )
-        {
+        if text.is_empty() {
             return;
         }
-        let index = match self.parts.iter().position(|(kind, _)| *kind == part) {
-            Some(index) => index,
-            None => {
-                self.parts.push((part, String::new()));
-                self.parts.len() - 1
-            }
-        };
-        let kept = &mut self.parts[index].1;
-        // Whole JSON documents are parsed; past the bound a text is cut and
-        // read as plain text, which is what the model would read of it.
-        let room = (MAX_TEXT_CHARS * 4).saturating_sub(kept.len());
-        let mut cut = text.len().min(room);
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
+        let room = MAX_KEPT_BYTES.saturating_sub(self.kept);
+        let mut take = text.len().min(room);
+        while !text.is_char_boundary(take) {
+            take -= 1;
         }
-        kept.push_str(&text[..cut]);
+        self.cut |= take < text.len();
+        if take == 0 {
+            return;
+        }
+        self.kept += take;
+        let key = (choice, part);
+        match self.parts.iter_mut().find(|(at, _)| *at == key) {
+            Some((_, kept)) => kept.push_str(&text[..take]),
+            None => self.parts.push((key, text[..take].to_owned())),
+        }
     }
 
-    /// The text to embed ([`answer_text`]), `None` when there is none.
-    pub fn text(&self) -> Option<String> {
-        let mut parts: Vec<&(Part, String)> = self.parts.iter().collect();
-        parts.sort_by_key(|(part, _)| *part);
-        answer_text(parts.into_iter().map(|(_, text)| text.as_str()))
+    /// What the topic check compares with the question: the first
+    /// choice's content, refusal and call arguments ([`answer_text`]).
+    pub fn topic_text(&self) -> Option<String> {
+        let mut texts: Vec<&((u32, Part), String)> = self
+            .parts
+            .iter()
+            .filter(|((choice, part), _)| {
+                *choice == 0
+                    && matches!(
+                        part,
+                        Part::Content
+                            | Part::Refusal
+                            | Part::ToolArguments(_)
+                            | Part::FunctionArguments
+                    )
+            })
+            .collect();
+        texts.sort_by_key(|(at, _)| *at);
+        answer_text(
+            texts
+                .into_iter()
+                .map(|(_, text)| &text[..floor_boundary(text, MAX_TEXT_CHARS * 4)]),
+        )
     }
+
+    /// Every text, labelled by choice and part, in order; `None` when the
+    /// answer had none. The caller redacts canaries.
+    pub fn evidence(&self) -> Option<String> {
+        if self.parts.is_empty() {
+            return None;
+        }
+        let mut parts: Vec<&((u32, Part), String)> = self.parts.iter().collect();
+        parts.sort_by_key(|(at, _)| *at);
+        let mut out = String::new();
+        for ((choice, part), text) in parts {
+            if !out.is_empty() {
+                out.push_str("\n\n");
+            }
+            out.push_str(&format!("[choice {choice}, {}]\n{text}", part_label(*part)));
+        }
+        if self.cut {
+            out.push_str("\n[cut at 256 KiB]");
+        }
+        Some(out)
+    }
+}
+
+/// How a part is labelled in a sample.
+fn part_label(part: Part) -> String {
+    match part {
+        Part::Content => "content".into(),
+        Part::Reasoning | Part::ReasoningAlias => "reasoning".into(),
+        Part::Refusal => "refusal".into(),
+        Part::ToolArguments(n) => format!("tool call {n} arguments"),
+        Part::FunctionArguments => "function call arguments".into(),
+        Part::Other(n) => format!("other text {n}"),
+    }
+}
+
+/// The largest char boundary of `text` at or below `at`.
+fn floor_boundary(text: &str, at: usize) -> usize {
+    let mut at = at.min(text.len());
+    while !text.is_char_boundary(at) {
+        at -= 1;
+    }
+    at
 }

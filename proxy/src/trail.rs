@@ -77,8 +77,9 @@ pub struct Trail {
     response_hash: Sha256,
     response_len: u64,
     response_kept: Vec<u8>,
-    /// What the provider sent in the attempt whose verdict is recorded.
-    provider_kept: Vec<u8>,
+    /// The texts the provider sent in the attempt whose verdict is
+    /// recorded, labelled by part.
+    provider_text: Option<String>,
     /// The topic check, when it runs for this request.
     topic: Option<Arc<TopicCheck>>,
     /// What the client asked, for the topic check.
@@ -120,7 +121,7 @@ impl Trail {
             response_hash: Sha256::new(),
             response_len: 0,
             response_kept: Vec::new(),
-            provider_kept: Vec::new(),
+            provider_text: None,
             topic: None,
             question: None,
             answer: None,
@@ -246,16 +247,14 @@ impl Trail {
     /// replaces the first one's).
     pub fn new_attempt(&mut self) {
         self.answer = None;
-        self.provider_kept.clear();
+        self.provider_text = None;
     }
 
-    /// Records what the answer says so far (its text for the topic check)
-    /// and the next bytes the provider sent (kept up to a bound).
-    pub fn provider_answer(&mut self, answer: Option<String>, sent: &[u8]) {
+    /// Records what the answer says so far: its text for the topic check,
+    /// and every text the provider sent, kept when the verdict fails.
+    pub fn provider_answer(&mut self, answer: Option<String>, sent: Option<String>) {
         self.answer = answer;
-        let room = MAX_SAMPLE_BYTES.saturating_sub(self.provider_kept.len());
-        self.provider_kept
-            .extend_from_slice(&sent[..sent.len().min(room)]);
+        self.provider_text = sent;
     }
 
     /// Records the topic score taken before the answer was delivered.
@@ -341,7 +340,7 @@ impl Trail {
         let texts = SampleTexts {
             request: std::mem::take(&mut self.request_bytes),
             response: std::mem::take(&mut self.response_kept),
-            provider: failed.then(|| std::mem::take(&mut self.provider_kept)),
+            provider: self.provider_text.take().filter(|_| failed),
         };
         let scored_later = self
             .topic
@@ -422,7 +421,7 @@ struct SampleTexts {
     request: Vec<u8>,
     response: Vec<u8>,
     /// What the provider sent, kept when the verdict failed.
-    provider: Option<Vec<u8>>,
+    provider: Option<String>,
 }
 
 impl SampleTexts {
@@ -431,10 +430,7 @@ impl SampleTexts {
         Sample {
             request_text: redact(&String::from_utf8_lossy(&self.request)),
             response_text: redact(&String::from_utf8_lossy(&self.response)),
-            provider_text: self
-                .provider
-                .as_ref()
-                .map(|sent| redact(&String::from_utf8_lossy(sent))),
+            provider_text: self.provider.as_ref().map(|sent| redact(sent)),
         }
     }
 }

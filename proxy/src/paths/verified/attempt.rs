@@ -54,20 +54,13 @@ pub struct Attempt {
     /// A lookup in the shared registry failed during this attempt (counted
     /// once).
     pub lookups_degraded: bool,
-    /// The answer's texts, for the topic check.
+    /// The answer's texts as the provider sent them: for the topic check,
+    /// and a failed verdict's evidence.
     pub answer: AnswerTexts,
-    /// The bytes the provider sent (at most [`MAX_KEPT_BYTES`]): a failed
-    /// verdict's evidence.
-    pub received: Vec<u8>,
-    /// Bytes kept in all.
-    pub kept: usize,
     /// The topic check, when the answer waits for its score (`[topic]
     /// action = "flag"` or `"block"`), and what the client asked.
     pub topic: Option<(Arc<TopicCheck>, Option<String>)>,
 }
-
-/// Most bytes of the provider's answer an attempt keeps.
-pub const MAX_KEPT_BYTES: usize = 256 * 1024;
 
 impl Attempt {
     /// Feeds every text field of `choices` (read from `value`, a whole
@@ -119,20 +112,13 @@ impl Attempt {
         (spans, stop)
     }
 
-    /// Keeps `bytes` of the provider's answer, up to [`MAX_KEPT_BYTES`]
-    /// in all.
-    pub fn keep(&mut self, bytes: &[u8]) {
-        let room = MAX_KEPT_BYTES.saturating_sub(self.kept);
-        let kept = bytes.len().min(room);
-        self.received.extend_from_slice(&bytes[..kept]);
-        self.kept += kept;
-    }
-
     /// With `[topic] action = "flag"` or `"block"`: scores the answer and
     /// adds the `topic` check to `verdict`. Returns the score.
     pub async fn judge_topic(&mut self, verdict: &mut Verdict) -> Option<TopicScore> {
         let (check, question) = self.topic.as_ref()?;
-        let score = check.score(question.clone(), self.answer.text()).await;
+        let score = check
+            .score(question.clone(), self.answer.topic_text())
+            .await;
         verdict.checks.push(check_result(&score));
         Some(score)
     }
@@ -147,11 +133,16 @@ impl Attempt {
         topic::decide(verdict, topic, action, self.attempt, released_any)
     }
 
-    /// Hands what the answer says and what the provider sent since the
-    /// last call to `trail`.
-    pub fn record_answer(&mut self, trail: &mut Trail) {
-        trail.provider_answer(self.answer.text(), &self.received);
-        self.received.clear();
+    /// Hands what the answer says so far to `trail`; `stopped` when
+    /// canarygate stopped reading it (a check had failed).
+    pub fn record_answer(&self, trail: &mut Trail, stopped: bool) {
+        let evidence = self.answer.evidence().map(|mut text| {
+            if stopped {
+                text.push_str("\n[canarygate stopped reading here: a check had failed]");
+            }
+            text
+        });
+        trail.provider_answer(self.answer.topic_text(), evidence);
     }
 
     /// Fetches who minted the canary-shaped spans that the text fields of

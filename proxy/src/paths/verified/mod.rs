@@ -159,8 +159,6 @@ async fn send<W: WireFormat>(
             fetched: HashMap::new(),
             lookups_degraded: registered.degraded,
             answer: AnswerTexts::default(),
-            received: Vec::new(),
-            kept: 0,
             topic: context
                 .state
                 .topic

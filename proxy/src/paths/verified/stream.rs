@@ -128,6 +128,8 @@ struct VerifiedStream<W: WireFormat> {
     /// The topic score taken before the decision (`[topic] action =
     /// "flag"` or `"block"`).
     topic_score: Option<TopicScore>,
+    /// A failed check stopped the reading before the provider's end.
+    stopped_reading: bool,
     /// The concurrency slot, released when the stream ends.
     permit: Option<OwnedSemaphorePermit>,
 }
@@ -156,6 +158,7 @@ impl<W: WireFormat> VerifiedStream<W> {
             verdict: None,
             interruption: None,
             topic_score: None,
+            stopped_reading: false,
             permit: None,
         }
     }
@@ -201,7 +204,7 @@ impl<W: WireFormat> VerifiedStream<W> {
         if let Some(score) = self.topic_score.take() {
             trail.topic_score(score);
         }
-        self.attempt.record_answer(trail);
+        self.attempt.record_answer(trail, self.stopped_reading);
         trail.prompt_tokens_provider(self.usage.map(|usage| usage.prompt_tokens));
         if self.end == Some(End::Delivered) {
             let delivery = self.writer.delivery();
@@ -241,7 +244,6 @@ impl<W: WireFormat> VerifiedStream<W> {
             }
             Some(Err(error)) => self.interrupt(format!("stream failed: {}", error_chain(&error))),
             Some(Ok(bytes)) => {
-                self.attempt.keep(&bytes);
                 let mut events = Vec::new();
                 self.parser.feed(&bytes, &mut events);
                 for event in events {
@@ -290,6 +292,7 @@ impl<W: WireFormat> VerifiedStream<W> {
             return self.finalize(Some(true)).await;
         }
         if stop {
+            self.stopped_reading = true;
             return self.finalize(None).await;
         }
         self.writer

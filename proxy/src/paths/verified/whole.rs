@@ -27,7 +27,6 @@ pub async fn serve<W: WireFormat>(
         .upstream
         .read_whole(trail.clock(), response, context.idle_timeout())
         .await?;
-    attempt.keep(&bytes);
     let mut answer: Value = serde_json::from_slice(&bytes).map_err(|error| {
         ApiError::new(
             ErrorCode::UpstreamInvalidJson,
@@ -63,7 +62,7 @@ pub async fn serve<W: WireFormat>(
     let verdict = &finished.verdict;
     trail.verdict(verdict);
     trail.prompt_tokens_provider(view.usage.map(|usage| usage.prompt_tokens));
-    attempt.record_answer(trail);
+    attempt.record_answer(trail, stop);
     let action = context.state.policy.verify.action();
     Ok(match attempt.decide(verdict, action, false) {
         Decision::Retry => Decided::Retry,
