@@ -170,3 +170,210 @@ sample_rate = 0.0
         }
     }
 }
+
+/// The real sentence-embedding model (all-MiniLM-L6-v2), fetched by
+/// `scripts/embedding-model.sh` (which `scripts/test.sh` runs first).
+fn embedding_model() -> std::path::PathBuf {
+    if let Ok(dir) = std::env::var("CANARYGATE_TOPIC_MODEL") {
+        return dir.into();
+    }
+    let dir = workspace_root().join(".cache/models/all-MiniLM-L6-v2");
+    assert!(
+        dir.join("model.safetensors").is_file(),
+        "no embedding model at {}: run scripts/embedding-model.sh, or set CANARYGATE_TOPIC_MODEL",
+        dir.display()
+    );
+    dir
+}
+
+fn topic_policy(dir: &ProxyDir, upstream: &str, action: &str) -> std::path::PathBuf {
+    dir.policy(&format!(
+        r#"
+[[providers]]
+name = "sim"
+base_url = "{upstream}/v1"
+context_window = 1048576
+
+[[routes]]
+model = "*"
+provider = "sim"
+
+[audit]
+sample_rate = 0.0
+
+[topic]
+model_dir = "{}"
+action = "{action}"
+timeout_ms = 5000
+"#,
+        embedding_model().display()
+    ))
+}
+
+/// Two questions on unrelated topics, asked in JSON mode: no echo is asked,
+/// so a swapped answer carries no canary and only its topic gives it away.
+const QUESTIONS: [&str; 2] = [
+    "Which soil and how much water does a potted cactus need? Answer in JSON.",
+    "How do I reset the timing belt on a diesel car engine? Answer in JSON.",
+];
+
+/// Sends question `index` in JSON mode; returns status, request id and the
+/// verdict header.
+async fn ask_json(
+    client: &reqwest::Client,
+    url: &str,
+    index: usize,
+    stream: bool,
+) -> (u16, String, String) {
+    let response = client
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(format!("sk-topic-{index}"))
+        .json(&json!({
+            "model": "sim-model",
+            "stream": stream,
+            "response_format": {"type": "json_object"},
+            "messages": [{"role": "user", "content": QUESTIONS[index]}],
+        }))
+        .send()
+        .await
+        .expect("request");
+    let status = response.status().as_u16();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|value| value.to_str().unwrap().to_owned())
+            .unwrap_or_default()
+    };
+    let (id, verdict) = (
+        header("x-canarygate-request-id"),
+        header("x-canarygate-verdict"),
+    );
+    response.text().await.expect("body");
+    (status, id, verdict)
+}
+
+/// The records once every request record has its topic record (scored
+/// off the critical path, so shortly after the answer).
+async fn records_with_scores(data: &Path, requests: usize) -> Vec<Value> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let records = audit_export(data);
+        let scored = records
+            .iter()
+            .filter(|record| record["kind"] == "topic")
+            .count();
+        if scored >= requests {
+            return records;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{scored} of {requests} requests scored: {records:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn every_answer_is_scored_and_the_swapped_one_is_low_and_sampled() {
+    let sim = start_sim(&["--mode", "swap"]);
+    let dir = ProxyDir::new();
+    let proxy = start_proxy_with_policy(&dir, &topic_policy(&dir, &sim.url, "record"), &[]);
+    let client = client();
+    // The first is answered honestly, the second from the first's context.
+    let (status, honest, verdict) = ask_json(&client, &proxy.url, 0, false).await;
+    assert_eq!((status, verdict.as_str()), (200, "pass; passive=json_mode"));
+    let (status, swapped, verdict) = ask_json(&client, &proxy.url, 1, true).await;
+    assert_eq!(
+        status, 200,
+        "delivered: the score is evidence, not a verdict"
+    );
+    assert!(
+        verdict.starts_with("pending") || verdict.starts_with("pass"),
+        "{verdict}"
+    );
+
+    let records = records_with_scores(&dir.data(), 2).await;
+    let topic_of = |request_id: &str| {
+        let record = request_record(&records, request_id);
+        assert!(
+            record["topic"].is_null(),
+            "record mode scores after the record"
+        );
+        records
+            .iter()
+            .find(|entry| entry["kind"] == "topic" && entry["scored_id"] == record["id"])
+            .unwrap_or_else(|| panic!("no topic record for {request_id}: {records:?}"))
+            .clone()
+    };
+    let (honest, swapped) = (topic_of(&honest), topic_of(&swapped));
+    let similarity = |entry: &Value| entry["score"]["similarity"].as_f64().expect("scored");
+    let min = swapped["score"]["min_similarity"].as_f64().unwrap();
+    assert!(similarity(&honest) >= min, "{honest}");
+    assert!(similarity(&swapped) < min, "{swapped}");
+    assert_eq!(swapped["score"]["model"], "all-MiniLM-L6-v2");
+    // With no random share, only the low answer's text is kept, and
+    // review starts with it.
+    assert!(honest["sample"].is_null(), "{honest}");
+    assert!(swapped["sample"].is_object(), "{swapped}");
+    let shown = audit_show(&dir.data(), swapped["scored_id"].as_u64().unwrap());
+    assert!(shown.contains("LOW"), "{shown}");
+    assert!(section(&shown, "response text").is_some(), "{shown}");
+}
+
+#[tokio::test]
+async fn a_low_score_flags_or_blocks_when_the_policy_says_so() {
+    for (action, stream) in [("flag", false), ("block", false), ("block", true)] {
+        let sim = start_sim(&["--mode", "swap"]);
+        let dir = ProxyDir::new();
+        let proxy = start_proxy_with_policy(&dir, &topic_policy(&dir, &sim.url, action), &[]);
+        let client = client();
+        let context = format!("action={action} stream={stream}");
+        let (status, honest, verdict) = ask_json(&client, &proxy.url, 0, stream).await;
+        assert_eq!(status, 200, "{context}");
+        if !stream {
+            assert_eq!(verdict, "pass; passive=json_mode", "{context}");
+        }
+        let (status, swapped, verdict) = ask_json(&client, &proxy.url, 1, stream).await;
+        let records = audit_export(&dir.data());
+        let record = request_record(&records, &swapped);
+        assert_eq!(record["verdict"], "fail", "{context}: {record}");
+        assert!(
+            record["topic"]["similarity"].as_f64().unwrap()
+                < record["topic"]["min_similarity"].as_f64().unwrap()
+        );
+        let check = record["checks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|check| check["name"] == "topic")
+            .expect("a topic check");
+        assert_eq!(check["result"], "fail", "{context}: {check}");
+        match action {
+            "flag" => {
+                assert_eq!(
+                    (status, verdict.as_str()),
+                    (200, "fail; checks=topic"),
+                    "{context}"
+                );
+                assert_eq!(record["action"], "flag", "{context}");
+            }
+            _ if stream => {
+                // Echo-first released the text already: the stream ends with
+                // the verification error instead of its end.
+                assert_eq!(status, 200, "{context}");
+                assert_eq!(record["action"], "block", "{context}");
+            }
+            _ => {
+                assert_eq!(status, 502, "{context}");
+                assert_eq!(record["action"], "block", "{context}");
+            }
+        }
+        let honest = request_record(&records, &honest);
+        assert!(
+            honest["topic"]["similarity"].as_f64().is_some(),
+            "{context}: {honest}"
+        );
+        assert_eq!(honest["verdict"], "pass", "{context}: {honest}");
+    }
+}
