@@ -8,14 +8,16 @@ use std::time::Instant;
 
 use axum::http::StatusCode;
 use canarygate_audit::{
-    Action, AuditError, AuditLog, CheckRecord, Latency, NewRecord, Outcome, Recorded,
-    RequestRecord, Route, Sample, TokenOverhead, TopicScore, VerdictSummary, sha256_hex,
-    should_sample,
+    Action, AuditError, AuditLog, CheckRecord, Latency, NewRecord, Outcome, RequestRecord, Route,
+    TokenOverhead, TopicScore, VerdictSummary, sha256_hex, should_sample,
 };
-use canarygate_policies::canary::find_canaries;
 use canarygate_policies::topic::{TopicAction, sample_chance};
 use canarygate_policies::verify::Verdict;
 use sha2::{Digest, Sha256};
+
+mod sample;
+
+use sample::{SampleTexts, ScoreLater};
 
 use crate::clock::{RequestClock, now_ms};
 use crate::identity::Caller;
@@ -25,9 +27,6 @@ use crate::topic::TopicCheck;
 /// Most response bytes kept for a spot-check sample, and most bytes of
 /// what the provider sent kept as a failed verdict's evidence.
 const MAX_SAMPLE_BYTES: usize = 256 * 1024;
-
-/// Placeholder for a canary in sampled text.
-const REDACTED: &str = "[canary]";
 
 /// How the exchange with the client ended, as the path that served it saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -416,70 +415,6 @@ impl Trail {
     }
 }
 
-/// The texts a sample is made of, before redaction.
-struct SampleTexts {
-    request: Vec<u8>,
-    response: Vec<u8>,
-    /// What the provider sent, kept when the verdict failed.
-    provider: Option<String>,
-}
-
-impl SampleTexts {
-    /// The sample, canaries redacted.
-    fn sample(&self) -> Sample {
-        Sample {
-            request_text: redact(&String::from_utf8_lossy(&self.request)),
-            response_text: redact(&String::from_utf8_lossy(&self.response)),
-            provider_text: self.provider.as_ref().map(|sent| redact(sent)),
-        }
-    }
-}
-
-/// A topic score taken after the request's record was written.
-struct ScoreLater {
-    log: AuditLog,
-    check: Arc<TopicCheck>,
-    request_id: String,
-    question: Option<String>,
-    answer: Option<String>,
-    /// The sample's texts, when the request record kept none.
-    texts: Option<SampleTexts>,
-    rate: f64,
-}
-
-impl ScoreLater {
-    /// Scores, and appends the score after the request's record.
-    async fn run(self, recorded: Recorded) {
-        let score = self.check.score(self.question, self.answer).await;
-        // The plain share was drawn with the request record: what is left
-        // is the chance the score adds.
-        let chance = sample_chance(self.rate, false, score.similarity, score.min_similarity);
-        let added = if self.rate < 1.0 {
-            (chance - self.rate) / (1.0 - self.rate)
-        } else {
-            0.0
-        };
-        let sample = self
-            .texts
-            .filter(|_| should_sample(added))
-            .map(|texts| texts.sample());
-        let scored_id = match recorded.id().await {
-            Ok(id) => id,
-            Err(error) => {
-                tracing::error!(request_id = %self.request_id, "no topic score: the request's record failed: {error}");
-                return;
-            }
-        };
-        if let Err(error) = self
-            .log
-            .append_topic(scored_id, &self.request_id, score, sample.as_ref())
-            .await
-        {
-            tracing::error!(request_id = %self.request_id, "audit append of a topic score failed: {error}");
-        }
-    }
-}
-
 /// Holds a request's [`Trail`] while the handler works on it. When the
 /// handler is dropped before the trail is handed on (the client went away
 /// while the provider was still thinking, so hyper cancelled the handler),
@@ -508,33 +443,5 @@ impl Drop for PendingTrail {
         if let Some(trail) = self.0.take() {
             trail.commit_later(Ending::ClientLeft);
         }
-    }
-}
-
-/// `text` with every canary-shaped span replaced by [`REDACTED`].
-fn redact(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut copied = 0;
-    for found in find_canaries(text) {
-        if found.start < copied {
-            continue; // overlaps a span already redacted
-        }
-        out.push_str(&text[copied..found.start]);
-        out.push_str(REDACTED);
-        copied = found.end;
-    }
-    out.push_str(&text[copied..]);
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redaction_removes_canaries_and_keeps_the_rest() {
-        let text = "before CG482937105662831 mid cg 482 937 105 662 831 after";
-        assert_eq!(redact(text), "before [canary] mid [canary] after");
-        assert_eq!(redact("no canary here"), "no canary here");
     }
 }
