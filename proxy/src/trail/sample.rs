@@ -94,13 +94,9 @@ fn redact(text: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redaction_removes_canaries_and_keeps_the_rest() {
-        let text = "before CG482937105662831 mid cg 482 937 105 662 831 after";
-        assert_eq!(redact(text), "before [canary] mid [canary] after");
-        assert_eq!(redact("no canary here"), "no canary here");
-    }
+#[test]
+fn redaction_removes_canaries_and_keeps_the_rest() {
+    let text = "before CG482937105662831 mid cg 482 937 105 662 831 after";
+    assert_eq!(redact(text), "before [canary] mid [canary] after");
+    assert_eq!(redact("no canary here"), "no canary here");
 }
