@@ -4,7 +4,7 @@
 //!
 //! With `action = "record"` (the default) the score is taken after the
 //! request's record is written and the client has its answer
-//! ([`crate::trail::Trail::commit`] hands the texts to a task of their own)
+//! (the trail hands the texts to a task of their own)
 //! and appended as a topic record. With `flag` or `block` the verified path
 //! waits for it, within `timeout_ms`, before it decides, and the score is a
 //! `topic` check of the verdict.

@@ -14,7 +14,7 @@ use crate::topic::TopicCheck;
 const REDACTED: &str = "[canary]";
 
 /// The texts a sample is made of, before redaction.
-pub(super) struct SampleTexts {
+pub(crate) struct SampleTexts {
     pub request: Vec<u8>,
     pub response: Vec<u8>,
     /// What the provider sent, kept when the verdict failed.
@@ -33,7 +33,7 @@ impl SampleTexts {
 }
 
 /// A topic score taken after the request's record was written.
-pub(super) struct ScoreLater {
+pub(crate) struct ScoreLater {
     pub log: AuditLog,
     pub check: Arc<TopicCheck>,
     pub request_id: String,
