@@ -15,6 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use canarygate_audit::TopicScore;
+
+use crate::metrics::Metrics;
 use canarygate_policies::topic::{MAX_TEXT_CHARS, TopicAction, TopicConfig, answer_text};
 use canarygate_policies::verify::Part;
 use canarygate_policies::verify::{Check, CheckResult, Evidence, Status, TopicEvidence};
@@ -40,12 +42,17 @@ const RECORD_DEADLINE: Duration = Duration::from_secs(30);
 pub struct TopicCheck {
     model: Arc<dyn TopicModel>,
     config: TopicConfig,
+    metrics: Arc<Metrics>,
 }
 
 impl TopicCheck {
-    /// The check with `model` under `config`.
-    pub fn new(model: Arc<dyn TopicModel>, config: TopicConfig) -> Self {
-        Self { model, config }
+    /// The check with `model` under `config`, counted in `metrics`.
+    pub fn new(model: Arc<dyn TopicModel>, config: TopicConfig, metrics: Arc<Metrics>) -> Self {
+        Self {
+            model,
+            config,
+            metrics,
+        }
     }
 
     /// What a low score does.
@@ -69,6 +76,7 @@ impl TopicCheck {
                 Duration::from_millis(*self.config.timeout_ms.get_ref())
             }
         };
+        let started = std::time::Instant::now();
         let outcome = match (question, answer) {
             (None, _) => Err("no_question".to_owned()),
             (_, None) => Err("no_answer".to_owned()),
@@ -87,12 +95,27 @@ impl TopicCheck {
             Ok(_) => (None, Some("not_a_number".to_owned())),
             Err(why) => (None, Some(why)),
         };
-        TopicScore {
+        let score = TopicScore {
             similarity,
             skipped,
             min_similarity: self.min_similarity(),
             model: self.model.name().to_owned(),
-        }
+        };
+        let result = match (&score.similarity, &score.skipped) {
+            (Some(_), _) if score.low() => "low",
+            (Some(_), _) => "fits",
+            // A fixed set of labels: an error's text stays in the record.
+            (None, Some(why)) => match why.as_str() {
+                known @ ("timeout" | "busy" | "no_question" | "no_answer" | "not_a_number") => {
+                    known
+                }
+                _ => "error",
+            },
+            (None, None) => "error",
+        };
+        self.metrics
+            .count_topic(result, started.elapsed().as_secs_f64());
+        score
     }
 }
 
