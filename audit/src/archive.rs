@@ -232,7 +232,7 @@ impl Snapshot {
     /// The request records that kept a sample (their own or through their
     /// topic record), most suspicious first: failed verdicts, then flagged
     /// answers, then by topic similarity, lowest first, then unscored ones;
-    /// newest first within each. What `audit spot-check` and the review
+    /// oldest first within each (nothing waits forever behind newer ones). What `audit spot-check` and the review
     /// page show a reviewer first.
     pub fn review_queue(&self) -> Result<Vec<RecordId>, AuditError> {
         let mut queue = Vec::new();
@@ -267,11 +267,11 @@ impl Snapshot {
             let similarity = topic
                 .and_then(|score| score.similarity)
                 .unwrap_or(f32::INFINITY);
-            queue.push((rank, similarity, std::cmp::Reverse(request_id)));
+            queue.push((rank, similarity, request_id));
         }
         queue.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
         queue.dedup_by_key(|entry| entry.2);
-        Ok(queue.into_iter().map(|(_, _, id)| id.0).collect())
+        Ok(queue.into_iter().map(|(_, _, id)| id).collect())
     }
 
     /// The topic record that scored request record `id`.
