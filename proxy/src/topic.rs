@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use canarygate_audit::TopicScore;
+use canarygate_topic::{Embedder, ScorerOptions, TopicError, TopicScorer};
 
 use crate::metrics::Metrics;
 use canarygate_policies::topic::{MAX_TEXT_CHARS, TopicAction, TopicConfig, answer_text};
@@ -32,6 +33,44 @@ pub trait TopicModel: Send + Sync + 'static {
     fn score(&self, question: String, answer: String) -> ScoreFuture;
     /// The model's name, recorded with each score.
     fn name(&self) -> &str;
+}
+
+/// The batching scorer of `canarygate-topic`, as the serving path's model.
+impl TopicModel for canarygate_topic::TopicScorer {
+    fn score(&self, question: String, answer: String) -> ScoreFuture {
+        let scorer = self.clone();
+        Box::pin(async move {
+            scorer
+                .score(question, answer)
+                .await
+                .map_err(|error| match error {
+                    TopicError::Busy => "busy".to_owned(),
+                    other => other.to_string(),
+                })
+        })
+    }
+
+    fn name(&self) -> &str {
+        self.model()
+    }
+}
+
+/// Loads the model `[topic] model_dir` names and starts its scorer (a
+/// worker thread); `None` when the check is off.
+pub fn load(
+    config: &TopicConfig,
+    metrics: &Arc<Metrics>,
+) -> Result<Option<TopicCheck>, TopicError> {
+    let Some(dir) = &config.model_dir else {
+        return Ok(None);
+    };
+    let embedder = Embedder::load(dir.get_ref())?;
+    let scorer = TopicScorer::start(embedder, ScorerOptions::default());
+    Ok(Some(TopicCheck::new(
+        Arc::new(scorer),
+        config.clone(),
+        Arc::clone(metrics),
+    )))
 }
 
 /// Longest a score taken off the critical path may take before it is
@@ -58,6 +97,11 @@ impl TopicCheck {
     /// What a low score does.
     pub fn action(&self) -> TopicAction {
         self.config.action
+    }
+
+    /// The model's name.
+    pub fn model_name(&self) -> &str {
+        self.model.name()
     }
 
     /// The policy's threshold.

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use canarygate_policies::config::DataReaders;
+use canarygate_policies::topic::TopicAction;
 use canarygate_proxy::{ServeOptions, Server, Startup};
 use clap::Args;
 
@@ -108,6 +109,17 @@ fn report_startup(startup: &Startup, local_dir: Option<&str>) {
             "local engine: none ([local] model_dir is not set); requests over a provider's \
              trusted context are rejected with context_length_exceeded and nothing can fall back"
         ),
+    }
+    match &startup.topic {
+        Some((model, action)) => tracing::info!(
+            "topic check: model {model}, a low score {}",
+            match action {
+                TopicAction::Record => "is recorded and sampled (scored after the answer)",
+                TopicAction::Flag => "flags the answer (scored before it is delivered)",
+                TopicAction::Block => "fails the verdict (scored before it is delivered)",
+            }
+        ),
+        None => tracing::info!("topic check: off ([topic] model_dir is not set)"),
     }
     if startup.probes.is_empty() {
         tracing::info!(

@@ -23,6 +23,7 @@ use std::time::Duration;
 use axum::Router;
 use canarygate_audit::{AuditError, AuditLog, AuditOptions, Secrets};
 use canarygate_policies::config::Policy;
+use canarygate_policies::topic::TopicAction;
 use canarygate_policies::probe::ProbeResult;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -94,6 +95,15 @@ pub enum StartError {
     /// `[registry]` cannot be used as written.
     #[error("[registry]: {0}")]
     Registry(String),
+    /// `[topic] model_dir` cannot be loaded.
+    #[error("[topic] model_dir {}: {source}", path.display())]
+    Topic {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: canarygate_topic::TopicError,
+    },
     /// A start-up task panicked.
     #[error("{0} failed: {1}")]
     Task(&'static str, String),
@@ -124,6 +134,8 @@ pub struct Startup {
     pub samples_encrypted: bool,
     /// The share of passing requests whose text is sampled.
     pub sample_rate: f64,
+    /// The topic check: its model and what a low score does.
+    pub topic: Option<(String, TopicAction)>,
 }
 
 impl Server {
@@ -144,7 +156,25 @@ impl Server {
             .await
             .map_err(|error| StartError::Task("starting the local engine", error.to_string()))??;
         let probes = Arc::new(ProbeBook::open(&options.data_dir));
+        let topic_config = options.policy.topic.clone();
+        let topic_metrics = Arc::clone(&metrics);
+        let topic = tokio::task::spawn_blocking(move || {
+            crate::topic::load(&topic_config, &topic_metrics).map_err(|source| StartError::Topic {
+                path: topic_config
+                    .model_dir
+                    .as_ref()
+                    .map(|dir| dir.get_ref().clone())
+                    .unwrap_or_default(),
+                source,
+            })
+        })
+        .await
+        .map_err(|error| StartError::Task("loading the topic model", error.to_string()))??
+        .map(Arc::new);
         let startup = Startup {
+            topic: topic
+                .as_ref()
+                .map(|check| (check.model_name().to_owned(), check.action())),
             local_engine: local
                 .as_ref()
                 .map(|engine| (engine.context_window(), engine.pool_tokens())),
@@ -172,7 +202,7 @@ impl Server {
             upstreams,
             local,
             probes,
-            topic: None,
+            topic,
             policy: options.policy,
         });
         tasks::spawn_probe_tasks(Arc::downgrade(&state), options.data_dir.clone());
