@@ -360,7 +360,99 @@ pub fn record(detail: &Detail, csrf: &str) -> String {
     body.markup("</h1>");
 
     exposed(&mut body, detail);
+    body.markup("<p id=\"summary\">")
+        .text(&format!(
+            "{} at {}: {}/{} via {}, action {}, outcome {}, total {} ms.",
+            r.request_id,
+            format_rfc3339(record.recorded_at_ms),
+            r.provider,
+            r.model,
+            r.endpoint.as_deref().unwrap_or("an unrecorded endpoint"),
+            name(&r.action),
+            name(&r.outcome),
+            r.latency.total_ms
+        ))
+        .markup("</p>");
 
+    body.markup("<h2>Sample</h2>");
+    match &detail.sample {
+        Ok(Some(sample)) => {
+            body.markup("<div class=\"sides\"><section><h3>What the client asked</h3><pre id=\"request-text\">")
+                .text(&sample.request_text)
+                .markup("</pre></section><section><h3>What the client received</h3><pre id=\"response-text\">")
+                .text(&sample.response_text)
+                .markup("</pre></section></div>");
+        }
+        Ok(None) => {
+            body.markup("<p class=\"empty\">Not sampled: no text was kept for this request.</p>");
+        }
+        Err(message) => {
+            body.markup("<p class=\"error\">")
+                .text(message)
+                .markup("</p>");
+        }
+    }
+
+    body.markup("<h2>Review</h2>");
+    match &detail.review {
+        Some((review_id, review)) => {
+            body.markup("<p id=\"review\">Reviewed in ")
+                .link(
+                    &format!("/records/{review_id}"),
+                    &format!("record {review_id}"),
+                )
+                .markup(": <span class=\"r-")
+                .markup(review_name(review.verdict))
+                .markup("\">")
+                .markup(review_name(review.verdict))
+                .markup("</span>");
+            if let Some(note) = &review.note {
+                body.markup(" - ").element("q", note);
+            }
+            body.markup("</p>");
+        }
+        None => {
+            body.markup("<form method=\"post\" id=\"review-form\" action=\"/records/")
+                .show(record.id)
+                .markup("/review\"><input type=\"hidden\" name=\"csrf\" value=\"")
+                .text(csrf)
+                .markup(
+                    "\"><p><label><input type=\"radio\" name=\"verdict\" value=\"ok\" id=\"verdict-ok\" required> \
+                     ok: the answer fits this session</label><br><label><input type=\"radio\" name=\"verdict\" \
+                     value=\"bad\" id=\"verdict-bad\"> bad: a leak or a wrong answer</label></p>\
+                     <p><label>Note<br><textarea name=\"note\" id=\"note\" rows=\"3\" cols=\"60\" maxlength=\"",
+                )
+                .show(crate::server::MAX_NOTE_CHARS)
+                .markup("\"></textarea></label></p><p><button type=\"submit\" id=\"submit-review\">Record the review</button></p></form>")
+                .markup("<p class=\"note\">A review is a chained audit record: it cannot be changed afterwards.</p>");
+        }
+    }
+    body.markup("<h2>Checks</h2><table id=\"checks\"><thead><tr><th>check</th><th>result</th><th>reason</th><th>evidence</th></tr></thead><tbody>");
+    for check in &r.checks {
+        let result = match check.result {
+            Status::Pass => "pass",
+            Status::Fail => "fail",
+            Status::Skip => "skip",
+        };
+        body.markup("<tr><td>")
+            .text(&check.name)
+            .markup("</td><td><span class=\"v v-")
+            .markup(match check.result {
+                Status::Pass => "pass",
+                Status::Fail => "fail",
+                Status::Skip => "unchecked",
+            })
+            .markup("\">")
+            .markup(result)
+            .markup("</span></td><td>")
+            .text(check.evidence["reason"].as_str().unwrap_or(""))
+            .markup("</td><td><pre class=\"evidence\">")
+            .text(&serde_json::to_string_pretty(&check.evidence["seen"]).unwrap_or_default())
+            .markup("</pre></td></tr>");
+    }
+    body.markup("</tbody></table>");
+
+    body.markup("<h2>Record</h2>");
     body.markup("<dl class=\"fields\">");
     field(&mut body, "request id", &r.request_id);
     field(&mut body, "written", &format_rfc3339(record.recorded_at_ms));
@@ -444,90 +536,12 @@ pub fn record(detail: &Detail, csrf: &str) -> String {
     );
     body.markup("</dl>");
 
-    body.markup("<h2>Checks</h2><table id=\"checks\"><thead><tr><th>check</th><th>result</th><th>reason</th><th>evidence</th></tr></thead><tbody>");
-    for check in &r.checks {
-        let result = match check.result {
-            Status::Pass => "pass",
-            Status::Fail => "fail",
-            Status::Skip => "skip",
-        };
-        body.markup("<tr><td>")
-            .text(&check.name)
-            .markup("</td><td><span class=\"v v-")
-            .markup(match check.result {
-                Status::Pass => "pass",
-                Status::Fail => "fail",
-                Status::Skip => "unchecked",
-            })
-            .markup("\">")
-            .markup(result)
-            .markup("</span></td><td>")
-            .text(check.evidence["reason"].as_str().unwrap_or(""))
-            .markup("</td><td><pre class=\"evidence\">")
-            .text(&serde_json::to_string_pretty(&check.evidence["seen"]).unwrap_or_default())
-            .markup("</pre></td></tr>");
-    }
-    body.markup("</tbody></table>");
-
-    body.markup("<h2>Sample</h2>");
-    match &detail.sample {
-        Ok(Some(sample)) => {
-            body.markup("<div class=\"sides\"><section><h3>What the client asked</h3><pre id=\"request-text\">")
-                .text(&sample.request_text)
-                .markup("</pre></section><section><h3>What the client received</h3><pre id=\"response-text\">")
-                .text(&sample.response_text)
-                .markup("</pre></section></div>");
-        }
-        Ok(None) => {
-            body.markup("<p class=\"empty\">Not sampled: no text was kept for this request.</p>");
-        }
-        Err(message) => {
-            body.markup("<p class=\"error\">")
-                .text(message)
-                .markup("</p>");
-        }
-    }
-
-    body.markup("<h2>Review</h2>");
-    match &detail.review {
-        Some((review_id, review)) => {
-            body.markup("<p id=\"review\">Reviewed in ")
-                .link(
-                    &format!("/records/{review_id}"),
-                    &format!("record {review_id}"),
-                )
-                .markup(": <span class=\"r-")
-                .markup(review_name(review.verdict))
-                .markup("\">")
-                .markup(review_name(review.verdict))
-                .markup("</span>");
-            if let Some(note) = &review.note {
-                body.markup(" - ").element("q", note);
-            }
-            body.markup("</p>");
-        }
-        None => {
-            body.markup("<form method=\"post\" id=\"review-form\" action=\"/records/")
-                .show(record.id)
-                .markup("/review\"><input type=\"hidden\" name=\"csrf\" value=\"")
-                .text(csrf)
-                .markup(
-                    "\"><p><label><input type=\"radio\" name=\"verdict\" value=\"ok\" id=\"verdict-ok\" required> \
-                     ok: the answer fits this session</label><br><label><input type=\"radio\" name=\"verdict\" \
-                     value=\"bad\" id=\"verdict-bad\"> bad: a leak or a wrong answer</label></p>\
-                     <p><label>Note<br><textarea name=\"note\" id=\"note\" rows=\"3\" cols=\"60\" maxlength=\"",
-                )
-                .show(crate::server::MAX_NOTE_CHARS)
-                .markup("\"></textarea></label></p><p><button type=\"submit\" id=\"submit-review\">Record the review</button></p></form>")
-                .markup("<p class=\"note\">A review is a chained audit record: it cannot be changed afterwards.</p>");
-        }
-    }
     frame(&format!("Record {}", record.id), Some(csrf), body)
 }
 
 /// The banner naming whose canaries were found in this answer.
 fn exposed(body: &mut Page, detail: &Detail) {
-    let hits: Vec<(String, String)> = detail
+    let mut hits: Vec<(String, String)> = detail
         .request
         .record
         .checks
@@ -549,7 +563,19 @@ fn exposed(body: &mut Page, detail: &Detail) {
     if hits.is_empty() {
         return;
     }
-    body.markup("<div class=\"exposed\" id=\"exposed\"><strong>Exposed:</strong> this answer carried canaries of other requests. Their owners' data reached this session:<ul>");
+    let canaries = hits.len();
+    hits.sort();
+    hits.dedup();
+    body.markup(
+        "<div class=\"exposed\" id=\"exposed\"><strong>Exposed:</strong> this answer carried ",
+    )
+    .show(canaries)
+    .markup(if canaries == 1 {
+        " canary"
+    } else {
+        " canaries"
+    })
+    .markup(" of other requests: their owners' data reached this session. Tell the owners of:<ul>");
     for (session, request) in hits {
         body.markup("<li>session ")
             .link(&format!("/?session={}", url_encode(&session)), &session)
