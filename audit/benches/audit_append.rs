@@ -34,6 +34,7 @@ fn record(n: u64) -> RequestRecord {
         canary_ids: vec!["c1".into(), "c2".into()],
         instance: None,
         registry_degraded: false,
+        topic: None,
         checks: ["echo", "foreign_canary", "prompt_tokens", "ttft", "finish"]
             .iter()
             .map(|name| CheckRecord {

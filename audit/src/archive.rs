@@ -9,7 +9,9 @@
 use std::path::Path;
 
 use crate::AuditError;
-use crate::record::{Entry, RawRecord, Record, RecordId, ReviewEntry, ReviewVerdict, Sample};
+use crate::record::{
+    Entry, RawRecord, Record, RecordId, ReviewEntry, ReviewVerdict, Sample, TopicEntry, TopicScore,
+};
 use crate::secret::{SampleKey, open_sample};
 use crate::store::{ReadView, RedbStore, Store, WriteOp, WriteOutcome};
 use crate::verify::{ChainReport, verify_chain};
@@ -188,6 +190,104 @@ impl Snapshot {
     /// The review record of `id`, if it was reviewed.
     pub fn review_of(&self, id: RecordId) -> Result<Option<RecordId>, AuditError> {
         self.view.review_of(id)
+    }
+
+    /// The topic score of request record `id`: in the record itself (`flag`
+    /// and `block`), or in the topic record that followed it (`record`),
+    /// with that record's id.
+    pub fn topic_of(
+        &self,
+        id: RecordId,
+    ) -> Result<Option<(TopicScore, Option<RecordId>)>, AuditError> {
+        if let Some(stored) = self.get(id)?
+            && let Entry::Request(request) = &stored.record.entry
+            && let Some(score) = &request.record.topic
+        {
+            return Ok(Some((score.clone(), None)));
+        }
+        Ok(self
+            .topic_entry(id)?
+            .map(|(topic_id, entry)| (entry.score, Some(topic_id))))
+    }
+
+    /// The sample kept for request record `id` (whose `request_id` is
+    /// `request_id`): its own, or the one its topic record kept.
+    pub fn request_sample(
+        &self,
+        id: RecordId,
+        request_id: &str,
+        key: Option<&SampleKey>,
+    ) -> Result<Option<Sample>, AuditError> {
+        if let Some(sample) = self.sample(id, request_id, key)? {
+            return Ok(Some(sample));
+        }
+        match self.topic_entry(id)? {
+            Some((topic_id, entry)) if entry.sample.is_some() => {
+                self.sample(topic_id, request_id, key)
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// The request records that kept a sample (their own or through their
+    /// topic record), most suspicious first: failed verdicts, then flagged
+    /// answers, then by topic similarity, lowest first, then unscored ones;
+    /// oldest first within each (nothing waits forever behind newer ones). What `audit spot-check` and the review
+    /// page show a reviewer first.
+    pub fn review_queue(&self) -> Result<Vec<RecordId>, AuditError> {
+        let mut queue = Vec::new();
+        for sampled in self.sampled_ids()? {
+            let Some(stored) = self.get(sampled)? else {
+                continue;
+            };
+            let (request_id, topic) = match &stored.record.entry {
+                Entry::Request(request) => (
+                    sampled,
+                    request
+                        .record
+                        .topic
+                        .clone()
+                        .or(self.topic_entry(sampled)?.map(|(_, entry)| entry.score)),
+                ),
+                Entry::Topic(entry) => (entry.scored_id, Some(entry.score.clone())),
+                _ => continue,
+            };
+            let Some(request) = self.get(request_id)? else {
+                continue;
+            };
+            let Entry::Request(request) = &request.record.entry else {
+                continue;
+            };
+            let rank = match request.record.verdict {
+                crate::VerdictSummary::Fail => 0,
+                _ if request.record.action == crate::Action::Flag => 1,
+                _ if topic.as_ref().is_some_and(TopicScore::low) => 2,
+                _ => 3,
+            };
+            let similarity = topic
+                .and_then(|score| score.similarity)
+                .unwrap_or(f32::INFINITY);
+            queue.push((rank, similarity, request_id));
+        }
+        queue.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)).then(a.2.cmp(&b.2)));
+        queue.dedup_by_key(|entry| entry.2);
+        Ok(queue.into_iter().map(|(_, _, id)| id).collect())
+    }
+
+    /// The topic record that scored request record `id`.
+    fn topic_entry(&self, id: RecordId) -> Result<Option<(RecordId, TopicEntry)>, AuditError> {
+        let Some(topic_id) = self.view.topic_of(id)? else {
+            return Ok(None);
+        };
+        match self.get(topic_id)? {
+            Some(stored) => match stored.record.entry {
+                Entry::Topic(entry) if entry.scored_id == id => Ok(Some((topic_id, entry))),
+                _ => Err(AuditError::Corrupt(format!(
+                    "record {topic_id} is indexed as the topic score of record {id} but is not"
+                ))),
+            },
+            None => Ok(None),
+        }
     }
 }
 

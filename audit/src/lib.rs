@@ -32,11 +32,11 @@ mod verify;
 mod tests;
 
 pub use archive::{Archive, Pruned, Snapshot, StoredRecord, catch_damage};
-pub use log::{AuditLog, AuditOptions, CommitMode, DEFAULT_SAMPLE_RATE};
+pub use log::{AuditLog, AuditOptions, CommitMode, DEFAULT_SAMPLE_RATE, Recorded};
 pub use record::{
     Action, CheckRecord, CheckpointEntry, Entry, GENESIS_HASH, Latency, NewRecord, Outcome, Record,
     RecordId, RequestEntry, RequestRecord, ReviewEntry, ReviewVerdict, Route, Sample, SampleRef,
-    TokenOverhead, VerdictSummary, chain_hash, sha256_hex,
+    TokenOverhead, TopicEntry, TopicScore, VerdictSummary, chain_hash, sha256_hex,
 };
 pub use secret::{SampleKey, Secrets, hmac_sha256, parse_key};
 pub use store::{CanaryEntry, Retire, STORE_FILE};
@@ -75,13 +75,15 @@ pub enum AuditError {
     Closed,
 }
 
-/// Whether to keep the text of a request for review: always when its verdict
-/// failed, otherwise with probability `rate`.
-pub fn should_sample(rate: f64, verdict_failed: bool) -> bool {
-    if verdict_failed {
+/// Whether to keep the text of a request for review, drawn with
+/// probability `chance` (see `canarygate_policies::topic::sample_chance`:
+/// always for failed verdicts and low topic scores, the sample rate for the
+/// rest).
+pub fn should_sample(chance: f64) -> bool {
+    if chance >= 1.0 {
         return true;
     }
-    if rate <= 0.0 {
+    if chance <= 0.0 || chance.is_nan() {
         return false;
     }
     let mut bytes = [0; 8];
@@ -90,5 +92,5 @@ pub fn should_sample(rate: f64, verdict_failed: bool) -> bool {
     }
     // 53 random bits give a uniform float in [0, 1).
     let unit = (u64::from_le_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64;
-    unit < rate
+    unit < chance
 }

@@ -9,7 +9,9 @@ use canarygate_policies::config::{DataReaders, Durability};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::AuditError;
-use crate::record::{Entry, NewRecord, RecordId, RequestEntry, SampleRef, sha256_hex};
+use crate::record::{
+    Entry, NewRecord, RecordId, RequestEntry, Sample, SampleRef, TopicEntry, TopicScore, sha256_hex,
+};
 use crate::secret::{SampleKey, Secrets, seal_sample};
 use crate::store::{CanaryEntry, RedbStore, Retire, Store, WriteOp, WriteOutcome};
 
@@ -99,8 +101,38 @@ pub(super) const BACKGROUND_COMMIT_INTERVAL: Duration = Duration::from_millis(50
 
 struct Pending {
     op: WriteOp,
-    /// `None`: nobody waits (background appends, canary registrations).
+    /// `None`: nobody waits (canary registrations).
     reply: Option<oneshot::Sender<Result<WriteOutcome, AuditError>>>,
+    /// Acknowledged before it is durable (`durability = "background"`):
+    /// a failed commit is counted in [`AuditLog::background_failures`].
+    background: bool,
+}
+
+/// A request record handed to the log by [`AuditLog::record`]: durable
+/// already, or queued for the next commit.
+#[derive(Debug)]
+pub struct Recorded(RecordedState);
+
+#[derive(Debug)]
+enum RecordedState {
+    Durable(RecordId),
+    Queued(oneshot::Receiver<Result<WriteOutcome, AuditError>>),
+}
+
+impl Recorded {
+    /// The record's id, once its commit is done (at once when it is
+    /// durable already).
+    pub async fn id(self) -> Result<RecordId, AuditError> {
+        match self.0 {
+            RecordedState::Durable(id) => Ok(id),
+            RecordedState::Queued(answer) => {
+                match answer.await.map_err(|_| AuditError::Closed)?? {
+                    WriteOutcome::Appended(id) => Ok(id),
+                    other => Err(unexpected(other)),
+                }
+            }
+        }
+    }
 }
 
 /// Handle on the audit store of one data directory. Cheap to clone; the
@@ -188,17 +220,55 @@ impl AuditLog {
     /// Records one request as `[audit] durability` says: [`Self::append`]
     /// (on disk when this returns `Ok`), or queued for the next commit
     /// (`Ok` once queued).
-    pub async fn record(&self, new: NewRecord) -> Result<(), AuditError> {
+    pub async fn record(&self, new: NewRecord) -> Result<Recorded, AuditError> {
         match self.inner.options.durability {
-            Durability::BeforeAnswer => self.append(new).await.map(drop),
+            Durability::BeforeAnswer => self
+                .append(new)
+                .await
+                .map(|id| Recorded(RecordedState::Durable(id))),
             Durability::Background => {
                 let op = self.append_op(new)?;
+                let (reply, answer) = oneshot::channel();
                 self.inner
                     .sender
-                    .send(Pending { op, reply: None })
+                    .send(Pending {
+                        op,
+                        reply: Some(reply),
+                        background: true,
+                    })
                     .await
-                    .map_err(|_| AuditError::Closed)
+                    .map_err(|_| AuditError::Closed)?;
+                Ok(Recorded(RecordedState::Queued(answer)))
             }
+        }
+    }
+
+    /// Appends the topic score of request record `scored_id` (whose
+    /// `request_id` is `request_id`), with the sample the score made worth
+    /// keeping; durable when this returns `Ok`.
+    pub async fn append_topic(
+        &self,
+        scored_id: RecordId,
+        request_id: &str,
+        score: TopicScore,
+        sample: Option<&Sample>,
+    ) -> Result<RecordId, AuditError> {
+        let sealed = self.seal(sample, request_id)?;
+        let entry = Entry::Topic(TopicEntry {
+            scored_id,
+            request_id: request_id.to_owned(),
+            score,
+            sample: self.sample_ref(sealed.as_deref()),
+        });
+        match self
+            .submit(WriteOp::Append {
+                entry,
+                sample: sealed,
+            })
+            .await?
+        {
+            WriteOutcome::Appended(id) => Ok(id),
+            other => Err(unexpected(other)),
         }
     }
 
@@ -214,26 +284,34 @@ impl AuditLog {
 
     /// The write of one record: its sample sealed, its entry built.
     fn append_op(&self, new: NewRecord) -> Result<WriteOp, AuditError> {
-        let sample = match &new.sample {
-            Some(sample) => {
-                let plain = serde_json::to_vec(sample)
-                    .map_err(|error| AuditError::Corrupt(error.to_string()))?;
-                Some(seal_sample(
-                    &plain,
-                    self.inner.options.sample_key.as_ref(),
-                    &new.record.request_id,
-                )?)
-            }
-            None => None,
-        };
+        let sample = self.seal(new.sample.as_ref(), &new.record.request_id)?;
         let entry = Entry::Request(Box::new(RequestEntry {
             record: new.record,
-            sample: sample.as_ref().map(|stored| SampleRef {
-                encrypted: self.inner.options.sample_key.is_some(),
-                sha256: sha256_hex(stored),
-            }),
+            sample: self.sample_ref(sample.as_deref()),
         }));
         Ok(WriteOp::Append { entry, sample })
+    }
+
+    /// The stored bytes of `sample` (encrypted when a key is configured),
+    /// bound to `request_id`.
+    fn seal(
+        &self,
+        sample: Option<&Sample>,
+        request_id: &str,
+    ) -> Result<Option<Vec<u8>>, AuditError> {
+        let Some(sample) = sample else {
+            return Ok(None);
+        };
+        let plain =
+            serde_json::to_vec(sample).map_err(|error| AuditError::Corrupt(error.to_string()))?;
+        seal_sample(&plain, self.inner.options.sample_key.as_ref(), request_id).map(Some)
+    }
+
+    fn sample_ref(&self, stored: Option<&[u8]>) -> Option<SampleRef> {
+        stored.map(|stored| SampleRef {
+            encrypted: self.inner.options.sample_key.is_some(),
+            sha256: sha256_hex(stored),
+        })
     }
 
     /// Registers live canaries; durable when it returns.
@@ -249,6 +327,7 @@ impl AuditLog {
             .try_send(Pending {
                 op: WriteOp::Register(entries),
                 reply: None,
+                background: true,
             })
             .map_err(|error| match error {
                 mpsc::error::TrySendError::Full(_) => {
@@ -313,6 +392,7 @@ impl AuditLog {
             .send(Pending {
                 op,
                 reply: Some(reply),
+                background: false,
             })
             .await
             .map_err(|_| AuditError::Closed)?;
@@ -353,12 +433,12 @@ fn run_writer(
         }
         last_commit = Instant::now();
         ops.push(first.op);
-        replies.push(first.reply);
+        replies.push((first.reply, first.background));
         while ops.len() < limit {
             match receiver.try_recv() {
                 Ok(next) => {
                     ops.push(next.op);
-                    replies.push(next.reply);
+                    replies.push((next.reply, next.background));
                 }
                 Err(_) => break,
             }
@@ -366,7 +446,7 @@ fn run_writer(
         match store.write(&ops) {
             Ok(outcomes) => {
                 commits.fetch_add(1, Ordering::Relaxed);
-                for (reply, outcome) in replies.drain(..).zip(outcomes) {
+                for ((reply, _), outcome) in replies.drain(..).zip(outcomes) {
                     if let Some(reply) = reply {
                         let _ = reply.send(Ok(outcome));
                     }
@@ -374,14 +454,12 @@ fn run_writer(
             }
             Err(error) => {
                 tracing::error!(%error, records = ops.len(), "audit commit failed");
-                for reply in replies.drain(..) {
-                    match reply {
-                        Some(reply) => {
-                            let _ = reply.send(Err(error.clone()));
-                        }
-                        None => {
-                            background_failures.fetch_add(1, Ordering::Relaxed);
-                        }
+                for (reply, background) in replies.drain(..) {
+                    if background {
+                        background_failures.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Err(error.clone()));
                     }
                 }
             }

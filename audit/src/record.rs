@@ -179,6 +179,11 @@ pub struct RequestRecord {
     /// this instance only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub registry_degraded: bool,
+    /// The topic check's score, when it ran before this record was written
+    /// (`[topic] action = "flag"` or `"block"`). With `action = "record"` the
+    /// score follows in a [`TopicEntry`] of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topic: Option<TopicScore>,
     /// Checks that ran, in order.
     pub checks: Vec<CheckRecord>,
     /// Overall verdict.
@@ -206,6 +211,51 @@ pub struct Sample {
     pub request_text: String,
     /// Response text as the client received it, canaries redacted.
     pub response_text: String,
+    /// What the provider sent, canaries redacted, when it differs from what
+    /// the client received: kept for every failed verdict, so a blocked
+    /// answer's text can still be reviewed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_text: Option<String>,
+}
+
+/// How well an answer fits what was asked: the topic check.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopicScore {
+    /// Cosine similarity of the embeddings of the question and the answer
+    /// (-1 to 1, four decimals); `None` when it could not be scored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub similarity: Option<f32>,
+    /// Why it was not scored (`no_text`, `busy`, `timeout`, an error).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skipped: Option<String>,
+    /// The policy's threshold when it was scored.
+    pub min_similarity: f32,
+    /// The embedding model (its directory's name).
+    pub model: String,
+}
+
+impl TopicScore {
+    /// The answer scored below the threshold.
+    pub fn low(&self) -> bool {
+        self.similarity
+            .is_some_and(|similarity| similarity < self.min_similarity)
+    }
+}
+
+/// The topic score of a request scored after its record was written
+/// (`[topic] action = "record"`: off the request's critical path).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TopicEntry {
+    /// The request record scored.
+    pub scored_id: RecordId,
+    /// Its `request_id` (the samples' associated data).
+    pub request_id: String,
+    /// The score.
+    pub score: TopicScore,
+    /// The sample kept because of the score, when the request record kept
+    /// none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sample: Option<SampleRef>,
 }
 
 /// One request to record: what happened, and optionally the sampled text.
@@ -278,8 +328,21 @@ pub enum Entry {
     Request(Box<RequestEntry>),
     /// A spot-check review.
     Review(ReviewEntry),
+    /// A topic score that followed its request record.
+    Topic(TopicEntry),
     /// A prune checkpoint.
     Checkpoint(CheckpointEntry),
+}
+
+impl Entry {
+    /// The sample this record lists, if any.
+    pub fn sample(&self) -> Option<&SampleRef> {
+        match self {
+            Self::Request(request) => request.sample.as_ref(),
+            Self::Topic(topic) => topic.sample.as_ref(),
+            Self::Review(_) | Self::Checkpoint(_) => None,
+        }
+    }
 }
 
 /// A record body as stored and hashed.

@@ -29,6 +29,8 @@ pub const STORE_FILE: &str = "canarygate.redb";
 const RECORDS: TableDefinition<u64, &[u8]> = TableDefinition::new("records");
 const SAMPLES: TableDefinition<u64, &[u8]> = TableDefinition::new("samples");
 const REVIEWS: TableDefinition<u64, u64> = TableDefinition::new("reviews");
+/// Request record id -> the topic record that scored it.
+const TOPICS: TableDefinition<u64, u64> = TableDefinition::new("topics");
 /// Live canaries, keyed by [`canary_row_key`]: expiry first, so registering
 /// appends at the end of the tree and sweeping drops a prefix.
 const CANARIES: TableDefinition<&[u8], &[u8]> = TableDefinition::new("canaries_by_expiry");
@@ -125,6 +127,8 @@ pub(crate) trait ReadView {
     fn sampled_ids(&self) -> Result<Vec<RecordId>, AuditError>;
     /// The review record of a sampled record, if reviewed.
     fn review_of(&self, id: RecordId) -> Result<Option<RecordId>, AuditError>;
+    /// The topic record that scored request record `id`, if any.
+    fn topic_of(&self, id: RecordId) -> Result<Option<RecordId>, AuditError>;
     /// Every registered canary, live or expired.
     fn canaries(&self) -> Result<Vec<CanaryEntry>, AuditError>;
 }
@@ -178,6 +182,7 @@ impl RedbStore {
             txn.open_table(RECORDS).map_err(storage)?;
             txn.open_table(SAMPLES).map_err(storage)?;
             txn.open_table(REVIEWS).map_err(storage)?;
+            txn.open_table(TOPICS).map_err(storage)?;
             txn.open_table(META).map_err(storage)?;
             let mut canaries = txn.open_table(CANARIES).map_err(storage)?;
             move_canaries_by_key(&txn, &mut canaries)?;
@@ -284,6 +289,7 @@ impl Store for RedbStore {
                 records: txn.open_table(RECORDS).map_err(storage)?,
                 samples: txn.open_table(SAMPLES).map_err(storage)?,
                 reviews: txn.open_table(REVIEWS).map_err(storage)?,
+                topics: txn.open_table(TOPICS).map_err(storage)?,
                 canaries: txn.open_table(CANARIES).map_err(storage)?,
                 meta: txn.open_table(META).map_err(storage)?,
                 head: None,
@@ -310,6 +316,7 @@ struct Tables<'txn> {
     records: redb::Table<'txn, u64, &'static [u8]>,
     samples: redb::Table<'txn, u64, &'static [u8]>,
     reviews: redb::Table<'txn, u64, u64>,
+    topics: redb::Table<'txn, u64, u64>,
     canaries: redb::Table<'txn, &'static [u8], &'static [u8]>,
     meta: redb::Table<'txn, &'static str, &'static [u8]>,
     /// Next id, its `prev_hash` and the last record's time, once known in
@@ -395,10 +402,16 @@ impl Tables<'_> {
         if let Some(sample) = sample {
             self.samples.insert(id, sample).map_err(storage)?;
         }
-        if let Entry::Review(review) = entry {
-            self.reviews
-                .insert(review.reviewed_id, id)
-                .map_err(storage)?;
+        match entry {
+            Entry::Review(review) => {
+                self.reviews
+                    .insert(review.reviewed_id, id)
+                    .map_err(storage)?;
+            }
+            Entry::Topic(topic) => {
+                self.topics.insert(topic.scored_id, id).map_err(storage)?;
+            }
+            Entry::Request(_) | Entry::Checkpoint(_) => {}
         }
         Ok(WriteOutcome::Appended(id))
     }
@@ -448,6 +461,9 @@ impl Tables<'_> {
             .retain_in(..=last_id, |_, _| false)
             .map_err(storage)?;
         self.reviews
+            .retain_in(..=last_id, |_, _| false)
+            .map_err(storage)?;
+        self.topics
             .retain_in(..=last_id, |_, _| false)
             .map_err(storage)?;
         let mut start = (last_id + 1).to_be_bytes().to_vec();
@@ -556,6 +572,16 @@ impl ReadView for RedbView {
             .get(id)
             .map_err(storage)?
             .map(|value| value.value()))
+    }
+
+    fn topic_of(&self, id: RecordId) -> Result<Option<RecordId>, AuditError> {
+        // Stores written before topic scores have no such table.
+        let table = match self.txn.open_table(TOPICS) {
+            Ok(table) => table,
+            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(None),
+            Err(error) => return Err(storage(error)),
+        };
+        Ok(table.get(id).map_err(storage)?.map(|value| value.value()))
     }
 
     fn canaries(&self) -> Result<Vec<CanaryEntry>, AuditError> {

@@ -52,6 +52,7 @@ pub(crate) fn request(log: &AuditLog, n: u64, failed: bool) -> RequestRecord {
         canary_ids: vec![format!("c{n}")],
         instance: None,
         registry_degraded: false,
+        topic: None,
         checks: vec![
             CheckRecord {
                 name: "echo".into(),
@@ -91,6 +92,7 @@ fn sample(n: u64) -> Sample {
     Sample {
         request_text: format!("please summarise report {n} [canary redacted]"),
         response_text: format!("summary of report {n}"),
+        provider_text: None,
     }
 }
 
@@ -623,11 +625,11 @@ fn canaries_of_an_older_store_move_to_the_expiry_ordered_table() {
 }
 
 #[test]
-fn sampling_follows_rate_and_always_keeps_failures() {
-    assert!((0..1000).all(|_| should_sample(0.0, true)));
-    assert!((0..1000).all(|_| !should_sample(0.0, false)));
-    assert!((0..1000).all(|_| should_sample(1.0, false)));
-    let kept = (0..10_000).filter(|_| should_sample(0.1, false)).count();
+fn sampling_draws_with_the_given_chance() {
+    assert!((0..1000).all(|_| should_sample(1.0)));
+    assert!((0..1000).all(|_| !should_sample(0.0)));
+    assert!((0..1000).all(|_| !should_sample(f64::NAN)));
+    let kept = (0..10_000).filter(|_| should_sample(0.1)).count();
     assert!((700..1300).contains(&kept), "kept {kept} of 10000 at 10%");
 }
 
@@ -658,6 +660,7 @@ fn store_holds_no_credential_key_or_canary_value() {
                 sample: Some(Sample {
                     request_text: "the quarterly numbers, confidential".into(),
                     response_text: "answer text".into(),
+                    provider_text: None,
                 }),
             })
             .await
@@ -923,4 +926,198 @@ fn options_from_policy_require_the_named_key_to_be_set() {
     let options = AuditOptions::from_policy(&keyed.audit).unwrap();
     assert!(options.sample_key.is_some());
     assert_eq!(options.sample_rate, DEFAULT_SAMPLE_RATE);
+}
+
+fn score(similarity: Option<f32>) -> TopicScore {
+    TopicScore {
+        similarity,
+        skipped: similarity.is_none().then(|| "timeout".to_owned()),
+        min_similarity: 0.2,
+        model: "all-MiniLM-L6-v2".into(),
+    }
+}
+
+#[test]
+fn topic_scores_follow_their_request_and_carry_the_sample_it_lacked() {
+    let dir = private_tempdir();
+    let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
+    let runtime = runtime();
+    let (fits, low, unscored) = runtime.block_on(async {
+        let mut ids = Vec::new();
+        for n in 0..3 {
+            let recorded = log
+                .record(NewRecord {
+                    record: request(&log, n, false),
+                    sample: None,
+                })
+                .await
+                .unwrap();
+            ids.push(recorded.id().await.unwrap());
+        }
+        log.append_topic(ids[0], "req-000000", score(Some(0.71)), None)
+            .await
+            .unwrap();
+        let kept = sample(1);
+        log.append_topic(ids[1], "req-000001", score(Some(0.05)), Some(&kept))
+            .await
+            .unwrap();
+        log.append_topic(ids[2], "req-000002", score(None), None)
+            .await
+            .unwrap();
+        (ids[0], ids[1], ids[2])
+    });
+    drop(log);
+    let archive = Archive::open_read_only(dir.path()).unwrap();
+    assert_eq!(archive.verify().unwrap().records, 6);
+    let snapshot = archive.snapshot().unwrap();
+    let (found, topic_id) = snapshot.topic_of(fits).unwrap().unwrap();
+    assert_eq!(found.similarity, Some(0.71));
+    assert!(!found.low());
+    assert!(matches!(
+        snapshot
+            .get(topic_id.unwrap())
+            .unwrap()
+            .unwrap()
+            .record
+            .entry,
+        Entry::Topic(_)
+    ));
+    assert!(snapshot.topic_of(low).unwrap().unwrap().0.low());
+    assert_eq!(
+        snapshot.topic_of(unscored).unwrap().unwrap().0.similarity,
+        None
+    );
+    // The low answer's sample lives with its topic record and is found
+    // through the request; the one that fits kept none.
+    assert_eq!(
+        snapshot
+            .request_sample(low, "req-000001", None)
+            .unwrap()
+            .unwrap(),
+        sample(1)
+    );
+    assert_eq!(
+        snapshot.request_sample(fits, "req-000000", None).unwrap(),
+        None
+    );
+    assert_eq!(snapshot.review_queue().unwrap(), vec![low]);
+    // Reviewing it reviews the request record.
+    drop(snapshot);
+    drop(archive);
+    let writable = Archive::open_writable(dir.path()).unwrap();
+    writable.review(low, ReviewVerdict::Bad, None).unwrap();
+    assert!(
+        writable
+            .snapshot()
+            .unwrap()
+            .review_of(low)
+            .unwrap()
+            .is_some()
+    );
+    assert_eq!(writable.verify().unwrap().records, 7);
+}
+
+#[test]
+fn the_review_queue_puts_the_most_suspicious_first() {
+    let dir = private_tempdir();
+    let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
+    let ids = runtime().block_on(async {
+        let mut ids = Vec::new();
+        // 0: passed, sampled at random, scored 0.8; 1: failed; 2: passed,
+        // scored 0.3 in the record itself (flag mode); 3: passed, scored
+        // 0.1 (low) later; 4: passed, sampled, never scored.
+        for n in 0..5 {
+            let mut record = request(&log, n, n == 1);
+            if n == 2 {
+                record.topic = Some(score(Some(0.3)));
+            }
+            let sampled = n != 3;
+            let recorded = log
+                .record(NewRecord {
+                    record,
+                    sample: sampled.then(|| sample(n)),
+                })
+                .await
+                .unwrap();
+            ids.push(recorded.id().await.unwrap());
+        }
+        log.append_topic(ids[0], "req-000000", score(Some(0.8)), None)
+            .await
+            .unwrap();
+        log.append_topic(ids[3], "req-000003", score(Some(0.1)), Some(&sample(3)))
+            .await
+            .unwrap();
+        ids
+    });
+    drop(log);
+    let snapshot = Archive::open_read_only(dir.path())
+        .unwrap()
+        .snapshot()
+        .unwrap();
+    assert_eq!(
+        snapshot.review_queue().unwrap(),
+        vec![ids[1], ids[3], ids[2], ids[0], ids[4]]
+    );
+}
+
+#[test]
+fn a_topic_sample_is_covered_by_the_chain() {
+    let dir = private_tempdir();
+    let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
+    let topic_id = runtime().block_on(async {
+        let id = log
+            .append(NewRecord {
+                record: request(&log, 0, false),
+                sample: None,
+            })
+            .await
+            .unwrap();
+        log.append_topic(id, "req-000000", score(Some(0.01)), Some(&sample(0)))
+            .await
+            .unwrap()
+    });
+    drop(log);
+    assert_eq!(verify(dir.path()).unwrap(), 2);
+    let store = RedbStore::open_writable(dir.path()).unwrap();
+    let RedbStore::Writable(db) = &store else {
+        unreachable!()
+    };
+    let txn = db.begin_write().unwrap();
+    txn.open_table(SAMPLES)
+        .unwrap()
+        .insert(topic_id, b"{}".as_slice())
+        .unwrap();
+    txn.commit().unwrap();
+    drop(store);
+    let error = verify(dir.path()).unwrap_err();
+    assert!(
+        error
+            .to_string()
+            .contains(&format!("record {topic_id}: its sample was changed")),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_background_record_reports_its_id_once_committed() {
+    let dir = private_tempdir();
+    let log = open_background(dir.path());
+    let ids = runtime().block_on(async {
+        let first = log
+            .record(NewRecord {
+                record: request(&log, 0, false),
+                sample: None,
+            })
+            .await
+            .unwrap();
+        let second = log
+            .record(NewRecord {
+                record: request(&log, 1, false),
+                sample: None,
+            })
+            .await
+            .unwrap();
+        (first.id().await.unwrap(), second.id().await.unwrap())
+    });
+    assert_eq!(ids, (1, 2));
 }

@@ -65,32 +65,33 @@ pub(crate) fn verify_chain(view: &dyn ReadView) -> Result<ChainReport, AuditErro
                 ));
             }
             let stored_sample = view.sample(key)?;
-            match &record.entry {
-                Entry::Request(request) => match (&request.sample, stored_sample) {
-                    (Some(listed), Some(sample)) if listed.sha256 == sha256_hex(&sample) => {}
-                    (Some(_), Some(_)) => {
-                        return tampered(format!("record {key}: its sample was changed"));
-                    }
-                    (Some(_), None) => {
-                        return tampered(format!("record {key}: its sample was deleted"));
-                    }
-                    (None, Some(_)) => {
-                        return tampered(format!(
-                            "record {key}: a sample was added that the record does not list"
-                        ));
-                    }
-                    (None, None) => {}
-                },
-                _ if stored_sample.is_some() => {
+            let may_have_sample = matches!(record.entry, Entry::Request(_) | Entry::Topic(_));
+            match (record.entry.sample(), stored_sample) {
+                (Some(listed), Some(sample)) if listed.sha256 == sha256_hex(&sample) => {}
+                (Some(_), Some(_)) => {
+                    return tampered(format!("record {key}: its sample was changed"));
+                }
+                (Some(_), None) => {
+                    return tampered(format!("record {key}: its sample was deleted"));
+                }
+                (None, Some(_)) if !may_have_sample => {
                     return tampered(format!("record {key}: has a sample but is not a request"));
                 }
+                (None, Some(_)) => {
+                    return tampered(format!(
+                        "record {key}: a sample was added that the record does not list"
+                    ));
+                }
+                (None, None) => {}
+            }
+            match &record.entry {
                 Entry::Checkpoint(point) => {
                     let hash = parse_hash(&point.first_kept_prev_hash).ok_or_else(|| {
                         AuditError::Tampered(format!("record {key}: checkpoint hash is malformed"))
                     })?;
                     checkpoint = Some((point.first_kept_id, hash));
                 }
-                Entry::Review(_) => {}
+                Entry::Request(_) | Entry::Review(_) | Entry::Topic(_) => {}
             }
             prev = raw.hash;
             expected = key + 1;

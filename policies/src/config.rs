@@ -17,6 +17,7 @@ use toml::Spanned;
 use crate::endpoints_config::EndpointsConfig;
 use crate::local_config::{LocalConfig, ProbeConfig};
 use crate::registry_config::{RegistryConfig, check_env_name};
+use crate::topic::TopicConfig;
 use crate::verify_config::VerifyConfig;
 
 /// The preset used when no `--config` is given.
@@ -90,6 +91,9 @@ pub struct Policy {
     /// Endpoints canarygate cannot verify: forwarded or refused.
     #[serde(default)]
     pub endpoints: EndpointsConfig,
+    /// The topic check: does the answer fit the question?
+    #[serde(default)]
+    pub topic: TopicConfig,
 }
 
 /// Sample rate of `[audit]` when none is given (2%).
@@ -533,6 +537,7 @@ impl Policy {
         self.probe.validate()?;
         self.registry.validate()?;
         self.endpoints.validate()?;
+        self.topic.validate()?;
         self.verify.validate(&providers, self.local.enabled())?;
         self.validate_routes(&providers)?;
         self.validate_auth()

@@ -4,8 +4,9 @@
 //! the policy schema and its validation ([`config`], [`verify_config`]), the
 //! incremental Server-Sent Events parser ([`sse`]), prompt-token estimation
 //! ([`tokens`]), canaries ([`canary`]), placing them into requests
-//! ([`mod@inject`]), the registry of live canaries ([`registry`]) and the
-//! streaming verifier with its verdicts ([`verify`]).
+//! ([`mod@inject`]), the registry of live canaries ([`registry`]), the
+//! streaming verifier with its verdicts ([`verify`]) and the topic check's
+//! texts and sampling ([`topic`]).
 
 pub mod canary;
 pub mod config;
@@ -19,6 +20,7 @@ pub mod registry;
 pub mod registry_config;
 pub mod sse;
 pub mod tokens;
+pub mod topic;
 pub mod verify;
 pub mod verify_config;
 

@@ -93,6 +93,9 @@ pub enum Check {
     Ttft,
     /// The answer ended like a real one.
     Finish,
+    /// The answer is about what was asked (the topic check, decided
+    /// outside the verifier: `crate::topic`).
+    Topic,
 }
 
 impl Check {
@@ -104,6 +107,7 @@ impl Check {
             Check::PromptTokens => "prompt_tokens",
             Check::Ttft => "ttft",
             Check::Finish => "finish",
+            Check::Topic => "topic",
         }
     }
 }
@@ -227,10 +231,23 @@ pub enum Evidence {
         /// What was wrong (empty when passed).
         problems: Vec<FinishProblem>,
     },
+    /// `topic`.
+    Topic(TopicEvidence),
 }
 
 fn is_zero(value: &u64) -> bool {
     *value == 0
+}
+
+/// `topic`: the cosine similarity of question and answer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TopicEvidence {
+    /// The similarity, when it was scored.
+    pub similarity: Option<f32>,
+    /// The policy's threshold.
+    pub min_similarity: f32,
+    /// The embedding model.
+    pub model: String,
 }
 
 /// One check's result, for the verdict and the audit log.

@@ -19,7 +19,8 @@
 //!    request, error mapping), `body` (the one audited response body),
 //!    `relay`, `trail` (the audit record, concluded in one place),
 //!    `upstream_setup` (what building the providers' clients needs),
-//!    `registry` (live canaries), `wire` (wire formats), `state`,
+//!    `registry` (live canaries), `wire` (wire formats), `topic` (the
+//!    topic check), `state`,
 //!    `identity`, `engine`, `probe_results`.
 //! 5. `error`, `clock`, `metrics`.
 
@@ -39,6 +40,7 @@ mod relay;
 mod server;
 mod shared_registry;
 mod state;
+pub mod topic;
 mod trail;
 mod upstream;
 mod upstream_setup;

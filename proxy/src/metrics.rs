@@ -50,6 +50,18 @@ pub struct LocalLabels {
     pub reason: &'static str,
 }
 
+/// Labels of the topic-score counter.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TopicLabels {
+    /// `fits`, `low`, or why it was not scored (`timeout`, `busy`, ...).
+    pub result: String,
+}
+
+/// Upper bounds of `canarygate_topic_score_seconds`' buckets.
+const TOPIC_BUCKETS_SECONDS: [f64; 12] = [
+    1e-3, 2e-3, 3e-3, 5e-3, 10e-3, 20e-3, 30e-3, 50e-3, 100e-3, 200e-3, 500e-3, 1.0,
+];
+
 /// Upper bounds of `canarygate_proxy_overhead_seconds`' buckets: 10–100 µs
 /// apart up to 1 ms, where a proxy's overhead percentiles fall, with an edge
 /// at exactly 1 ms (the bound the benchmark checks p99 against), then
@@ -75,6 +87,8 @@ pub struct Metrics {
     registry_up: Gauge,
     registry_failures: Family<RegistryLabels, Counter>,
     registry_unavailable_requests: Family<RegistryLabels, Counter>,
+    topic_scores: Family<TopicLabels, Counter>,
+    topic_seconds: Histogram,
 }
 
 impl Metrics {
@@ -157,7 +171,21 @@ impl Metrics {
              detection (degraded), refused before sending or failed for a lookup (fail-closed)",
             registry_unavailable_requests.clone(),
         );
+        let topic_scores = Family::<TopicLabels, Counter>::default();
+        registry.register(
+            "topic_scores",
+            "Answers the topic check scored, by result: fits, low, or why not scored",
+            topic_scores.clone(),
+        );
+        let topic_seconds = Histogram::new(TOPIC_BUCKETS_SECONDS.iter().copied());
+        registry.register(
+            "topic_score_seconds",
+            "Time to score one answer (embedding the question and the answer), queueing included",
+            topic_seconds.clone(),
+        );
         Self {
+            topic_scores,
+            topic_seconds,
             registry,
             requests,
             in_flight,
@@ -172,6 +200,16 @@ impl Metrics {
             registry_failures,
             registry_unavailable_requests,
         }
+    }
+
+    /// Counts one topic score and how long it took.
+    pub fn count_topic(&self, result: &str, seconds: f64) {
+        self.topic_scores
+            .get_or_create(&TopicLabels {
+                result: result.to_owned(),
+            })
+            .inc();
+        self.topic_seconds.observe(seconds);
     }
 
     /// Sets whether the canary registry answers.

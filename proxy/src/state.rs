@@ -12,6 +12,7 @@ use crate::identity::Authenticator;
 use crate::metrics::Metrics;
 use crate::probe_results::ProbeBook;
 use crate::registry::CanaryBook;
+use crate::topic::TopicCheck;
 use crate::upstream::Upstreams;
 
 /// Shared state of every request handler.
@@ -34,4 +35,6 @@ pub struct AppState {
     pub local: Option<LocalEngine>,
     /// Probed context limits from the data directory.
     pub probes: Arc<ProbeBook>,
+    /// The topic check, when `[topic]` names a model.
+    pub topic: Option<Arc<TopicCheck>>,
 }

@@ -22,6 +22,12 @@ use crate::tools;
 /// `system_fingerprint` of every answer.
 pub const SYSTEM_FINGERPRINT: &str = "fp_sim0001";
 
+/// A JSON-mode answer: the reply as `{"answer": ...}`, in tokens.
+fn json_answer(text: &str) -> Vec<String> {
+    let document = json!({ "answer": text.trim() }).to_string();
+    crate::model::tokenize_keeping_spaces(&document)
+}
+
 /// Common tokens offered as `top_logprobs` alternatives.
 const ALTERNATIVES: [&str; 21] = [
     " the", " a", ",", ".", " and", " of", " to", " in", " is", " that", " it", " for", " on",
@@ -208,9 +214,14 @@ impl Answer {
                 let rest = budget.map(|budget| budget - reasoning.len());
                 if called.is_empty() {
                     let reply = generate_choice(context, rest.map(|rest| rest as u64), index);
+                    let tokens = if request.json_mode {
+                        json_answer(&reply.text())
+                    } else {
+                        reply.tokens
+                    };
                     return Choice {
                         reasoning,
-                        said: Said::Content(reply.tokens),
+                        said: Said::Content(tokens),
                         finish_reason: reply.finish_reason,
                     };
                 }

@@ -76,6 +76,9 @@
 //!   with `index`, `id`, `type`, `function.name` and `arguments: ""`, then
 //!   `arguments` fragments. Legacy `functions` / `function_call`:
 //!   `message.function_call`, `finish_reason: "function_call"`.
+//! - `response_format` `json_object` or `json_schema`: the content is a JSON
+//!   object, `{"answer": "..."}`; `json_object` is a 400 (`param: messages`)
+//!   unless a message mentions JSON, as OpenAI answers it.
 //! - Always: `system_fingerprint`, `service_tier`, `message.refusal`,
 //!   `message.annotations`; stream chunks carry an `obfuscation` padding
 //!   string (`stream_options.include_obfuscation: false` drops it) and, with

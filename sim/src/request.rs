@@ -35,6 +35,9 @@ pub struct Generation {
     pub include_usage: bool,
     /// Chat streams: `obfuscation` padding on every chunk.
     pub include_obfuscation: bool,
+    /// `response_format` `json_object` or `json_schema`: the content is a
+    /// JSON object, `{"answer": ...}`.
+    pub json_mode: bool,
 }
 
 impl Generation {
@@ -50,6 +53,7 @@ impl Generation {
             thinks: false,
             include_usage: false,
             include_obfuscation: false,
+            json_mode: false,
         }
     }
 }
@@ -90,6 +94,8 @@ struct ChatBody {
     functions: Option<Vec<Value>>,
     #[serde(default)]
     function_call: Option<Value>,
+    #[serde(default)]
+    response_format: Option<Value>,
 }
 
 /// `stream_options` (chat and legacy completions).
@@ -164,6 +170,7 @@ impl ChatRequest {
             .with_param("top_logprobs"));
         }
         let tooling = request.tooling()?;
+        let json_mode = json_mode(request.response_format.as_ref(), &request.messages)?;
         let options = request.stream_options.unwrap_or_default();
         let generation = Generation {
             thinks: crate::model::is_reasoner(&request.model),
@@ -175,11 +182,41 @@ impl ChatRequest {
             tooling,
             include_usage: options.include_usage.unwrap_or(false),
             include_obfuscation: options.include_obfuscation.unwrap_or(true),
+            json_mode,
         };
         Ok(Self {
             generation,
             messages: request.messages,
         })
+    }
+}
+
+/// Whether `response_format` asks for JSON. OpenAI refuses `json_object`
+/// when no message mentions JSON (the model would not know to write it).
+fn json_mode(format: Option<&Value>, messages: &[Value]) -> Result<bool, SimError> {
+    match format
+        .and_then(|format| format.get("type"))
+        .and_then(Value::as_str)
+    {
+        Some("json_schema") => Ok(true),
+        Some("json_object") => {
+            let mentions = messages.iter().any(|message| {
+                message
+                    .get("content")
+                    .is_some_and(|content| content.to_string().to_lowercase().contains("json"))
+            });
+            if mentions {
+                Ok(true)
+            } else {
+                Err(SimError::invalid_request(
+                    None,
+                    "'messages' must contain the word 'json' in some form, to use \
+                     'response_format' of type 'json_object'.",
+                )
+                .with_param("messages"))
+            }
+        }
+        _ => Ok(false),
     }
 }
 
@@ -376,6 +413,19 @@ mod tests {
         let error = parse(body).expect_err("rejected");
         assert_eq!(error.status(), 400);
         error.param().unwrap_or_default().to_owned()
+    }
+
+    #[test]
+    fn json_mode_needs_a_message_that_asks_for_json() {
+        let mut body = base();
+        assert!(!parse(body.clone()).unwrap().json_mode);
+        body["response_format"] = json!({"type": "json_object"});
+        assert_eq!(param_of(body.clone()), "messages");
+        body["messages"][0]["content"] = json!("hi, in JSON please");
+        assert!(parse(body.clone()).unwrap().json_mode);
+        let mut body = base();
+        body["response_format"] = json!({"type": "json_schema", "json_schema": {"name": "a"}});
+        assert!(parse(body).unwrap().json_mode);
     }
 
     #[test]

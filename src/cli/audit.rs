@@ -12,7 +12,7 @@ use std::time::Duration;
 use canarygate_audit::time::{BadTime, format_rfc3339, now_ms, parse_time};
 use canarygate_audit::{
     Archive, AuditError, Entry, Pruned, Record, RecordId, ReviewVerdict, Sample, SampleKey,
-    Snapshot, catch_damage,
+    Snapshot, TopicScore, catch_damage,
 };
 use clap::{Args, Subcommand};
 
@@ -264,6 +264,17 @@ fn summary(record: &Record) -> String {
                 .map(|n| format!(" ({n})"))
                 .unwrap_or_default()
         ),
+        Entry::Topic(topic) => format!(
+            "#{} {time} topic of #{}: {}{}",
+            record.id,
+            topic.scored_id,
+            topic_summary(&topic.score),
+            if topic.sample.is_some() {
+                " [sampled]"
+            } else {
+                ""
+            }
+        ),
         Entry::Checkpoint(point) => format!(
             "#{} {time} checkpoint: {} records written before {} pruned; chain starts at #{}",
             record.id,
@@ -271,6 +282,20 @@ fn summary(record: &Record) -> String {
             format_rfc3339(point.before_ms),
             point.first_kept_id
         ),
+    }
+}
+
+/// `similarity=0.6421 (min 0.10)`, `low`, or why it was not scored.
+fn topic_summary(score: &TopicScore) -> String {
+    match (score.similarity, &score.skipped) {
+        (Some(similarity), _) => format!(
+            "similarity={similarity:.4} (min {:.2}, {}){}",
+            score.min_similarity,
+            score.model,
+            if score.low() { " LOW" } else { "" }
+        ),
+        (None, Some(why)) => format!("not scored: {why}"),
+        (None, None) => "not scored".to_owned(),
     }
 }
 
@@ -312,7 +337,7 @@ fn read_sample(
 ) -> Result<Option<Sample>, AuditError> {
     let key = SampleKey::from_env(key_env)?;
     snapshot
-        .sample(id, request_id, key.as_ref())
+        .request_sample(id, request_id, key.as_ref())
         .map_err(|error| match error {
             AuditError::Key(message) => {
                 AuditError::Key(format!("record {id}: {message} (${key_env})"))
@@ -337,16 +362,7 @@ fn show(dir: &Path, id: RecordId, key_env: &str, out: &mut dyn Write) -> Result<
     )?;
     if let Entry::Request(request) = &stored.record.entry {
         match read_sample(&snapshot, id, &request.record.request_id, key_env) {
-            Ok(Some(sample)) => {
-                line(
-                    out,
-                    format_args!("--- request text ---\n{}", sample.request_text),
-                )?;
-                line(
-                    out,
-                    format_args!("--- response text ---\n{}", sample.response_text),
-                )?;
-            }
+            Ok(Some(sample)) => print_sample(&sample, out)?,
             Ok(None) => {}
             Err(AuditError::Key(message)) => line(out, format_args!("--- sample: {message}"))?,
             Err(error) => return Err(error),
@@ -354,6 +370,32 @@ fn show(dir: &Path, id: RecordId, key_env: &str, out: &mut dyn Write) -> Result<
         if let Some(review) = snapshot.review_of(id)? {
             line(out, format_args!("--- reviewed in record {review}"))?;
         }
+        if let Some((score, Some(topic_id))) = snapshot.topic_of(id)? {
+            line(
+                out,
+                format_args!("--- topic (record {topic_id}): {}", topic_summary(&score)),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// A sample's texts: the request, what the client received, and what the
+/// provider sent when that differs (a failed verdict's evidence).
+fn print_sample(sample: &Sample, out: &mut dyn Write) -> Result<(), AuditError> {
+    line(
+        out,
+        format_args!("--- request text ---\n{}", sample.request_text),
+    )?;
+    line(
+        out,
+        format_args!("--- response text ---\n{}", sample.response_text),
+    )?;
+    if let Some(sent) = &sample.provider_text {
+        line(
+            out,
+            format_args!("--- provider text (as the provider sent it) ---\n{sent}"),
+        )?;
     }
     Ok(())
 }
@@ -481,6 +523,17 @@ fn stats(dir: &Path, since: u64, out: &mut dyn Write) -> Result<(), AuditError> 
                 overhead.push(r.latency.overhead_ms);
             }
             Entry::Review(review) => count("review", name(&review.verdict)),
+            Entry::Topic(topic) => {
+                sampled += u64::from(topic.sample.is_some());
+                count(
+                    "topic",
+                    match topic.score.similarity {
+                        Some(_) if topic.score.low() => "low".to_owned(),
+                        Some(_) => "fits".to_owned(),
+                        None => "not_scored".to_owned(),
+                    },
+                );
+            }
             Entry::Checkpoint(_) => {}
         }
         Ok(())
@@ -534,7 +587,7 @@ fn spot_check(
     let pending: Vec<RecordId> = {
         let snapshot = archive.snapshot()?;
         let mut pending = Vec::new();
-        for id in snapshot.sampled_ids()? {
+        for id in snapshot.review_queue()? {
             if snapshot.review_of(id)?.is_none() {
                 pending.push(id);
             }
@@ -569,14 +622,10 @@ fn spot_check(
                 ),
             )?;
         }
-        line(
-            out,
-            format_args!("--- request ---\n{}", sample.request_text),
-        )?;
-        line(
-            out,
-            format_args!("--- response ---\n{}", sample.response_text),
-        )?;
+        if let Some((score, _)) = snapshot.topic_of(*id)? {
+            line(out, format_args!("  topic: {}", topic_summary(&score)))?;
+        }
+        print_sample(&sample, out)?;
         let verdict = loop {
             match prompt(input, out, "fits this session? [y/n/s] ")?.as_deref() {
                 None => break 'samples,

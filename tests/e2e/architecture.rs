@@ -74,7 +74,7 @@ const DEPENDENCIES: [(&str, &[&str], &[&str]); 8] = [
 /// The proxy's layers: a module may import from a lower layer; within
 /// layers 1 and 2 (the shared pieces) from the same layer too; never from a
 /// higher one, nor from another unit of layers 3 and up.
-const PROXY_LAYERS: [(&str, u8); 29] = [
+const PROXY_LAYERS: [(&str, u8); 30] = [
     ("server", 5),
     ("pipeline", 4),
     ("paths", 3),
@@ -92,6 +92,7 @@ const PROXY_LAYERS: [(&str, u8); 29] = [
     ("relay", 2),
     ("shared_registry", 2),
     ("state", 2),
+    ("topic", 2),
     ("trail", 2),
     ("upstream", 2),
     ("upstream_setup", 2),

@@ -40,6 +40,7 @@ fn record(request_id: String) -> RequestRecord {
         canary_ids: vec![],
         instance: None,
         registry_degraded: false,
+        topic: None,
         checks: vec![],
         verdict: VerdictSummary::Pass,
         action: Action::Forward,
@@ -107,6 +108,7 @@ fn varied(n: u64) -> NewRecord {
     let sample = n.is_multiple_of(3).then(|| Sample {
         request_text: format!("please summarise report {n} [canary redacted]"),
         response_text: format!("summary of report {n}"),
+        provider_text: None,
     });
     NewRecord { record, sample }
 }
@@ -240,6 +242,7 @@ async fn tail_verify_and_review_run_while_another_process_appends() {
             sample: Some(Sample {
                 request_text: "question".into(),
                 response_text: "answer".into(),
+                provider_text: None,
             }),
         })
         .await

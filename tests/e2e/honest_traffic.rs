@@ -43,7 +43,11 @@ fn body(index: usize) -> Value {
         "messages": [{"role": "user", "content": text}],
     });
     match index % 5 {
-        0 => body["response_format"] = json!({"type": "json_object"}),
+        0 => {
+            // OpenAI refuses JSON mode unless a message asks for JSON.
+            body["response_format"] = json!({"type": "json_object"});
+            body["messages"][0]["content"] = json!(format!("{text} Reply in JSON."));
+        }
         1 => body["max_tokens"] = json!(1 + index % 3), // very short answers
         _ => {}
     }

@@ -35,4 +35,5 @@ mod surface_completions;
 mod surface_messages;
 mod surface_responses;
 mod tls_upstream;
+mod topic_check;
 mod verification_e2e;

@@ -17,6 +17,7 @@ use axum::http::{HeaderMap, Method};
 use axum::response::Response;
 use canarygate_policies::endpoints_config::Unverifiable;
 use canarygate_policies::local_config::UntrustedContext;
+use canarygate_policies::topic::question_text;
 use serde_json::Value;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -58,6 +59,12 @@ pub async fn serve<W: WireFormat>(
     let mut request = W::parse_request(&bytes)?;
     let model = request.model.clone();
     trail.model(&model);
+    if let Some(check) = &state.topic {
+        trail.topic(
+            Arc::clone(check),
+            question_text(&W::prompt_messages(&request.body)),
+        );
+    }
     let route = state.policy.route(&model, W::API).ok_or_else(|| {
         match state.policy.api_serving(&model, W::API) {
             Some(api) => ApiError::model_on_other_api(&model, api),

@@ -172,6 +172,7 @@ impl Server {
             upstreams,
             local,
             probes,
+            topic: None,
             policy: options.policy,
         });
         tasks::spawn_probe_tasks(Arc::downgrade(&state), options.data_dir.clone());

@@ -4,19 +4,25 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::response::Response;
+use canarygate_audit::TopicScore;
 use canarygate_policies::canary::Canary;
 use canarygate_policies::inject::{Injection, MAX_CHOICES};
 use canarygate_policies::registry::Registration;
-use canarygate_policies::verify::{Part, Verdict, Verifier};
+use canarygate_policies::topic::{self, TopicAction};
+use canarygate_policies::verify::{Decision, Part, Verdict, Verifier};
+use canarygate_policies::verify_config::FailureAction;
 use serde_json::Value;
 
 use crate::body::Served;
 use crate::context::RequestContext;
 use crate::error::ApiError;
 use crate::registry::CanaryBook;
+use crate::topic::{AnswerTexts, TopicCheck, check_result};
+use crate::trail::Trail;
 use crate::wire::edit::Delivery;
 use crate::wire::{ChoiceView, WireFormat};
 
@@ -48,6 +54,12 @@ pub struct Attempt {
     /// A lookup in the shared registry failed during this attempt (counted
     /// once).
     pub lookups_degraded: bool,
+    /// The answer's texts as the provider sent them: for the topic check,
+    /// and a failed verdict's evidence.
+    pub answer: AnswerTexts,
+    /// The topic check, when the answer waits for its score (`[topic]
+    /// action = "flag"` or `"block"`), and what the client asked.
+    pub topic: Option<(Arc<TopicCheck>, Option<String>)>,
 }
 
 impl Attempt {
@@ -78,6 +90,7 @@ impl Attempt {
         for choice in choices {
             for field in &choice.texts {
                 let text = field.text(value);
+                self.answer.push(field.choice, field.kind, text);
                 let start = verifier.received(field.choice, field.kind);
                 spans.push(start..start + text.len());
                 if stop || text.is_empty() {
@@ -97,6 +110,39 @@ impl Attempt {
             set_reason(reasons, choice.index, choice.finish_reason.as_deref());
         }
         (spans, stop)
+    }
+
+    /// With `[topic] action = "flag"` or `"block"`: scores the answer and
+    /// adds the `topic` check to `verdict`. Returns the score.
+    pub async fn judge_topic(&mut self, verdict: &mut Verdict) -> Option<TopicScore> {
+        let (check, question) = self.topic.as_ref()?;
+        let score = check
+            .score(question.clone(), self.answer.topic_text())
+            .await;
+        verdict.checks.push(check_result(&score));
+        Some(score)
+    }
+
+    /// What to do with `verdict` under the policy (a low topic score alone
+    /// is only flagged under `[topic] action = "flag"`).
+    pub fn decide(&self, verdict: &Verdict, action: FailureAction, released_any: bool) -> Decision {
+        let topic = self
+            .topic
+            .as_ref()
+            .map_or(TopicAction::Record, |(check, _)| check.action());
+        topic::decide(verdict, topic, action, self.attempt, released_any)
+    }
+
+    /// Hands what the answer says so far to `trail`; `stopped` when
+    /// canarygate stopped reading it (a check had failed).
+    pub fn record_answer(&self, trail: &mut Trail, stopped: bool) {
+        let evidence = self.answer.evidence().map(|mut text| {
+            if stopped {
+                text.push_str("\n[canarygate stopped reading here: a check had failed]");
+            }
+            text
+        });
+        trail.provider_answer(self.answer.topic_text(), evidence);
     }
 
     /// Fetches who minted the canary-shaped spans that the text fields of

@@ -23,6 +23,7 @@ use axum::body::Bytes;
 use axum::response::Response;
 use canaries::Prepared;
 use canarygate_policies::inject::Injection;
+use canarygate_policies::topic::TopicAction;
 use canarygate_policies::verify::Verifier;
 use canarygate_policies::verify_config::UsageReport;
 use tokio::sync::OwnedSemaphorePermit;
@@ -30,6 +31,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::body::Served;
 use crate::context::RequestContext;
 use crate::error::ApiError;
+use crate::topic::AnswerTexts;
 use crate::trail::Trail;
 use crate::upstream::is_event_stream;
 use crate::wire::edit::{Delivery, UsageOptions};
@@ -132,6 +134,7 @@ async fn send<W: WireFormat>(
     }
     let delivery = delivery_of(context, &injection, exact_prompt_tokens);
     let sent_at = Instant::now();
+    trail.new_attempt();
     trail.forwarded();
     let response = context.send(trail.clock(), bytes, injection.stream).await?;
     trail.first_byte(elapsed_ms(sent_at));
@@ -155,6 +158,13 @@ async fn send<W: WireFormat>(
             delivery,
             fetched: HashMap::new(),
             lookups_degraded: registered.degraded,
+            answer: AnswerTexts::default(),
+            topic: context
+                .state
+                .topic
+                .clone()
+                .filter(|check| check.action() != TopicAction::Record)
+                .map(|check| (check, trail.question().map(str::to_owned))),
         }),
         response,
     ))

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::HeaderValue;
+use canarygate_audit::TopicScore;
 use canarygate_policies::sse::{SseEvent, SseParser};
 use canarygate_policies::verify::{Decision, Facts, Finished, ProviderUsage, Verdict};
 use canarygate_policies::verify_config::{FailureAction, ReleasePolicy};
@@ -124,6 +125,11 @@ struct VerifiedStream<W: WireFormat> {
     end: Option<End>,
     verdict: Option<Verdict>,
     interruption: Option<String>,
+    /// The topic score taken before the decision (`[topic] action =
+    /// "flag"` or `"block"`).
+    topic_score: Option<TopicScore>,
+    /// A failed check stopped the reading before the provider's end.
+    stopped_reading: bool,
     /// The concurrency slot, released when the stream ends.
     permit: Option<OwnedSemaphorePermit>,
 }
@@ -151,6 +157,8 @@ impl<W: WireFormat> VerifiedStream<W> {
             end: None,
             verdict: None,
             interruption: None,
+            topic_score: None,
+            stopped_reading: false,
             permit: None,
         }
     }
@@ -189,10 +197,14 @@ impl<W: WireFormat> VerifiedStream<W> {
 
     /// Copies what the stream learnt (verdict, provider usage, an
     /// interruption) into `trail`.
-    fn fill(&self, trail: &mut Trail) {
+    fn fill(&mut self, trail: &mut Trail) {
         if let Some(verdict) = &self.verdict {
             trail.verdict(verdict);
         }
+        if let Some(score) = self.topic_score.take() {
+            trail.topic_score(score);
+        }
+        self.attempt.record_answer(trail, self.stopped_reading);
         trail.prompt_tokens_provider(self.usage.map(|usage| usage.prompt_tokens));
         if self.end == Some(End::Delivered) {
             let delivery = self.writer.delivery();
@@ -246,7 +258,7 @@ impl<W: WireFormat> VerifiedStream<W> {
 
     async fn on_event(&mut self, event: SseEvent) {
         let (chunk, last) = match W::read_event(&event) {
-            EventView::Done => return self.finalize(Some(true)),
+            EventView::Done => return self.finalize(Some(true)).await,
             EventView::Final(chunk) => (chunk, true),
             EventView::Malformed => return self.interrupt("sent an event that is not JSON".into()),
             EventView::Error(message) => {
@@ -277,10 +289,11 @@ impl<W: WireFormat> VerifiedStream<W> {
             .await;
         self.writer.take(chunk, event, spans);
         if last {
-            return self.finalize(Some(true));
+            return self.finalize(Some(true)).await;
         }
         if stop {
-            return self.finalize(None);
+            self.stopped_reading = true;
+            return self.finalize(None).await;
         }
         self.writer
             .flush(&self.attempt.verifier, false, &mut self.out);
@@ -288,12 +301,13 @@ impl<W: WireFormat> VerifiedStream<W> {
 
     /// Ends verification. `done`: whether the end marker arrived (`None`
     /// when we stopped reading ourselves).
-    fn finalize(&mut self, done: Option<bool>) {
-        let finished = self.finish_verifier(done);
+    async fn finalize(&mut self, done: Option<bool>) {
+        let mut finished = self.finish_verifier(done);
+        self.topic_score = self.attempt.judge_topic(&mut finished.verdict).await;
         let released = self.committed || !self.out.is_empty();
-        let decision = finished
-            .verdict
-            .decide(self.action, self.attempt.attempt, released);
+        let decision = self
+            .attempt
+            .decide(&finished.verdict, self.action, released);
         match decision {
             Decision::Deliver | Decision::Flag => {
                 self.writer

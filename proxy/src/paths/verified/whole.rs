@@ -48,7 +48,7 @@ pub async fn serve<W: WireFormat>(
             .await;
         spans
     };
-    let finished = attempt.verifier.finish(
+    let mut finished = attempt.verifier.finish(
         &Facts {
             finish_reasons,
             usage: view.usage,
@@ -56,11 +56,15 @@ pub async fn serve<W: WireFormat>(
         },
         &book.lookup(&attempt.fetched),
     );
+    if let Some(score) = attempt.judge_topic(&mut finished.verdict).await {
+        trail.topic_score(score);
+    }
     let verdict = &finished.verdict;
     trail.verdict(verdict);
     trail.prompt_tokens_provider(view.usage.map(|usage| usage.prompt_tokens));
+    attempt.record_answer(trail, stop);
     let action = context.state.policy.verify.action();
-    Ok(match verdict.decide(action, attempt.attempt, false) {
+    Ok(match attempt.decide(verdict, action, false) {
         Decision::Retry => Decided::Retry,
         Decision::Fallback => Decided::Fallback,
         Decision::Block => Decided::Served(Served::Whole(blocked(context, verdict))),

@@ -9,21 +9,24 @@ use std::time::Instant;
 use axum::http::StatusCode;
 use canarygate_audit::{
     Action, AuditError, AuditLog, CheckRecord, Latency, NewRecord, Outcome, RequestRecord, Route,
-    Sample, TokenOverhead, VerdictSummary, sha256_hex, should_sample,
+    TokenOverhead, TopicScore, VerdictSummary, sha256_hex, should_sample,
 };
-use canarygate_policies::canary::find_canaries;
+use canarygate_policies::topic::{TopicAction, sample_chance};
 use canarygate_policies::verify::Verdict;
 use sha2::{Digest, Sha256};
+
+mod sample;
+
+use sample::{SampleTexts, ScoreLater};
 
 use crate::clock::{RequestClock, now_ms};
 use crate::identity::Caller;
 use crate::metrics::Metrics;
+use crate::topic::TopicCheck;
 
-/// Most response bytes kept for a spot-check sample.
+/// Most response bytes kept for a spot-check sample, and most bytes of
+/// what the provider sent kept as a failed verdict's evidence.
 const MAX_SAMPLE_BYTES: usize = 256 * 1024;
-
-/// Placeholder for a canary in sampled text.
-const REDACTED: &str = "[canary]";
 
 /// How the exchange with the client ended, as the path that served it saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,6 +76,17 @@ pub struct Trail {
     response_hash: Sha256,
     response_len: u64,
     response_kept: Vec<u8>,
+    /// The texts the provider sent in the attempt whose verdict is
+    /// recorded, labelled by part.
+    provider_text: Option<String>,
+    /// The topic check, when it runs for this request.
+    topic: Option<Arc<TopicCheck>>,
+    /// What the client asked, for the topic check.
+    question: Option<String>,
+    /// What the answer said, for the topic check.
+    answer: Option<String>,
+    /// The topic score taken before the answer was delivered.
+    topic_score: Option<TopicScore>,
 }
 
 impl Trail {
@@ -106,6 +120,11 @@ impl Trail {
             response_hash: Sha256::new(),
             response_len: 0,
             response_kept: Vec::new(),
+            provider_text: None,
+            topic: None,
+            question: None,
+            answer: None,
+            topic_score: None,
         }
     }
 
@@ -212,6 +231,36 @@ impl Trail {
         self.verdict = Some(verdict.clone());
     }
 
+    /// Sets the topic check for this request, and what the client asked.
+    pub fn topic(&mut self, check: Arc<TopicCheck>, question: Option<String>) {
+        self.topic = Some(check);
+        self.question = question;
+    }
+
+    /// What the client asked, when the topic check runs.
+    pub fn question(&self) -> Option<&str> {
+        self.question.as_deref()
+    }
+
+    /// Starts recording a new upstream attempt's answer (a retry's
+    /// replaces the first one's).
+    pub fn new_attempt(&mut self) {
+        self.answer = None;
+        self.provider_text = None;
+    }
+
+    /// Records what the answer says so far: its text for the topic check,
+    /// and every text the provider sent, kept when the verdict fails.
+    pub fn provider_answer(&mut self, answer: Option<String>, sent: Option<String>) {
+        self.answer = answer;
+        self.provider_text = sent;
+    }
+
+    /// Records the topic score taken before the answer was delivered.
+    pub fn topic_score(&mut self, score: TopicScore) {
+        self.topic_score = Some(score);
+    }
+
     /// Records bytes sent to the client.
     pub fn sent(&mut self, bytes: &[u8]) {
         self.response_hash.update(bytes);
@@ -267,8 +316,10 @@ impl Trail {
     }
 
     /// Concludes and appends the record; durable when this returns `Ok`
-    /// (queued, with `[audit] durability = "background"`).
-    pub async fn commit(self, ending: Ending) -> Result<(), AuditError> {
+    /// (queued, with `[audit] durability = "background"`). With `[topic]
+    /// action = "record"`, the answer's topic score follows in a record of
+    /// its own, from a task that does not hold up the client.
+    pub async fn commit(mut self, ending: Ending) -> Result<(), AuditError> {
         let (outcome, action) = self.conclude(ending);
         let overhead_ms = self.clock.overhead().as_millis() as u64;
         let failed = self.failed();
@@ -277,11 +328,23 @@ impl Trail {
             .iter()
             .flat_map(|verdict| verdict.checks.iter().map(CheckRecord::from))
             .collect();
-        checks.extend(self.extra_checks);
-        let sample = should_sample(self.log.sample_rate(), failed).then(|| Sample {
-            request_text: redact(&String::from_utf8_lossy(&self.request_bytes)),
-            response_text: redact(&String::from_utf8_lossy(&self.response_kept)),
-        });
+        checks.extend(std::mem::take(&mut self.extra_checks));
+        let rate = self.log.sample_rate();
+        let min_similarity = self
+            .topic
+            .as_ref()
+            .map_or(0.0, |check| check.min_similarity());
+        let similarity = self.topic_score.as_ref().and_then(|score| score.similarity);
+        let sampled = should_sample(sample_chance(rate, failed, similarity, min_similarity));
+        let texts = SampleTexts {
+            request: std::mem::take(&mut self.request_bytes),
+            response: std::mem::take(&mut self.response_kept),
+            provider: self.provider_text.take().filter(|_| failed),
+        };
+        let scored_later = self
+            .topic
+            .clone()
+            .filter(|check| check.action() == TopicAction::Record && self.verdict.is_some());
         let record = RequestRecord {
             request_id: self.request_id,
             started_at_ms: self.started_at_ms,
@@ -302,6 +365,7 @@ impl Trail {
                     .verdict
                     .as_ref()
                     .is_some_and(|verdict| verdict.registry_degraded),
+            topic: self.topic_score,
             checks,
             verdict: match self.verdict.as_ref() {
                 None if self.unverifiable => VerdictSummary::Unverifiable,
@@ -314,12 +378,27 @@ impl Trail {
                 total_ms: self.started.elapsed().as_millis() as u64,
                 overhead_ms,
             },
-            bytes_in: self.request_bytes.len() as u64,
+            bytes_in: texts.request.len() as u64,
             bytes_out: self.response_len,
-            request_sha256: sha256_hex(&self.request_bytes),
+            request_sha256: sha256_hex(&texts.request),
             response_sha256: hex::encode(self.response_hash.finalize()),
         };
-        self.log.record(NewRecord { record, sample }).await
+        let request_id = record.request_id.clone();
+        let sample = sampled.then(|| texts.sample());
+        let recorded = self.log.record(NewRecord { record, sample }).await?;
+        if let Some(check) = scored_later {
+            let later = ScoreLater {
+                log: self.log,
+                check,
+                request_id,
+                question: self.question,
+                answer: self.answer,
+                texts: (!sampled).then_some(texts),
+                rate,
+            };
+            tokio::spawn(later.run(recorded));
+        }
+        Ok(())
     }
 
     /// Appends the record from a task of its own, for a request whose
@@ -364,33 +443,5 @@ impl Drop for PendingTrail {
         if let Some(trail) = self.0.take() {
             trail.commit_later(Ending::ClientLeft);
         }
-    }
-}
-
-/// `text` with every canary-shaped span replaced by [`REDACTED`].
-fn redact(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut copied = 0;
-    for found in find_canaries(text) {
-        if found.start < copied {
-            continue; // overlaps a span already redacted
-        }
-        out.push_str(&text[copied..found.start]);
-        out.push_str(REDACTED);
-        copied = found.end;
-    }
-    out.push_str(&text[copied..]);
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn redaction_removes_canaries_and_keeps_the_rest() {
-        let text = "before CG482937105662831 mid cg 482 937 105 662 831 after";
-        assert_eq!(redact(text), "before [canary] mid [canary] after");
-        assert_eq!(redact("no canary here"), "no canary here");
     }
 }
