@@ -337,6 +337,7 @@ mod tests {
             action: Action::Forward,
             failed: failed.iter().map(|s| (*s).to_owned()).collect(),
             sampled: false,
+            topic: None,
             total_ms: 10,
             overhead_ms: overhead,
             review: None,

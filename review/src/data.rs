@@ -10,7 +10,7 @@ use std::collections::{BTreeSet, HashMap};
 use canarygate_audit::{Action, Route, VerdictSummary};
 use canarygate_audit::{
     AuditError, Entry, Record, RecordId, RequestEntry, ReviewEntry, ReviewVerdict, Sample,
-    SampleKey, Snapshot,
+    SampleKey, Snapshot, TopicScore,
 };
 use canarygate_policies::verify::Status;
 
@@ -41,8 +41,10 @@ pub struct Row {
     pub action: Action,
     /// Names of the checks that failed.
     pub failed: Vec<String>,
-    /// Whether the record keeps a sample.
+    /// Whether the record keeps a sample (its own or its topic record's).
     pub sampled: bool,
+    /// The topic score, from the record or its topic record.
+    pub topic: Option<TopicScore>,
     /// Total latency, ms.
     pub total_ms: u64,
     /// Time spent in the proxy, ms.
@@ -72,6 +74,7 @@ impl Row {
                 .map(|check| check.name.clone())
                 .collect(),
             sampled: request.sample.is_some(),
+            topic: r.topic.clone(),
             total_ms: r.latency.total_ms,
             overhead_ms: r.latency.overhead_ms,
             review: None,
@@ -79,17 +82,33 @@ impl Row {
     }
 
     /// 0 for the most suspicious: a failed verdict, then a flagged answer,
-    /// then a sampled one, then the rest.
+    /// then a low topic score, then a sampled answer, then the rest (the
+    /// order of [`Snapshot::review_queue`], which holds sampled records only).
     fn suspicion(&self) -> u8 {
         if self.verdict == VerdictSummary::Fail {
             0
         } else if self.action == Action::Flag {
             1
-        } else if self.sampled {
+        } else if self.topic_low() {
             2
-        } else {
+        } else if self.sampled {
             3
+        } else {
+            4
         }
+    }
+
+    /// The topic similarity; unscored sorts after every score.
+    fn similarity(&self) -> f32 {
+        self.topic
+            .as_ref()
+            .and_then(|score| score.similarity)
+            .unwrap_or(f32::INFINITY)
+    }
+
+    /// The topic score is below its threshold.
+    pub fn topic_low(&self) -> bool {
+        self.topic.as_ref().is_some_and(TopicScore::low)
     }
 
     /// Whether the filter admits this row (all but the time bounds, which
@@ -113,6 +132,7 @@ impl Row {
                 .request
                 .as_ref()
                 .is_none_or(|id| &self.request_id == id)
+            && (!filter.low_topic || self.topic_low())
             && match filter.reviewed {
                 None => true,
                 Some(Reviewed::Yes) => self.review.is_some(),
@@ -138,6 +158,7 @@ pub struct Listing {
 pub fn list(snapshot: &Snapshot, filter: &Filter) -> Result<Listing, AuditError> {
     let mut listing = Listing::default();
     let mut reviews: HashMap<RecordId, ReviewVerdict> = HashMap::new();
+    let mut topics: HashMap<RecordId, (TopicScore, bool)> = HashMap::new();
     snapshot.for_each(|stored| {
         let record = &stored.record;
         match &record.entry {
@@ -153,20 +174,34 @@ pub fn list(snapshot: &Snapshot, filter: &Filter) -> Result<Listing, AuditError>
             Entry::Review(review) => {
                 reviews.insert(review.reviewed_id, review.verdict);
             }
-            #[allow(unreachable_patterns)]
-            _ => {}
+            Entry::Topic(topic) => {
+                topics.insert(
+                    topic.scored_id,
+                    (topic.score.clone(), topic.sample.is_some()),
+                );
+            }
+            Entry::Checkpoint(_) => {}
         }
         Ok(())
     })?;
     for row in &mut listing.rows {
         row.review = reviews.get(&row.id).copied();
+        if let Some((score, sampled)) = topics.remove(&row.id) {
+            row.topic = row.topic.take().or(Some(score));
+            row.sampled |= sampled;
+        }
     }
     listing.rows.retain(|row| row.admitted_by(filter));
     match filter.order {
         Order::Newest => listing.rows.sort_by(|a, b| b.id.cmp(&a.id)),
-        Order::Suspicious => listing
-            .rows
-            .sort_by(|a, b| a.suspicion().cmp(&b.suspicion()).then(b.id.cmp(&a.id))),
+        // As the review queue: oldest first within a rank, so nothing
+        // waits forever behind newer records.
+        Order::Suspicious => listing.rows.sort_by(|a, b| {
+            a.suspicion()
+                .cmp(&b.suspicion())
+                .then(a.similarity().total_cmp(&b.similarity()))
+                .then(a.id.cmp(&b.id))
+        }),
     }
     Ok(listing)
 }
@@ -178,8 +213,12 @@ pub struct Detail {
     pub record: Record,
     /// Its request entry (a copy of `record.entry`'s).
     pub request: RequestEntry,
-    /// Its sample, decrypted, or why it cannot be shown.
+    /// Its sample (its own or its topic record's), decrypted, or why it
+    /// cannot be shown.
     pub sample: Result<Option<Sample>, String>,
+    /// Its topic score, and the topic record that holds it when it is not
+    /// in the request record.
+    pub topic: Option<(TopicScore, Option<RecordId>)>,
     /// Its review: the review record's id and entry.
     pub review: Option<(RecordId, ReviewEntry)>,
 }
@@ -212,7 +251,7 @@ pub fn record(
             return Ok(Found::Other(stored.record, line));
         }
     };
-    let sample = match snapshot.sample(id, &request.record.request_id, key) {
+    let sample = match snapshot.request_sample(id, &request.record.request_id, key) {
         Ok(sample) => Ok(sample),
         Err(AuditError::Key(message)) => Err(format!(
             "the sample is encrypted and cannot be read: {message} (set ${key_env} to the \
@@ -231,10 +270,12 @@ pub fn record(
         },
         None => None,
     };
+    let topic = snapshot.topic_of(id)?;
     Ok(Found::Request(Box::new(Detail {
         record: stored.record,
         request,
         sample,
+        topic,
         review,
     })))
 }

@@ -51,6 +51,8 @@ pub struct Filter {
     pub since: Option<(u64, String)>,
     /// Only records written before this time (unix ms), as given.
     pub until: Option<(u64, String)>,
+    /// Only answers whose topic score is below its threshold.
+    pub low_topic: bool,
     /// Reviewed or not.
     pub reviewed: Option<Reviewed>,
     /// Ordering.
@@ -132,6 +134,15 @@ impl Filter {
                         filter.until = bound;
                     }
                 }
+                "topic" => {
+                    if value != "low" {
+                        return Err(BadFilter(format!(
+                            "topic `{}` must be low (answers scored below the threshold)",
+                            short(value)
+                        )));
+                    }
+                    filter.low_topic = true;
+                }
                 "reviewed" => {
                     filter.reviewed = Some(match value {
                         "yes" => Reviewed::Yes,
@@ -168,7 +179,7 @@ impl Filter {
                 other => {
                     return Err(BadFilter(format!(
                         "unknown filter `{}`: use verdict, check, route, session, endpoint, \
-                         request, since, until, reviewed, order or page",
+                         request, since, until, topic, reviewed, order or page",
                         short(other)
                     )));
                 }
@@ -209,6 +220,9 @@ impl Filter {
         }
         if let Some((_, text)) = &self.until {
             pairs.push(("until", text.clone()));
+        }
+        if self.low_topic {
+            pairs.push(("topic", "low".into()));
         }
         match self.reviewed {
             Some(Reviewed::Yes) => pairs.push(("reviewed", "yes".into())),
@@ -319,6 +333,7 @@ mod tests {
             ("request", "req 1&2"),
             ("since", "2026-11-30"),
             ("until", "2026-12-01T00:00:00Z"),
+            ("topic", "low"),
             ("reviewed", "no"),
             ("order", "suspicious"),
             ("page", "3"),
@@ -378,6 +393,7 @@ mod tests {
             (vec![("page", "-1")], "page `-1`"),
             (vec![("order", "random")], "order `random`"),
             (vec![("reviewed", "maybe")], "reviewed `maybe`"),
+            (vec![("topic", "high")], "topic `high`"),
             (vec![("verdit", "fail")], "unknown filter `verdit`"),
             (
                 vec![("verdict", "fail"), ("verdict", "pass")],

@@ -3,7 +3,7 @@
 //! [`crate::data`] read; every value goes through [`Page::text`].
 
 use canarygate_audit::time::format_rfc3339;
-use canarygate_audit::{Entry, Record, ReviewVerdict, VerdictSummary};
+use canarygate_audit::{Entry, Record, ReviewVerdict, TopicScore, VerdictSummary};
 use canarygate_policies::verify::Status;
 
 use crate::charts;
@@ -30,7 +30,7 @@ form.filters label{display:flex;flex-direction:column;font-size:12px}
 .sides pre,pre.evidence{white-space:pre-wrap;word-break:break-word;background:#fff;border:1px solid #ccc;padding:8px;max-height:480px;overflow:auto;margin:0}
 .exposed{border:2px solid #c62828;background:#ffebee;padding:8px 12px;margin:10px 0}
 .error{border:2px solid #c62828;background:#fff;padding:8px 12px}
-.empty,.note{color:#555}
+.empty,.note{color:#555}.low{color:#c62828;font-weight:bold}
 svg{background:#fff;border:1px solid #ddd;width:100%;max-width:760px;height:auto}
 svg .grid{stroke:#e0e0e0}svg .tick{font-size:11px;fill:#333}svg .axis{font-size:12px;fill:#000}
 .legend .key{display:inline-block;width:10px;height:10px;margin:0 4px 0 10px}
@@ -213,6 +213,13 @@ fn filter_form(page: &mut Page, action: &'static str, filter: &Filter, listing: 
     );
     select(
         page,
+        "topic",
+        "topic score",
+        &["low"],
+        filter.low_topic.then_some("low"),
+    );
+    select(
+        page,
         "reviewed",
         "reviewed",
         &["yes", "no"],
@@ -256,7 +263,7 @@ pub fn list(filter: &Filter, listing: &Listing, csrf: &str) -> String {
         body.markup(
             "<table id=\"records\"><thead><tr><th>#</th><th>written (UTC)</th><th>verdict</th>\
              <th>failed checks</th><th>action</th><th>route</th><th>endpoint</th><th>provider/model</th>\
-             <th>session</th><th>total ms</th><th>overhead ms</th><th>sample</th><th>review</th></tr></thead><tbody>",
+             <th>session</th><th>topic</th><th>total ms</th><th>overhead ms</th><th>sample</th><th>review</th></tr></thead><tbody>",
         );
         let from = (page_number - 1) * PAGE_SIZE;
         for row in listing.rows.iter().skip(from).take(PAGE_SIZE) {
@@ -299,7 +306,9 @@ fn list_row(body: &mut Page, row: &Row) {
             &format!("/?session={}", url_encode(&row.session)),
             row.session.get(..8).unwrap_or(&row.session),
         )
-        .markup("</td><td class=\"num\">")
+        .markup("</td><td class=\"num\">");
+    topic_cell(body, row.topic.as_ref());
+    body.markup("</td><td class=\"num\">")
         .show(row.total_ms)
         .markup("</td><td class=\"num\">")
         .show(row.overhead_ms)
@@ -312,6 +321,53 @@ fn list_row(body: &mut Page, row: &Row) {
         None => body.markup(""),
     };
     body.markup("</td></tr>");
+}
+
+/// A topic score in a cell: the similarity, marked when low; why it was
+/// skipped; nothing when unscored.
+fn topic_cell(body: &mut Page, score: Option<&TopicScore>) {
+    match score {
+        Some(
+            score @ TopicScore {
+                similarity: Some(similarity),
+                ..
+            },
+        ) => {
+            if score.low() {
+                body.markup("<span class=\"low\" title=\"below the threshold\">")
+                    .text(&format!("{similarity:.4}"))
+                    .markup(" low</span>");
+            } else {
+                body.text(&format!("{similarity:.4}"));
+            }
+        }
+        Some(TopicScore {
+            skipped: Some(why), ..
+        }) => {
+            body.markup("<span class=\"note\">skipped: ")
+                .text(why)
+                .markup("</span>");
+        }
+        _ => {}
+    }
+}
+
+/// The topic score in words, for the record page.
+fn topic_words(score: &TopicScore) -> String {
+    match (score.similarity, &score.skipped) {
+        (Some(similarity), _) => format!(
+            "similarity {similarity:.4} against a threshold of {:.4}: {} (model {})",
+            score.min_similarity,
+            if score.low() {
+                "LOW, the answer may not be about what was asked"
+            } else {
+                "fits"
+            },
+            score.model
+        ),
+        (None, Some(why)) => format!("not scored: {why} (model {})", score.model),
+        (None, None) => format!("not scored (model {})", score.model),
+    }
 }
 
 /// The serde name of a unit enum value (`forward`, `complete`, ...).
@@ -373,6 +429,29 @@ pub fn record(detail: &Detail, csrf: &str) -> String {
             r.latency.total_ms
         ))
         .markup("</p>");
+    body.markup("<p id=\"topic\"><strong>Topic:</strong> ");
+    match &detail.topic {
+        Some((score, topic_record)) => {
+            if score.low() {
+                body.markup("<span class=\"low\">");
+            } else {
+                body.markup("<span>");
+            }
+            body.text(&topic_words(score)).markup("</span>");
+            if let Some(topic_id) = topic_record {
+                body.markup(" (scored after delivery, in ")
+                    .link(
+                        &format!("/records/{topic_id}"),
+                        &format!("record {topic_id}"),
+                    )
+                    .markup(")");
+            }
+        }
+        None => {
+            body.markup("not scored (no [topic] model, or not on the verified path)");
+        }
+    }
+    body.markup("</p>");
 
     body.markup("<h2>Sample</h2>");
     match &detail.sample {
@@ -381,7 +460,13 @@ pub fn record(detail: &Detail, csrf: &str) -> String {
                 .text(&sample.request_text)
                 .markup("</pre></section><section><h3>What the client received</h3><pre id=\"response-text\">")
                 .text(&sample.response_text)
-                .markup("</pre></section></div>");
+                .markup("</pre></section>");
+            if let Some(sent) = &sample.provider_text {
+                body.markup("<section><h3>What the provider sent</h3><pre id=\"provider-text\">")
+                    .text(sent)
+                    .markup("</pre></section>");
+            }
+            body.markup("</div>");
         }
         Ok(None) => {
             body.markup("<p class=\"empty\">Not sampled: no text was kept for this request.</p>");
@@ -597,6 +682,16 @@ pub fn other_record(record: &Record, line: &str, csrf: &str) -> String {
                     &format!("/records/{}", review.reviewed_id),
                     &format!("record {}", review.reviewed_id),
                 )
+                .markup(".</p>");
+        }
+        Entry::Topic(topic) => {
+            body.markup("<p>The topic score of ")
+                .link(
+                    &format!("/records/{}", topic.scored_id),
+                    &format!("record {}", topic.scored_id),
+                )
+                .markup(": ")
+                .text(&topic_words(&topic.score))
                 .markup(".</p>");
         }
         _ => {

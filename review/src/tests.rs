@@ -12,7 +12,7 @@ use axum::http::{Request, StatusCode, header};
 use canarygate_audit::time::now_ms;
 use canarygate_audit::{
     Action, Archive, AuditLog, AuditOptions, CheckRecord, Latency, NewRecord, Outcome,
-    RequestRecord, Route, Sample, VerdictSummary, sha256_hex,
+    RequestRecord, Route, Sample, TopicScore, VerdictSummary, sha256_hex,
 };
 use canarygate_policies::verify::Status;
 use tower::ServiceExt;
@@ -47,6 +47,7 @@ fn request(n: u64, verdict: VerdictSummary, checks: Vec<CheckRecord>) -> Request
         canary_ids: vec![format!("c{n}")],
         instance: None,
         registry_degraded: false,
+        topic: None,
         checks,
         verdict,
         action: if verdict == VerdictSummary::Fail {
@@ -75,8 +76,10 @@ struct Fixture {
     runtime: tokio::runtime::Runtime,
 }
 
-/// Three records: 1 passes with `<script>` in its sample, 2 fails
-/// `foreign_canary` naming the owner of request 1, 3 passes unsampled.
+/// Five records: request 1 passes with `<script>` in its sample, 2 fails
+/// `foreign_canary` naming the owner of request 1 (the provider's text,
+/// which the client never got, holds the script), 3 passes unsampled; 4 is
+/// request 1's topic score, 5 request 3's, low, with the sample it kept.
 fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
@@ -98,6 +101,7 @@ fn fixture() -> Fixture {
             sample: Some(Sample {
                 request_text: format!("user: {SCRIPT}"),
                 response_text: format!("You wrote: {SCRIPT}"),
+                provider_text: None,
             }),
         })
         .await
@@ -119,6 +123,7 @@ fn fixture() -> Fixture {
             sample: Some(Sample {
                 request_text: "user: name three rivers".into(),
                 response_text: "{\"error\":\"blocked\"}".into(),
+                provider_text: Some(format!("You wrote: {SCRIPT}")),
             }),
         })
         .await
@@ -129,6 +134,21 @@ fn fixture() -> Fixture {
         })
         .await
         .unwrap();
+        let score = |similarity: f32| TopicScore {
+            similarity: Some(similarity),
+            skipped: None,
+            min_similarity: 0.1,
+            model: "all-MiniLM-L6-v2".into(),
+        };
+        log.append_topic(1, "req-1", score(0.62), None).await.unwrap();
+        let kept = Sample {
+            request_text: "user: the weather in Oslo".into(),
+            response_text: "Bananas are berries.".into(),
+            provider_text: None,
+        };
+        log.append_topic(3, "req-3", score(0.03), Some(&kept))
+            .await
+            .unwrap();
     });
     // The page's own handle, beside the log's, in the same process.
     let archive = Archive::open_writable(&data).unwrap();
@@ -266,6 +286,7 @@ fn the_list_filters_and_refuses_bad_filters() {
         all.body
     );
     assert!(all.body.contains("3 of 3 request records"));
+    assert!(all.body.contains("0.0300 low"), "{}", all.body);
     let ids = |body: &str| -> Vec<String> {
         body.match_indices("class=\"record\" data-id=\"")
             .map(|(at, m)| body[at + m.len()..].split('"').next().unwrap().to_owned())
@@ -278,7 +299,8 @@ fn the_list_filters_and_refuses_bad_filters() {
         ("verdict=pass&endpoint=messages", vec!["3"]),
         ("session=01AB", vec!["1"]),
         ("route=local", vec![]),
-        ("reviewed=no&order=suspicious", vec!["2", "1", "3"]),
+        ("reviewed=no&order=suspicious", vec!["2", "3", "1"]),
+        ("topic=low", vec!["3"]),
         ("request=req-3", vec!["3"]),
         ("since=1h", vec!["3", "2", "1"]),
         ("until=2020-01-01", vec![]),
@@ -328,6 +350,14 @@ fn records_render_untrusted_text_as_text() {
 
     let two = fx.get("/records/2", Some(&cookie));
     assert!(two.body.contains("id=\"exposed\""), "{}", two.body);
+    assert!(
+        two.body.contains(
+            "<pre id=\"provider-text\">You wrote: &lt;script&gt;document.title=&#39;pwned&#39;"
+        ),
+        "{}",
+        two.body
+    );
+    assert!(!two.body.contains("<script"));
     let owner = request(1, VerdictSummary::Pass, vec![]).session;
     assert!(
         two.body.contains(&format!("/?session={owner}")),
@@ -341,8 +371,25 @@ fn records_render_untrusted_text_as_text() {
             .contains("id=\"exposed\"")
     );
 
-    let three = fx.get("/records/3", Some(&cookie));
-    assert!(three.body.contains("Not sampled"));
+    // Request 3's sample and low score live in its topic record, 5.
+    let three = fx.get("/records/3", Some(&cookie)).body;
+    assert!(three.contains("Bananas are berries."), "{three}");
+    assert!(
+        three.contains("similarity 0.0300 against a threshold of 0.1000: LOW"),
+        "{three}"
+    );
+    assert!(three.contains("href=\"/records/5\""), "{three}");
+    assert!(!three.contains("id=\"provider-text\""));
+    let one = fx.get("/records/1", Some(&cookie)).body;
+    assert!(
+        one.contains("similarity 0.6200") && one.contains(": fits"),
+        "{one}"
+    );
+    let topic = fx.get("/records/4", Some(&cookie)).body;
+    assert!(
+        topic.contains("The topic score of <a href=\"/records/1\">"),
+        "{topic}"
+    );
     assert_eq!(
         fx.get("/records/99", Some(&cookie)).status,
         StatusCode::NOT_FOUND
@@ -449,12 +496,12 @@ fn reviews_need_csrf_and_keep_the_chain_valid() {
             .unwrap();
     });
     let report = Archive::open_read_only(&fx.data).unwrap().verify().unwrap();
-    assert_eq!(report.records, 5);
+    assert_eq!(report.records, 7);
     let snapshot = Archive::open_read_only(&fx.data)
         .unwrap()
         .snapshot()
         .unwrap();
-    assert_eq!(snapshot.review_of(2).unwrap(), Some(4));
+    assert_eq!(snapshot.review_of(2).unwrap(), Some(6));
 
     // Logging out needs the CSRF token too, and ends the cookie.
     let refused = fx.send(form("/logout", "", Some(&cookie)));

@@ -2,7 +2,8 @@
 //! Chromium driven by selenium (tests/python/review_page.py) over an audit
 //! log that `canarygate serve` wrote from real traffic to the simulator,
 //! one of whose answers leaked another session's prompt, which holds
-//! `<script>` text. The page reviews through the same audit API as the CLI:
+//! `<script>` text: the blocked answer's sample keeps what the provider
+//! sent, and the page shows it beside what the client received. The page reviews through the same audit API as the CLI:
 //! `audit show` reports the review and `audit verify` still passes.
 //!
 //! Chromium and chromedriver are the Debian packages `chromium` and
@@ -257,6 +258,23 @@ sample_rate = 1.0
             .as_str()
             .unwrap()
             .contains("Name three rivers.")
+    );
+    // What the thief's client got is canarygate's error; what the provider
+    // sent, kept beside it, is the victim's prompt with its script text.
+    let received = seen["failed_response_text"]
+        .as_str()
+        .expect("response text");
+    assert!(
+        received.contains("canarygate_verification_failed"),
+        "{received}"
+    );
+    assert!(!received.contains("Halvorsen"), "{received}");
+    let sent = seen["failed_provider_text"]
+        .as_str()
+        .expect("provider text");
+    assert!(
+        sent.contains("Halvorsen") && sent.contains(SCRIPT),
+        "{sent}"
     );
 
     // The review landed and replaced the form.
