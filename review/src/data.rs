@@ -193,7 +193,7 @@ pub fn list(snapshot: &Snapshot, filter: &Filter) -> Result<Listing, AuditError>
     }
     listing.rows.retain(|row| row.admitted_by(filter));
     match filter.order {
-        Order::Newest => listing.rows.sort_by(|a, b| b.id.cmp(&a.id)),
+        Order::Newest => listing.rows.sort_by_key(|row| std::cmp::Reverse(row.id)),
         // As the review queue: oldest first within a rank, so nothing
         // waits forever behind newer records.
         Order::Suspicious => listing.rows.sort_by(|a, b| {

@@ -157,6 +157,25 @@ fn unauthenticated() -> Response {
     )
 }
 
+/// A request answered with an error page: its status and the reason shown.
+struct Refusal {
+    status: StatusCode,
+    message: String,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+        }
+    }
+
+    fn page(self, state: &AppState) -> Response {
+        error_page(state, self.status, &self.message)
+    }
+}
+
 fn html(status: StatusCode, body: String) -> Response {
     (
         status,
@@ -206,7 +225,7 @@ async fn login_form(State(state): State<Shared>, headers: HeaderMap) -> Response
 
 /// Reads an urlencoded form body within [`MAX_FORM_BYTES`] and
 /// [`BODY_DEADLINE`]; an error is the page to answer with.
-async fn read_form(state: &AppState, request: Request) -> Result<Vec<(String, String)>, Response> {
+async fn read_form(request: Request) -> Result<Vec<(String, String)>, Refusal> {
     let form_type = request
         .headers()
         .get(header::CONTENT_TYPE)
@@ -217,8 +236,7 @@ async fn read_form(state: &AppState, request: Request) -> Result<Vec<(String, St
                 .eq_ignore_ascii_case("application/x-www-form-urlencoded")
         });
     if !form_type {
-        return Err(error_page(
-            state,
+        return Err(Refusal::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "Forms are sent as application/x-www-form-urlencoded.",
         ));
@@ -226,13 +244,11 @@ async fn read_form(state: &AppState, request: Request) -> Result<Vec<(String, St
     let body = request.into_body();
     match tokio::time::timeout(BODY_DEADLINE, axum::body::to_bytes(body, MAX_FORM_BYTES)).await {
         Ok(Ok(bytes)) => Ok(form_urlencoded::parse(&bytes).into_owned().collect()),
-        Ok(Err(_)) => Err(error_page(
-            state,
+        Ok(Err(_)) => Err(Refusal::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            &format!("The form is larger than {MAX_FORM_BYTES} bytes or was cut off."),
+            format!("The form is larger than {MAX_FORM_BYTES} bytes or was cut off."),
         )),
-        Err(_) => Err(error_page(
-            state,
+        Err(_) => Err(Refusal::new(
             StatusCode::REQUEST_TIMEOUT,
             "The form did not arrive in time.",
         )),
@@ -247,9 +263,9 @@ fn field<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
 }
 
 async fn login(State(state): State<Shared>, request: Request) -> Response {
-    let pairs = match read_form(&state, request).await {
+    let pairs = match read_form(request).await {
         Ok(pairs) => pairs,
-        Err(page) => return page,
+        Err(refusal) => return refusal.page(&state),
     };
     match field(&pairs, "token") {
         Some(token) if state.token.token_matches(token) => {
@@ -270,11 +286,10 @@ async fn login(State(state): State<Shared>, request: Request) -> Response {
 }
 
 /// Checks the form's CSRF field; the error is the 403 page.
-fn check_csrf(state: &AppState, pairs: &[(String, String)]) -> Result<(), Response> {
+fn check_csrf(state: &AppState, pairs: &[(String, String)]) -> Result<(), Refusal> {
     match field(pairs, "csrf") {
         Some(csrf) if state.token.csrf_matches(csrf) => Ok(()),
-        _ => Err(error_page(
-            state,
+        _ => Err(Refusal::new(
             StatusCode::FORBIDDEN,
             "The form's CSRF token is missing or wrong: reload the page and try again.",
         )),
@@ -282,12 +297,12 @@ fn check_csrf(state: &AppState, pairs: &[(String, String)]) -> Result<(), Respon
 }
 
 async fn logout(State(state): State<Shared>, request: Request) -> Response {
-    let pairs = match read_form(&state, request).await {
+    let pairs = match read_form(request).await {
         Ok(pairs) => pairs,
-        Err(page) => return page,
+        Err(refusal) => return refusal.page(&state),
     };
-    if let Err(page) = check_csrf(&state, &pairs) {
-        return page;
+    if let Err(refusal) = check_csrf(&state, &pairs) {
+        return refusal.page(&state);
     }
     let mut response = see_other("/login");
     if let Ok(cookie) = HeaderValue::from_str(&logout_cookie()) {
@@ -301,7 +316,7 @@ async fn logout(State(state): State<Shared>, request: Request) -> Response {
 async fn with_snapshot<T: Send + 'static>(
     state: &Shared,
     read: impl FnOnce(&AppState, &Snapshot) -> Result<T, AuditError> + Send + 'static,
-) -> Result<T, Response> {
+) -> Result<T, Refusal> {
     let shared = state.clone();
     let outcome = tokio::task::spawn_blocking(move || {
         let snapshot = shared.archive.snapshot()?;
@@ -312,32 +327,30 @@ async fn with_snapshot<T: Send + 'static>(
         Ok(Ok(value)) => Ok(value),
         Ok(Err(error)) => {
             tracing::error!(%error, "review page: reading the audit store failed");
-            Err(error_page(
-                state,
+            Err(Refusal::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
-                &error.to_string(),
+                error.to_string(),
             ))
         }
-        Err(_) => Err(error_page(
-            state,
+        Err(_) => Err(Refusal::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "The store file is damaged and cannot be read.",
         )),
     }
 }
 
-fn parse_filter(state: &AppState, uri: &Uri) -> Result<Filter, Response> {
+fn parse_filter(uri: &Uri) -> Result<Filter, Refusal> {
     let pairs = Query::<Vec<(String, String)>>::try_from_uri(uri)
-        .map_err(|rejection| error_page(state, StatusCode::BAD_REQUEST, &rejection.body_text()))?
+        .map_err(|rejection| Refusal::new(StatusCode::BAD_REQUEST, rejection.body_text()))?
         .0;
     Filter::parse(&pairs, now_ms())
-        .map_err(|error| error_page(state, StatusCode::BAD_REQUEST, &error.to_string()))
+        .map_err(|error| Refusal::new(StatusCode::BAD_REQUEST, error.to_string()))
 }
 
 async fn list(State(state): State<Shared>, uri: Uri) -> Response {
-    let filter = match parse_filter(&state, &uri) {
+    let filter = match parse_filter(&uri) {
         Ok(filter) => filter,
-        Err(page) => return page,
+        Err(refusal) => return refusal.page(&state),
     };
     let read = filter.clone();
     match with_snapshot(&state, move |_, snapshot| data::list(snapshot, &read)).await {
@@ -345,14 +358,14 @@ async fn list(State(state): State<Shared>, uri: Uri) -> Response {
             StatusCode::OK,
             pages::list(&filter, &listing, &state.token.csrf()),
         ),
-        Err(page) => page,
+        Err(refusal) => refusal.page(&state),
     }
 }
 
 async fn charts(State(state): State<Shared>, uri: Uri) -> Response {
-    let filter = match parse_filter(&state, &uri) {
+    let filter = match parse_filter(&uri) {
         Ok(filter) => filter,
-        Err(page) => return page,
+        Err(refusal) => return refusal.page(&state),
     };
     let read = filter.clone();
     match with_snapshot(&state, move |_, snapshot| data::list(snapshot, &read)).await {
@@ -360,14 +373,13 @@ async fn charts(State(state): State<Shared>, uri: Uri) -> Response {
             StatusCode::OK,
             pages::charts(&filter, &listing, &state.token.csrf()),
         ),
-        Err(page) => page,
+        Err(refusal) => refusal.page(&state),
     }
 }
 
-fn record_id(state: &AppState, text: &str) -> Result<RecordId, Response> {
+fn record_id(text: &str) -> Result<RecordId, Refusal> {
     text.parse::<RecordId>().map_err(|_| {
-        error_page(
-            state,
+        Refusal::new(
             StatusCode::BAD_REQUEST,
             "A record id is a positive whole number.",
         )
@@ -375,9 +387,9 @@ fn record_id(state: &AppState, text: &str) -> Result<RecordId, Response> {
 }
 
 async fn record(State(state): State<Shared>, Path(id): Path<String>) -> Response {
-    let id = match record_id(&state, &id) {
+    let id = match record_id(&id) {
         Ok(id) => id,
-        Err(page) => return page,
+        Err(refusal) => return refusal.page(&state),
     };
     let found = with_snapshot(&state, move |state, snapshot| {
         data::record(snapshot, id, state.sample_key.as_ref(), &state.key_env)
@@ -394,21 +406,21 @@ async fn record(State(state): State<Shared>, Path(id): Path<String>) -> Response
             StatusCode::NOT_FOUND,
             &format!("There is no record {id}."),
         ),
-        Err(page) => page,
+        Err(refusal) => refusal.page(&state),
     }
 }
 
 async fn review(State(state): State<Shared>, Path(id): Path<String>, request: Request) -> Response {
-    let id = match record_id(&state, &id) {
+    let id = match record_id(&id) {
         Ok(id) => id,
-        Err(page) => return page,
+        Err(refusal) => return refusal.page(&state),
     };
-    let pairs = match read_form(&state, request).await {
+    let pairs = match read_form(request).await {
         Ok(pairs) => pairs,
-        Err(page) => return page,
+        Err(refusal) => return refusal.page(&state),
     };
-    if let Err(page) = check_csrf(&state, &pairs) {
-        return page;
+    if let Err(refusal) = check_csrf(&state, &pairs) {
+        return refusal.page(&state);
     }
     let verdict = match field(&pairs, "verdict") {
         Some("ok") => ReviewVerdict::Ok,

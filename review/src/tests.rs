@@ -254,8 +254,7 @@ fn pages_need_the_token_and_carry_the_security_headers() {
     assert!(!cookie.contains(TOKEN));
     assert_eq!(fx.get("/", Some(&cookie)).status, StatusCode::OK);
     assert_eq!(
-        fx.get(&format!("/?x=1"), Some(&format!("{COOKIE}=00")))
-            .status,
+        fx.get("/?x=1", Some(&format!("{COOKIE}=00"))).status,
         StatusCode::UNAUTHORIZED
     );
 
