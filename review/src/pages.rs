@@ -11,6 +11,10 @@ use crate::data::{Detail, Listing, Row};
 use crate::filter::{Filter, Order, PAGE_SIZE, Reviewed, route_name, verdict_name};
 use crate::html::{Page, url_encode};
 
+/// Longest review note, in characters (the form's `maxlength`, checked
+/// again when it is posted).
+pub const MAX_NOTE_CHARS: usize = 4000;
+
 /// The stylesheet, served at `/style.css` (the policy allows no inline style).
 pub const STYLE: &str = "\
 body{font:14px/1.45 system-ui,sans-serif;margin:0;color:#1d1d1f;background:#fafafa}
@@ -507,7 +511,7 @@ pub fn record(detail: &Detail, csrf: &str) -> String {
                      value=\"bad\" id=\"verdict-bad\"> bad: a leak or a wrong answer</label></p>\
                      <p><label>Note<br><textarea name=\"note\" id=\"note\" rows=\"3\" cols=\"60\" maxlength=\"",
                 )
-                .show(crate::server::MAX_NOTE_CHARS)
+                .show(MAX_NOTE_CHARS)
                 .markup("\"></textarea></label></p><p><button type=\"submit\" id=\"submit-review\">Record the review</button></p></form>")
                 .markup("<p class=\"note\">A review is a chained audit record: it cannot be changed afterwards.</p>");
         }

@@ -30,13 +30,10 @@ use tokio::sync::Semaphore;
 use crate::auth::{AdminToken, logout_cookie};
 use crate::data::{self, Found};
 use crate::filter::Filter;
-use crate::pages;
+use crate::pages::{self, MAX_NOTE_CHARS};
 
 /// Largest form body accepted (login, review, logout).
 pub const MAX_FORM_BYTES: usize = 16 * 1024;
-
-/// Longest review note, in characters.
-pub const MAX_NOTE_CHARS: usize = 4000;
 
 /// How long a client may take to send a form body.
 pub const BODY_DEADLINE: Duration = Duration::from_secs(10);

@@ -514,3 +514,61 @@ fn reviews_need_csrf_and_keep_the_chain_valid() {
             .contains("Max-Age=0")
     );
 }
+
+#[test]
+fn the_server_answers_on_a_real_socket_and_needs_a_store() {
+    let fx = fixture();
+    fx.runtime.block_on(async {
+        let options = |data_dir: std::path::PathBuf| crate::ReviewOptions {
+            data_dir,
+            listen: "127.0.0.1:0".parse().unwrap(),
+            token: AdminToken::new(TOKEN).unwrap(),
+            sample_key: None,
+            key_env: "CANARYGATE_AUDIT_KEY".into(),
+        };
+        let missing = crate::ReviewServer::bind(options(fx.data.join("nothing-here")))
+            .await
+            .err()
+            .expect("no store, no page");
+        assert!(missing.to_string().contains("no audit store"), "{missing}");
+        assert!(!fx.data.join("nothing-here").exists());
+
+        let server = crate::ReviewServer::bind(options(fx.data.clone()))
+            .await
+            .unwrap();
+        let address = server.local_addr().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let serving = tokio::spawn(server.run(async {
+            let _ = stopped.await;
+        }));
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut socket = tokio::net::TcpStream::connect(address).await.unwrap();
+        socket
+            .write_all(
+                format!(
+                    "GET /records/2 HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\
+                     Connection: close\r\n\r\n"
+                )
+                .as_bytes(),
+            )
+            .await
+            .unwrap();
+        let mut answer = String::new();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            socket.read_to_string(&mut answer),
+        )
+        .await
+        .expect("answered in time")
+        .unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.contains("id=\"exposed\""));
+        assert!(
+            answer
+                .to_ascii_lowercase()
+                .contains("content-security-policy: default-src 'none'")
+        );
+        stop.send(()).unwrap();
+        serving.await.unwrap().unwrap();
+    });
+}
