@@ -9,9 +9,13 @@
 //! How the parts meet:
 //!
 //! - [`ReviewServer::bind`] opens the store with
-//!   [`Archive::open_writable`] (redb's multi-writer mode: it works beside a
-//!   running `serve`, and beside `serve`'s own [`canarygate_audit::AuditLog`]
-//!   in the same process, see the tests) and binds the address.
+//!   [`Archive::open_writable`] and binds the address. redb's multi-writer
+//!   mode locks with open-file-description locks (`F_OFD_SETLK`), which
+//!   exclude each other even inside one process, so this handle works beside
+//!   a running `serve` and beside `serve`'s own [`canarygate_audit::AuditLog`]
+//!   in the same process (`canarygate serve --review-listen`): both append,
+//!   and the chain verifies (this crate's tests, and the e2e test
+//!   `serve_runs_the_review_page_beside_the_proxy`).
 //! - `server` routes requests: `auth` ([`AdminToken`]) gates every page
 //!   but the login form and the stylesheet; `filter` parses the list's
 //!   query strictly (a bad value is a 400 page naming it); `data` reads a

@@ -6,6 +6,8 @@
 //! sent, and the page shows it beside what the client received. The page reviews through the same audit API as the CLI:
 //! `audit show` reports the review and `audit verify` still passes.
 //!
+//! A second test runs the page inside `serve` (`--review-listen`).
+//!
 //! Chromium and chromedriver are the Debian packages `chromium` and
 //! `chromium-driver` (scripts/test.sh installs them), or the binaries named
 //! by `CANARYGATE_CHROMIUM` and `CANARYGATE_CHROMEDRIVER`.
@@ -361,4 +363,90 @@ sample_rate = 1.0
         "review_page: browser run {browser_seconds:.1} s, whole test {:.1} s",
         started.elapsed().as_secs_f64()
     );
+}
+
+/// `serve --review-listen` runs the page in the proxy's process, its store
+/// handle beside the proxy's audit log: it shows the proxy's records, its
+/// reviews chain with them, and the proxy keeps appending after.
+#[tokio::test]
+async fn serve_runs_the_review_page_beside_the_proxy() {
+    let sim = start_sim(&[]);
+    let dir = ProxyDir::new();
+    let policy = plain_policy(&dir, &sim.url, "[audit]\nsample_rate = 1.0\n");
+    let data = dir.data();
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("local addr").port()
+    };
+    let review_listen = format!("127.0.0.1:{port}");
+
+    // Without a token, serve does not start at all.
+    let refused = Command::new(binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(&data)
+        .arg("--config")
+        .arg(&policy)
+        .args(["--review-listen", &review_listen])
+        .env_remove("CANARYGATE_ADMIN_TOKEN")
+        .output()
+        .expect("run serve");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("CANARYGATE_ADMIN_TOKEN"));
+
+    let proxy = start_proxy_with_args(
+        &dir,
+        &policy,
+        &["--review-listen", &review_listen],
+        &[("CANARYGATE_ADMIN_TOKEN", TOKEN)],
+    );
+    let (status, request_id, _) =
+        ask(&proxy, "sim-model", "nightly", "Summarise <b>this</b>").await;
+    assert_eq!(status, 200);
+
+    let page = format!("http://{review_listen}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let record = loop {
+        let sent = client()
+            .get(format!("{page}/records/1"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await;
+        if let Ok(response) = sent {
+            assert_eq!(response.status(), 200);
+            break response.text().await.unwrap();
+        }
+        assert!(Instant::now() < deadline, "the review page never answered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(record.contains(&request_id), "{record}");
+    assert!(
+        record.contains("Summarise &lt;b&gt;this&lt;/b&gt;"),
+        "{record}"
+    );
+    let at = record.find("name=\"csrf\" value=\"").expect("csrf field") + 19;
+    let csrf = &record[at..at + 64];
+    let no_redirects = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let reviewed = no_redirects
+        .post(format!("{page}/records/1/review"))
+        .bearer_auth(TOKEN)
+        .form(&[("verdict", "ok"), ("note", "fits"), ("csrf", csrf)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reviewed.status(), 303);
+    assert_eq!(reviewed.headers()["location"], "/records/1");
+
+    let (status, _, _) = ask(&proxy, "sim-model", "nightly", "And this").await;
+    assert_eq!(status, 200);
+    let (ok, verified, stderr) = audit(&data, &["verify"]);
+    assert!(
+        ok && verified.starts_with("ok: 3 records verified"),
+        "{verified}{stderr}"
+    );
+    let (ok, shown, _) = audit(&data, &["show", "1"]);
+    assert!(ok && shown.contains("--- reviewed in record 2"), "{shown}");
 }
