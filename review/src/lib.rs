@@ -10,7 +10,7 @@
 //!
 //! - [`ReviewServer::bind`] opens the store with
 //!   [`Archive::open_writable`] and binds the address. redb's multi-writer
-//!   mode locks with open-file-description locks (`F_OFD_SETLK`), which
+//!   mode locks with open-file-description locks (`F_OFD_SETLK` on Linux), which
 //!   exclude each other even inside one process, so this handle works beside
 //!   a running `serve` and beside `serve`'s own [`canarygate_audit::AuditLog`]
 //!   in the same process (`canarygate serve --review-listen`): both append,

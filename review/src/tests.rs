@@ -572,3 +572,40 @@ fn the_server_answers_on_a_real_socket_and_needs_a_store() {
         serving.await.unwrap().unwrap();
     });
 }
+
+#[test]
+fn the_list_pages_through_many_records() {
+    let fx = fixture();
+    fx.runtime.block_on(async {
+        for n in 10..70 {
+            fx.log
+                .append(NewRecord {
+                    record: request(n, VerdictSummary::Pass, vec![]),
+                    sample: None,
+                })
+                .await
+                .unwrap();
+        }
+    });
+    let cookie = fx.login();
+    let rows = |body: &str| body.matches("class=\"record\"").count();
+    let first = fx.get("/", Some(&cookie)).body;
+    assert_eq!(rows(&first), crate::filter::PAGE_SIZE);
+    assert!(
+        first.contains("63 of 63 request records match; page 1 of 2"),
+        "{first}"
+    );
+    assert!(first.contains("href=\"/?page=2\">older</a>"), "{first}");
+    assert!(!first.contains(">newer</a>"));
+    let second = fx.get("/?page=2", Some(&cookie)).body;
+    assert_eq!(rows(&second), 13);
+    assert!(second.contains(">newer</a>") && !second.contains(">older</a>"));
+    // Past the end: the last page.
+    assert_eq!(rows(&fx.get("/?page=9", Some(&cookie)).body), 13);
+    // Filters survive paging.
+    let filtered = fx.get("/?verdict=pass&page=2", Some(&cookie)).body;
+    assert!(
+        filtered.contains("href=\"/?verdict=pass\">newer</a>"),
+        "{filtered}"
+    );
+}
