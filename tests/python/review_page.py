@@ -12,6 +12,7 @@ PNG of each page visited (for looking at the page, not asserted on).
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -152,5 +153,6 @@ try:
     ]
 finally:
     driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
 
 print(json.dumps(result))
