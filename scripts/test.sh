@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # The test command: installs what the tests need, then runs every test.
 #
-# Needs: a Rust toolchain and python3 (3.9+). Creates .venv with the openai and anthropic SDKs
-# and numpy, safetensors and tokenizers (pinned in scripts/requirements-test.txt) on first run,
-# fetches the topic check's embedding model (scripts/embedding-model.sh), and installs the
-# Debian package redis-server when it is missing (apt-get, as root or sudo).
+# Needs: a Rust toolchain and python3 (3.9+). Creates .venv with the openai and anthropic SDKs,
+# numpy, safetensors and tokenizers, and selenium (pinned in scripts/requirements-test.txt) when it
+# is missing or lacks one of them, fetches the topic check's embedding model
+# (scripts/embedding-model.sh), and installs the Debian packages redis-server, chromium and
+# chromium-driver when they are missing (apt-get, as root or sudo).
 # Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test e2e proxy_e2e::` runs tests/e2e/proxy_e2e.rs:
 # the root crate's integration tests are one binary, `e2e`, with a module per file);
 # without any, the GPU kit's CPU dry run (scripts/gpu-kit.sh) runs after the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai, anthropic, numpy, safetensors, tokenizers' 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai, anthropic, numpy, safetensors, tokenizers, selenium' 2>/dev/null; then
   python3 -m venv .venv
   .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
 fi
@@ -21,21 +22,33 @@ export CANARYGATE_PYTHON="$PWD/.venv/bin/python"
 CANARYGATE_TOPIC_MODEL="$(scripts/embedding-model.sh "${CANARYGATE_TOPIC_MODEL:-}")"
 export CANARYGATE_TOPIC_MODEL
 
-# A real Redis for the shared-registry tests (tests/e2e/shared_registry.rs):
-# the Debian package when redis-server is missing (as root, or with sudo).
+# Debian packages the tests drive, installed when missing (as root, or with sudo): a real Redis
+# for the shared-registry tests (tests/e2e/shared_registry.rs), headless Chromium and its
+# WebDriver for the review page's browser test (tests/e2e/review_page.rs).
+packages=()
 if [ -z "${CANARYGATE_REDIS_SERVER:-}" ] && ! command -v redis-server >/dev/null 2>&1; then
+  packages+=(redis-server)
+fi
+if [ -z "${CANARYGATE_CHROMIUM:-}" ] && [ ! -x /usr/bin/chromium ]; then
+  packages+=(chromium)
+fi
+if [ -z "${CANARYGATE_CHROMEDRIVER:-}" ] && [ ! -x /usr/bin/chromedriver ]; then
+  packages+=(chromium-driver)
+fi
+if [ ${#packages[@]} -gt 0 ]; then
   apt=(env DEBIAN_FRONTEND=noninteractive apt-get)
   if [ "$(id -u)" != 0 ]; then
     if sudo -n true 2>/dev/null; then
       apt=(sudo -n env DEBIAN_FRONTEND=noninteractive apt-get)
     else
-      echo "redis-server is missing: install it (apt-get install redis-server) or set CANARYGATE_REDIS_SERVER" >&2
+      echo "missing ${packages[*]}: install them (apt-get install ${packages[*]}) or set" \
+        "CANARYGATE_REDIS_SERVER / CANARYGATE_CHROMIUM / CANARYGATE_CHROMEDRIVER" >&2
       exit 1
     fi
   fi
-  echo "installing redis-server (apt-get)"
-  "${apt[@]}" install -y -qq redis-server >/dev/null 2>&1 \
-    || { "${apt[@]}" update -qq && "${apt[@]}" install -y -qq redis-server >/dev/null; }
+  echo "installing ${packages[*]} (apt-get)"
+  "${apt[@]}" install -y -qq "${packages[@]}" >/dev/null 2>&1 \
+    || { "${apt[@]}" update -qq && "${apt[@]}" install -y -qq "${packages[@]}" >/dev/null; }
 fi
 
 log=$(mktemp)

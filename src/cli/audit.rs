@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -76,6 +77,13 @@ pub enum AuditCommand {
         #[arg(long, requires = "mark")]
         note: Option<String>,
     },
+    /// Serve the review page: the records, their samples and the review
+    /// form in a browser (admin token in $CANARYGATE_ADMIN_TOKEN).
+    Ui {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1:8090")]
+        listen: SocketAddr,
+    },
     /// Remove records written before a time, leaving a checkpoint record.
     Prune {
         /// Remove records written before this time.
@@ -86,7 +94,21 @@ pub enum AuditCommand {
 
 /// Runs an `audit` command on standard input and output. A store damaged
 /// behind redb's back is an error, never a crash ([`catch_damage`]).
-pub fn run(args: AuditArgs) -> Result<(), AuditError> {
+pub fn run(args: AuditArgs) -> anyhow::Result<()> {
+    if let AuditCommand::Ui { listen } = &args.command {
+        let [dir] = args.data.as_slice() else {
+            return Err(AuditError::InvalidArgument(
+                "`audit ui` reads one --data DIR (or CANARYGATE_DATA)".into(),
+            )
+            .into());
+        };
+        return super::review::run(dir, *listen, &args.key_env);
+    }
+    Ok(run_terminal(args)?)
+}
+
+/// Runs the `audit` commands that answer on the terminal.
+fn run_terminal(args: AuditArgs) -> Result<(), AuditError> {
     let stdin = std::io::stdin();
     let stdout = std::io::stdout();
     catch_damage(|| run_with(args, &mut stdin.lock(), &mut stdout.lock()))
@@ -175,6 +197,9 @@ fn run_with(
             )
         }
         AuditCommand::SpotCheck { mark: None, .. } => spot_check(dir, key_env, input, out),
+        AuditCommand::Ui { .. } => Err(AuditError::InvalidArgument(
+            "`audit ui` is served by `run`".into(),
+        )),
         AuditCommand::Prune { before } => {
             let before = parse_time(before, now).map_err(bad_time)?;
             match Archive::open_writable(dir)?.prune(before)? {

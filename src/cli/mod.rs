@@ -8,6 +8,7 @@ mod demo;
 mod engine;
 mod hash_key;
 mod probe;
+mod review;
 mod serve;
 mod sim_provider;
 
@@ -71,7 +72,7 @@ pub fn run(command: Command) -> anyhow::Result<()> {
         Command::SimProvider(args) => sim_provider::run(args),
         Command::Demo(args) => demo::run(args),
         Command::Engine { command } => engine::run(command),
-        Command::Audit(args) => Ok(audit::run(args)?),
+        Command::Audit(args) => audit::run(args),
         Command::Probe(args) => probe::run(args),
     }
 }

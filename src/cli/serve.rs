@@ -8,7 +8,9 @@ use canarygate_policies::topic::TopicAction;
 use canarygate_proxy::{ServeOptions, Server, Startup};
 use clap::Args;
 
+use super::audit::DEFAULT_KEY_ENV;
 use super::common::{announce, load_policy, runtime, shutdown_signal};
+use super::review::ReviewSetup;
 
 /// Arguments of `canarygate serve`.
 #[derive(Debug, Args)]
@@ -30,6 +32,11 @@ pub struct ServeArgs {
     /// the host's name and the listening port.
     #[arg(long, env = "CANARYGATE_INSTANCE")]
     instance: Option<String>,
+    /// Also serve the review page (what `audit ui` serves) on this address,
+    /// in this process; the admin token comes from $CANARYGATE_ADMIN_TOKEN.
+    /// Off unless given.
+    #[arg(long, value_name = "ADDR")]
+    review_listen: Option<SocketAddr>,
 }
 
 /// Serves until Ctrl-C or SIGTERM.
@@ -46,6 +53,18 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let local_dir = policy.local.model_dir().map(str::to_owned);
     let readers = policy.audit.data_readable_by;
     let data = args.data.clone();
+    // The page decrypts samples with the key the log encrypts them with.
+    let review = args
+        .review_listen
+        .map(|listen| {
+            let key_env = policy
+                .audit
+                .encryption_key_env
+                .as_ref()
+                .map_or(DEFAULT_KEY_ENV, |var| var.get_ref().as_str());
+            ReviewSetup::from_env(key_env, listen).map(|setup| (setup, listen))
+        })
+        .transpose()?;
     runtime()?.block_on(async move {
         let server = Server::bind(ServeOptions {
             policy,
@@ -59,6 +78,14 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(providers = ?providers, "serving");
         report_startup(server.startup(), local_dir.as_deref());
         report_audit(server.startup(), &data, readers);
+        if let Some((setup, listen)) = review {
+            let page = setup.bind(&data, listen).await?;
+            tokio::spawn(async move {
+                if let Err(error) = page.run(shutdown_signal()).await {
+                    tracing::error!(%error, "review page stopped");
+                }
+            });
+        }
         server.run(shutdown_signal()).await?;
         Ok(())
     })

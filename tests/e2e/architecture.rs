@@ -11,9 +11,10 @@ fn root() -> &'static Path {
 }
 
 /// The library crates, by directory, and the crate root file.
-const CRATES: [(&str, &str); 7] = [
+const CRATES: [(&str, &str); 8] = [
     ("policies", "src/lib.rs"),
     ("audit", "src/lib.rs"),
+    ("review", "src/lib.rs"),
     ("sim", "src/lib.rs"),
     ("proxy", "src/lib.rs"),
     ("local-engine", "src/lib.rs"),
@@ -22,7 +23,7 @@ const CRATES: [(&str, &str); 7] = [
 ];
 
 /// Which workspace crates each crate may depend on, and what it must not.
-const DEPENDENCIES: [(&str, &[&str], &[&str]); 7] = [
+const DEPENDENCIES: [(&str, &[&str], &[&str]); 8] = [
     (
         "policies",
         &[],
@@ -34,6 +35,11 @@ const DEPENDENCIES: [(&str, &[&str], &[&str]); 7] = [
         "audit",
         &["canarygate-policies"],
         &["clap", "anyhow", "axum"],
+    ),
+    (
+        "review",
+        &["canarygate-policies", "canarygate-audit"],
+        &["clap", "anyhow", "redb", "reqwest"],
     ),
     ("sim", &["canarygate-policies"], &["clap", "anyhow"]),
     (
@@ -58,6 +64,7 @@ const DEPENDENCIES: [(&str, &[&str], &[&str]); 7] = [
             "canarygate-audit",
             "canarygate-sim",
             "canarygate-proxy",
+            "canarygate-review",
             "canarygate-engine",
         ],
         &[],

@@ -28,6 +28,7 @@ mod passthrough;
 mod probe;
 mod prompt_caching;
 mod proxy_e2e;
+mod review_page;
 mod shared_registry;
 mod sim_modes;
 mod surface_completions;
