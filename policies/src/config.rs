@@ -94,6 +94,19 @@ pub struct Policy {
     /// The topic check: does the answer fit the question?
     #[serde(default)]
     pub topic: TopicConfig,
+    /// The review page `serve` runs beside the proxy.
+    #[serde(default)]
+    pub review: ReviewConfig,
+}
+
+/// `[review]`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReviewConfig {
+    /// Where `serve` also serves the review page (the admin token comes
+    /// from `$CANARYGATE_ADMIN_TOKEN`); unset: off. `serve --review-listen`
+    /// overrides it.
+    pub listen: Option<std::net::SocketAddr>,
 }
 
 /// Sample rate of `[audit]` when none is given (2%).

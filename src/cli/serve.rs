@@ -34,7 +34,7 @@ pub struct ServeArgs {
     instance: Option<String>,
     /// Also serve the review page (what `audit ui` serves) on this address,
     /// in this process; the admin token comes from $CANARYGATE_ADMIN_TOKEN.
-    /// Off unless given.
+    /// Overrides the policy's `[review] listen`; off unless one is given.
     #[arg(long, value_name = "ADDR")]
     review_listen: Option<SocketAddr>,
 }
@@ -56,6 +56,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     // The page decrypts samples with the key the log encrypts them with.
     let review = args
         .review_listen
+        .or(policy.review.listen)
         .map(|listen| {
             let key_env = policy
                 .audit
