@@ -11,8 +11,9 @@ fn root() -> &'static Path {
 }
 
 /// The library crates, by directory, and the crate root file.
-const CRATES: [(&str, &str); 7] = [
+const CRATES: [(&str, &str); 8] = [
     ("policies", "src/lib.rs"),
+    ("topic", "src/lib.rs"),
     ("audit", "src/lib.rs"),
     ("sim", "src/lib.rs"),
     ("proxy", "src/lib.rs"),
@@ -22,7 +23,7 @@ const CRATES: [(&str, &str); 7] = [
 ];
 
 /// Which workspace crates each crate may depend on, and what it must not.
-const DEPENDENCIES: [(&str, &[&str], &[&str]); 7] = [
+const DEPENDENCIES: [(&str, &[&str], &[&str]); 8] = [
     (
         "policies",
         &[],
@@ -36,6 +37,8 @@ const DEPENDENCIES: [(&str, &[&str], &[&str]); 7] = [
         &["clap", "anyhow", "axum"],
     ),
     ("sim", &["canarygate-policies"], &["clap", "anyhow"]),
+    // The embedding model and its scorer: no request, policy or audit types.
+    ("topic", &[], &["axum", "reqwest", "redb", "clap", "anyhow"]),
     (
         "proxy",
         &[
@@ -59,6 +62,7 @@ const DEPENDENCIES: [(&str, &[&str], &[&str]); 7] = [
             "canarygate-sim",
             "canarygate-proxy",
             "canarygate-engine",
+            "canarygate-topic",
         ],
         &[],
     ),
