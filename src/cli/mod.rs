@@ -11,6 +11,7 @@ mod probe;
 mod review;
 mod serve;
 mod sim_provider;
+mod topic;
 
 use clap::{Parser, Subcommand};
 
@@ -44,6 +45,11 @@ pub enum Command {
     Audit(audit::AuditArgs),
     /// Measure the context a provider really serves (needle prompts), for `serve`'s preflight.
     Probe(probe::ProbeArgs),
+    /// The topic check's model: calibrate its threshold on labelled question/answer pairs.
+    Topic {
+        #[command(subcommand)]
+        command: topic::TopicCommand,
+    },
 }
 
 /// Logs to standard error, filtered by `CANARYGATE_LOG` (default `info`).
@@ -74,5 +80,6 @@ pub fn run(command: Command) -> anyhow::Result<()> {
         Command::Engine { command } => engine::run(command),
         Command::Audit(args) => audit::run(args),
         Command::Probe(args) => probe::run(args),
+        Command::Topic { command } => topic::run(command),
     }
 }

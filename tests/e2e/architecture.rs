@@ -13,6 +13,7 @@ fn root() -> &'static Path {
 /// The library crates, by directory, and the crate root file.
 const CRATES: [(&str, &str); 8] = [
     ("policies", "src/lib.rs"),
+    ("topic", "src/lib.rs"),
     ("audit", "src/lib.rs"),
     ("review", "src/lib.rs"),
     ("sim", "src/lib.rs"),
@@ -42,6 +43,8 @@ const DEPENDENCIES: [(&str, &[&str], &[&str]); 8] = [
         &["clap", "anyhow", "redb", "reqwest"],
     ),
     ("sim", &["canarygate-policies"], &["clap", "anyhow"]),
+    // The embedding model and its scorer: no request, policy or audit types.
+    ("topic", &[], &["axum", "reqwest", "redb", "clap", "anyhow"]),
     (
         "proxy",
         &[
@@ -66,6 +69,7 @@ const DEPENDENCIES: [(&str, &[&str], &[&str]); 8] = [
             "canarygate-proxy",
             "canarygate-review",
             "canarygate-engine",
+            "canarygate-topic",
         ],
         &[],
     ),

@@ -34,8 +34,11 @@ const ANSWER: &str = "Start by separating the two halves of the job. Run the que
 
 fn main() {
     let dir = model_dir::model_dir();
-    let tokenizer =
+    // Counting only: without the file's own fixed padding and truncation (128 tokens).
+    let mut tokenizer =
         tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).expect("tokenizer.json loads");
+    tokenizer.with_padding(None);
+    tokenizer.with_truncation(None).expect("no truncation");
     let tokens = |text: &str| tokenizer.encode(text, true).map_or(0, |e| e.len());
     println!(
         "model {} | question {} tokens, answer {} tokens (with [CLS]/[SEP])",
