@@ -23,7 +23,7 @@ use crate::verify_config::FailureAction;
 /// `[topic] min_similarity` when none is given: the threshold that keeps
 /// false alarms at or under 1 % on honest question/answer pairs in the
 /// calibration benchmark (bench/README.md, "Topic check calibration").
-pub const DEFAULT_MIN_SIMILARITY: f32 = 0.10;
+pub const DEFAULT_MIN_SIMILARITY: f32 = 0.24;
 
 /// A system prompt at most this long (in characters) is part of the
 /// question; a longer one is boilerplate more than topic.

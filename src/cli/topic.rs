@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use anyhow::Context as _;
+use canarygate_policies::topic::answer_text;
 use canarygate_topic::calibration::Calibration;
 use canarygate_topic::{Embedder, cosine};
 use clap::{Args, Subcommand};
@@ -87,8 +88,12 @@ impl Form {
 
     fn render(self, answer: &str) -> String {
         match self {
-            Form::Text => answer.to_string(),
-            Form::Json => json_string_values(&as_json_answer(answer)),
+            // What the proxy embeds of an answer (canaries removed, JSON by its
+            // string values), so the calibration measures the proxy's own texts.
+            Form::Text => answer_text([answer]).unwrap_or_default(),
+            Form::Json => {
+                answer_text([as_json_answer(answer).to_string().as_str()]).unwrap_or_default()
+            }
             Form::JsonRaw => as_json_answer(answer).to_string(),
         }
     }
@@ -113,24 +118,6 @@ fn as_json_answer(answer: &str) -> serde_json::Value {
         "confidence": 0.9,
         "language": "en",
     })
-}
-
-/// The string values of a JSON document in document order, joined with newlines; keys,
-/// numbers, booleans and nulls left out.
-// TODO(coordinator): replace with canarygate_policies::topic::answer_text once it lands, so
-// that the calibration measures the extraction the proxy runs.
-fn json_string_values(value: &serde_json::Value) -> String {
-    fn collect<'a>(value: &'a serde_json::Value, out: &mut Vec<&'a str>) {
-        match value {
-            serde_json::Value::String(text) => out.push(text),
-            serde_json::Value::Array(items) => items.iter().for_each(|item| collect(item, out)),
-            serde_json::Value::Object(fields) => fields.values().for_each(|v| collect(v, out)),
-            _ => {}
-        }
-    }
-    let mut out = Vec::new();
-    collect(value, &mut out);
-    out.join("\n")
 }
 
 #[derive(Serialize)]
@@ -271,13 +258,16 @@ mod tests {
         let json = as_json_answer(answer);
         assert_eq!(json["summary"], "Use reversed().");
         assert_eq!(
-            json_string_values(&json),
+            Form::Json.render(answer),
             "Use reversed().\nIt returns an iterator.\nOr slice with [::-1].\nen"
         );
         let raw = Form::JsonRaw.render(answer);
         assert!(raw.contains("\"confidence\":0.9"), "{raw}");
         // Nested objects and arrays, in document order.
         let nested = serde_json::json!({"a": ["x", {"b": "y", "n": 1, "t": true}], "c": "z"});
-        assert_eq!(json_string_values(&nested), "x\ny\nz");
+        assert_eq!(
+            answer_text([nested.to_string().as_str()]).unwrap(),
+            "x\ny\nz"
+        );
     }
 }

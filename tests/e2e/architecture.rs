@@ -11,7 +11,7 @@ fn root() -> &'static Path {
 }
 
 /// The library crates, by directory, and the crate root file.
-const CRATES: [(&str, &str); 8] = [
+const CRATES: [(&str, &str); 9] = [
     ("policies", "src/lib.rs"),
     ("topic", "src/lib.rs"),
     ("audit", "src/lib.rs"),
@@ -24,7 +24,7 @@ const CRATES: [(&str, &str); 8] = [
 ];
 
 /// Which workspace crates each crate may depend on, and what it must not.
-const DEPENDENCIES: [(&str, &[&str], &[&str]); 8] = [
+const DEPENDENCIES: [(&str, &[&str], &[&str]); 9] = [
     (
         "policies",
         &[],
@@ -51,6 +51,7 @@ const DEPENDENCIES: [(&str, &[&str], &[&str]); 8] = [
             "canarygate-policies",
             "canarygate-audit",
             "canarygate-engine",
+            "canarygate-topic",
         ],
         &["clap", "anyhow", "canarygate-sim", "redb"],
     ),

@@ -23,8 +23,8 @@ use std::time::Duration;
 use axum::Router;
 use canarygate_audit::{AuditError, AuditLog, AuditOptions, Secrets};
 use canarygate_policies::config::Policy;
-use canarygate_policies::topic::TopicAction;
 use canarygate_policies::probe::ProbeResult;
+use canarygate_policies::topic::TopicAction;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
