@@ -7,7 +7,8 @@
 //!   It is synchronous and owns the model's weights.
 //! - [`TopicScorer`] puts one `Embedder` on its own worker thread behind a bounded queue. An
 //!   async caller hands it a question and an answer and awaits their [`cosine`] similarity;
-//!   the worker embeds everything queued (up to `max_batch` pairs) in one forward pass, so
+//!   the worker embeds everything queued (up to `max_batch` pairs) together, questions in one
+//!   forward pass and answers in another, so
 //!   batching happens exactly when the scorer is busy and costs nothing when it is idle. A
 //!   full queue answers [`TopicError::Busy`] at once: the caller never blocks.
 //! - [`calibration`] is pure arithmetic over scores of honest and swapped pairs: the ROC

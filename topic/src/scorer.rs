@@ -3,8 +3,9 @@
 //! An async caller puts its pair on the queue with `try_send` (a full queue is
 //! [`TopicError::Busy`], never a wait) and awaits a oneshot reply. The worker blocks on the
 //! queue; when a pair arrives it also takes whatever else is already waiting, up to
-//! `max_batch` pairs, and embeds all their texts in one forward pass. An idle scorer thus
-//! embeds each pair alone as soon as it comes; a busy one amortises the pass over the queue.
+//! `max_batch` pairs, and embeds their questions in one forward pass and their answers in
+//! another (each padded to the longest of its kind). An idle scorer thus embeds each pair
+//! alone as soon as it comes; a busy one amortises the passes over the queue.
 
 use std::sync::Arc;
 use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError, TrySendError};
@@ -16,7 +17,7 @@ use crate::{Embedder, TopicError, cosine};
 /// How a [`TopicScorer`] batches and how much it queues.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScorerOptions {
-    /// The most pairs embedded in one forward pass (at least 1).
+    /// The most pairs embedded together (at least 1).
     pub max_batch: usize,
     /// The most pairs waiting; beyond it `score` answers [`TopicError::Busy`] (at least 1).
     pub queue: usize,
@@ -107,7 +108,7 @@ fn work(embedder: &Embedder, jobs: &Receiver<Job>, max_batch: usize) {
     }
 }
 
-/// Scores a batch in one forward pass, answering each caller; pairs with an empty text are
+/// Scores a batch (two forward passes), answering each caller; pairs with an empty text are
 /// answered first, and if the pass fails each pair is retried alone so that one bad input
 /// does not fail the others.
 fn score_batch(embedder: &Embedder, batch: Vec<Job>) {
@@ -151,15 +152,17 @@ fn score_batch(embedder: &Embedder, batch: Vec<Job>) {
     }
 }
 
-/// The pairs' similarities, from one batch of all their texts (question, answer, ...).
+/// The pairs' similarities: the questions in one pass, the answers in another, so that each
+/// text is padded only to the longest of its kind (a short question padded to a long answer's
+/// length would cost as much as the answer).
 fn scores(embedder: &Embedder, jobs: &[Job]) -> Result<Vec<f32>, TopicError> {
-    let texts: Vec<&str> = jobs
+    let questions: Vec<&str> = jobs.iter().map(|job| job.question.as_str()).collect();
+    let answers: Vec<&str> = jobs.iter().map(|job| job.answer.as_str()).collect();
+    let questions = embedder.embed(&questions)?;
+    let answers = embedder.embed(&answers)?;
+    Ok(questions
         .iter()
-        .flat_map(|job| [job.question.as_str(), job.answer.as_str()])
-        .collect();
-    let vectors = embedder.embed(&texts)?;
-    Ok(vectors
-        .chunks_exact(2)
-        .map(|pair| cosine(&pair[0], &pair[1]))
+        .zip(&answers)
+        .map(|(question, answer)| cosine(question, answer))
         .collect())
 }
