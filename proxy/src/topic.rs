@@ -12,6 +12,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use canarygate_audit::TopicScore;
@@ -77,11 +78,30 @@ pub fn load(
 /// recorded as not scored.
 const RECORD_DEADLINE: Duration = Duration::from_secs(30);
 
+/// Most bytes of request and answer text that answers waiting for their
+/// score (`record`) may hold for a sample the score could keep; past it a
+/// score is still taken, but its sample cannot be.
+const MAX_HELD_BYTES: usize = 64 * 1024 * 1024;
+
 /// The topic check of a running server.
 pub struct TopicCheck {
     model: Arc<dyn TopicModel>,
     config: TopicConfig,
     metrics: Arc<Metrics>,
+    /// Bytes held by answers waiting for their score.
+    held: Arc<AtomicUsize>,
+}
+
+/// Bytes counted against [`MAX_HELD_BYTES`] until dropped.
+pub struct HeldBytes {
+    held: Arc<AtomicUsize>,
+    bytes: usize,
+}
+
+impl Drop for HeldBytes {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
 }
 
 impl TopicCheck {
@@ -91,7 +111,19 @@ impl TopicCheck {
             model,
             config,
             metrics,
+            held: Arc::new(AtomicUsize::new(0)),
         }
+    }
+
+    /// Counts `bytes` held while an answer waits for its score; `None`
+    /// when that would pass [`MAX_HELD_BYTES`] (then hold nothing).
+    pub fn hold(&self, bytes: usize) -> Option<HeldBytes> {
+        let before = self.held.fetch_add(bytes, Ordering::Relaxed);
+        let held = HeldBytes {
+            held: Arc::clone(&self.held),
+            bytes,
+        };
+        (before.saturating_add(bytes) <= MAX_HELD_BYTES).then_some(held)
     }
 
     /// What a low score does.
@@ -298,4 +330,75 @@ fn floor_boundary(text: &str, at: usize) -> usize {
         at -= 1;
     }
     at
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A model that always answers the same similarity.
+    struct Fixed(f32);
+
+    impl TopicModel for Fixed {
+        fn score(&self, _question: String, _answer: String) -> ScoreFuture {
+            let similarity = self.0;
+            Box::pin(async move { Ok(similarity) })
+        }
+
+        fn name(&self) -> &str {
+            "fixed"
+        }
+    }
+
+    fn check(similarity: f32) -> TopicCheck {
+        TopicCheck::new(
+            Arc::new(Fixed(similarity)),
+            TopicConfig::default(),
+            Arc::new(Metrics::new()),
+        )
+    }
+
+    #[test]
+    fn waiting_texts_are_bounded_in_bytes() {
+        let check = check(0.5);
+        let first = check.hold(MAX_HELD_BYTES).expect("fits");
+        assert!(check.hold(1).is_none(), "past the bound");
+        drop(first);
+        assert!(check.hold(1).is_some(), "released when dropped");
+    }
+
+    #[tokio::test]
+    async fn scores_are_rounded_and_a_missing_text_is_named() {
+        let check = check(0.123_456);
+        let score = check.score(Some("q".into()), Some("a".into())).await;
+        assert_eq!(score.similarity, Some(0.1235));
+        assert!(score.low(), "below the default threshold");
+        assert_eq!(check_result(&score).status, Status::Fail);
+        let score = check.score(Some("q".into()), None).await;
+        assert_eq!(score.skipped.as_deref(), Some("no_answer"));
+        assert_eq!(check_result(&score).status, Status::Skip);
+        let score = self::check(0.9)
+            .score(Some("q".into()), Some("a".into()))
+            .await;
+        assert_eq!(check_result(&score).status, Status::Pass);
+    }
+
+    #[test]
+    fn answer_texts_keep_parts_apart_and_read_json_by_values() {
+        let mut texts = AnswerTexts::default();
+        texts.push(0, Part::Reasoning, "thinking about owls");
+        texts.push(0, Part::Content, "{\"answer\": ");
+        texts.push(0, Part::Content, "\"Owls eat mice\"}");
+        texts.push(1, Part::Content, "another choice");
+        assert_eq!(texts.topic_text().as_deref(), Some("Owls eat mice"));
+        let evidence = texts.evidence().unwrap();
+        assert!(
+            evidence.contains("[choice 0, reasoning]\nthinking about owls"),
+            "{evidence}"
+        );
+        assert!(
+            evidence.contains("[choice 1, content]\nanother choice"),
+            "{evidence}"
+        );
+    }
 }

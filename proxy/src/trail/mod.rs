@@ -387,13 +387,18 @@ impl Trail {
         let sample = sampled.then(|| texts.sample());
         let recorded = self.log.record(NewRecord { record, sample }).await?;
         if let Some(check) = scored_later {
+            // The texts wait with the score only when no sample was kept and
+            // the waiting answers' bytes allow.
+            let texts = (!sampled)
+                .then(|| check.hold(texts.len()).map(|held| (texts, held)))
+                .flatten();
             let later = ScoreLater {
                 log: self.log,
                 check,
                 request_id,
                 question: self.question,
                 answer: self.answer,
-                texts: (!sampled).then_some(texts),
+                texts,
                 rate,
             };
             tokio::spawn(later.run(recorded));

@@ -8,7 +8,7 @@ use canarygate_audit::{AuditLog, Recorded, Sample, should_sample};
 use canarygate_policies::canary::find_canaries;
 use canarygate_policies::topic::sample_chance;
 
-use crate::topic::TopicCheck;
+use crate::topic::{HeldBytes, TopicCheck};
 
 /// Placeholder for a canary in sampled text.
 const REDACTED: &str = "[canary]";
@@ -22,6 +22,11 @@ pub(crate) struct SampleTexts {
 }
 
 impl SampleTexts {
+    /// Bytes held.
+    pub fn len(&self) -> usize {
+        self.request.len() + self.response.len() + self.provider.as_ref().map_or(0, String::len)
+    }
+
     /// The sample, canaries redacted.
     pub fn sample(&self) -> Sample {
         Sample {
@@ -39,8 +44,9 @@ pub(crate) struct ScoreLater {
     pub request_id: String,
     pub question: Option<String>,
     pub answer: Option<String>,
-    /// The sample's texts, when the request record kept none.
-    pub texts: Option<SampleTexts>,
+    /// The sample's texts, when the request record kept none (their bytes
+    /// counted while they wait).
+    pub texts: Option<(SampleTexts, HeldBytes)>,
     pub rate: f64,
 }
 
@@ -59,7 +65,7 @@ impl ScoreLater {
         let sample = self
             .texts
             .filter(|_| should_sample(added))
-            .map(|texts| texts.sample());
+            .map(|(texts, _held)| texts.sample());
         let scored_id = match recorded.id().await {
             Ok(id) => id,
             Err(error) => {
