@@ -114,7 +114,12 @@ impl Attempt {
 
     /// With `[topic] action = "flag"` or `"block"`: scores the answer and
     /// adds the `topic` check to `verdict`. Returns the score.
+    /// An answer that already failed another check is not held up for it:
+    /// it is withheld or flagged anyway.
     pub async fn judge_topic(&mut self, verdict: &mut Verdict) -> Option<TopicScore> {
+        if !verdict.passed() {
+            return None;
+        }
         let (check, question) = self.topic.as_ref()?;
         let score = check
             .score(question.clone(), self.answer.topic_text())
