@@ -138,6 +138,23 @@ pub struct CanaryMatch {
     pub end: usize,
 }
 
+/// `text` with every canary-shaped span replaced by `replacement` (a span
+/// overlapping one already replaced is part of it).
+pub fn replace_canaries(text: &str, replacement: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    for found in find_canaries(text) {
+        if found.start < copied {
+            continue;
+        }
+        out.push_str(&text[copied..found.start]);
+        out.push_str(replacement);
+        copied = found.end;
+    }
+    out.push_str(&text[copied..]);
+    out
+}
+
 /// Every canary-shaped span of `text`, in order, overlapping ones included.
 /// Whether a span is a live canary is the registry's question.
 pub fn find_canaries(text: &str) -> impl Iterator<Item = CanaryMatch> + '_ {

@@ -16,7 +16,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use toml::Spanned;
 
-use crate::canary::find_canaries;
+use crate::canary::replace_canaries;
 use crate::verify::{Check, Decision, Verdict};
 use crate::verify_config::FailureAction;
 
@@ -145,7 +145,7 @@ pub fn question_text(messages: &[Value]) -> Option<String> {
         question.push_str("\n\n");
         question.push_str(system);
     }
-    Some(bounded(without_canaries(&question)))
+    Some(bounded(replace_canaries(&question, "")))
 }
 
 /// What the client got, for the comparison: the answer's content and its
@@ -172,7 +172,7 @@ pub fn answer_text<'a>(texts: impl IntoIterator<Item = &'a str>) -> Option<Strin
             break;
         }
     }
-    let answer = without_canaries(&answer);
+    let answer = replace_canaries(&answer, "");
     (!answer.trim().is_empty()).then(|| bounded(answer))
 }
 
@@ -244,21 +244,6 @@ fn json_strings(value: &Value) -> String {
     let mut strings = Vec::new();
     walk(value, &mut strings);
     strings.join("\n")
-}
-
-/// `text` with every canary-shaped span removed.
-fn without_canaries(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut copied = 0;
-    for found in find_canaries(text) {
-        if found.start < copied {
-            continue;
-        }
-        out.push_str(&text[copied..found.start]);
-        copied = found.end;
-    }
-    out.push_str(&text[copied..]);
-    out
 }
 
 /// At most [`MAX_TEXT_CHARS`] characters of `text`.

@@ -345,32 +345,31 @@ fn parse_filter(uri: &Uri) -> Result<Filter, Refusal> {
 }
 
 async fn list(State(state): State<Shared>, uri: Uri) -> Response {
-    let filter = match parse_filter(&uri) {
-        Ok(filter) => filter,
-        Err(refusal) => return refusal.page(&state),
-    };
-    let read = filter.clone();
-    match with_snapshot(&state, move |_, snapshot| data::list(snapshot, &read)).await {
-        Ok(listing) => html(
-            StatusCode::OK,
-            pages::list(&filter, &listing, &state.token.csrf()),
-        ),
-        Err(refusal) => refusal.page(&state),
-    }
+    listing_page(&state, &uri, pages::list).await
 }
 
 async fn charts(State(state): State<Shared>, uri: Uri) -> Response {
-    let filter = match parse_filter(&uri) {
+    listing_page(&state, &uri, pages::charts).await
+}
+
+/// A page over the records the query's filter selects (the list, the
+/// charts), drawn by `render`.
+async fn listing_page(
+    state: &Shared,
+    uri: &Uri,
+    render: fn(&Filter, &data::Listing, &str) -> String,
+) -> Response {
+    let filter = match parse_filter(uri) {
         Ok(filter) => filter,
-        Err(refusal) => return refusal.page(&state),
+        Err(refusal) => return refusal.page(state),
     };
     let read = filter.clone();
-    match with_snapshot(&state, move |_, snapshot| data::list(snapshot, &read)).await {
+    match with_snapshot(state, move |_, snapshot| data::list(snapshot, &read)).await {
         Ok(listing) => html(
             StatusCode::OK,
-            pages::charts(&filter, &listing, &state.token.csrf()),
+            render(&filter, &listing, &state.token.csrf()),
         ),
-        Err(refusal) => refusal.page(&state),
+        Err(refusal) => refusal.page(state),
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use canarygate_audit::{AuditLog, Recorded, Sample, should_sample};
-use canarygate_policies::canary::find_canaries;
+use canarygate_policies::canary::replace_canaries;
 use canarygate_policies::topic::sample_chance;
 
 use crate::topic::{HeldBytes, TopicCheck};
@@ -85,18 +85,7 @@ impl ScoreLater {
 
 /// `text` with every canary-shaped span replaced by [`REDACTED`].
 fn redact(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut copied = 0;
-    for found in find_canaries(text) {
-        if found.start < copied {
-            continue; // overlaps a span already redacted
-        }
-        out.push_str(&text[copied..found.start]);
-        out.push_str(REDACTED);
-        copied = found.end;
-    }
-    out.push_str(&text[copied..]);
-    out
+    replace_canaries(text, REDACTED)
 }
 
 #[cfg(test)]
