@@ -237,6 +237,14 @@ impl Trail {
         self.question = question;
     }
 
+    /// Whether the answer's topic is scored after its record (`[topic]
+    /// action = "record"`), so its text must be kept.
+    pub fn scores_later(&self) -> bool {
+        self.topic
+            .as_ref()
+            .is_some_and(|check| check.action() == TopicAction::Record)
+    }
+
     /// What the client asked, when the topic check runs.
     pub fn question(&self) -> Option<&str> {
         self.question.as_deref()

@@ -138,16 +138,25 @@ impl Attempt {
         topic::decide(verdict, topic, action, self.attempt, released_any)
     }
 
-    /// Hands what the answer says so far to `trail`; `stopped` when
-    /// canarygate stopped reading it (a check had failed).
-    pub fn record_answer(&self, trail: &mut Trail, stopped: bool) {
-        let evidence = self.answer.evidence().map(|mut text| {
-            if stopped {
-                text.push_str("\n[canarygate stopped reading here: a check had failed]");
-            }
-            text
-        });
-        trail.provider_answer(self.answer.topic_text(), evidence);
+    /// Hands to `trail` what it keeps of the answer so far: its text when
+    /// the trail scores it later, and everything the provider sent when
+    /// `verdict` failed (`stopped`: canarygate stopped reading it there).
+    pub fn record_answer(&self, trail: &mut Trail, verdict: Option<&Verdict>, stopped: bool) {
+        let failed = verdict.is_some_and(|verdict| !verdict.passed());
+        let evidence = failed
+            .then(|| self.answer.evidence())
+            .flatten()
+            .map(|mut text| {
+                if stopped {
+                    text.push_str("\n[canarygate stopped reading here: a check had failed]");
+                }
+                text
+            });
+        let answer = trail
+            .scores_later()
+            .then(|| self.answer.topic_text())
+            .flatten();
+        trail.provider_answer(answer, evidence);
     }
 
     /// Fetches who minted the canary-shaped spans that the text fields of

@@ -204,7 +204,8 @@ impl<W: WireFormat> VerifiedStream<W> {
         if let Some(score) = self.topic_score.take() {
             trail.topic_score(score);
         }
-        self.attempt.record_answer(trail, self.stopped_reading);
+        self.attempt
+            .record_answer(trail, self.verdict.as_ref(), self.stopped_reading);
         trail.prompt_tokens_provider(self.usage.map(|usage| usage.prompt_tokens));
         if self.end == Some(End::Delivered) {
             let delivery = self.writer.delivery();

@@ -62,7 +62,7 @@ pub async fn serve<W: WireFormat>(
     let verdict = &finished.verdict;
     trail.verdict(verdict);
     trail.prompt_tokens_provider(view.usage.map(|usage| usage.prompt_tokens));
-    attempt.record_answer(trail, stop);
+    attempt.record_answer(trail, Some(verdict), stop);
     let action = context.state.policy.verify.action();
     Ok(match attempt.decide(verdict, action, false) {
         Decision::Retry => Decided::Retry,
