@@ -13,7 +13,7 @@ use crate::record::{
     Entry, RawRecord, Record, RecordId, ReviewEntry, ReviewVerdict, Sample, TopicEntry, TopicScore,
 };
 use crate::secret::{SampleKey, open_sample};
-use crate::store::{ReadView, RedbStore, Store, WriteOp, WriteOutcome};
+use crate::store::{ReadView, RedbStore, SerializedEntry, Store, WriteOp, WriteOutcome};
 use crate::verify::{ChainReport, verify_chain};
 
 /// Records read per page when walking the whole log.
@@ -49,11 +49,13 @@ impl Archive {
     /// Opens the store in `dir` read-only (repairing it first after a crash).
     /// [`AuditError::NotFound`] when there is none.
     pub fn open_read_only(dir: &Path) -> Result<Self, AuditError> {
+        crate::journal::catch_up(dir)?;
         RedbStore::open_read_only(dir).map(|store| Self { store })
     }
 
     /// Opens (creating when missing) the store in `dir` for reviews and prunes.
     pub fn open_writable(dir: &Path) -> Result<Self, AuditError> {
+        crate::journal::catch_up(dir)?;
         RedbStore::open_writable(dir).map(|store| Self { store })
     }
 
@@ -98,8 +100,9 @@ impl Archive {
             note: note.filter(|note| !note.trim().is_empty()),
         });
         match self.store.write(&[WriteOp::Append {
-            entry,
+            entry: SerializedEntry::new(&entry)?,
             sample: None,
+            journal: None,
         }])?[..]
         {
             [WriteOutcome::Appended(review)] => Ok(review),

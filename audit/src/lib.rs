@@ -21,6 +21,7 @@
 
 mod archive;
 pub mod files;
+mod journal;
 mod log;
 mod record;
 mod secret;
@@ -29,9 +30,12 @@ pub mod time;
 mod verify;
 
 #[cfg(test)]
+mod journal_tests;
+#[cfg(test)]
 mod tests;
 
 pub use archive::{Archive, Pruned, Snapshot, StoredRecord, catch_damage};
+pub use journal::JOURNAL_DIR;
 pub use log::{AuditLog, AuditOptions, CommitMode, DEFAULT_SAMPLE_RATE, Recorded};
 pub use record::{
     Action, CheckRecord, CheckpointEntry, Entry, GENESIS_HASH, Latency, NewRecord, Outcome, Record,

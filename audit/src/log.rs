@@ -1,19 +1,32 @@
 //! The audit log handle used by `serve`: group-committed, durable appends.
+//!
+//! Two threads write. The journal writer takes what callers queued, appends
+//! the request records among it to the journal ([`crate::journal`]) with one
+//! sync, answers those callers, and hands everything on in order. The index
+//! writer applies what it is handed to the redb store in one transaction per
+//! batch: the records it chains, the canaries, the sweeps. Under
+//! `durability = "before_answer"` an answer waits for the journal's sync
+//! only; the index commit's two syncs happen beside the next batches.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc as std_mpsc;
 use std::time::{Duration, Instant};
 
 use canarygate_policies::config::{DataReaders, Durability};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::AuditError;
+use crate::journal::{self, Journal};
 use crate::record::{
     Entry, NewRecord, RecordId, RequestEntry, Sample, SampleRef, TopicEntry, TopicScore, sha256_hex,
 };
 use crate::secret::{SampleKey, Secrets, seal_sample};
-use crate::store::{CanaryEntry, RedbStore, Retire, Store, WriteOp, WriteOutcome};
+use crate::store::{
+    CanaryEntry, JournalIndex, RedbStore, Retire, SerializedEntry, Store, WriteOp, WriteOutcome,
+};
+use crate::time::now_ms;
 
 /// How appends are committed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -85,8 +98,8 @@ impl AuditOptions {
     }
 }
 
-/// Most operations committed in one transaction.
-const MAX_BATCH: usize = 4096;
+/// Most operations committed in one transaction (and journaled in one write).
+pub(crate) const MAX_BATCH: usize = 4096;
 /// Appends queued before callers wait for room.
 const QUEUE: usize = 8192;
 /// With `[audit] durability = "background"`, the least time from one commit's
@@ -106,31 +119,21 @@ struct Pending {
     /// Acknowledged before it is durable (`durability = "background"`):
     /// a failed commit is counted in [`AuditLog::background_failures`].
     background: bool,
+    /// Set for a request record to journal first: answered once it is on disk.
+    journaled: Option<oneshot::Sender<Result<(), AuditError>>>,
 }
 
-/// A request record handed to the log by [`AuditLog::record`]: durable
-/// already, or queued for the next commit.
+/// A request record handed to the log by [`AuditLog::record`]: on disk in
+/// the journal, or (background durability) queued for the next commit.
 #[derive(Debug)]
-pub struct Recorded(RecordedState);
-
-#[derive(Debug)]
-enum RecordedState {
-    Durable(RecordId),
-    Queued(oneshot::Receiver<Result<WriteOutcome, AuditError>>),
-}
+pub struct Recorded(oneshot::Receiver<Result<WriteOutcome, AuditError>>);
 
 impl Recorded {
-    /// The record's id, once its commit is done (at once when it is
-    /// durable already).
+    /// The record's id in the chain, once the store has indexed it.
     pub async fn id(self) -> Result<RecordId, AuditError> {
-        match self.0 {
-            RecordedState::Durable(id) => Ok(id),
-            RecordedState::Queued(answer) => {
-                match answer.await.map_err(|_| AuditError::Closed)?? {
-                    WriteOutcome::Appended(id) => Ok(id),
-                    other => Err(unexpected(other)),
-                }
-            }
+        match self.0.await.map_err(|_| AuditError::Closed)?? {
+            WriteOutcome::Appended(id) => Ok(id),
+            other => Err(unexpected(other)),
         }
     }
 }
@@ -167,8 +170,10 @@ impl std::fmt::Debug for AuditLog {
 impl AuditLog {
     /// Opens (creating when missing) `dir/canarygate.redb` and `dir/secret.key`,
     /// checks every page of the store (repairing it after a crash; a damaged
-    /// file is an error), and starts the writer thread. Blocking; it reads the
-    /// whole store. A missing `dir` is created owner-only; an existing one
+    /// file is an error), takes the journal's lock, indexes what a crash
+    /// left in the journal, and starts the writer threads. Blocking; it
+    /// reads the whole store. A second log on the same `dir` is refused
+    /// while this one is open. A missing `dir` is created owner-only; an existing one
     /// open to more users than `options.data_readable_by` allows is an
     /// [`AuditError::Exposed`].
     pub fn open(dir: &Path, options: AuditOptions) -> Result<Self, AuditError> {
@@ -179,9 +184,14 @@ impl AuditLog {
             )));
         }
         crate::files::prepare_data_dir(dir, options.data_readable_by)?;
-        let store: Arc<dyn Store> = Arc::new(RedbStore::open_writable_with(dir, true)?);
+        let redb = RedbStore::open_writable_with(dir, true)?;
+        let journal = Journal::open(dir, &redb)?;
+        let store: Arc<dyn Store> = Arc::new(redb);
         let secrets = Secrets::load_or_create(dir)?;
         let (sender, receiver) = mpsc::channel(QUEUE);
+        let (index_sender, index_receiver) = std_mpsc::sync_channel(QUEUE);
+        let indexed = Arc::new(AtomicU64::new(store.read()?.journal_indexed()?));
+        let journal_indexed = Arc::clone(&indexed);
         let writer_store = Arc::clone(&store);
         let commit = options.commit;
         let pace = match options.durability {
@@ -192,19 +202,30 @@ impl AuditLog {
         let writer_commits = Arc::clone(&commits);
         let background_failures = Arc::new(AtomicU64::new(0));
         let writer_failures = Arc::clone(&background_failures);
+        let limit = match commit {
+            CommitMode::Group => MAX_BATCH,
+            CommitMode::PerRecord => 1,
+        };
         std::thread::Builder::new()
-            .name("audit-writer".into())
+            .name("audit-index".into())
             .spawn(move || {
-                run_writer(
+                run_index_writer(
                     writer_store.as_ref(),
-                    receiver,
-                    commit,
+                    &index_receiver,
+                    limit,
                     pace,
+                    &indexed,
                     &writer_commits,
                     &writer_failures,
                 )
             })
             .map_err(|error| AuditError::Io(format!("cannot start the audit writer: {error}")))?;
+        std::thread::Builder::new()
+            .name("audit-journal".into())
+            .spawn(move || {
+                run_journal_writer(journal, receiver, &index_sender, limit, &journal_indexed)
+            })
+            .map_err(|error| AuditError::Io(format!("cannot start the audit journal: {error}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 sender,
@@ -217,30 +238,41 @@ impl AuditLog {
         })
     }
 
-    /// Records one request as `[audit] durability` says: [`Self::append`]
-    /// (on disk when this returns `Ok`), or queued for the next commit
-    /// (`Ok` once queued).
+    /// Records one request as `[audit] durability` says: journaled (on disk
+    /// when this returns `Ok`; concurrent records share one sync), or queued
+    /// for the next commit (`Ok` once queued).
     pub async fn record(&self, new: NewRecord) -> Result<Recorded, AuditError> {
+        let op = self.append_op(new)?;
+        let (reply, answer) = oneshot::channel();
         match self.inner.options.durability {
-            Durability::BeforeAnswer => self
-                .append(new)
-                .await
-                .map(|id| Recorded(RecordedState::Durable(id))),
+            Durability::BeforeAnswer => {
+                let (journaled, on_disk) = oneshot::channel();
+                self.inner
+                    .sender
+                    .send(Pending {
+                        op,
+                        reply: Some(reply),
+                        background: false,
+                        journaled: Some(journaled),
+                    })
+                    .await
+                    .map_err(|_| AuditError::Closed)?;
+                on_disk.await.map_err(|_| AuditError::Closed)??;
+            }
             Durability::Background => {
-                let op = self.append_op(new)?;
-                let (reply, answer) = oneshot::channel();
                 self.inner
                     .sender
                     .send(Pending {
                         op,
                         reply: Some(reply),
                         background: true,
+                        journaled: None,
                     })
                     .await
                     .map_err(|_| AuditError::Closed)?;
-                Ok(Recorded(RecordedState::Queued(answer)))
             }
         }
+        Ok(Recorded(answer))
     }
 
     /// Appends the topic score of request record `scored_id` (whose
@@ -262,8 +294,9 @@ impl AuditLog {
         });
         match self
             .submit(WriteOp::Append {
-                entry,
+                entry: SerializedEntry::new(&entry)?,
                 sample: sealed,
+                journal: None,
             })
             .await?
         {
@@ -282,14 +315,19 @@ impl AuditLog {
         }
     }
 
-    /// The write of one record: its sample sealed, its entry built.
+    /// The write of one record: its sample sealed, its entry built and
+    /// serialised (here, in the caller's task, not on the writer threads).
     fn append_op(&self, new: NewRecord) -> Result<WriteOp, AuditError> {
         let sample = self.seal(new.sample.as_ref(), &new.record.request_id)?;
         let entry = Entry::Request(Box::new(RequestEntry {
             record: new.record,
             sample: self.sample_ref(sample.as_deref()),
         }));
-        Ok(WriteOp::Append { entry, sample })
+        Ok(WriteOp::Append {
+            entry: SerializedEntry::new(&entry)?,
+            sample,
+            journal: None,
+        })
     }
 
     /// The stored bytes of `sample` (encrypted when a key is configured),
@@ -328,6 +366,7 @@ impl AuditLog {
                 op: WriteOp::Register(entries),
                 reply: None,
                 background: true,
+                journaled: None,
             })
             .map_err(|error| match error {
                 mpsc::error::TrySendError::Full(_) => {
@@ -393,6 +432,7 @@ impl AuditLog {
                 op,
                 reply: Some(reply),
                 background: false,
+                journaled: None,
             })
             .await
             .map_err(|_| AuditError::Closed)?;
@@ -411,29 +451,112 @@ fn unexpected(outcome: WriteOutcome) -> AuditError {
     AuditError::Storage(format!("unexpected write outcome {outcome:?}"))
 }
 
-fn run_writer(
-    store: &dyn Store,
+/// What the journal writer hands the index writer: an operation and whoever
+/// waits for its outcome.
+struct Indexable {
+    op: WriteOp,
+    reply: Option<oneshot::Sender<Result<WriteOutcome, AuditError>>>,
+    background: bool,
+}
+
+/// The journal writer: journals the request records of each batch with one
+/// sync, answers their callers, and hands the batch on to the index writer
+/// in order. Stops when every [`AuditLog`] handle is gone.
+fn run_journal_writer(
+    mut journal: Journal,
     mut receiver: mpsc::Receiver<Pending>,
-    commit: CommitMode,
+    index: &std_mpsc::SyncSender<Indexable>,
+    limit: usize,
+    indexed: &AtomicU64,
+) {
+    let mut batch = Vec::new();
+    let mut frames = Vec::new();
+    while let Some(first) = receiver.blocking_recv() {
+        batch.push(first);
+        while batch.len() < limit {
+            match receiver.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        let at_ms = now_ms();
+        for pending in &mut batch {
+            if pending.journaled.is_none() {
+                continue;
+            }
+            if let WriteOp::Append {
+                entry,
+                sample,
+                journal: position,
+            } = &mut pending.op
+            {
+                let seq = journal.take_seq();
+                journal::encode(seq, at_ms, entry.json(), sample.as_deref(), &mut frames);
+                *position = Some(JournalIndex { seq, at_ms });
+            }
+        }
+        let written = if frames.is_empty() {
+            Ok(())
+        } else {
+            journal.append(&frames)
+        };
+        frames.clear();
+        for mut pending in batch.drain(..) {
+            if let Some(journaled) = pending.journaled.take() {
+                if let Err(error) = &written {
+                    // Not on disk: the caller answers with an error, and the
+                    // record is not indexed either.
+                    let _ = journaled.send(Err(error.clone()));
+                    continue;
+                }
+                let _ = journaled.send(Ok(()));
+            }
+            let handed = index.send(Indexable {
+                op: pending.op,
+                reply: pending.reply,
+                background: pending.background,
+            });
+            if handed.is_err() {
+                return;
+            }
+        }
+        if let Err(error) = &written {
+            tracing::error!(%error, "audit journal write failed");
+        }
+        if let Err(error) = journal.maintain(indexed.load(Ordering::Acquire)) {
+            tracing::warn!(%error, "audit journal upkeep failed");
+        }
+    }
+}
+
+/// The index writer: applies what the journal writer hands it to the store,
+/// one transaction per batch. A batch holding journaled records that fails
+/// to commit is retried: those records are on disk and acknowledged, and
+/// the journal position the store keeps must not pass them.
+fn run_index_writer(
+    store: &dyn Store,
+    receiver: &std_mpsc::Receiver<Indexable>,
+    limit: usize,
     pace: Duration,
+    indexed: &AtomicU64,
     commits: &AtomicU64,
     background_failures: &AtomicU64,
 ) {
-    let limit = match commit {
-        CommitMode::Group => MAX_BATCH,
-        CommitMode::PerRecord => 1,
-    };
     let mut ops = Vec::new();
     let mut replies = Vec::new();
     let mut last_commit = Instant::now();
-    while let Some(first) = receiver.blocking_recv() {
+    let mut failures_in_a_row = 0u32;
+    loop {
+        if ops.is_empty() {
+            let Ok(first) = receiver.recv() else { return };
+            ops.push(first.op);
+            replies.push((first.reply, first.background));
+        }
         // `pace` after the last commit started, or now when that is past.
         if let Some(wait) = (last_commit + pace).checked_duration_since(Instant::now()) {
             std::thread::sleep(wait);
         }
         last_commit = Instant::now();
-        ops.push(first.op);
-        replies.push((first.reply, first.background));
         while ops.len() < limit {
             match receiver.try_recv() {
                 Ok(next) => {
@@ -445,16 +568,30 @@ fn run_writer(
         }
         match store.write(&ops) {
             Ok(outcomes) => {
+                failures_in_a_row = 0;
                 commits.fetch_add(1, Ordering::Relaxed);
+                if let Some(last) = ops.iter().filter_map(journal_seq).max() {
+                    indexed.store(last, Ordering::Release);
+                }
                 for ((reply, _), outcome) in replies.drain(..).zip(outcomes) {
                     if let Some(reply) = reply {
                         let _ = reply.send(Ok(outcome));
                     }
                 }
+                ops.clear();
             }
             Err(error) => {
                 tracing::error!(%error, records = ops.len(), "audit commit failed");
-                for (reply, background) in replies.drain(..) {
+                // Everything but the journaled records fails now; those stay
+                // queued, in order, for the next attempt.
+                let mut kept_ops = Vec::new();
+                let mut kept_replies = Vec::new();
+                for (op, (reply, background)) in ops.drain(..).zip(replies.drain(..)) {
+                    if journal_seq(&op).is_some() {
+                        kept_ops.push(op);
+                        kept_replies.push((reply, background));
+                        continue;
+                    }
                     if background {
                         background_failures.fetch_add(1, Ordering::Relaxed);
                     }
@@ -462,8 +599,24 @@ fn run_writer(
                         let _ = reply.send(Err(error.clone()));
                     }
                 }
+                ops = kept_ops;
+                replies = kept_replies;
+                if !ops.is_empty() {
+                    failures_in_a_row = failures_in_a_row.saturating_add(1);
+                    let backoff = 10u64 << failures_in_a_row.min(7);
+                    std::thread::sleep(Duration::from_millis(backoff));
+                }
             }
         }
-        ops.clear();
+    }
+}
+
+fn journal_seq(op: &WriteOp) -> Option<u64> {
+    match op {
+        WriteOp::Append {
+            journal: Some(journal),
+            ..
+        } => Some(journal.seq),
+        _ => None,
     }
 }

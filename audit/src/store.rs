@@ -8,6 +8,7 @@
 //! lock, and every append reads the chain head inside its own transaction, so
 //! two writing processes cannot fork the chain.
 
+use std::io::Write as _;
 use std::path::Path;
 
 use canarygate_policies::CanaryKey;
@@ -19,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::AuditError;
 use crate::record::{
-    CheckpointEntry, Entry, GENESIS_HASH, RawRecord, RecordId, RecordRef, SCHEMA_VERSION, seal,
+    CheckpointEntry, Entry, GENESIS_HASH, RawRecord, RecordId, SCHEMA_VERSION, seal_body,
 };
 use crate::time::now_ms;
 
@@ -41,6 +42,8 @@ const CANARIES_BY_KEY: TableDefinition<&[u8], &[u8]> = TableDefinition::new("can
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 /// `META` key: where the chain starts (8-byte big-endian id, then its `prev_hash`).
 const CHAIN_START: &str = "chain_start";
+/// `META` key: the last journal sequence number indexed (8 bytes, big-endian).
+const JOURNAL_INDEXED: &str = "journal_indexed";
 
 /// One live canary, keyed by a keyed hash of its value (never the value).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,13 +74,106 @@ pub enum Retire {
     Keys(Vec<CanaryKey>),
 }
 
+/// A record's entry serialised once, in the task that made it, with what
+/// the index tables need from it.
+#[derive(Debug, Clone)]
+pub(crate) struct SerializedEntry {
+    /// The entry as JSON: an object whose first member is its `kind`.
+    json: Vec<u8>,
+    /// The index row it adds besides the record.
+    index: EntryIndex,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum EntryIndex {
+    None,
+    /// A review of this record.
+    Review(RecordId),
+    /// The topic score of this record.
+    Topic(RecordId),
+}
+
+impl SerializedEntry {
+    /// Serialises `entry`.
+    pub(crate) fn new(entry: &Entry) -> Result<Self, AuditError> {
+        let json = serde_json::to_vec(entry)
+            .map_err(|error| AuditError::Corrupt(format!("cannot serialise record: {error}")))?;
+        let index = match entry {
+            Entry::Review(review) => EntryIndex::Review(review.reviewed_id),
+            Entry::Topic(topic) => EntryIndex::Topic(topic.scored_id),
+            Entry::Request(_) | Entry::Checkpoint(_) => EntryIndex::None,
+        };
+        Ok(Self { json, index })
+    }
+
+    /// A request entry read back from the journal (only request records
+    /// are journaled, and they add no index row).
+    pub(crate) fn journaled(json: Vec<u8>) -> Self {
+        Self {
+            json,
+            index: EntryIndex::None,
+        }
+    }
+
+    /// The JSON bytes.
+    pub(crate) fn json(&self) -> &[u8] {
+        &self.json
+    }
+
+    /// [`Self::record_body`], for tests.
+    #[cfg(test)]
+    pub(crate) fn record_body_for_test(
+        &self,
+        id: RecordId,
+        prev_hash: &[u8; 32],
+        at_ms: u64,
+    ) -> Vec<u8> {
+        self.record_body(id, prev_hash, at_ms).unwrap()
+    }
+
+    /// The record body: the chain fields, then the entry's members. The
+    /// same bytes `serde_json` writes for a [`RecordRef`] of this entry.
+    fn record_body(
+        &self,
+        id: RecordId,
+        prev_hash: &[u8; 32],
+        at_ms: u64,
+    ) -> Result<Vec<u8>, AuditError> {
+        let members = self
+            .json
+            .strip_prefix(b"{")
+            .filter(|rest| rest.len() > 1)
+            .ok_or_else(|| AuditError::Corrupt("a record entry is not a JSON object".into()))?;
+        let mut body = Vec::with_capacity(self.json.len() + 160);
+        write!(
+            body,
+            "{{\"v\":{SCHEMA_VERSION},\"id\":{id},\"prev_hash\":\"{}\",\"recorded_at_ms\":{at_ms},",
+            hex::encode(prev_hash)
+        )
+        .expect("writing to a Vec");
+        body.extend_from_slice(members);
+        Ok(body)
+    }
+}
+
+/// Where a journaled record sits in the journal.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JournalIndex {
+    /// Its journal sequence number.
+    pub seq: u64,
+    /// When it was journaled, unix milliseconds.
+    pub at_ms: u64,
+}
+
 /// One change, applied inside a write transaction.
 #[derive(Debug)]
 pub(crate) enum WriteOp {
-    /// Append a record; `sample` is the stored sample bytes, if any.
+    /// Append a record; `sample` is the stored sample bytes, if any;
+    /// `journal` is set for a record indexed from the journal.
     Append {
-        entry: Entry,
+        entry: SerializedEntry,
         sample: Option<Vec<u8>>,
+        journal: Option<JournalIndex>,
     },
     Register(Vec<CanaryEntry>),
     Retire(Retire),
@@ -129,6 +225,8 @@ pub(crate) trait ReadView {
     fn review_of(&self, id: RecordId) -> Result<Option<RecordId>, AuditError>;
     /// The topic record that scored request record `id`, if any.
     fn topic_of(&self, id: RecordId) -> Result<Option<RecordId>, AuditError>;
+    /// The last journal sequence number indexed (0: none yet).
+    fn journal_indexed(&self) -> Result<u64, AuditError>;
     /// Every registered canary, live or expired.
     fn canaries(&self) -> Result<Vec<CanaryEntry>, AuditError>;
 }
@@ -297,6 +395,19 @@ impl Store for RedbStore {
             for op in ops {
                 outcomes.push(tables.apply(op)?);
             }
+            let indexed = ops.iter().filter_map(|op| match op {
+                WriteOp::Append {
+                    journal: Some(journal),
+                    ..
+                } => Some(journal.seq),
+                _ => None,
+            });
+            if let Some(last) = indexed.max() {
+                tables
+                    .meta
+                    .insert(JOURNAL_INDEXED, last.to_be_bytes().as_slice())
+                    .map_err(storage)?;
+            }
         }
         txn.commit().map_err(storage)?;
         Ok(outcomes)
@@ -327,7 +438,15 @@ struct Tables<'txn> {
 impl Tables<'_> {
     fn apply(&mut self, op: &WriteOp) -> Result<WriteOutcome, AuditError> {
         match op {
-            WriteOp::Append { entry, sample } => self.append(entry, sample.as_deref()),
+            WriteOp::Append {
+                entry,
+                sample,
+                journal,
+            } => self.append(
+                entry,
+                sample.as_deref(),
+                journal.map(|journal| journal.at_ms),
+            ),
             WriteOp::Register(entries) => {
                 for entry in entries {
                     let value = serde_json::to_vec(&CanaryValue {
@@ -386,32 +505,31 @@ impl Tables<'_> {
         }
     }
 
-    fn append(&mut self, entry: &Entry, sample: Option<&[u8]>) -> Result<WriteOutcome, AuditError> {
+    /// Appends `entry` at the chain's head, timed `at_ms` (a journaled
+    /// record's time) or now.
+    fn append(
+        &mut self,
+        entry: &SerializedEntry,
+        sample: Option<&[u8]>,
+        at_ms: Option<u64>,
+    ) -> Result<WriteOutcome, AuditError> {
         let (id, prev_hash, last_ms) = self.head()?;
-        let record = RecordRef {
-            v: SCHEMA_VERSION,
-            id,
-            prev_hash: hex::encode(prev_hash),
-            // Never behind the previous record, so time ranges are id ranges.
-            recorded_at_ms: now_ms().max(last_ms),
-            entry,
-        };
-        let (value, hash) = seal(&record)?;
+        // Never behind the previous record, so time ranges are id ranges.
+        let recorded_at_ms = at_ms.unwrap_or_else(now_ms).max(last_ms);
+        let (value, hash) = seal_body(entry.record_body(id, &prev_hash, recorded_at_ms)?);
         self.records.insert(id, value.as_slice()).map_err(storage)?;
-        self.head = Some((id + 1, hash, record.recorded_at_ms));
+        self.head = Some((id + 1, hash, recorded_at_ms));
         if let Some(sample) = sample {
             self.samples.insert(id, sample).map_err(storage)?;
         }
-        match entry {
-            Entry::Review(review) => {
-                self.reviews
-                    .insert(review.reviewed_id, id)
-                    .map_err(storage)?;
+        match entry.index {
+            EntryIndex::Review(reviewed_id) => {
+                self.reviews.insert(reviewed_id, id).map_err(storage)?;
             }
-            Entry::Topic(topic) => {
-                self.topics.insert(topic.scored_id, id).map_err(storage)?;
+            EntryIndex::Topic(scored_id) => {
+                self.topics.insert(scored_id, id).map_err(storage)?;
             }
-            Entry::Request(_) | Entry::Checkpoint(_) => {}
+            EntryIndex::None => {}
         }
         Ok(WriteOutcome::Appended(id))
     }
@@ -477,7 +595,9 @@ impl Tables<'_> {
             pruned: removed,
             before_ms,
         });
-        let WriteOutcome::Appended(id) = self.append(&checkpoint, None)? else {
+        let WriteOutcome::Appended(id) =
+            self.append(&SerializedEntry::new(&checkpoint)?, None, None)?
+        else {
             unreachable!("append returns Appended")
         };
         Ok(WriteOutcome::Pruned {
@@ -582,6 +702,17 @@ impl ReadView for RedbView {
             Err(error) => return Err(storage(error)),
         };
         Ok(table.get(id).map_err(storage)?.map(|value| value.value()))
+    }
+
+    fn journal_indexed(&self) -> Result<u64, AuditError> {
+        let Some(stored) = self.table(META)?.get(JOURNAL_INDEXED).map_err(storage)? else {
+            return Ok(0);
+        };
+        let bytes: [u8; 8] = stored
+            .value()
+            .try_into()
+            .map_err(|_| AuditError::Corrupt("the journal position marker is damaged".into()))?;
+        Ok(u64::from_be_bytes(bytes))
     }
 
     fn canaries(&self) -> Result<Vec<CanaryEntry>, AuditError> {
