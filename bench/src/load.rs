@@ -324,7 +324,7 @@ impl Drop for OpenStreams {
 }
 
 /// Opens `count` streamed requests to `endpoint` (a streaming one), each on
-/// a new connection, at most `opening` being set up at a time; waits until
+/// a new connection, at most `opening` connecting at a time; waits until
 /// every one is open or failed, or `timeout` passes. The streams stay open,
 /// their events read as they arrive, until the result is dropped.
 pub async fn open_streams(
@@ -352,9 +352,13 @@ pub async fn open_streams(
         let permits = permits.clone();
         streams.tasks.push(tokio::spawn(async move {
             let response = {
-                let _permit = permits.acquire().await.expect("semaphore");
                 let head = async {
+                    // Only the connecting is limited: a proxy that holds the
+                    // response head back (canarygate until the canary echo)
+                    // must not slow the opening down.
+                    let permit = permits.acquire().await.expect("semaphore");
                     let mut sender = connect(endpoint.addr).await?;
+                    drop(permit);
                     sender.ready().await.ok()?;
                     let response = sender.send_request(request(&endpoint)).await.ok()?;
                     // The connection task ends with the sender: keep it.

@@ -34,6 +34,16 @@ pub fn trees_rss(roots: &[u32]) -> u64 {
         .sum()
 }
 
+/// Open file descriptors of the trees rooted at `roots` together (sockets
+/// included): how many connections a proxy still holds.
+pub fn trees_open_files(roots: &[u32]) -> usize {
+    procstat::trees_pids(roots)
+        .into_iter()
+        .filter_map(|pid| std::fs::read_dir(format!("/proc/{pid}/fd")).ok())
+        .map(|entries| entries.count())
+        .sum()
+}
+
 /// Least-squares slope of `(seconds, bytes)` samples, in bytes per minute;
 /// None with fewer than two distinct times.
 pub fn slope_per_minute(samples: &[(f64, f64)]) -> Option<f64> {
@@ -90,6 +100,9 @@ mod tests {
         assert!(tree >= own / 2 && tree < own * 2, "{tree} against {own}");
         assert_eq!(rss(u32::MAX), None);
         assert_eq!(trees_rss(&[]), 0);
+        // stdin, stdout, stderr at least.
+        assert!(trees_open_files(&[me]) >= 3);
+        assert_eq!(trees_open_files(&[u32::MAX]), 0);
     }
 
     #[test]

@@ -54,7 +54,7 @@ enum Command {
         /// Numbers of streams, measured in this order on each target.
         #[arg(long, value_delimiter = ',', default_value = "100,1000,10000")]
         counts: Vec<usize>,
-        /// Streams being set up at a time.
+        /// Connections being opened at a time.
         #[arg(long, default_value_t = 256)]
         opening: usize,
         /// Longest wait for every stream to open, seconds.
@@ -63,6 +63,10 @@ enum Command {
         /// Wait after the last stream opened before reading RSS, seconds.
         #[arg(long, default_value_t = 2.0)]
         settle: f64,
+        /// Longest wait, before each point, for the target to let go of the
+        /// last point's streams (its open files back to idle), seconds.
+        #[arg(long, default_value_t = 180.0)]
+        drain_timeout: f64,
     },
     /// RSS of canarygate before and after REQUESTS requests.
     Canaries {
@@ -139,6 +143,7 @@ fn mib(bytes: f64) -> String {
     format!("{:.1} MiB", bytes / 1048576.0)
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn streams(
     args: &Args,
     specs: &[String],
@@ -146,6 +151,7 @@ async fn streams(
     opening: usize,
     open_timeout: f64,
     settle: f64,
+    drain_timeout: f64,
 ) -> Result<Value, String> {
     let mut results = Vec::new();
     for spec in specs {
@@ -160,7 +166,21 @@ async fn streams(
             ));
         }
         drop(probe);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let idle_files = memory::trees_open_files(&target.pids);
         for &count in counts {
+            // A proxy may still hold the streams of the last point (their
+            // provider side runs on after the client left): wait until its
+            // open files are back near where they were.
+            let started = Instant::now();
+            let drain = Duration::from_secs_f64(drain_timeout);
+            while memory::trees_open_files(&target.pids) > idle_files + 64
+                && started.elapsed() < drain
+            {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            let drained_seconds = started.elapsed().as_secs_f64();
+            let files_before = memory::trees_open_files(&target.pids);
             tokio::time::sleep(Duration::from_secs(1)).await;
             let before = steady_rss(&target).await;
             let started = Instant::now();
@@ -175,16 +195,18 @@ async fn streams(
             tokio::time::sleep(Duration::from_secs_f64(settle)).await;
             let during = steady_rss(&target).await;
             let (open, failed, ended) = held.counts();
+            let files_open = memory::trees_open_files(&target.pids);
             drop(held);
             tokio::time::sleep(Duration::from_secs(2)).await;
             let after = steady_rss(&target).await;
+            let files_after = memory::trees_open_files(&target.pids);
             let per_stream = if open > 0 {
                 (during - before) / open as f64
             } else {
                 f64::NAN
             };
             println!(
-                "  {:<28} {count:>6} streams: {open} open, {failed} failed, {ended} ended (opened in {open_seconds:.1} s); RSS {} -> {} ({:.0} B per open stream), {} after closing",
+                "  {:<28} {count:>6} streams: {open} open, {failed} failed, {ended} ended (opened in {open_seconds:.1} s, after {drained_seconds:.0} s for the last point's to drain); RSS {} -> {} ({:.0} B per open stream), {} 2 s after closing; open files {files_before} -> {files_open} -> {files_after}",
                 target.name,
                 mib(before),
                 mib(during),
@@ -193,7 +215,9 @@ async fn streams(
             );
             results.push(json!({
                 "target": target.name, "streams": count, "open": open, "failed": failed,
-                "ended": ended, "open_seconds": open_seconds,
+                "ended": ended, "open_seconds": open_seconds, "drained_seconds": drained_seconds,
+                "open_files_before": files_before, "open_files_open": files_open,
+                "open_files_after_close": files_after,
                 "rss_before": before, "rss_open": during, "rss_after_close": after,
                 "bytes_per_stream": if per_stream.is_finite() { json!(per_stream) } else { Value::Null },
             }));
@@ -358,7 +382,19 @@ fn main() {
                 opening,
                 open_timeout,
                 settle,
-            } => streams(&args, targets, counts, *opening, *open_timeout, *settle).await,
+                drain_timeout,
+            } => {
+                streams(
+                    &args,
+                    targets,
+                    counts,
+                    *opening,
+                    *open_timeout,
+                    *settle,
+                    *drain_timeout,
+                )
+                .await
+            }
             Command::Canaries {
                 targets,
                 requests,
