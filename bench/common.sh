@@ -156,8 +156,10 @@ start_sim() {
 # ($sim_port), its files in $work/NAME, with CONNECTIONS per worker [4096]
 # and $nginx_workers workers [number of CPUs]; sets $nginx_pid, $nginx_url.
 start_nginx() {
-  local name=$1 connections=${2:-4096} dir port
+  local name=$1 connections=${2:-4096} dir port files
   dir=$work/$name
+  files=$((connections * 2 + 1024))
+  if [ "$files" -gt "$(ulimit -n)" ]; then files=$(ulimit -n); fi
   port=$(free_port)
   nginx_workers=${nginx_workers:-$cpus}
   mkdir -p "$dir"
@@ -165,7 +167,7 @@ start_nginx() {
 # Plain reverse proxy: one upstream with pooled keep-alive connections, no
 # buffering (streams pass through as they come), no access log.
 worker_processes $nginx_workers;
-worker_rlimit_nofile $((connections * 2 + 1024));
+worker_rlimit_nofile $files;
 daemon off;
 pid $dir/nginx.pid;
 error_log $dir/error.log warn;

@@ -2,7 +2,7 @@
 # How canarygate's cost grows with the work, side by side with nginx (a plain
 # reverse proxy) in the same run, drawn as SVG charts.
 #
-#   bench/growth.sh           # curves, memory and a 10-minute soak
+#   bench/growth.sh           # curves, streams, canaries and a 10-minute soak
 #   bench/growth.sh --soak    # the soak only
 #   bench/growth.sh --quick   # one short point per axis and a 15 s soak (a smoke test)
 #
@@ -22,11 +22,12 @@
 #            streamed, 64-token answers), answer length (16, 256, 4096 tokens,
 #            streamed, 16 clients) and prompt length (1 KB, 64 KB, 1 MB,
 #            non-streamed, 16 clients); against a sim with no model latency.
-#   memory   resident memory (RSS) of each target's process tree with 100,
+#   streams  resident memory (RSS) of each target's process tree with 100,
 #            1,000, 10,000 slow streams open (a sim decoding 1 token/s), on
-#            fresh servers; of canarygate before and after 5,000 requests (10,000
-#            live canaries) on fresh servers; and of the registry alone at 10k
-#            and 1M canaries (cargo bench -p canarygate-policies --bench canary_memory).
+#            fresh servers, each target with its own sim;
+#   canaries RSS of canarygate before and after 5,000 requests (10,000 live
+#            canaries) on fresh servers, and of the registry alone at 10k and
+#            1M canaries (cargo bench -p canarygate-policies --bench canary_memory).
 #   soak     steady load at half of saturation for GROWTH_SOAK_MINUTES on a
 #            fresh canarygate, RSS sampled every GROWTH_SOAK_SAMPLE_SECONDS:
 #            slope, start and end.
@@ -37,7 +38,7 @@
 #
 # Environment knobs (defaults in brackets):
 #   CANARYGATE_BIN                canarygate binary [build target/release/canarygate]
-#   GROWTH_PARTS                  curves,memory,soak [all; --soak: soak]
+#   GROWTH_PARTS                  curves,streams,canaries,soak [all; --soak: soak]
 #   GROWTH_TARGETS                nginx,canarygate-echo-first,canarygate-echo-first-bg [all]
 #   GROWTH_CONCURRENCY            clients on the concurrency axis [1,4,16,64,256; quick 16]
 #   GROWTH_ANSWER_TOKENS          answer lengths, streamed [16,256,4096; quick 256]
@@ -78,7 +79,7 @@ pick() { if [ "$quick" = 1 ]; then echo "$2"; else echo "$1"; fi; }
 if [ "$soak_only" = 1 ]; then
   parts=${GROWTH_PARTS:-soak}
 else
-  parts=${GROWTH_PARTS:-curves,memory,soak}
+  parts=${GROWTH_PARTS:-curves,streams,canaries,soak}
 fi
 all_targets=nginx,canarygate-echo-first,canarygate-echo-first-bg
 targets=${GROWTH_TARGETS:-$all_targets}
@@ -100,7 +101,7 @@ for t in ${targets//,/ } ${soak_targets//,/ }; do
   has "$all_targets" "$t" || { echo "unknown target $t (known: $all_targets)" >&2; exit 2; }
 done
 for p in ${parts//,/ }; do
-  has curves,memory,soak "$p" || { echo "unknown part $p (known: curves,memory,soak)" >&2; exit 2; }
+  has curves,streams,canaries,soak "$p" || { echo "unknown part $p (known: curves,streams,canaries,soak)" >&2; exit 2; }
 done
 
 # --- open files: 10,000 streams are 10,000 sockets in the load generator and
@@ -109,17 +110,26 @@ max_streams=0
 for n in ${stream_counts//,/ }; do
   if [ "$n" -gt "$max_streams" ]; then max_streams=$n; fi
 done
-# canarygate's limits: every stream a request slot and a client connection.
-limit_requests=$((max_streams + 1024))
-limit_connections=$((max_streams + 1024 > 4096 ? max_streams + 1024 : 4096))
-want_files=$((limit_requests + limit_connections + 1024))
+# canarygate holds two files per stream (the client's connection and the
+# provider's) and checks at start that its limits fit the open-file limit
+# (limits + 64): raise that limit, or, where it cannot be raised (a
+# container without CAP_SYS_RESOURCE), measure as many streams as fit.
+files_for() { echo $((2 * ($1 + 256) + 64 + 256)); }
+want_files=$(files_for "$max_streams")
 if [ "$(ulimit -n)" -lt "$want_files" ]; then
   ulimit -n "$want_files" 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 fi
 if [ "$(ulimit -n)" -lt "$want_files" ]; then
-  log "the open-file limit is $(ulimit -n) (hard $(ulimit -Hn)), below the $want_files that $max_streams streams need: raise it (as root: ulimit -Hn $want_files) or set GROWTH_STREAMS"
-  exit 1
+  fit=$(( ( ($(ulimit -n) - 64 - 256) / 2 - 256) / 500 * 500 ))
+  log "the open-file limit is $(ulimit -n) and cannot be raised here; the $want_files that $max_streams streams need do not fit: measuring at most $fit (as root outside a container: ulimit -Hn $want_files)"
+  capped=()
+  for n in ${stream_counts//,/ }; do capped+=($((n > fit ? fit : n))); done
+  stream_counts=$(IFS=,; echo "${capped[*]}")
+  max_streams=$fit
 fi
+# canarygate's limits: every stream a request slot and a client connection.
+limit_requests=$((max_streams + 256 > 1024 ? max_streams + 256 : 1024))
+limit_connections=$((max_streams + 256 > 4096 ? max_streams + 256 : 4096))
 
 if has "$targets" nginx; then
   install_missing nginx nginx "(or leave nginx out of GROWTH_TARGETS)"
@@ -158,22 +168,27 @@ write_config "$work/echo-first.toml" durable
 write_config "$work/echo-first-bg.toml" background
 
 # Starts the targets of this phase against the current sim, names suffixed
-# with $1; sets $target_args (canarygate-bench --target specs).
+# with $1, nginx with $2 connections per worker; sets $target_args
+# (canarygate-bench --target specs) and $phase_pids.
 start_targets() {
   local suffix=$1 nginx_connections=$2
   shift 2
   target_args=()
+  phase_pids=()
   if has "$targets" nginx; then
     start_nginx "nginx$suffix" "$nginx_connections"
     target_args+=(--target "nginx=$nginx_url/v1,pid=$nginx_pid")
+    phase_pids+=("$nginx_pid")
   fi
   if has "$targets" canarygate-echo-first; then
     start_canarygate_server "echo-first$suffix" "$work/echo-first.toml"
     target_args+=(--target "canarygate-echo-first=$started_url/v1,pid=$started_pid,metrics")
+    phase_pids+=("$started_pid")
   fi
   if has "$targets" canarygate-echo-first-bg; then
     start_canarygate_server "echo-first-bg$suffix" "$work/echo-first-bg.toml"
     target_args+=(--target "canarygate-echo-first-bg=$started_url/v1,pid=$started_pid,metrics")
+    phase_pids+=("$started_pid")
   fi
 }
 
@@ -215,14 +230,26 @@ if has "$parts" curves; then
   done
 fi
 
-if has "$parts" memory; then
-  # Open streams, on fresh servers in front of a sim decoding 1 token/s: a
-  # 64-token answer stays open for over a minute.
-  SIM_NAME=sim-slow start_sim --decode-tps 1
-  start_targets "-streams" $((max_streams + 1024))
-  log "open streams: $stream_counts per target"
-  "$memory_bin" streams "${target_args[@]}" --counts "$stream_counts" \
-    --json "$results_dir/streams.json" --note "$note" >&2
+if has "$parts" streams; then
+  # Open streams, on fresh servers in front of a sim decoding 1 token/s (a
+  # 64-token answer stays open for over a minute), one target at a time,
+  # each with its own sim; both stopped before the next.
+  saved_targets=$targets
+  for t in ${saved_targets//,/ }; do
+    targets=$t
+    SIM_NAME=sim-slow-$t start_sim --decode-tps 1
+    # A proxied stream is two connections of one nginx worker, and one
+    # worker may accept most of them.
+    start_targets "-streams" $((2 * max_streams + 512))
+    log "open streams: $stream_counts on $t"
+    "$memory_bin" streams "${target_args[@]}" --counts "$stream_counts" \
+      --json "$results_dir/streams-$t.json" --note "$note" >&2
+    for pid in "${phase_pids[@]}" "$sim_pid"; do kill_tree "$pid"; done
+  done
+  targets=$saved_targets
+fi
+
+if has "$parts" canaries; then
   # Live canaries through the proxy, on fresh canarygate servers (no nginx:
   # it has no canaries).
   SIM_NAME=sim-canaries start_sim --cache-capacity-tokens 0

@@ -6,7 +6,7 @@
 
 DIR holds what bench/growth.sh measured: concurrency-N.json, answer-N.json and
 prompt-N.json (canarygate-bench reports: medians over rounds, per-round
-values), streams.json, canaries-proxy.json, canaries-registry.json and
+values), streams-TARGET.json, canaries-proxy.json, canaries-registry.json and
 soak-TARGET.json (canarygate-bench-memory). Whatever is there is reported;
 each chart is drawn only when its part was measured, so a run of one part
 leaves the other charts as they were.
@@ -301,18 +301,30 @@ def errors_in(points):
 
 
 def answer_check(points):
-    """Completion tokens each target's checked answer had, per point (the answer axis)."""
+    """Checked answers shorter than the point's length (the answer axis). canarygate's
+    usage counts its canary echo too (it raises max_tokens to fit it): longer is fine."""
     notes = []
     for x, report in points:
         for m in report["modes"]:
             for name, check in m["checks"].items():
-                if check.get("completion_tokens") not in (None, x):
+                tokens = check.get("completion_tokens")
+                if tokens is not None and tokens < x:
                     notes.append(f"{name} at {x}: {check.get('completion_tokens')} tokens")
     return notes
 
 
+def order_key(name):
+    """nginx first, then the canarygate configs, as in the other tables."""
+    known = list(COLOURS)
+    return (known.index(name) if name in known else len(known), name)
+
+
 def streams_part(data, fig_path, md, out):
-    rows = data["streams"]
+    # A point where streams failed says nothing per stream: the failed ones'
+    # memory may be in it.
+    rows = sorted(data["streams"], key=lambda r: (order_key(r["target"]), r["streams"]))
+    for r in rows:
+        r["complete"] = r["failed"] == 0 and r["ended"] == 0
     names = []
     for r in rows:
         if r["target"] not in names:
@@ -322,7 +334,8 @@ def streams_part(data, fig_path, md, out):
     for r in rows:
         md.append(
             f"| {r['target']} | {count_label(r['open'])} of {count_label(r['streams'])} | {r['failed']} | "
-            f"{fmt(mib(r['rss_before']), 1)} MiB | {fmt(mib(r['rss_open']), 1)} MiB | {fmt(r['bytes_per_stream'])} |"
+            f"{fmt(mib(r['rss_before']), 1)} MiB | {fmt(mib(r['rss_open']), 1)} MiB | "
+            f"{fmt(r['bytes_per_stream']) if r['complete'] else '- (not all opened)'} |"
         )
     out["streams"] = rows
     fig = Figure("Resident memory against open streams (RSS of each process tree)", 2, 1)
@@ -336,8 +349,8 @@ def streams_part(data, fig_path, md, out):
     )
     fig.panel(
         1,
-        "Bytes per open stream",
-        [(n, colour(n, names), [(r["streams"], r["bytes_per_stream"]) for r in rows if r["target"] == n]) for n in names],
+        "Bytes per open stream (points where all opened)",
+        [(n, colour(n, names), [(r["streams"], r["bytes_per_stream"]) for r in rows if r["target"] == n and r["complete"]]) for n in names],
         ticks, "bytes", "open streams", log_x=True,
     )
     write(fig_path, fig.svg())
@@ -362,6 +375,15 @@ def canaries_part(proxy, registry, md, out):
     out["canaries"] = {"registry": registry, "proxy": proxy}
 
 
+def per_minute(slope):
+    """A soak's slope in bytes/minute as text: KiB/min, or MiB/min from 1 MiB/min on."""
+    if slope is None:
+        return "-"
+    if abs(slope) >= 1048576:
+        return f"{slope / 1048576:,.1f} MiB/min"
+    return f"{slope / 1024:,.1f} KiB/min"
+
+
 def soak_part(soaks, fig_path, md, out):
     md.append("| target | minutes | rate | requests | failed | p99 µs | RSS start | RSS end | RSS max | slope |")
     md.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -371,7 +393,7 @@ def soak_part(soaks, fig_path, md, out):
         md.append(
             f"| {s['target']} | {s['minutes']:g} | {s['rate']:.0f}/s | {count_label(s['requests'])} | {s['errors']} | "
             f"{fmt(s['p99_us'])} | {fmt(mib(s['rss_start']), 1)} MiB | {fmt(mib(s['rss_end']), 1)} MiB | "
-            f"{fmt(mib(s['rss_max']), 1)} MiB | {fmt(None if slope is None else slope / 1024, 1)} KiB/min |"
+            f"{fmt(mib(s['rss_max']), 1)} MiB | {per_minute(slope)} |"
         )
     out["soak"] = soaks
     fig = Figure("Resident memory over a soak at half of saturation", 1, 1, panel_w=760)
@@ -417,8 +439,11 @@ def report(results, svg_dir, note):
             rows, data = curve_table(answers, "stream", "answer tokens", count_label)
             md += ["**Against answer length, streamed:**", "", *rows, ""]
             out["answer_length"] = data
-            for problem in answer_check(answers):
-                md.append(f"warning: an answer was not the asked length: {problem}")
+            problems = answer_check(answers)
+            for problem in problems:
+                md.append(f"warning: an answer was shorter than asked: {problem}")
+            if problems:
+                md.append("")
             curve_panels(fig, 0, answers, "stream", "answer length (streamed)", "answer tokens", count_label)
         if prompts:
             rows, data = curve_table(prompts, "non-stream", "prompt", size_label)
@@ -430,10 +455,12 @@ def report(results, svg_dir, note):
     if errors:
         md += [f"warning: {errors} failed request(s) in the curves; see the per-point reports", ""]
     out["curve_errors"] = errors
-    streams = os.path.join(results, "streams.json")
-    if os.path.exists(streams):
-        with open(streams) as f:
-            data = json.load(f)
+    stream_files = sorted(glob.glob(os.path.join(results, "streams*.json")))
+    if stream_files:
+        data = {"streams": []}
+        for path in stream_files:
+            with open(path) as f:
+                data["streams"] += json.load(f)["streams"]
         md += ["**Resident memory against open streams** (whole process tree, slow streams):", ""]
         streams_part(data, os.path.join(svg_dir, "streams.svg"), md, out)
         md.append("")
@@ -468,6 +495,7 @@ def self_test():
     assert short("canarygate-echo-first-bg") == "echo-first-bg" and short("nginx") == "nginx"
     assert fmt(None) == "-" and fmt(float("nan")) == "-" and fmt(1234.5, 1) == "1,234.5"
     assert tick_label(2000) == "2k" and tick_label(0.5) == "0.5"
+    assert per_minute(None) == "-" and per_minute(2048) == "2.0 KiB/min" and per_minute(-3 * 1048576) == "-3.0 MiB/min"
     report_a = {
         "targets": [{"name": "nginx"}, {"name": "canarygate-echo-first"}],
         "modes": [{"mode": "stream", "checks": {}, "rounds": [
