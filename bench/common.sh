@@ -1,13 +1,16 @@
 # shellcheck shell=bash
-# Shared by bench/run.sh and bench/registry.sh: sourced, not run.
+# Shared by the scripts in bench/ (run.sh, registry.sh, growth.sh; ttft.sh and
+# topic.sh for build_canarygate): sourced, not run.
 #
 # The caller has `set -euo pipefail`, runs from the repository root and has
 # set $root to it. In order, it calls:
 #   bench_options SCRIPT "$@"   --quick, or a usage error
 #   install_missing CMD PKG     apt-get install PKG (as root) unless CMD exists
 #   build_binaries              sets $bench_bin and $canarygate
+#   build_canarygate            sets $canarygate only
 #   start_work                  sets $work (removed on exit) and $pids (killed on exit)
-#   start_sim                   sets $sim_pid, $sim_url, $sim_port
+#   start_sim [SIM ARGS...]     sets $sim_pid, $sim_url, $sim_port
+#   start_nginx NAME [CONNECTIONS]  sets $nginx_pid, $nginx_url
 #   start_canarygate_server NAME CONFIG [SERVE ARGS...]
 #                               sets $started_pid, $started_url
 #   run_load_generator PREFIX NOTE
@@ -62,13 +65,8 @@ install_missing() {
   fi
 }
 
-# The load generator (always built: it takes a minute) and canarygate
-# ($CANARYGATE_BIN, or the release build).
-build_binaries() {
-  log "building the load generator"
-  cargo build --release --quiet -p canarygate-bench
-  bench_bin=$root/target/release/canarygate-bench
-
+# canarygate: $CANARYGATE_BIN, or the release build; sets $canarygate.
+build_canarygate() {
   if [ -n "${CANARYGATE_BIN:-}" ]; then
     canarygate=$CANARYGATE_BIN
   else
@@ -77,6 +75,15 @@ build_binaries() {
     canarygate=$root/target/release/canarygate
   fi
   [ -x "$canarygate" ] || { echo "no canarygate binary at $canarygate" >&2; exit 1; }
+}
+
+# The load generators (always built: it takes a minute) and canarygate
+# (build_canarygate).
+build_binaries() {
+  log "building the load generator"
+  cargo build --release --quiet -p canarygate-bench
+  bench_bin=$root/target/release/canarygate-bench
+  build_canarygate
 }
 
 kill_tree() {
@@ -132,14 +139,75 @@ listening_url() {
   exit 1
 }
 
-# The simulated provider, no model latency.
+# The simulated provider, no model latency, with any further sim-provider
+# arguments; sets $sim_pid, $sim_url, $sim_port (the one canarygate servers
+# started next point at). SIM_NAME names its logs [sim].
 start_sim() {
-  "$canarygate" sim-provider --listen 127.0.0.1:0 >"$work/sim.log" 2>"$work/sim.err" &
+  local name=${SIM_NAME:-sim}
+  "$canarygate" sim-provider --listen 127.0.0.1:0 "$@" >"$work/$name.log" 2>"$work/$name.err" &
   sim_pid=$!
   pids+=("$sim_pid")
-  sim_url=$(listening_url "$work/sim.log" "$sim_pid") || exit 1
+  sim_url=$(listening_url "$work/$name.log" "$sim_pid") || exit 1
   sim_port=${sim_url##*:}
-  log "sim provider: $sim_url (pid $sim_pid)"
+  log "$name provider: $sim_url (pid $sim_pid${*:+, $*})"
+}
+
+# nginx ($nginx_bin) as a plain reverse proxy in front of the sim
+# ($sim_port), its files in $work/NAME, with CONNECTIONS per worker [4096]
+# and $nginx_workers workers [number of CPUs]; sets $nginx_pid, $nginx_url.
+start_nginx() {
+  local name=$1 connections=${2:-4096} dir port files
+  dir=$work/$name
+  files=$((connections * 2 + 1024))
+  if [ "$files" -gt "$(ulimit -n)" ]; then files=$(ulimit -n); fi
+  port=$(free_port)
+  nginx_workers=${nginx_workers:-$cpus}
+  mkdir -p "$dir"
+  cat >"$dir/nginx.conf" <<EOF
+# Plain reverse proxy: one upstream with pooled keep-alive connections, no
+# buffering (streams pass through as they come), no access log.
+worker_processes $nginx_workers;
+worker_rlimit_nofile $files;
+daemon off;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+events {
+    worker_connections $connections;
+}
+http {
+    access_log off;
+    client_body_temp_path $dir/client_body;
+    proxy_temp_path $dir/proxy;
+    fastcgi_temp_path $dir/fastcgi;
+    uwsgi_temp_path $dir/uwsgi;
+    scgi_temp_path $dir/scgi;
+    keepalive_requests 1000000;
+    keepalive_timeout 75s;
+    upstream sim {
+        server 127.0.0.1:$sim_port;
+        keepalive 128;
+        keepalive_requests 1000000;
+    }
+    server {
+        listen 127.0.0.1:$port;
+        client_max_body_size 8m;
+        location / {
+            proxy_pass http://sim;
+            proxy_http_version 1.1;
+            proxy_set_header Connection "";
+            proxy_buffering off;
+            proxy_request_buffering off;
+            proxy_read_timeout 300s;
+        }
+    }
+}
+EOF
+  "$nginx_bin" -t -q -c "$dir/nginx.conf" -p "$dir"
+  "$nginx_bin" -c "$dir/nginx.conf" -p "$dir" >"$dir/stdout.log" 2>&1 &
+  nginx_pid=$!
+  pids+=("$nginx_pid")
+  nginx_url=http://127.0.0.1:$port
+  log "$name: $nginx_url (pid $nginx_pid, $nginx_workers workers, $connections connections each)"
 }
 
 # `canarygate serve` with the policy CONFIG (a file or preset:NAME) in front

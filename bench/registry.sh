@@ -79,6 +79,7 @@ build_binaries
 
 # --- start the servers -------------------------------------------------------
 start_work
+# shellcheck disable=SC2119 # (the sim takes no further arguments here)
 start_sim
 
 redis_port=$(free_port)

@@ -84,6 +84,7 @@ build_binaries
 
 # --- start the servers -------------------------------------------------------
 start_work
+# shellcheck disable=SC2119 # (the sim takes no further arguments here)
 start_sim
 
 bench_args=(--upstream-pid "$sim_pid")
@@ -92,52 +93,8 @@ add_target() { bench_args+=(--target "$1"); }
 wants direct && add_target "direct=$sim_url/v1"
 
 if wants nginx; then
-  nginx_port=$(free_port)
-  mkdir -p "$work/nginx"
-  cat >"$work/nginx/nginx.conf" <<EOF
-# Plain reverse proxy: one upstream with pooled keep-alive connections, no
-# buffering (streams pass through as they come), no access log.
-worker_processes $nginx_workers;
-daemon off;
-pid $work/nginx/nginx.pid;
-error_log $work/nginx/error.log warn;
-events {
-    worker_connections 4096;
-}
-http {
-    access_log off;
-    client_body_temp_path $work/nginx/client_body;
-    proxy_temp_path $work/nginx/proxy;
-    fastcgi_temp_path $work/nginx/fastcgi;
-    uwsgi_temp_path $work/nginx/uwsgi;
-    scgi_temp_path $work/nginx/scgi;
-    keepalive_requests 1000000;
-    keepalive_timeout 75s;
-    upstream sim {
-        server 127.0.0.1:$sim_port;
-        keepalive 128;
-        keepalive_requests 1000000;
-    }
-    server {
-        listen 127.0.0.1:$nginx_port;
-        client_max_body_size 8m;
-        location / {
-            proxy_pass http://sim;
-            proxy_http_version 1.1;
-            proxy_set_header Connection "";
-            proxy_buffering off;
-            proxy_request_buffering off;
-            proxy_read_timeout 300s;
-        }
-    }
-}
-EOF
-  "$nginx_bin" -t -q -c "$work/nginx/nginx.conf" -p "$work/nginx"
-  "$nginx_bin" -c "$work/nginx/nginx.conf" -p "$work/nginx" >"$work/nginx/stdout.log" 2>&1 &
-  nginx_pid=$!
-  pids+=("$nginx_pid")
-  log "nginx: http://127.0.0.1:$nginx_port (pid $nginx_pid, $nginx_workers workers)"
-  add_target "nginx=http://127.0.0.1:$nginx_port/v1,pid=$nginx_pid"
+  start_nginx nginx
+  add_target "nginx=$nginx_url/v1,pid=$nginx_pid"
 fi
 
 start_canarygate() {

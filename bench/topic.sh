@@ -18,16 +18,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
+# shellcheck source=bench/common.sh
+. bench/common.sh
 log() { printf '[topic] %s\n' "$*" >&2; }
 
-if [ -n "${CANARYGATE_BIN:-}" ]; then
-  canarygate=$CANARYGATE_BIN
-else
-  log "building canarygate (release)"
-  cargo build --release --quiet --bin canarygate
-  canarygate=$root/target/release/canarygate
-fi
-[ -x "$canarygate" ] || { echo "no canarygate binary at $canarygate" >&2; exit 1; }
+build_canarygate
 
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT

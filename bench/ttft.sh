@@ -25,19 +25,14 @@ root=$PWD
 decode_tps=${TTFT_DECODE_TPS:-50}
 export TTFT_SAMPLES=${TTFT_SAMPLES:-30}
 
+# shellcheck source=bench/common.sh
+. bench/common.sh
 log() { printf '[ttft] %s\n' "$*" >&2; }
 
 log "building the client"
 cargo build --release --quiet -p canarygate-bench --bin canarygate-bench-ttft
 client=$root/target/release/canarygate-bench-ttft
-if [ -n "${CANARYGATE_BIN:-}" ]; then
-  canarygate=$CANARYGATE_BIN
-else
-  log "building canarygate (release)"
-  cargo build --release --quiet --bin canarygate
-  canarygate=$root/target/release/canarygate
-fi
-[ -x "$canarygate" ] || { echo "no canarygate binary at $canarygate" >&2; exit 1; }
+build_canarygate
 before=${CANARYGATE_BEFORE_BIN:-}
 if [ -n "$before" ] && ! [ -x "$before" ]; then
   echo "CANARYGATE_BEFORE_BIN=$before is not an executable" >&2

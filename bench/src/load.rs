@@ -33,17 +33,41 @@ pub struct Endpoint {
     pub stream: bool,
 }
 
-/// The request body: a user message whose words are each several tokens long
-/// (`w12-a-b-c` is 7 pieces), so that the simulated provider's reply, which
-/// restates the message, always runs into `max_tokens` and every answer is
-/// exactly `max_tokens` tokens (`finish_reason: length`).
-pub fn chat_body(model: &str, stream: bool, max_tokens: u64, words: usize) -> Bytes {
-    let words: Vec<String> = (0..words).map(|i| format!("w{i}-a-b-c")).collect();
+/// The user message: `words` words of `word_tokens` tokens each (`w12-a-b-c`
+/// is 7 pieces: the number, then a `-` and a letter per 2 more), or, when
+/// `bytes` is not 0, as many such words as fill `bytes` (the text is at
+/// least `bytes` long, by less than a word more). The simulated provider's
+/// reply restates 12 to 39 of the words, so it runs into `max_tokens`
+/// whenever 12 words hold that many tokens, and every answer is exactly
+/// `max_tokens` tokens (`finish_reason: length`).
+pub fn prompt_text(words: usize, word_tokens: usize, bytes: usize) -> String {
+    let letters = word_tokens.saturating_sub(1) / 2;
+    let suffix: String = (0..letters)
+        .map(|k| format!("-{}", char::from(b'a' + (k % 26) as u8)))
+        .collect();
+    let mut text = String::new();
+    let mut i = 0;
+    while if bytes > 0 {
+        text.len() < bytes
+    } else {
+        i < words
+    } {
+        if i > 0 {
+            text.push(' ');
+        }
+        text.push_str(&format!("w{i}{suffix}"));
+        i += 1;
+    }
+    text
+}
+
+/// The request body: one user message `prompt` (see [`prompt_text`]).
+pub fn chat_body(model: &str, stream: bool, max_tokens: u64, prompt: &str) -> Bytes {
     let mut body = serde_json::json!({
         "model": model,
         "stream": stream,
         "max_tokens": max_tokens,
-        "messages": [{"role": "user", "content": words.join(" ")}],
+        "messages": [{"role": "user", "content": prompt}],
     });
     if stream {
         // Ask for the usage chunk, as most SDK users do.
@@ -228,6 +252,157 @@ pub async fn saturate(
         bytes: total.2 as f64 / requests.max(1) as f64,
         events: total.3 as f64 / requests.max(1) as f64,
     }
+}
+
+/// Closed loop for an exact number of requests: `concurrency` connections
+/// to `endpoint` sending back to back until `total` requests were sent.
+/// Returns the requests that passed and failed.
+pub async fn send_count(endpoint: &Endpoint, concurrency: usize, total: u64) -> (u64, u64) {
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..concurrency.max(1) {
+        let (endpoint, next) = (endpoint.clone(), next.clone());
+        workers.push(tokio::spawn(async move {
+            let (mut ok, mut errors) = (0u64, 0u64);
+            let Some(mut sender) = connect(endpoint.addr).await else {
+                return (ok, errors);
+            };
+            while next.fetch_add(1, Ordering::Relaxed) < total {
+                if send(&mut sender, &endpoint).await.ok {
+                    ok += 1;
+                } else {
+                    errors += 1;
+                    match connect(endpoint.addr).await {
+                        Some(fresh) => sender = fresh,
+                        None => break,
+                    }
+                }
+            }
+            (ok, errors)
+        }));
+    }
+    let mut total_ok = (0, 0);
+    for worker in workers {
+        let (ok, errors) = worker.await.expect("worker");
+        total_ok.0 += ok;
+        total_ok.1 += errors;
+    }
+    // Requests never sent (every connection failed) count as failed.
+    let sent = total_ok.0 + total_ok.1;
+    (total_ok.0, total_ok.1 + total.saturating_sub(sent))
+}
+
+/// Streams opened by [`open_streams`], each on its own connection, read as
+/// their events come until dropped (which closes the connections).
+pub struct OpenStreams {
+    /// Streams whose response head (2xx) arrived and that have not ended.
+    pub open: Arc<std::sync::atomic::AtomicUsize>,
+    /// Streams that failed: no connection, not 2xx, or an error.
+    pub failed: Arc<std::sync::atomic::AtomicUsize>,
+    /// Streams the target ended (the answer was complete) while held.
+    pub ended: Arc<std::sync::atomic::AtomicUsize>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl OpenStreams {
+    /// (open, failed, ended) now.
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (
+            self.open.load(Ordering::SeqCst),
+            self.failed.load(Ordering::SeqCst),
+            self.ended.load(Ordering::SeqCst),
+        )
+    }
+}
+
+impl Drop for OpenStreams {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+    }
+}
+
+/// Opens `count` streamed requests to `endpoint` (a streaming one), each on
+/// a new connection, at most `opening` connecting at a time; waits until
+/// every one is open or failed, or `timeout` passes. The streams stay open,
+/// their events read as they arrive, until the result is dropped.
+pub async fn open_streams(
+    endpoint: &Endpoint,
+    count: usize,
+    opening: usize,
+    timeout: Duration,
+) -> OpenStreams {
+    use std::sync::atomic::AtomicUsize;
+    let streams = OpenStreams {
+        open: Arc::new(AtomicUsize::new(0)),
+        failed: Arc::new(AtomicUsize::new(0)),
+        ended: Arc::new(AtomicUsize::new(0)),
+        tasks: Vec::with_capacity(count),
+    };
+    let permits = Arc::new(tokio::sync::Semaphore::new(opening.max(1)));
+    let mut streams = streams;
+    for _ in 0..count {
+        let endpoint = endpoint.clone();
+        let (open, failed, ended) = (
+            streams.open.clone(),
+            streams.failed.clone(),
+            streams.ended.clone(),
+        );
+        let permits = permits.clone();
+        streams.tasks.push(tokio::spawn(async move {
+            let response = {
+                let head = async {
+                    // Only the connecting is limited: a proxy that holds the
+                    // response head back (canarygate until the canary echo)
+                    // must not slow the opening down.
+                    let permit = permits.acquire().await.expect("semaphore");
+                    let mut sender = connect(endpoint.addr).await?;
+                    drop(permit);
+                    sender.ready().await.ok()?;
+                    let response = sender.send_request(request(&endpoint)).await.ok()?;
+                    // The connection task ends with the sender: keep it.
+                    Some((sender, response))
+                };
+                match tokio::time::timeout(REQUEST_TIMEOUT, head).await {
+                    Ok(Some((sender, response))) if response.status().is_success() => {
+                        Some((sender, response))
+                    }
+                    _ => None,
+                }
+            };
+            let Some((_sender, response)) = response else {
+                failed.fetch_add(1, Ordering::SeqCst);
+                return;
+            };
+            open.fetch_add(1, Ordering::SeqCst);
+            let mut body = response.into_body();
+            loop {
+                match body.frame().await {
+                    Some(Ok(_)) => {}
+                    Some(Err(_)) => {
+                        open.fetch_sub(1, Ordering::SeqCst);
+                        failed.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                    None => {
+                        open.fetch_sub(1, Ordering::SeqCst);
+                        ended.fetch_add(1, Ordering::SeqCst);
+                        return;
+                    }
+                }
+            }
+        }));
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (open, failed, ended) = streams.counts();
+        if open + failed + ended >= count || Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    streams
 }
 
 /// Result of a fixed-rate run.
@@ -482,7 +657,7 @@ mod tests {
                 host: addr.to_string(),
                 path: "/v1/chat/completions".to_owned(),
                 authorization: "Bearer sk-test".to_owned(),
-                body: chat_body("m", false, 8, 3),
+                body: chat_body("m", false, 8, &prompt_text(3, 7, 0)),
                 stream: false,
             };
             Self {
@@ -527,6 +702,27 @@ mod tests {
         assert_eq!(b.counts().1, b1.1);
     }
 
+    #[tokio::test]
+    async fn exact_counts_and_held_streams() {
+        let server = CountingServer::start().await;
+        let (ok, errors) = send_count(&server.endpoint, 4, 25).await;
+        assert_eq!((ok, errors), (25, 0));
+        assert_eq!(server.counts(), (4, 25));
+
+        // The counting server answers at once: each stream opens, then ends.
+        let streams = open_streams(&server.endpoint, 10, 3, Duration::from_secs(5)).await;
+        assert_eq!(streams.counts(), (0, 0, 10));
+        assert_eq!(server.counts(), (14, 35));
+
+        // Nothing listening: every stream fails, none hangs.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut closed = server.endpoint.clone();
+        closed.addr = listener.local_addr().unwrap();
+        drop(listener);
+        let (ok, errors) = send_count(&closed, 2, 5).await;
+        assert_eq!((ok, errors), (0, 5));
+    }
+
     #[test]
     fn percentiles_are_nearest_rank() {
         let values: Vec<f64> = (1..=100).map(f64::from).collect();
@@ -539,7 +735,7 @@ mod tests {
 
     #[test]
     fn body_is_the_same_json_for_every_target() {
-        let body = chat_body("m", true, 64, 3);
+        let body = chat_body("m", true, 64, &prompt_text(3, 7, 0));
         let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(value["max_tokens"], 64);
         assert_eq!(value["stream"], true);
@@ -549,7 +745,29 @@ mod tests {
         );
         assert_eq!(value["stream_options"]["include_usage"], true);
         let plain: serde_json::Value =
-            serde_json::from_slice(&chat_body("m", false, 64, 3)).unwrap();
+            serde_json::from_slice(&chat_body("m", false, 64, "hi")).unwrap();
         assert!(plain.get("stream_options").is_none());
+    }
+
+    #[test]
+    fn prompts_have_the_asked_words_tokens_or_bytes() {
+        assert_eq!(prompt_text(2, 3, 0), "w0-a w1-a");
+        assert_eq!(prompt_text(1, 1, 0), "w0");
+        assert_eq!(prompt_text(0, 7, 0), "");
+        // Letters cycle past z.
+        let long = prompt_text(1, 61, 0);
+        assert_eq!(long.matches('-').count(), 30);
+        assert!(long.ends_with("-z-a-b-c-d"));
+        // A length in bytes: at least that long, by less than a word more.
+        for bytes in [1, 1024, 65_536, 1 << 20] {
+            let text = prompt_text(96, 7, bytes);
+            let last_word = text.rsplit(' ').next().unwrap().len();
+            assert!(text.len() >= bytes, "{bytes}");
+            assert!(text.len() < bytes + last_word + 1, "{bytes}");
+        }
+        // Words stay distinct, so no two prompts share more than they must.
+        let text = prompt_text(0, 7, 4096);
+        let words: std::collections::HashSet<&str> = text.split(' ').collect();
+        assert_eq!(words.len(), text.split(' ').count());
     }
 }

@@ -32,19 +32,16 @@
 //! Redis registry; see `--help` for the knobs, each also an environment
 //! variable.
 
-mod load;
-mod overhead;
-mod procstat;
-
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use clap::Parser;
 use serde_json::{Value, json};
 
-use load::{Answer, Endpoint, Latency, Throughput};
-use overhead::Overhead;
+use canarygate_bench::load::{self, Answer, Endpoint, Latency, Throughput};
+use canarygate_bench::overhead::{self, Overhead};
+use canarygate_bench::procstat;
+use canarygate_bench::target::Target;
 
 #[derive(Parser, Debug, Clone)]
 #[command(
@@ -144,9 +141,25 @@ struct Args {
     #[arg(long, env = "CANARYGATE_BENCH_MAX_TOKENS", default_value_t = 64)]
     max_tokens: u64,
 
-    /// Words in the user message (each 7 tokens).
+    /// Words in the user message (each `word_tokens` tokens).
     #[arg(long, env = "CANARYGATE_BENCH_PROMPT_WORDS", default_value_t = 96)]
     prompt_words: usize,
+
+    /// Tokens per word of the user message (odd, at least 3). The simulated
+    /// provider restates 12 to 39 of the message's words, so answers reach
+    /// `max_tokens` when 12 words hold that many tokens.
+    #[arg(long, env = "CANARYGATE_BENCH_WORD_TOKENS", default_value_t = 7)]
+    word_tokens: usize,
+
+    /// Length of the user message in bytes instead of `prompt_words`: as many
+    /// words as fill it (0: use `prompt_words`).
+    #[arg(long, env = "CANARYGATE_BENCH_PROMPT_BYTES", default_value_t = 0)]
+    prompt_bytes: usize,
+
+    /// Skip the fixed-rate latency phases: saturation throughput and CPU
+    /// per request only (the growth curves).
+    #[arg(long, env = "CANARYGATE_BENCH_NO_LATENCY")]
+    no_latency: bool,
 
     /// `model` of every request.
     #[arg(long, default_value = "bench-model")]
@@ -173,158 +186,11 @@ struct Args {
     note: String,
 }
 
-/// The `--target` syntax, for error messages.
-const TARGET_SYNTAX: &str = "NAME=URL[|URL...][,pid=PID[+PID...]][,concurrency=N][,slow][,metrics]";
-
-/// One target from `--target`: a single server, or a pool of instances
-/// that is measured as one (its load spread round-robin over them).
-#[derive(Debug, Clone)]
-struct Target {
-    name: String,
-    /// The URL part of the spec as given (`URL1|URL2` for a pool).
-    url: String,
-    /// Where requests go: one instance, or several.
-    instances: Vec<Instance>,
-    /// The processes whose trees' CPU time is the target's, summed (empty:
-    /// not measured).
-    pids: Vec<u32>,
-    concurrency: Option<usize>,
-    /// Left out of the high-rate latency phase (see `--fast-rate`).
-    slow: bool,
-    /// Reports its own time per request at `/metrics` (canarygate).
-    metrics: bool,
-}
-
-/// One server of a target.
-#[derive(Debug, Clone)]
-struct Instance {
-    /// As given in the spec.
-    url: String,
-    addr: SocketAddr,
-    /// `Host` header: the URL's `host:port`.
-    host: String,
-    /// Path of the chat endpoint, e.g. `/v1/chat/completions`.
-    path: String,
-}
-
-impl Instance {
-    /// An `http://` API base (`http://127.0.0.1:8080/v1`) or chat endpoint.
-    fn parse(url: &str) -> Result<Self, String> {
-        let without_scheme = url
-            .strip_prefix("http://")
-            .ok_or_else(|| format!("{url}: only http:// URLs"))?;
-        let (host, base) = match without_scheme.find('/') {
-            Some(index) => without_scheme.split_at(index),
-            None => (without_scheme, ""),
-        };
-        let base = base.trim_end_matches('/');
-        let path = if base.ends_with("/chat/completions") {
-            base.to_owned()
-        } else {
-            format!("{base}/chat/completions")
-        };
-        let addr = host
-            .to_socket_addrs()
-            .map_err(|e| format!("{host}: {e}"))?
-            .next()
-            .ok_or_else(|| format!("{host} resolves to nothing"))?;
-        Ok(Self {
-            url: url.to_owned(),
-            addr,
-            host: host.to_owned(),
-            path,
-        })
-    }
-}
-
-impl Target {
-    /// Parses `NAME=URL[|URL...][,pid=PID[+PID...]][,concurrency=N][,slow][,metrics]`.
-    /// Several URLs make a pool; several pids are summed (the pool's
-    /// instances and any server they share).
-    fn parse(spec: &str) -> Result<Self, String> {
-        let (name, rest) = spec
-            .split_once('=')
-            .ok_or_else(|| format!("{spec}: expected {TARGET_SYNTAX}"))?;
-        let mut parts = rest.split(',');
-        let url = parts.next().unwrap_or_default().to_owned();
-        let mut pids = Vec::new();
-        let mut concurrency = None;
-        let mut slow = false;
-        let mut metrics = false;
-        for part in parts {
-            match (part, part.split_once('=')) {
-                ("slow", _) => slow = true,
-                ("metrics", _) => metrics = true,
-                (_, Some(("pid", value))) => {
-                    pids = value
-                        .split('+')
-                        .map(|pid| pid.parse().map_err(|e| format!("{spec}: pid {pid}: {e}")))
-                        .collect::<Result<_, _>>()?
-                }
-                (_, Some(("concurrency", value))) => {
-                    concurrency = Some(
-                        value
-                            .parse()
-                            .map_err(|e| format!("{spec}: concurrency: {e}"))?,
-                    )
-                }
-                _ => return Err(format!("{spec}: unknown option {part}")),
-            }
-        }
-        let mut instances: Vec<Instance> = Vec::new();
-        for one in url.split('|') {
-            let instance = Instance::parse(one).map_err(|e| format!("{spec}: {e}"))?;
-            if instances.iter().any(|other| other.addr == instance.addr) {
-                return Err(format!("{spec}: {} is listed twice", instance.host));
-            }
-            instances.push(instance);
-        }
-        Ok(Self {
-            name: name.to_owned(),
-            url,
-            instances,
-            pids,
-            concurrency,
-            slow,
-            metrics,
-        })
-    }
-
-    /// Several instances, or several processes measured together.
-    fn is_pool(&self) -> bool {
-        self.instances.len() > 1 || self.pids.len() > 1
-    }
-
-    /// The pids as given: `42`, `42+43+7`, or `-`.
-    fn pids_text(&self) -> String {
-        if self.pids.is_empty() {
-            return "-".to_owned();
-        }
-        let pids: Vec<String> = self.pids.iter().map(u32::to_string).collect();
-        pids.join("+")
-    }
-
-    /// CPU time used so far by the target's process trees together (None
-    /// without pids).
-    fn cpu(&self) -> Option<Duration> {
-        (!self.pids.is_empty()).then(|| procstat::trees_cpu(&self.pids))
-    }
-
-    /// One endpoint per instance.
-    fn endpoints(&self, args: &Args, stream: bool) -> Vec<Endpoint> {
-        let body = load::chat_body(&args.model, stream, args.max_tokens, args.prompt_words);
-        self.instances
-            .iter()
-            .map(|instance| Endpoint {
-                addr: instance.addr,
-                host: instance.host.clone(),
-                path: instance.path.clone(),
-                authorization: format!("Bearer {}", args.api_key),
-                body: body.clone(),
-                stream,
-            })
-            .collect()
-    }
+/// The request every instance of `t` gets in this mode.
+fn endpoints(args: &Args, t: &Target, stream: bool) -> Vec<Endpoint> {
+    let prompt = load::prompt_text(args.prompt_words, args.word_tokens, args.prompt_bytes);
+    let body = load::chat_body(&args.model, stream, args.max_tokens, &prompt);
+    t.endpoints(&body, &format!("Bearer {}", args.api_key), stream)
 }
 
 /// One target measured once in one mode.
@@ -489,7 +355,7 @@ impl Bench {
 
     async fn saturation(&self, target: usize, stream: bool) -> Measurement {
         let t = &self.targets[target];
-        let endpoints = t.endpoints(&self.args, stream);
+        let endpoints = endpoints(&self.args, t, stream);
         let concurrency = self.concurrency(target);
         let warmup = Duration::from_secs_f64((self.args.seconds / 4.0).clamp(0.2, 1.0));
         load::saturate(&endpoints, concurrency, warmup).await;
@@ -611,7 +477,7 @@ impl Bench {
                 for (k, (instance, endpoint)) in t
                     .instances
                     .iter()
-                    .zip(t.endpoints(&self.args, stream))
+                    .zip(endpoints(&self.args, t, stream))
                     .enumerate()
                 {
                     let answer = load::wait_ready(&endpoint, timeout)
@@ -689,7 +555,7 @@ impl Bench {
         );
         for &(_, stream) in &modes {
             for (i, t) in self.targets.iter().enumerate() {
-                load::saturate(&t.endpoints(args, stream), self.concurrency(i), warmup).await;
+                load::saturate(&endpoints(args, t, stream), self.concurrency(i), warmup).await;
             }
         }
         let has_slow = self.targets.iter().any(|t| t.slow);
@@ -718,56 +584,59 @@ impl Bench {
                 for &target in &order {
                     measured[target] = self.saturation(target, mode.stream).await;
                 }
-                let slowest = |fast_only: bool| {
-                    measured
-                        .iter()
-                        .zip(&self.targets)
-                        .filter(|(_, t)| !(fast_only && t.slow))
-                        .map(|(m, _)| m.throughput.rps)
-                        .filter(|rps| *rps > 0.0)
-                        .fold(f64::INFINITY, f64::min)
-                };
-                if mode.rate <= 0.0 {
-                    mode.rate = round_rate(slowest(false) * args.rate_fraction);
-                    println!(
-                        "  {} latency rate: {:.0} req/s ({} of the slowest saturation, {:.0} req/s)",
-                        mode.label,
-                        mode.rate,
-                        args.rate_fraction,
-                        slowest(false)
-                    );
-                }
-                if mode.fast_rate == 0.0 {
-                    mode.fast_rate = round_rate(slowest(true) * args.fast_rate_fraction);
-                    println!(
-                        "  {} high latency rate: {:.0} req/s ({} of the slowest saturation without the slow targets, {:.0} req/s)",
-                        mode.label,
-                        mode.fast_rate,
-                        args.fast_rate_fraction,
-                        slowest(true)
-                    );
-                }
-                if mode.latency_seconds == 0.0 {
-                    mode.latency_seconds = args
-                        .latency_seconds
-                        .unwrap_or_else(|| args.seconds.max((200.0 / mode.rate).min(10.0)));
-                }
-                let fast_seconds = args.latency_seconds.unwrap_or(args.seconds);
-                for &target in &order {
-                    // Let the servers settle after saturation.
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                    let endpoints = self.targets[target].endpoints(args, mode.stream);
-                    (measured[target].latency, measured[target].overhead) = self
-                        .latency_phase(target, &endpoints, mode.rate, mode.latency_seconds)
-                        .await;
-                    if mode.fast_rate > 0.0 && !self.targets[target].slow {
+                // The growth curves measure saturation only.
+                if !args.no_latency {
+                    let slowest = |fast_only: bool| {
+                        measured
+                            .iter()
+                            .zip(&self.targets)
+                            .filter(|(_, t)| !(fast_only && t.slow))
+                            .map(|(m, _)| m.throughput.rps)
+                            .filter(|rps| *rps > 0.0)
+                            .fold(f64::INFINITY, f64::min)
+                    };
+                    if mode.rate <= 0.0 {
+                        mode.rate = round_rate(slowest(false) * args.rate_fraction);
+                        println!(
+                            "  {} latency rate: {:.0} req/s ({} of the slowest saturation, {:.0} req/s)",
+                            mode.label,
+                            mode.rate,
+                            args.rate_fraction,
+                            slowest(false)
+                        );
+                    }
+                    if mode.fast_rate == 0.0 {
+                        mode.fast_rate = round_rate(slowest(true) * args.fast_rate_fraction);
+                        println!(
+                            "  {} high latency rate: {:.0} req/s ({} of the slowest saturation without the slow targets, {:.0} req/s)",
+                            mode.label,
+                            mode.fast_rate,
+                            args.fast_rate_fraction,
+                            slowest(true)
+                        );
+                    }
+                    if mode.latency_seconds == 0.0 {
+                        mode.latency_seconds = args
+                            .latency_seconds
+                            .unwrap_or_else(|| args.seconds.max((200.0 / mode.rate).min(10.0)));
+                    }
+                    let fast_seconds = args.latency_seconds.unwrap_or(args.seconds);
+                    for &target in &order {
+                        // Let the servers settle after saturation.
                         tokio::time::sleep(Duration::from_millis(200)).await;
-                        (
-                            measured[target].fast_latency,
-                            measured[target].fast_overhead,
-                        ) = self
-                            .latency_phase(target, &endpoints, mode.fast_rate, fast_seconds)
+                        let endpoints = endpoints(args, &self.targets[target], mode.stream);
+                        (measured[target].latency, measured[target].overhead) = self
+                            .latency_phase(target, &endpoints, mode.rate, mode.latency_seconds)
                             .await;
+                        if mode.fast_rate > 0.0 && !self.targets[target].slow {
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            (
+                                measured[target].fast_latency,
+                                measured[target].fast_overhead,
+                            ) = self
+                                .latency_phase(target, &endpoints, mode.fast_rate, fast_seconds)
+                                .await;
+                        }
                     }
                 }
                 for &target in &order {
@@ -998,6 +867,10 @@ impl Bench {
                 "fast_rate_fraction": args.fast_rate_fraction,
                 "max_tokens": args.max_tokens,
                 "prompt_words": args.prompt_words,
+                "word_tokens": args.word_tokens,
+                "prompt_bytes": args.prompt_bytes,
+                "prompt_text_bytes": load::prompt_text(args.prompt_words, args.word_tokens, args.prompt_bytes).len(),
+                "latency_phases": !args.no_latency,
                 "client_threads": args.client_threads,
                 "baseline": base_name,
             },
@@ -1127,81 +1000,6 @@ fn run(args: Args) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn targets_parse() {
-        let t = Target::parse("nginx=http://127.0.0.1:8080/v1,pid=42,concurrency=8").unwrap();
-        assert_eq!(t.name, "nginx");
-        assert_eq!(t.url, "http://127.0.0.1:8080/v1");
-        assert_eq!(t.instances.len(), 1);
-        assert_eq!(t.instances[0].addr, "127.0.0.1:8080".parse().unwrap());
-        assert_eq!(t.instances[0].host, "127.0.0.1:8080");
-        assert_eq!(t.instances[0].path, "/v1/chat/completions");
-        assert_eq!(t.pids, vec![42]);
-        assert_eq!(t.pids_text(), "42");
-        assert_eq!(t.concurrency, Some(8));
-        assert!(!t.slow && !t.metrics && !t.is_pool());
-        let t = Target::parse("cg=http://127.0.0.1:8081/v1,metrics,slow").unwrap();
-        assert!(t.slow && t.metrics);
-        let t = Target::parse("direct=http://127.0.0.1:9000/").unwrap();
-        assert_eq!(t.instances[0].path, "/chat/completions");
-        assert!(t.pids.is_empty());
-        assert_eq!(t.pids_text(), "-");
-        assert_eq!(t.cpu(), None);
-        let t = Target::parse("x=http://127.0.0.1:1/v1/chat/completions").unwrap();
-        assert_eq!(t.instances[0].path, "/v1/chat/completions");
-        assert!(Target::parse("https=https://127.0.0.1:1/v1").is_err());
-        assert!(Target::parse("no-url").is_err());
-        assert!(Target::parse("x=http://127.0.0.1:1/v1,cpu=3").is_err());
-        assert!(Target::parse("x=http://127.0.0.1:1/v1,pid=").is_err());
-        assert!(Target::parse("x=http://127.0.0.1:1/v1,pid=-4").is_err());
-    }
-
-    #[test]
-    fn pools_parse() {
-        let t = Target::parse(
-            "redis-pair=http://127.0.0.1:8081/v1|http://127.0.0.1:8082/v1,pid=11+12+7,metrics",
-        )
-        .unwrap();
-        assert_eq!(t.name, "redis-pair");
-        assert_eq!(t.url, "http://127.0.0.1:8081/v1|http://127.0.0.1:8082/v1");
-        let hosts: Vec<&str> = t.instances.iter().map(|i| i.host.as_str()).collect();
-        assert_eq!(hosts, ["127.0.0.1:8081", "127.0.0.1:8082"]);
-        assert_eq!(t.instances[1].url, "http://127.0.0.1:8082/v1");
-        assert!(t.instances.iter().all(|i| i.path == "/v1/chat/completions"));
-        assert_eq!(t.pids, vec![11, 12, 7]);
-        assert_eq!(t.pids_text(), "11+12+7");
-        assert!(t.metrics && t.is_pool());
-        // One endpoint per instance, in order, with the same request.
-        let args = Args::parse_from(["canarygate-bench", "--target", "x=http://127.0.0.1:1"]);
-        let endpoints = t.endpoints(&args, true);
-        assert_eq!(endpoints.len(), 2);
-        assert_eq!(endpoints[1].addr, "127.0.0.1:8082".parse().unwrap());
-        assert_eq!(endpoints[1].host, "127.0.0.1:8082");
-        assert_eq!(endpoints[0].body, endpoints[1].body);
-        // Instances may differ in their path; one pid may stand for a pool.
-        let t = Target::parse("p=http://127.0.0.1:1/v1|http://127.0.0.1:2/,pid=5").unwrap();
-        assert_eq!(t.instances[1].path, "/chat/completions");
-        assert!(t.is_pool());
-        // Several processes for one server are a pool too (of processes).
-        assert!(
-            Target::parse("q=http://127.0.0.1:1,pid=1+2")
-                .unwrap()
-                .is_pool()
-        );
-        for bad in [
-            "p=http://127.0.0.1:1/v1|",
-            "p=|http://127.0.0.1:1/v1",
-            "p=http://127.0.0.1:1/v1|https://127.0.0.1:2/v1",
-            "p=http://127.0.0.1:1/v1|http://127.0.0.1:1/v1",
-            "p=http://127.0.0.1:1/v1|http://127.0.0.1:1/",
-            "p=http://127.0.0.1:1/v1,pid=1+",
-            "p=http://127.0.0.1:1/v1,pid=1++2",
-            "p=http://127.0.0.1:1/v1,pid=1|2",
-        ] {
-            assert!(Target::parse(bad).is_err(), "{bad} parsed");
-        }
-    }
 
     #[test]
     fn rates_round_down_to_one_digit() {

@@ -110,6 +110,11 @@ pub fn trees_cpu(roots: &[u32]) -> Duration {
     ticks_to_duration(trees(roots).iter().map(|(_, t)| t).sum())
 }
 
+/// The live processes of the trees of `roots`, each once.
+pub fn trees_pids(roots: &[u32]) -> Vec<u32> {
+    trees(roots).into_iter().map(|(pid, _)| pid).collect()
+}
+
 /// Number of live processes in the trees of `roots` (0 when all are gone).
 pub fn trees_size(roots: &[u32]) -> usize {
     trees(roots).len()
