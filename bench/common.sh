@@ -77,12 +77,19 @@ build_canarygate() {
   [ -x "$canarygate" ] || { echo "no canarygate binary at $canarygate" >&2; exit 1; }
 }
 
-# The load generators (always built: it takes a minute) and canarygate
-# (build_canarygate).
+# The load generators (always built: it takes a minute; CANARYGATE_BENCH_PROFILE=dev
+# builds them unoptimised, for a smoke run that only checks the harness works)
+# and canarygate (build_canarygate). Sets $bench_dir to where they are.
 build_binaries() {
   log "building the load generator"
-  cargo build --release --quiet -p canarygate-bench
-  bench_bin=$root/target/release/canarygate-bench
+  if [ "${CANARYGATE_BENCH_PROFILE:-release}" = dev ]; then
+    cargo build --quiet -p canarygate-bench
+    bench_dir=$root/target/debug
+  else
+    cargo build --release --quiet -p canarygate-bench
+    bench_dir=$root/target/release
+  fi
+  bench_bin=$bench_dir/canarygate-bench
   build_canarygate
 }
 

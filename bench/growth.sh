@@ -38,6 +38,7 @@
 #
 # Environment knobs (defaults in brackets):
 #   CANARYGATE_BIN                canarygate binary [build target/release/canarygate]
+#   CANARYGATE_BENCH_PROFILE      dev: build the load generators unoptimised (CI's smoke) [release]
 #   GROWTH_PARTS                  curves,streams,canaries,soak [all; --soak: soak]
 #   GROWTH_TARGETS                nginx,canarygate-echo-first,canarygate-echo-first-bg [all]
 #   GROWTH_CONCURRENCY            clients on the concurrency axis [1,4,16,64,256; quick 16]
@@ -137,7 +138,7 @@ fi
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
 python3 bench/growth_report.py --self-test >/dev/null
 build_binaries
-memory_bin=$root/target/release/canarygate-bench-memory
+memory_bin=$bench_dir/canarygate-bench-memory
 
 start_work
 results_dir=$work/results

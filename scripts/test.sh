@@ -8,7 +8,9 @@
 # chromium-driver when they are missing (apt-get, as root or sudo).
 # Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test e2e proxy_e2e::` runs tests/e2e/proxy_e2e.rs:
 # the root crate's integration tests are one binary, `e2e`, with a module per file);
-# without any, the GPU kit's CPU dry run (scripts/gpu-kit.sh) runs after the tests.
+# without any, the GPU kit's CPU dry run (scripts/gpu-kit.sh) and a smoke of the performance
+# bench (bench/growth.sh --quick with the debug builds; it installs nginx when missing) run after
+# the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -69,6 +71,26 @@ if [ $# -eq 0 ]; then
   else
     kit_failed=1 status=1
   fi
+fi
+
+# On full runs, a smoke of the performance bench (bench/README.md, "How cost grows with the
+# work"): bench/growth.sh with the debug builds the tests made, nginx (installed when missing)
+# and the default preset, one short point per curve and a few seconds of soak. It checks
+# that the harness starts, measures and prints, not the numbers; it counts as one test.
+if [ $# -eq 0 ]; then
+  smoke_out=$(mktemp -d)
+  if CANARYGATE_BENCH_PROFILE=dev CANARYGATE_BIN="$PWD/target/debug/canarygate" \
+    GROWTH_PARTS=curves,soak GROWTH_TARGETS=nginx,canarygate-echo-first \
+    GROWTH_ANSWER_TOKENS=16 GROWTH_PROMPT_BYTES=1024 GROWTH_SOAK_MINUTES=0.1 \
+    CANARYGATE_BENCH_SECONDS=0.5 BENCH_OUT="$smoke_out" GROWTH_SVG_DIR="$smoke_out" \
+    bench/growth.sh --quick >"$smoke_out/log" 2>&1 && [ -s "$smoke_out/concurrency.svg" ]; then
+    kit_passed=$((kit_passed + 1))
+    echo "bench smoke: ok"
+  else
+    kit_failed=$((kit_failed + 1)) status=1
+    echo "bench smoke failed:" && tail -40 "$smoke_out/log"
+  fi
+  rm -rf "$smoke_out"
 fi
 
 # One closing line over every test binary (cargo prints one per binary).
