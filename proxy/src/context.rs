@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::Response;
 use canarygate_policies::config::ResolvedRoute;
 
@@ -16,6 +16,7 @@ use crate::error::{ApiError, ErrorCode};
 use crate::identity::Caller;
 use crate::state::AppState;
 use crate::upstream::{ANTHROPIC_VERSION_HEADER, Upstream, relayed_headers};
+use crate::upstream_client::{UpstreamRequest, UpstreamResponse};
 use crate::wire::{ClientRequest, WireFormat};
 
 /// Response header carrying the id of the request (also in the audit log).
@@ -110,9 +111,9 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
         clock: &mut RequestClock,
         body: Bytes,
         stream: bool,
-    ) -> Result<reqwest::Response, ApiError> {
+    ) -> Result<UpstreamResponse, ApiError> {
         let url = self.upstream.endpoint_url(W::PATH)?;
-        let outgoing = self.outgoing(reqwest::Method::POST, url, Some(body), stream)?;
+        let outgoing = self.outgoing(Method::POST, url, Some(body), stream)?;
         self.send_request(clock, outgoing).await
     }
 
@@ -121,14 +122,14 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
     pub async fn send_request(
         &self,
         clock: &mut RequestClock,
-        outgoing: reqwest::RequestBuilder,
-    ) -> Result<reqwest::Response, ApiError> {
+        outgoing: UpstreamRequest,
+    ) -> Result<UpstreamResponse, ApiError> {
         let upstream = self.upstream;
         let limit_ms = self.state.policy.limits.first_byte_timeout_ms;
         match clock
             .wait(tokio::time::timeout(
                 Duration::from_millis(limit_ms),
-                outgoing.send(),
+                upstream.send(outgoing),
             ))
             .await
         {
@@ -152,11 +153,11 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
     /// the caller's) and the client's headers that format `W` passes on.
     pub fn outgoing(
         &self,
-        method: reqwest::Method,
-        url: reqwest::Url,
+        method: Method,
+        url: Uri,
         body: Option<Bytes>,
         stream: bool,
-    ) -> Result<reqwest::RequestBuilder, ApiError> {
+    ) -> Result<UpstreamRequest, ApiError> {
         let key = match self.upstream.managed_key() {
             Some(key) => key.clone(),
             None => self.caller.passthrough_key()?,
@@ -164,14 +165,15 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
         // A retry's answer is about the retry only.
         self.forget_provider_headers();
         let mut outgoing = self.upstream.request(method, url, body, Some(&key), stream);
+        let headers = outgoing.headers_mut();
         for name in W::FORWARDED_HEADERS {
             if let Some(value) = self.client_headers.get(*name) {
-                outgoing = outgoing.header(*name, value);
+                headers.append(*name, value.clone());
             }
         }
         if !self.client_headers.contains_key(ANTHROPIC_VERSION_HEADER) {
             // Anthropic's API requires a version; its SDKs always send one.
-            outgoing = outgoing.headers(self.upstream.api_headers());
+            headers.extend(self.upstream.api_headers());
         }
         Ok(outgoing)
     }

@@ -16,7 +16,8 @@
 //!    one way; probing a provider.
 //! 4. The pieces they share: `context` (the request on its way and its
 //!    responses), `upstream` (the providers' clients, the one upstream
-//!    request, error mapping), `body` (the one audited response body),
+//!    request, error mapping), `upstream_client` (the HTTP client they
+//!    call with: pool, TLS, HTTP/2, the connect deadline), `body` (the one audited response body),
 //!    `relay`, `trail` (the audit record, concluded in one place),
 //!    `upstream_setup` (what building the providers' clients needs),
 //!    `registry` (live canaries), `wire` (wire formats), `topic` (the
@@ -43,6 +44,7 @@ mod state;
 pub mod topic;
 mod trail;
 mod upstream;
+mod upstream_client;
 mod upstream_setup;
 mod wire;
 

@@ -10,7 +10,7 @@
 
 use std::time::{Duration, Instant};
 
-use axum::http::HeaderValue;
+use axum::http::{HeaderValue, Method};
 use canarygate_policies::config::{Policy, ProviderApi, ProviderConfig};
 use canarygate_policies::inject::{Injection, RequestCanaries};
 use canarygate_policies::probe::{
@@ -21,6 +21,7 @@ use canarygate_policies::registry::{MemoryRegistry, Registration};
 use canarygate_policies::tokens::count_chat_messages;
 use canarygate_policies::verify::{Facts, Verifier};
 use canarygate_policies::verify_config::EchoMode;
+use http_body_util::BodyExt;
 use serde_json::{Value, json};
 
 use crate::clock::now_ms;
@@ -302,35 +303,44 @@ impl<W: WireFormat> Prober<'_, W> {
         self.spent += prompt.tokens;
 
         let sent_at = Instant::now();
-        let transport = |what: &'static str, error: reqwest::Error| ProbeError::Transport {
+        let transport = |what: &'static str, detail: String| ProbeError::Transport {
             provider: self.target.provider.clone(),
             what,
-            detail: error_chain(&error),
+            detail,
         };
         let url = self
             .upstream
             .endpoint_url(W::PATH)
             .map_err(|error| ProbeError::NotJson(error.to_string()))?;
-        let response = self
-            .upstream
-            .request(
-                reqwest::Method::POST,
-                url,
-                Some(prompt.body.to_string().into()),
-                self.authorization.as_ref(),
-                false,
-            )
-            .headers(self.upstream.api_headers())
-            .timeout(REQUEST_TIMEOUT)
-            .send()
+        let mut request = self.upstream.request(
+            Method::POST,
+            url,
+            Some(prompt.body.to_string().into()),
+            self.authorization.as_ref(),
+            false,
+        );
+        request.headers_mut().extend(self.upstream.api_headers());
+        let exchange =
+            async {
+                let response =
+                    self.upstream.send(request).await.map_err(|error| {
+                        transport("did not answer the probe", error_chain(&error))
+                    })?;
+                let ttft_ms = sent_at.elapsed().as_millis() as u64;
+                let status = response.status().as_u16();
+                let body = response.into_body().collect().await.map_err(|error| {
+                    transport("broke off its probe answer", error_chain(&error))
+                })?;
+                Ok::<_, ProbeError>((ttft_ms, status, body.to_bytes()))
+            };
+        let (ttft_ms, status, bytes) = tokio::time::timeout(REQUEST_TIMEOUT, exchange)
             .await
-            .map_err(|error| transport("did not answer the probe", error))?;
-        let ttft_ms = sent_at.elapsed().as_millis() as u64;
-        let status = response.status().as_u16();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|error| transport("broke off its probe answer", error))?;
+            .map_err(|_| {
+                transport(
+                    "did not answer the probe",
+                    format!("no whole answer within {} s", REQUEST_TIMEOUT.as_secs()),
+                )
+            })??;
         let mut step = ProbeStep {
             prompt_tokens: prompt.tokens,
             status,

@@ -24,12 +24,14 @@ use std::time::Duration;
 use bytes::Bytes;
 use canarygate_policies::sse::{SseEvent, SseParser, encode_data};
 use futures_util::{FutureExt, Stream, StreamExt};
+use http_body_util::BodyExt;
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::body::StreamSource;
 use crate::clock::RequestClock;
 use crate::error::{ApiError, ErrorCode, error_chain};
 use crate::trail::{Ending, Trail};
+use crate::upstream_client::UpstreamResponse;
 use crate::wire::WireFormat;
 
 /// Most bytes gathered for one write to the client.
@@ -43,12 +45,16 @@ const READY_ROUNDS: usize = 2;
 /// `Some(None)`: the stream ended. The time counts on `clock` as waiting on
 /// the provider, like awaiting its next chunk.
 ///
-/// hyper hands a response body over one chunk at a time: the provider's
-/// connection task decodes the next chunk from its read buffer only after the
-/// previous one was taken, and it runs after the tasks already queued on this
-/// worker. Yielding lets it run, so events that arrived together leave
-/// together; when the provider has sent nothing more this costs two empty
-/// scheduler rounds, microseconds.
+/// hyper's pooled client drives each provider connection in a task of its
+/// own, and hands a response body over one chunk at a time: that task
+/// decodes the next chunk from its read buffer only after the previous one
+/// was taken (HTTP/1.1; over HTTP/2 it moves frames already received into
+/// the stream's queue as it reads them), and it runs after the tasks
+/// already queued on this worker. Yielding lets it run, so events that
+/// arrived together leave together; when the provider has sent nothing more
+/// this costs two empty scheduler rounds, microseconds. The first event of
+/// a read is never held: it is taken by [`next_within`] as it comes, and
+/// only what is ready behind it joins its write.
 pub async fn next_ready<S: Stream + Unpin>(
     upstream: &mut S,
     clock: &mut RequestClock,
@@ -129,7 +135,7 @@ impl<W: WireFormat> Relay<W> {
     /// Relays the SSE body of the provider's `response`; the permit is held
     /// until it ends.
     pub fn provider(
-        response: reqwest::Response,
+        response: UpstreamResponse,
         provider: String,
         idle_timeout: Duration,
         permit: OwnedSemaphorePermit,
@@ -137,7 +143,8 @@ impl<W: WireFormat> Relay<W> {
         Self::new(
             Box::pin(
                 response
-                    .bytes_stream()
+                    .into_body()
+                    .into_data_stream()
                     .map(|chunk| chunk.map_err(SourceError::from)),
             ),
             provider,

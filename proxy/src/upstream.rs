@@ -1,19 +1,24 @@
-//! The providers of the policy: one HTTP(S) client each, the one place an
-//! upstream request is built ([`Upstream::request`]), reading its answer with
-//! deadlines, and mapping what can go wrong to the client-facing
-//! [`ApiError`].
+//! The providers of the policy: one HTTP(S) client each
+//! ([`crate::upstream_client`]), the one place an upstream request is built
+//! ([`Upstream::request`]), reading its answer with deadlines, and mapping
+//! what can go wrong to the client-facing [`ApiError`].
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use canarygate_policies::config::{AuthMode, Policy, ProviderApi, ProviderConfig};
-use futures_util::StreamExt;
+use http_body_util::Full;
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
 
 use crate::clock::RequestClock;
 use crate::error::{ApiError, ErrorCode, error_chain};
 use crate::identity::key_value;
+use crate::upstream_client::{
+    SendError, SendFailure, UpstreamClient, UpstreamRequest, UpstreamResponse, read_whole,
+};
 pub use crate::upstream_setup::{UpstreamError, provider_api_key};
 use crate::wire::edit::TokenCounter;
 
@@ -28,8 +33,8 @@ pub const ANTHROPIC_VERSION_HEADER: &str = "anthropic-version";
 /// accepts.
 pub const ANTHROPIC_VERSION: &str = "2023-06-01";
 
-/// Largest upstream response body read for a non-streaming request.
-const MAX_UPSTREAM_BODY: usize = 64 * 1024 * 1024;
+/// How long [`Upstream::check_reachable`] waits for an answer.
+const REACHABLE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Every provider of the policy, in policy order (a route's `provider_index`
 /// indexes it).
@@ -71,12 +76,13 @@ pub struct Upstream {
     pub name: String,
     /// The API it speaks: which header carries the key.
     pub api: ProviderApi,
-    /// `base_url`, parsed once (with a trailing `/`, so endpoints join onto
-    /// it); parsing a URL per request is measurable in a profile.
-    base_url: reqwest::Url,
-    /// `base_url/chat/completions`, the most common endpoint, joined once.
-    chat_completions_url: reqwest::Url,
-    client: reqwest::Client,
+    /// `base_url` with a trailing `/`, checked once: endpoints (plain
+    /// relative paths, see the router) are appended to it.
+    base_url: String,
+    /// `base_url/chat/completions`, the most common endpoint, parsed once;
+    /// parsing a URL per request is measurable in a profile.
+    chat_completions_url: Uri,
+    client: UpstreamClient,
     /// Provider key from `api_key_env`, attached in managed auth.
     managed_key: Option<HeaderValue>,
     /// The provider's tokenizer (`tokenizer_file`), for exact prompt counts
@@ -87,48 +93,54 @@ pub struct Upstream {
 impl Upstream {
     fn new(provider: &ProviderConfig, policy: &Policy) -> Result<Self, UpstreamError> {
         let name = provider.name.get_ref().clone();
-        let mut builder = reqwest::Client::builder()
-            .use_rustls_tls()
-            .connect_timeout(Duration::from_millis(policy.limits.connect_timeout_ms))
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(1024)
-            .tcp_nodelay(true)
-            .redirect(reqwest::redirect::Policy::none())
-            // Never retried by the client (a retry is a policy decision); also spares
-            // reqwest cloning every request in case it retries.
-            .retry(reqwest::retry::never())
-            .no_proxy();
+        let bad_ca = |path: &str, problem: String| UpstreamError::ExtraCa {
+            provider: name.clone(),
+            path: path.to_owned(),
+            problem,
+        };
+        let mut extra_roots = Vec::new();
         if let Some(path) = &provider.extra_ca_file {
-            let bad_ca = |problem: String| UpstreamError::ExtraCa {
-                provider: name.clone(),
-                path: path.clone(),
-                problem,
-            };
-            let pem =
-                std::fs::read(path).map_err(|error| bad_ca(format!("cannot be read: {error}")))?;
-            let certificates = reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|error| bad_ca(format!("is not PEM: {error}")))?;
-            if certificates.is_empty() {
-                return Err(bad_ca("holds no certificate".into()));
-            }
-            for certificate in certificates {
-                builder = builder.add_root_certificate(certificate);
+            let pem = std::fs::read(path)
+                .map_err(|error| bad_ca(path, format!("cannot be read: {error}")))?;
+            extra_roots = CertificateDer::pem_slice_iter(&pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|error| bad_ca(path, format!("is not PEM: {error}")))?;
+            if extra_roots.is_empty() {
+                return Err(bad_ca(path, "holds no certificate".into()));
             }
         }
-        let url = format!("{}/", provider.base_url.get_ref().trim_end_matches('/'));
-        let bad_url = |error: &dyn std::fmt::Display| UpstreamError::BaseUrl {
-            provider: name.clone(),
-            url: url.clone(),
-            problem: error.to_string(),
-        };
-        let base_url = reqwest::Url::parse(&url).map_err(|error| bad_url(&error))?;
-        let chat_completions_url = base_url
-            .join(CHAT_COMPLETIONS)
-            .map_err(|error| bad_url(&error))?;
-        let client = builder.build().map_err(|error| UpstreamError::Client {
-            provider: name.clone(),
-            problem: error_chain(&error),
+        let connect_timeout = Duration::from_millis(policy.limits.connect_timeout_ms);
+        let client = UpstreamClient::new(extra_roots, connect_timeout).map_err(|error| {
+            match &provider.extra_ca_file {
+                Some(path) => bad_ca(path, format!("holds a certificate rustls refuses: {error}")),
+                None => UpstreamError::Client {
+                    provider: name.clone(),
+                    problem: error.to_string(),
+                },
+            }
         })?;
+        let base_url = format!("{}/", provider.base_url.get_ref().trim_end_matches('/'));
+        let bad_url = |problem: String| UpstreamError::BaseUrl {
+            provider: name.clone(),
+            url: base_url.clone(),
+            problem,
+        };
+        let base = base_url
+            .parse::<Uri>()
+            .map_err(|error| bad_url(error.to_string()))?;
+        if !matches!(base.scheme_str(), Some("http" | "https")) || base.host().is_none() {
+            return Err(bad_url(
+                "is not an http:// or https:// URL with a host".into(),
+            ));
+        }
+        if base.query().is_some() {
+            return Err(bad_url(
+                "carries a query; endpoints are appended to it".into(),
+            ));
+        }
+        let chat_completions_url = format!("{base_url}{CHAT_COMPLETIONS}")
+            .parse::<Uri>()
+            .map_err(|error| bad_url(error.to_string()))?;
         let managed_key = match policy.auth.mode {
             AuthMode::Managed => match provider_api_key(provider, None)? {
                 Some(key) => Some(key_value(&key).map_err(|_| UpstreamError::ApiKey {
@@ -207,16 +219,18 @@ impl Upstream {
 
     /// The URL of `endpoint` (a path relative to `base_url`, such as
     /// `chat/completions` or `responses/resp_1`).
-    pub fn endpoint_url(&self, endpoint: &str) -> Result<reqwest::Url, ApiError> {
+    pub fn endpoint_url(&self, endpoint: &str) -> Result<Uri, ApiError> {
         if endpoint == CHAT_COMPLETIONS {
             return Ok(self.chat_completions_url.clone());
         }
-        self.base_url.join(endpoint).map_err(|error| {
-            ApiError::internal(format!(
-                "provider `{}`: endpoint `{endpoint}` does not join its base_url: {error}",
-                self.name
-            ))
-        })
+        format!("{}{endpoint}", self.base_url)
+            .parse()
+            .map_err(|error| {
+                ApiError::internal(format!(
+                    "provider `{}`: endpoint `{endpoint}` does not join its base_url: {error}",
+                    self.name
+                ))
+            })
     }
 
     /// Headers this provider's API requires of every request canarygate
@@ -232,27 +246,24 @@ impl Upstream {
         headers
     }
 
-    /// `request` carrying `key` as this provider's API expects it: OpenAI's
+    /// Puts `key` in `headers` as this provider's API expects it: OpenAI's
     /// `Authorization: Bearer`, Anthropic's `x-api-key`.
-    pub fn with_key(
-        &self,
-        request: reqwest::RequestBuilder,
-        key: &HeaderValue,
-    ) -> reqwest::RequestBuilder {
+    pub fn add_key(&self, headers: &mut HeaderMap, key: &HeaderValue) {
         match self.api {
             ProviderApi::Openai => {
                 let mut bearer = b"Bearer ".to_vec();
                 bearer.extend_from_slice(key.as_bytes());
-                match HeaderValue::from_bytes(&bearer) {
-                    Ok(mut value) => {
-                        value.set_sensitive(true);
-                        request.header(header::AUTHORIZATION, value)
-                    }
-                    // A valid header value stays one with a prefix.
-                    Err(_) => request,
+                // A valid header value stays one with a prefix.
+                if let Ok(mut value) = HeaderValue::from_bytes(&bearer) {
+                    value.set_sensitive(true);
+                    headers.append(header::AUTHORIZATION, value);
                 }
             }
-            ProviderApi::Anthropic => request.header("x-api-key", key.clone()),
+            ProviderApi::Anthropic => {
+                let mut value = key.clone();
+                value.set_sensitive(true);
+                headers.append("x-api-key", value);
+            }
         }
     }
 
@@ -269,9 +280,9 @@ impl Upstream {
         let url = self
             .endpoint_url("models")
             .map_err(ModelsError::Canarygate)?;
-        let request = self.with_key(self.client.get(url), &key);
+        let request = self.request(Method::GET, url, None, Some(&key), false);
         let response = match clock
-            .wait(tokio::time::timeout(first_byte, request.send()))
+            .wait(tokio::time::timeout(first_byte, self.send(request)))
             .await
         {
             Err(_) => {
@@ -310,125 +321,99 @@ impl Upstream {
         })
     }
 
-    /// Whether the provider answers HTTP at all (any status counts), within 5 s.
-    pub async fn check_reachable(&self) -> Result<(), reqwest::Error> {
-        let mut url = self.base_url.clone();
-        url.set_path(&format!("{}models", url.path()));
-        self.client
-            .get(url)
-            .timeout(Duration::from_secs(5))
-            .send()
-            .await
-            .map(drop)
+    /// Whether the provider answers HTTP at all (any status counts), within
+    /// [`REACHABLE_TIMEOUT`]; `Err` says why not.
+    pub async fn check_reachable(&self) -> Result<(), String> {
+        let url = self
+            .endpoint_url("models")
+            .map_err(|error| error.to_string())?;
+        let request = self.request(Method::GET, url, None, None, false);
+        match tokio::time::timeout(REACHABLE_TIMEOUT, self.send(request)).await {
+            Err(_) => Err(format!(
+                "no answer within {} s",
+                REACHABLE_TIMEOUT.as_secs()
+            )),
+            Ok(Err(error)) => Err(error_chain(&error)),
+            Ok(Ok(_)) => Ok(()),
+        }
     }
 
     /// The one upstream request canarygate sends: `method` on `url` (an
     /// [`Upstream::endpoint_url`]) with the JSON `body` when there is one,
     /// `key` (the managed key, or whatever the caller passes on) in the
-    /// API's header and, for a stream, `Accept: text/event-stream`. Callers
-    /// add their deadline and headers.
+    /// API's header and `Accept`: `text/event-stream` for a stream, `*/*`
+    /// otherwise. Callers add their headers, and send it with
+    /// [`Upstream::send`] under their deadline.
     pub fn request(
         &self,
-        method: reqwest::Method,
-        url: reqwest::Url,
+        method: Method,
+        url: Uri,
         body: Option<Bytes>,
         key: Option<&HeaderValue>,
         stream: bool,
-    ) -> reqwest::RequestBuilder {
-        let mut request = self.client.request(method, url);
-        if let Some(body) = body {
-            request = request
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(body);
+    ) -> UpstreamRequest {
+        let json = body.is_some();
+        let mut request = UpstreamRequest::new(Full::new(body.unwrap_or_default()));
+        *request.method_mut() = method;
+        *request.uri_mut() = url;
+        let headers = request.headers_mut();
+        if json {
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            );
         }
         if let Some(key) = key {
-            request = self.with_key(request, key);
+            self.add_key(headers, key);
         }
-        if stream {
-            request = request.header(header::ACCEPT, "text/event-stream");
-        }
+        let accept = if stream { "text/event-stream" } else { "*/*" };
+        headers.insert(header::ACCEPT, HeaderValue::from_static(accept));
         request
     }
 
+    /// Sends `request` on this provider's pool; resolves with the response
+    /// head. The caller sets the deadline; connecting has its own.
+    pub async fn send(&self, request: UpstreamRequest) -> Result<UpstreamResponse, SendError> {
+        self.client.send(request).await
+    }
+
     /// Maps a failed upstream send to the client-facing error (502 or 504).
-    pub fn send_error(&self, error: &reqwest::Error) -> ApiError {
+    pub fn send_error(&self, error: &SendError) -> ApiError {
         let provider = &self.name;
         let detail = error_chain(error);
-        if error.is_timeout() {
-            ApiError::new(
+        match SendFailure::of(error) {
+            SendFailure::Timeout => ApiError::new(
                 ErrorCode::UpstreamTimeout,
                 format!("Provider `{provider}` did not accept the connection in time: {detail}"),
-            )
-        } else if error.is_connect() && detail.contains("certificate") {
-            ApiError::new(
+            ),
+            SendFailure::Certificate => ApiError::new(
                 ErrorCode::UpstreamTlsError,
                 format!(
                     "TLS with provider `{provider}` failed: {detail}. For a private CA, set the \
                      provider's extra_ca_file."
                 ),
-            )
-        } else if error.is_connect() {
-            ApiError::new(
+            ),
+            SendFailure::Connect => ApiError::new(
                 ErrorCode::UpstreamUnreachable,
                 format!("Provider `{provider}` is unreachable: {detail}"),
-            )
-        } else {
-            ApiError::new(
+            ),
+            SendFailure::Exchange => ApiError::new(
                 ErrorCode::UpstreamError,
                 format!("Request to provider `{provider}` failed: {detail}"),
-            )
+            ),
         }
     }
 
     /// Reads a whole (non-streamed) answer, at most `idle_timeout` between
-    /// two chunks; the waits count on `clock` as waiting on the provider.
+    /// two chunks ([`crate::upstream_client::read_whole`]); the waits count
+    /// on `clock` as waiting on the provider.
     pub async fn read_whole(
         &self,
         clock: &mut RequestClock,
-        response: reqwest::Response,
+        response: UpstreamResponse,
         idle_timeout: Duration,
     ) -> Result<Bytes, ApiError> {
-        let provider = &self.name;
-        let mut stream = response.bytes_stream();
-        let mut body = Vec::new();
-        loop {
-            match clock
-                .wait(tokio::time::timeout(idle_timeout, stream.next()))
-                .await
-            {
-                Err(_) => {
-                    return Err(ApiError::new(
-                        ErrorCode::UpstreamTimeout,
-                        format!(
-                            "Provider `{provider}` stopped sending its answer for {} ms \
-                             (limits.idle_timeout_ms).",
-                            idle_timeout.as_millis()
-                        ),
-                    ));
-                }
-                Ok(None) => return Ok(Bytes::from(body)),
-                Ok(Some(Err(error))) => {
-                    return Err(ApiError::new(
-                        ErrorCode::UpstreamError,
-                        format!(
-                            "Provider `{provider}` failed while sending its answer: {}",
-                            error_chain(&error)
-                        ),
-                    ));
-                }
-                Ok(Some(Ok(chunk))) => {
-                    if body.len() + chunk.len() > MAX_UPSTREAM_BODY {
-                        return Err(ApiError::new(
-                            ErrorCode::UpstreamResponseTooLarge,
-                            format!(
-                                "Provider `{provider}` sent more than {MAX_UPSTREAM_BODY} bytes."
-                            ),
-                        ));
-                    }
-                    body.extend_from_slice(&chunk);
-                }
-            }
-        }
+        read_whole(&self.name, clock, response, idle_timeout).await
     }
 
     /// An error answer of the provider (`status`, `body`) that is not in the
@@ -486,7 +471,7 @@ pub fn relayed_headers(headers: &HeaderMap) -> HeaderMap {
 }
 
 /// Whether the provider answered with an SSE stream.
-pub fn is_event_stream(response: &reqwest::Response) -> bool {
+pub fn is_event_stream(response: &UpstreamResponse) -> bool {
     response
         .headers()
         .get(header::CONTENT_TYPE)

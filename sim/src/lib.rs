@@ -340,6 +340,7 @@ impl Default for SimConfig {
 
 /// A routed simulated provider, ready for `axum::serve` or [`tls::serve_tls`].
 pub fn router(config: SimConfig) -> Router {
+    let sim = SimProvider::new(config);
     Router::new()
         .route(
             "/v1/chat/completions",
@@ -359,7 +360,26 @@ pub fn router(config: SimConfig) -> Router {
         .route("/v1/embeddings", post(surfaces::embeddings::create))
         .route("/v1/models", get(models))
         .route("/sim/stats", get(stats))
-        .with_state(SimProvider::new(config))
+        .layer(axum::middleware::from_fn_with_state(
+            sim.clone(),
+            count_http2,
+        ))
+        .with_state(sim)
+}
+
+/// Counts the requests that came over HTTP/2 (`http2_requests` in
+/// `/sim/stats`), so a test can tell which protocol a client negotiated.
+async fn count_http2(
+    State(sim): State<Sim>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    if request.version() == axum::http::Version::HTTP_2 {
+        sim.stats
+            .http2_requests
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    next.run(request).await
 }
 
 async fn models() -> impl IntoResponse {

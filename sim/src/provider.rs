@@ -150,6 +150,8 @@ pub struct Stats {
     pub lookups: AtomicU64,
     /// Requests per surface, in [`Surface::ALL`] order.
     pub by_surface: [AtomicU64; 5],
+    /// Requests of any path that came over HTTP/2.
+    pub http2_requests: AtomicU64,
 }
 
 /// The simulated provider's state.
@@ -582,6 +584,7 @@ impl SimProvider {
             "overloaded": load(&stats.overloaded),
             "lookups": load(&stats.lookups),
             "surfaces": by_surface,
+            "http2_requests": load(&stats.http2_requests),
             "stored_responses": self.responses.lock().unwrap_or_else(PoisonError::into_inner).len(),
             "context_window": self.config.context_window,
             "prefill_pool_tokens": self.config.prefill_pool_tokens(),

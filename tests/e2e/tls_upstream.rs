@@ -58,6 +58,24 @@ async fn trusted_extra_ca_works_and_an_untrusted_one_fails_clearly() {
         };
         assert!(content.starts_with("You wrote: over TLS"), "{content}");
     }
+    // The proxy negotiated HTTP/2 (ALPN `h2`) with the provider: the sim
+    // counts both requests (and perhaps the proxy's reachability check) as
+    // HTTP/2. The stats are read over HTTP/1.1 so they do not count.
+    let sim_client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&std::fs::read(&ca).unwrap()).unwrap())
+        .http1_only()
+        .build()
+        .unwrap();
+    let stats: Value = sim_client
+        .get(format!("{}/sim/stats", sim.url))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let http2 = stats["http2_requests"].as_u64().unwrap();
+    assert!(http2 >= 2, "the proxy spoke HTTP/2 over TLS: {stats}");
 
     let untrusted_dir = ProxyDir::new();
     let untrusted =

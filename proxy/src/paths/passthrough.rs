@@ -7,7 +7,7 @@
 //! `unverifiable` and the endpoint it called.
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
 
 use crate::context::RequestContext;
@@ -18,7 +18,7 @@ use crate::wire::WireFormat;
 /// One request to forward: the provider endpoint and what goes there.
 pub struct Forward {
     /// The HTTP method, as the client sent it.
-    pub method: reqwest::Method,
+    pub method: Method,
     /// The provider's endpoint relative to its `base_url`, with the
     /// client's query string (`embeddings`, `responses/resp_1?include=x`).
     pub endpoint: String,
@@ -41,9 +41,9 @@ pub async fn serve<W: WireFormat>(
     let mut outgoing = context.outgoing(forward.method, url, forward.body, false)?;
     if let Some(content_type) = forward.content_type {
         // Replaces the JSON content type the request was built with.
-        let mut headers = axum::http::HeaderMap::new();
-        headers.insert(header::CONTENT_TYPE, content_type);
-        outgoing = outgoing.headers(headers);
+        outgoing
+            .headers_mut()
+            .insert(header::CONTENT_TYPE, content_type);
     }
     trail.forwarded();
     let started = std::time::Instant::now();

@@ -12,7 +12,6 @@ use std::time::Duration;
 use canarygate_policies::config::ProviderApi;
 
 use crate::clock::now_ms;
-use crate::error::error_chain;
 use crate::probe::{self, ProbeTarget};
 use crate::probe_results;
 use crate::registry::CanaryBook;
@@ -203,7 +202,7 @@ pub fn spawn_reachability_check(state: Weak<AppState>) {
                 tracing::warn!(
                     "provider `{}` is not reachable ({}); {fallback}",
                     upstream.name,
-                    error_chain(&error)
+                    error
                 );
             }
         }

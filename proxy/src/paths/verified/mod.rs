@@ -34,6 +34,7 @@ use crate::error::ApiError;
 use crate::topic::AnswerTexts;
 use crate::trail::Trail;
 use crate::upstream::is_event_stream;
+use crate::upstream_client::UpstreamResponse;
 use crate::wire::edit::{Delivery, UsageOptions};
 use crate::wire::{ClientRequest, WireFormat};
 
@@ -93,7 +94,7 @@ pub async fn serve<W: WireFormat>(
 /// What the provider answered one attempt with.
 enum Sent {
     /// A 2xx answer, to verify (the attempt's state is large: boxed).
-    Answer(Box<Attempt>, reqwest::Response),
+    Answer(Box<Attempt>, UpstreamResponse),
     /// The provider's error, read whole, as the client gets it.
     ProviderError(Response),
 }

@@ -10,7 +10,6 @@
 //! held by the wire format's [`StreamWriter`] until the verifier lets their
 //! text out and edited there.
 
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +19,8 @@ use canarygate_audit::TopicScore;
 use canarygate_policies::sse::{SseEvent, SseParser};
 use canarygate_policies::verify::{Decision, Facts, Finished, ProviderUsage, Verdict};
 use canarygate_policies::verify_config::{FailureAction, ReleasePolicy};
-use futures_util::Stream;
+use http_body_util::{BodyDataStream, BodyExt};
+use hyper::body::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::attempt::{Attempt, Decided, blocked, elapsed_ms};
@@ -31,6 +31,7 @@ use crate::error::{ApiError, ErrorCode, error_chain};
 use crate::registry::CanaryBook;
 use crate::relay::{COALESCE_BYTES, early_end, interrupted, next_ready, next_within};
 use crate::trail::{Ending, Trail};
+use crate::upstream_client::UpstreamResponse;
 use crate::wire::{EventView, StreamWriter, WireFormat};
 
 /// `x-canarygate-verdict` of a stream whose verdict comes after the head;
@@ -42,7 +43,7 @@ const VERDICT_PENDING: &str = "pending; release=echo-first";
 /// be answered, and decides.
 pub async fn serve<W: WireFormat>(
     context: &RequestContext<'_, W>,
-    response: reqwest::Response,
+    response: UpstreamResponse,
     attempt: Attempt,
     trail: &mut Trail,
     permit: &mut Option<OwnedSemaphorePermit>,
@@ -99,7 +100,8 @@ enum End {
     Interrupted,
 }
 
-type ByteStream = Pin<Box<dyn Stream<Item = reqwest::Result<Bytes>> + Send>>;
+/// The provider's body, chunk by chunk as hyper hands it over.
+type ByteStream = BodyDataStream<Incoming>;
 
 /// A verified SSE relay (see the module docs).
 struct VerifiedStream<W: WireFormat> {
@@ -135,11 +137,11 @@ struct VerifiedStream<W: WireFormat> {
 }
 
 impl<W: WireFormat> VerifiedStream<W> {
-    fn new(context: &RequestContext<'_, W>, response: reqwest::Response, attempt: Attempt) -> Self {
+    fn new(context: &RequestContext<'_, W>, response: UpstreamResponse, attempt: Attempt) -> Self {
         let config = &context.state.policy.verify;
         let delivery = attempt.delivery.clone();
         Self {
-            upstream: Box::pin(response.bytes_stream()),
+            upstream: response.into_body().into_data_stream(),
             parser: SseParser::new(),
             attempt,
             release: config.release,
@@ -237,7 +239,7 @@ impl<W: WireFormat> VerifiedStream<W> {
     }
 
     /// Everything one upstream read completes, or the end of the stream.
-    async fn take(&mut self, next: Option<reqwest::Result<Bytes>>) {
+    async fn take(&mut self, next: Option<Result<Bytes, hyper::Error>>) {
         match next {
             None => {
                 let detail = early_end(&mut self.parser);

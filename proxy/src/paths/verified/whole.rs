@@ -11,12 +11,13 @@ use crate::body::Served;
 use crate::context::{OVERHEAD_HEADER, RequestContext};
 use crate::error::{ApiError, ErrorCode};
 use crate::trail::Trail;
+use crate::upstream_client::UpstreamResponse;
 use crate::wire::WireFormat;
 
 /// Verifies the whole answer in `response` and decides.
 pub async fn serve<W: WireFormat>(
     context: &RequestContext<'_, W>,
-    response: reqwest::Response,
+    response: UpstreamResponse,
     mut attempt: Attempt,
     trail: &mut Trail,
 ) -> Result<Decided, ApiError> {
