@@ -34,7 +34,7 @@ use std::time::{Duration, Instant};
 
 use crate::AuditError;
 use crate::files::{create_private_dir_all, create_private_file};
-use crate::store::{JournalIndex, RedbStore, SerializedEntry, Store, WriteOp};
+use crate::store::{JournalIndex, MAX_BATCH, RedbStore, SerializedEntry, Store, WriteOp};
 
 /// Directory of the journal inside the data directory.
 pub const JOURNAL_DIR: &str = "journal";
@@ -214,7 +214,7 @@ fn index_pending(store: &RedbStore, frames: Vec<Journaled>) -> Result<u64, Audit
                 at_ms: frame.at_ms,
             }),
         });
-        if batch.len() == crate::log::MAX_BATCH {
+        if batch.len() == MAX_BATCH {
             store.write(&batch)?;
             batch.clear();
         }

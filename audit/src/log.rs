@@ -24,7 +24,8 @@ use crate::record::{
 };
 use crate::secret::{SampleKey, Secrets, seal_sample};
 use crate::store::{
-    CanaryEntry, JournalIndex, RedbStore, Retire, SerializedEntry, Store, WriteOp, WriteOutcome,
+    CanaryEntry, JournalIndex, MAX_BATCH, RedbStore, Retire, SerializedEntry, Store, WriteOp,
+    WriteOutcome,
 };
 use crate::time::now_ms;
 
@@ -98,8 +99,6 @@ impl AuditOptions {
     }
 }
 
-/// Most operations committed in one transaction (and journaled in one write).
-pub(crate) const MAX_BATCH: usize = 4096;
 /// Appends queued before callers wait for room.
 const QUEUE: usize = 8192;
 /// With `[audit] durability = "background"`, the least time from one commit's

@@ -24,6 +24,9 @@ use crate::record::{
 };
 use crate::time::now_ms;
 
+/// Most operations committed in one transaction (and journaled in one write).
+pub(crate) const MAX_BATCH: usize = 4096;
+
 /// File name of the store inside the data directory.
 pub const STORE_FILE: &str = "canarygate.redb";
 
