@@ -419,7 +419,10 @@ async fn serve_runs_the_review_page_beside_the_proxy() {
             assert_eq!(response.status(), 200);
             break response.text().await.unwrap();
         }
-        assert!(Instant::now() < deadline, "the review page never showed the record");
+        assert!(
+            Instant::now() < deadline,
+            "the review page never showed the record"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(record.contains(&request_id), "{record}");
