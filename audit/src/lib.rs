@@ -2,9 +2,10 @@
 //! canary registry.
 //!
 //! Two ways in. [`AuditLog`] is the writer `serve` holds: one record per
-//! request through [`AuditLog::append`] (or [`AuditLog::record`]), durable
-//! when it returns, concurrent appends sharing one transaction (group
-//! commit), plus the live canaries that must survive a restart. [`Archive`]
+//! request through [`AuditLog::record`], durable when it returns: in the
+//! journal (`DIR/journal/`), concurrent records sharing one sync, then chained
+//! into the store by the index writer ([`AuditLog::append`] waits for that
+//! commit too); plus the live canaries that must survive a restart. [`Archive`]
 //! is what the `canarygate audit` commands open, read-only or for the two
 //! commands that write (reviews, prune): snapshots of the records, their
 //! samples and reviews, [`Archive::verify`] of the chain.
