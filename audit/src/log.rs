@@ -251,35 +251,28 @@ impl AuditLog {
     pub async fn record(&self, new: NewRecord) -> Result<Recorded, AuditError> {
         let op = self.append_op(new)?;
         let (reply, answer) = oneshot::channel();
-        match self.inner.options.durability {
-            Durability::BeforeAnswer => {
-                let (journaled, on_disk) = oneshot::channel();
-                self.inner
-                    .sender
-                    .send(Pending {
-                        op,
-                        reply: Some(reply),
-                        background: false,
-                        journaled: Some(journaled),
-                    })
-                    .await
-                    .map_err(|_| AuditError::Closed)?;
-                on_disk.await.map_err(|_| AuditError::Closed)??;
-            }
-            Durability::Background => {
-                self.inner
-                    .sender
-                    .send(Pending {
-                        op,
-                        reply: Some(reply),
-                        background: true,
-                        journaled: None,
-                    })
-                    .await
-                    .map_err(|_| AuditError::Closed)?;
-            }
+        let journaled = self.inner.options.durability == Durability::BeforeAnswer;
+        let (on_disk_reply, on_disk) = oneshot::channel();
+        self.enqueue(Pending {
+            op,
+            reply: Some(reply),
+            background: !journaled,
+            journaled: journaled.then_some(on_disk_reply),
+        })
+        .await?;
+        if journaled {
+            on_disk.await.map_err(|_| AuditError::Closed)??;
         }
         Ok(Recorded(answer))
+    }
+
+    /// Queues `pending` for the writer threads, waiting for room.
+    async fn enqueue(&self, pending: Pending) -> Result<(), AuditError> {
+        self.inner
+            .sender
+            .send(pending)
+            .await
+            .map_err(|_| AuditError::Closed)
     }
 
     /// Appends the topic score of request record `scored_id` (whose
@@ -433,16 +426,13 @@ impl AuditLog {
 
     async fn submit(&self, op: WriteOp) -> Result<WriteOutcome, AuditError> {
         let (reply, answer) = oneshot::channel();
-        self.inner
-            .sender
-            .send(Pending {
-                op,
-                reply: Some(reply),
-                background: false,
-                journaled: None,
-            })
-            .await
-            .map_err(|_| AuditError::Closed)?;
+        self.enqueue(Pending {
+            op,
+            reply: Some(reply),
+            background: false,
+            journaled: None,
+        })
+        .await?;
         answer.await.map_err(|_| AuditError::Closed)?
     }
 }
