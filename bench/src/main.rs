@@ -39,6 +39,7 @@ use clap::Parser;
 use serde_json::{Value, json};
 
 use canarygate_bench::load::{self, Answer, Endpoint, Latency, Throughput};
+use canarygate_bench::memory::median;
 use canarygate_bench::overhead::{self, Overhead};
 use canarygate_bench::procstat;
 use canarygate_bench::target::Target;
@@ -248,20 +249,6 @@ fn finite(value: f64) -> Value {
         json!(value)
     } else {
         Value::Null
-    }
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.retain(|v| v.is_finite());
-    if values.is_empty() {
-        return f64::NAN;
-    }
-    values.sort_by(f64::total_cmp);
-    let mid = values.len() / 2;
-    if values.len() % 2 == 1 {
-        values[mid]
-    } else {
-        (values[mid - 1] + values[mid]) / 2.0
     }
 }
 
@@ -1027,12 +1014,5 @@ mod tests {
         let firsts: Vec<usize> = (0..4).map(|round| order(2, round)[0]).collect();
         assert_eq!(firsts, vec![0, 1, 0, 1]);
         assert_eq!(order(1, 3), vec![0]);
-    }
-
-    #[test]
-    fn medians_skip_nan() {
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![4.0, 1.0, f64::NAN, 2.0, 3.0]), 2.5);
-        assert!(median(vec![f64::NAN]).is_nan());
     }
 }

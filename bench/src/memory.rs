@@ -132,5 +132,6 @@ mod tests {
         assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(vec![4.0, 1.0, f64::NAN, 2.0, 3.0]), 2.5);
         assert!(median(vec![]).is_nan());
+        assert!(median(vec![f64::NAN]).is_nan());
     }
 }
