@@ -6,17 +6,9 @@ use std::fs;
 use crate::journal::{self, JOURNAL_DIR, Journal};
 use crate::record::RecordRef;
 use crate::store::{RedbStore, SerializedEntry, Store};
-use crate::tests::{private_tempdir, request};
+use crate::tests::{private_tempdir, request, runtime};
 use crate::time::now_ms;
 use crate::*;
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
 
 fn segment_files(dir: &std::path::Path) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(dir.join(JOURNAL_DIR))
@@ -34,10 +26,13 @@ fn segment_files(dir: &std::path::Path) -> Vec<String> {
 fn journal_without_indexing(dir: &std::path::Path, count: u64, first: u64) -> Vec<String> {
     let store = RedbStore::open_writable(dir).unwrap();
     let mut journal = Journal::open(dir, &store).unwrap();
+    // A log elsewhere only to fill the records' keyed hashes.
+    let other = private_tempdir();
+    let filler = AuditLog::open(other.path(), AuditOptions::default()).unwrap();
     let mut frames = Vec::new();
     let mut ids = Vec::new();
     for n in first..first + count {
-        let record = request_without_log(n);
+        let record = request(&filler, n, false);
         ids.push(record.request_id.clone());
         let entry = Entry::Request(Box::new(RequestEntry {
             record,
@@ -49,13 +44,6 @@ fn journal_without_indexing(dir: &std::path::Path, count: u64, first: u64) -> Ve
     }
     journal.append(&frames).unwrap();
     ids
-}
-
-/// A request record with fixed hashes (no log to take secrets from).
-fn request_without_log(n: u64) -> RequestRecord {
-    let dir = private_tempdir();
-    let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
-    request(&log, n, false)
 }
 
 fn request_ids(dir: &std::path::Path) -> Vec<String> {
