@@ -65,8 +65,7 @@ impl SseParser {
             }
         }
         while let Some(pos) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
-            self.line.extend_from_slice(&rest[..pos]);
-            let terminator = rest[pos];
+            let (line, terminator) = (&rest[..pos], rest[pos]);
             rest = &rest[pos + 1..];
             if terminator == b'\r' {
                 match rest.first() {
@@ -75,8 +74,17 @@ impl SseParser {
                     Some(_) => {}
                 }
             }
-            let line = std::mem::take(&mut self.line);
-            self.process_line(&line, out);
+            if self.line.is_empty() {
+                // The whole line is in this chunk: read it where it is.
+                self.process_line(line, out);
+            } else {
+                // Kept for its capacity: the next partial line reuses it.
+                let mut whole = std::mem::take(&mut self.line);
+                whole.extend_from_slice(line);
+                self.process_line(&whole, out);
+                whole.clear();
+                self.line = whole;
+            }
         }
         self.line.extend_from_slice(rest);
     }
@@ -140,6 +148,14 @@ impl SseParser {
 /// SSE data cannot carry a carriage return: `\r\n`, `\r` and `\n` all end a
 /// line, so the event decodes with every line break as `\n`.
 pub fn encode_data(data: &str, out: &mut Vec<u8>) {
+    if !data.bytes().any(|byte| byte == b'\n' || byte == b'\r') {
+        // One line: JSON data, nearly always.
+        out.reserve(data.len() + 8);
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(data.as_bytes());
+        out.extend_from_slice(b"\n\n");
+        return;
+    }
     for line in data.split("\r\n").flat_map(|part| part.split(['\r', '\n'])) {
         out.extend_from_slice(b"data: ");
         out.extend_from_slice(line.as_bytes());
