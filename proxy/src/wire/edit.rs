@@ -263,6 +263,41 @@ impl Delivery {
         }
     }
 
+    /// [`Delivery::admit`] for a field expected to pass whole: when `admit`
+    /// would leave it unchanged, accounts for it as `admit` does and returns
+    /// true; otherwise changes nothing and returns false (the caller then
+    /// edits the field through `admit`).
+    pub fn admit_whole(
+        &mut self,
+        choice: u32,
+        part: Part,
+        text: &str,
+        span: Range<usize>,
+        release: Release<'_>,
+    ) -> bool {
+        if choice >= self.choices || !keeps_all(&kept(span, release.removed), text.len()) {
+            return false;
+        }
+        let index = choice as usize;
+        let budgeted = matches!(part, Part::Content | Part::Reasoning | Part::Refusal);
+        if let (Some(limit), true) = (self.limit, budgeted) {
+            if self.cut.get(index).copied().unwrap_or(false) {
+                return false;
+            }
+            let tokens = self.counter.count(text);
+            let used = self.used.get(index).copied().unwrap_or(0);
+            if tokens > limit.saturating_sub(used) {
+                return false;
+            }
+            if self.used.len() <= index {
+                self.used.resize(index + 1, 0);
+                self.cut.resize(index + 1, false);
+            }
+            self.used[index] += tokens;
+        }
+        true
+    }
+
     /// Trims `ranges` of `text` to what choice `index`'s budget allows.
     fn within_budget(
         &mut self,

@@ -179,20 +179,90 @@ pub enum EventView {
 }
 
 /// An event of a provider's stream: the event itself and what it carries.
+///
+/// Most events of a stream are passed on exactly as the provider sent them,
+/// so a format may read an event of a shape it knows without building its
+/// JSON tree ([`Chunk::light`]): the chunk then holds only its fields'
+/// strings, and `event` stays null until an edit needs the tree
+/// ([`Chunk::build_tree`]).
 #[derive(Debug)]
 pub struct Chunk {
-    /// The provider's event, parsed.
+    /// The provider's event, parsed; null for a light chunk whose tree
+    /// was not needed yet.
     pub event: Value,
     /// The choices it carries, in order.
     pub choices: Vec<ChoiceView>,
     /// Usage it reports.
     pub usage: Option<ProviderUsage>,
+    /// A light chunk's text field strings, in the order of
+    /// [`Chunk::texts`]; `None` once `event` holds the tree.
+    light_texts: Option<Vec<String>>,
 }
 
 impl Chunk {
+    /// A chunk read from its JSON tree.
+    pub fn parsed(event: Value, choices: Vec<ChoiceView>, usage: Option<ProviderUsage>) -> Self {
+        Self {
+            event,
+            choices,
+            usage,
+            light_texts: None,
+        }
+    }
+
+    /// A chunk read without its tree: `texts[i]` is the string of text
+    /// field `i` of `choices` (in the order of [`Chunk::texts`]).
+    pub fn light(choices: Vec<ChoiceView>, texts: Vec<String>) -> Self {
+        Self {
+            event: Value::Null,
+            choices,
+            usage: None,
+            light_texts: Some(texts),
+        }
+    }
+
+    /// Whether the chunk was read without its tree and still has none.
+    pub fn is_light(&self) -> bool {
+        self.light_texts.is_some()
+    }
+
+    /// Gives a light chunk its tree, parsed from `data` (the event's data,
+    /// which its light reading already found to be JSON).
+    pub fn build_tree(&mut self, data: &str) {
+        if self.light_texts.take().is_some() {
+            self.event = serde_json::from_str(data).unwrap_or(Value::Null);
+        }
+    }
+
     /// Every text field of the chunk, choice by choice.
     pub fn texts(&self) -> impl Iterator<Item = &TextField> {
         self.choices.iter().flat_map(|choice| &choice.texts)
+    }
+}
+
+/// What the strings of text fields are read from: a whole answer's tree,
+/// or a stream's chunk (light or not).
+pub trait TextSource {
+    /// The string `field` points at ("" when there is none).
+    fn text_of(&self, field: &TextField) -> &str;
+}
+
+impl TextSource for Value {
+    fn text_of(&self, field: &TextField) -> &str {
+        field.text(self)
+    }
+}
+
+impl TextSource for Chunk {
+    fn text_of(&self, field: &TextField) -> &str {
+        match &self.light_texts {
+            Some(texts) => self
+                .texts()
+                .position(|candidate| candidate == field)
+                .and_then(|at| texts.get(at))
+                .map_or("", String::as_str),
+            None => field.text(&self.event),
+        }
     }
 }
 

@@ -21,6 +21,10 @@
 //!    ([`TextField::at`](format::TextField::at), a [`Location`](format::Location) in the provider's own JSON), so
 //!    the verified text can be put back where it came from
 //!    ([`put_text`](format::put_text)), plus finish reasons and usage.
+//!    A format may read an event of a shape it knows without building its
+//!    JSON tree ([`Chunk::light`](format::Chunk::light); Chat's common
+//!    chunk): the verifier reads its strings through
+//!    [`TextSource`], and the tree is built only if an edit needs it.
 //! 4. [`WireFormat::deliver_answer`] and [`WireFormat::StreamWriter`]: the
 //!    client gets the provider's own answer and events, edited, not rebuilt:
 //!    each text field becomes what the verifier's release leaves of it
@@ -38,4 +42,6 @@ mod format;
 pub mod messages;
 pub mod responses;
 
-pub use format::{ChoiceView, ClientRequest, EventView, LocalStream, StreamWriter, WireFormat};
+pub use format::{
+    ChoiceView, ClientRequest, EventView, LocalStream, StreamWriter, TextSource, WireFormat,
+};

@@ -15,7 +15,6 @@ use canarygate_policies::registry::Registration;
 use canarygate_policies::topic::{self, TopicAction};
 use canarygate_policies::verify::{Decision, Part, Verdict, Verifier};
 use canarygate_policies::verify_config::FailureAction;
-use serde_json::Value;
 
 use crate::body::Served;
 use crate::context::RequestContext;
@@ -24,7 +23,7 @@ use crate::registry::CanaryBook;
 use crate::topic::{AnswerTexts, TopicCheck, check_result};
 use crate::trail::Trail;
 use crate::wire::edit::Delivery;
-use crate::wire::{ChoiceView, WireFormat};
+use crate::wire::{ChoiceView, TextSource, WireFormat};
 
 /// What became of one upstream attempt.
 pub enum Decided {
@@ -78,7 +77,7 @@ impl Attempt {
         &mut self,
         book: &CanaryBook,
         choices: &[ChoiceView],
-        value: &Value,
+        value: &(impl TextSource + Sync),
         reasons: &mut Vec<Option<String>>,
         mut before_text: impl FnMut(&mut Verifier) -> bool,
     ) -> (Vec<Range<usize>>, bool) {
@@ -89,7 +88,7 @@ impl Attempt {
         let mut stop = false;
         for choice in choices {
             for field in &choice.texts {
-                let text = field.text(value);
+                let text = value.text_of(field);
                 self.answer.push(field.choice, field.kind, text);
                 let start = verifier.received(field.choice, field.kind);
                 spans.push(start..start + text.len());
@@ -163,14 +162,19 @@ impl Attempt {
     /// `choices` could decide (texts of one part are joined first: a canary
     /// may span two fields of one event); an unreachable shared registry
     /// degrades the verdict, or fails it when the policy fails closed.
-    async fn resolve(&mut self, book: &CanaryBook, choices: &[ChoiceView], value: &Value) {
+    async fn resolve(
+        &mut self,
+        book: &CanaryBook,
+        choices: &[ChoiceView],
+        value: &(impl TextSource + Sync),
+    ) {
         if !book.is_shared() {
             // This process's memory answers every lookup itself.
             return;
         }
         let mut texts: Vec<(u32, Part, Cow<'_, str>)> = Vec::new();
         for field in choices.iter().flat_map(|choice| &choice.texts) {
-            let text = field.text(value);
+            let text = value.text_of(field);
             if text.is_empty() {
                 continue;
             }

@@ -281,7 +281,7 @@ impl<W: WireFormat> VerifiedStream<W> {
             .feed(
                 &self.registry,
                 &chunk.choices,
-                &chunk.event,
+                &chunk,
                 &mut self.finish_reasons,
                 |verifier| {
                     // The first generated text of any kind: reasoning models

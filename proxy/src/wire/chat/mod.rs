@@ -8,12 +8,14 @@
 //! under `delta` (stream chunks), with reasoning, refusals and legacy
 //! `function_call` arguments ([`answer`]). The client gets the provider's
 //! own answer and chunks, edited where their text changed ([`edit_fields`];
+//! the common chunk is read without building its JSON tree, [`light`];
 //! logprobs follow the content, [`logprobs`]; a stream's chunks are held
 //! until verified, [`stream`]). Errors are
 //! `{"error":{"message","type","param","code"}}`.
 
 mod answer;
 mod deliver;
+mod light;
 mod logprobs;
 mod request;
 mod stream;
@@ -121,6 +123,9 @@ impl WireFormat for Chat {
         if event.is_done() {
             return EventView::Done;
         }
+        if let Some(chunk) = light::read(&event.data) {
+            return EventView::Chunk(chunk);
+        }
         let Ok(chunk) = serde_json::from_str::<Value>(&event.data) else {
             return EventView::Malformed;
         };
@@ -142,11 +147,8 @@ impl WireFormat for Chat {
                     .collect()
             })
             .unwrap_or_default();
-        EventView::Chunk(Chunk {
-            usage: usage_of(&chunk),
-            event: chunk,
-            choices,
-        })
+        let usage = usage_of(&chunk);
+        EventView::Chunk(Chunk::parsed(chunk, choices, usage))
     }
 
     fn is_end_marker(event: &SseEvent) -> bool {

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use super::deliver::{Edited, edit_fields};
 use crate::wire::edit::Delivery;
-use crate::wire::format::{ChoiceView, Chunk, StreamWriter, TextField};
+use crate::wire::format::{ChoiceView, Chunk, StreamWriter, TextField, TextSource};
 
 /// Edits one chunk for the client, as the format's whole answers are edited:
 /// its text `fields` (each with the span of its part it carried) become what
@@ -105,6 +105,39 @@ impl<E: ChunkEditor> ChatStream<E> {
             })
     }
 
+    /// Whether a light chunk (see [`Chunk::light`]) goes out as the
+    /// provider sent it: no choice of it was cut at the client's limit
+    /// (its finish reason stays), and its text, if any, passes whole. Then
+    /// its text is accounted for; otherwise nothing changed and the chunk is
+    /// edited from its tree.
+    fn passes_unchanged(
+        &mut self,
+        chunk: &Chunk,
+        spans: &[Range<usize>],
+        verifier: &Verifier,
+    ) -> bool {
+        let cut = chunk.choices.iter().any(|choice| {
+            choice
+                .finish_reason
+                .as_deref()
+                .is_some_and(|reason| reason != "length" && self.delivery.was_cut(choice.index))
+        });
+        if cut {
+            return false;
+        }
+        // A light chunk carries at most one text.
+        match (chunk.texts().next(), spans.first()) {
+            (Some(field), Some(span)) => self.delivery.admit_whole(
+                field.choice,
+                field.kind,
+                chunk.text_of(field),
+                span.clone(),
+                verifier.release_of(field.choice, field.kind),
+            ),
+            _ => true,
+        }
+    }
+
     fn write(&mut self, held: Held, verifier: &Verifier, out: &mut Vec<u8>) {
         let Held {
             mut chunk,
@@ -112,6 +145,13 @@ impl<E: ChunkEditor> ChatStream<E> {
             spans,
             ..
         } = held;
+        if chunk.is_light() {
+            if self.passes_unchanged(&chunk, &spans, verifier) {
+                encode_data(&data, out);
+                return;
+            }
+            chunk.build_tree(&data);
+        }
         let fields: Vec<_> = chunk.texts().copied().zip(spans).collect();
         let edited = self.editor.edit(
             &mut chunk.event,

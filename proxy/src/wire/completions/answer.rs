@@ -78,11 +78,8 @@ pub fn read_event(event: &SseEvent) -> EventView {
             .unwrap_or("no message");
         return EventView::Error(message.to_owned());
     }
-    EventView::Chunk(Chunk {
-        choices: choices_of(&chunk),
-        usage: usage_of(&chunk),
-        event: chunk,
-    })
+    let (choices, usage) = (choices_of(&chunk), usage_of(&chunk));
+    EventView::Chunk(Chunk::parsed(chunk, choices, usage))
 }
 
 #[cfg(test)]

@@ -103,11 +103,7 @@ pub fn read_event(event: &SseEvent) -> EventView {
     } else {
         Vec::new()
     };
-    EventView::Chunk(Chunk {
-        event: data,
-        choices,
-        usage,
-    })
+    EventView::Chunk(Chunk::parsed(data, choices, usage))
 }
 
 /// The text fields of a `content_block_delta`.

@@ -260,11 +260,8 @@ pub fn read_event(event: &SseEvent) -> EventView {
                 texts: Vec::new(),
                 finish_reason: finish_of(response),
             }];
-            return EventView::Final(Chunk {
-                usage: usage_of(response),
-                event: data,
-                choices,
-            });
+            let usage = usage_of(response);
+            return EventView::Final(Chunk::parsed(data, choices, usage));
         }
         _ => {}
     }
@@ -296,11 +293,7 @@ pub fn read_event(event: &SseEvent) -> EventView {
             finish_reason: None,
         }]
     };
-    EventView::Chunk(Chunk {
-        event: data,
-        choices,
-        usage: None,
-    })
+    EventView::Chunk(Chunk::parsed(data, choices, None))
 }
 
 /// Whether `event` ends a Responses stream: `response.completed`,

@@ -1,0 +1,238 @@
+//! Reading the common Chat Completions chunk without building its JSON tree.
+//!
+//! Nearly every chunk of a stream is one choice whose delta holds a role
+//! and at most one text (`content`, or reasoning while a model thinks),
+//! passed on to the client exactly as the provider sent it. Such a chunk is
+//! deserialised into borrowed views: the members canarygate never reads
+//! (`id`, `model`, `created`, `system_fingerprint`, ...) are skipped
+//! without being allocated, and nothing else is built but the text itself.
+//!
+//! Any other shape is not light and [`read`] says so; the caller reads it
+//! from its tree ([`super::answer::read_choice`]), which gives what this
+//! reading gives for a light chunk. Not light: tool or function calls,
+//! logprobs, usage, an `error` member, a member of a choice or delta that
+//! is not listed below, a member of the wrong type, or more than one text
+//! in the chunk. What is listed covers every string of a delta, so a
+//! canary-shaped span anywhere in a light chunk's delta is read as text,
+//! as the tree's residual scan would find it.
+
+use std::borrow::Cow;
+
+use canarygate_policies::verify::Part;
+use serde::de::{Deserializer, Error as _};
+use serde::{Deserialize, de::IgnoredAny};
+
+use crate::wire::format::{ChoiceView, Chunk, Location, TextField};
+
+/// A chunk: `choices`, and members that must not be there (anything else
+/// is skipped).
+#[derive(Deserialize)]
+struct LightChunk<'a> {
+    #[serde(borrow, default)]
+    choices: Vec<LightChoice<'a>>,
+    /// Usage is read from the tree; `null` (OpenAI's chunks before the
+    /// last under `include_usage`) is no usage.
+    #[serde(rename = "usage", default)]
+    _usage: Option<Refused>,
+    /// Any `error`, even `null`, is the tree's to judge.
+    #[serde(rename = "error", default)]
+    _error: Absent,
+}
+
+/// One choice of a light chunk.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LightChoice<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(borrow, default)]
+    delta: Option<LightDelta<'a>>,
+    #[serde(borrow, default)]
+    finish_reason: Option<Cow<'a, str>>,
+    #[serde(rename = "logprobs", default)]
+    _logprobs: Option<Refused>,
+}
+
+/// A choice's delta: its role and its texts, nothing else.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LightDelta<'a> {
+    /// Never read as text (as in the tree's reading).
+    #[serde(rename = "role", default)]
+    _role: Option<IgnoredAny>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    refusal: Option<Cow<'a, str>>,
+    #[serde(rename = "tool_calls", default)]
+    _tool_calls: Option<Refused>,
+    #[serde(rename = "function_call", default)]
+    _function_call: Option<Refused>,
+}
+
+/// A member a light chunk may have only as `null` (inside an `Option`):
+/// any value makes the chunk not light.
+struct Refused;
+
+impl<'de> Deserialize<'de> for Refused {
+    fn deserialize<D: Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
+        Err(D::Error::custom("not read lightly"))
+    }
+}
+
+/// A member a light chunk must not have at all, whatever its value.
+#[derive(Default)]
+struct Absent;
+
+impl<'de> Deserialize<'de> for Absent {
+    fn deserialize<D: Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
+        Err(D::Error::custom("not read lightly"))
+    }
+}
+
+/// The chunk in `data`, when it is light (see the module docs).
+pub fn read(data: &str) -> Option<Chunk> {
+    let LightChunk {
+        choices: light_choices,
+        ..
+    } = serde_json::from_str(data).ok()?;
+    let mut choices = Vec::with_capacity(light_choices.len());
+    let mut texts: Vec<String> = Vec::new();
+    for (position, choice) in light_choices.into_iter().enumerate() {
+        let index = choice
+            .index
+            .unwrap_or(position as u64)
+            .min(u64::from(u32::MAX)) as u32;
+        let at = Location::ROOT.key("choices").index(position).key("delta");
+        let mut fields = Vec::new();
+        if let Some(delta) = choice.delta {
+            // The order and parts of the tree's reading (`TEXT_FIELDS`).
+            let reasoning_kind = match delta.reasoning_content {
+                Some(_) => Part::ReasoningAlias,
+                None => Part::Reasoning,
+            };
+            let candidates = [
+                (
+                    "reasoning_content",
+                    Part::Reasoning,
+                    delta.reasoning_content,
+                ),
+                ("reasoning", reasoning_kind, delta.reasoning),
+                ("content", Part::Content, delta.content),
+                ("refusal", Part::Refusal, delta.refusal),
+            ];
+            for (key, kind, text) in candidates {
+                if let Some(text) = text {
+                    fields.push(TextField {
+                        choice: index,
+                        kind,
+                        at: at.key(key),
+                    });
+                    texts.push(text.into_owned());
+                }
+            }
+        }
+        if texts.len() > 1 {
+            return None;
+        }
+        choices.push(ChoiceView {
+            index,
+            position,
+            texts: fields,
+            finish_reason: choice.finish_reason.map(Cow::into_owned),
+        });
+    }
+    Some(Chunk::light(choices, texts))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    use super::*;
+    use crate::wire::format::TextSource;
+
+    /// The tree's reading of `data`, as Chat's `read_event` does it.
+    fn tree(data: &str) -> Chunk {
+        let value: Value = serde_json::from_str(data).unwrap();
+        let choices = value["choices"]
+            .as_array()
+            .map(|choices| {
+                choices
+                    .iter()
+                    .enumerate()
+                    .map(|(position, choice)| {
+                        super::super::answer::read_choice(choice, position, "delta")
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        Chunk::parsed(value, choices, None)
+    }
+
+    /// Asserts that `data` is light and read as the tree reads it.
+    fn same_as_tree(data: &str) {
+        let light = read(data).unwrap_or_else(|| panic!("not light: {data}"));
+        let tree = tree(data);
+        assert_eq!(light.choices.len(), tree.choices.len(), "{data}");
+        for (ours, theirs) in light.choices.iter().zip(&tree.choices) {
+            assert_eq!(ours.index, theirs.index, "{data}");
+            assert_eq!(ours.position, theirs.position, "{data}");
+            assert_eq!(ours.texts, theirs.texts, "{data}");
+            assert_eq!(ours.finish_reason, theirs.finish_reason, "{data}");
+        }
+        for field in tree.texts() {
+            assert_eq!(light.text_of(field), tree.text_of(field), "{data}");
+        }
+        assert!(light.is_light());
+    }
+
+    #[test]
+    fn common_chunks_are_light_and_read_as_the_tree_reads_them() {
+        for data in [
+            r#"{"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","system_fingerprint":"fp","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}"#,
+            r#"{"id":"c1","choices":[{"index":0,"delta":{"content":"Hello \"world\"\n\u00e9"},"finish_reason":null}],"usage":null,"obfuscation":"x1"}"#,
+            r#"{"choices":[{"index":0,"delta":{"reasoning_content":"thinking","content":null}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"reasoning":"hmm"}}]}"#,
+            r#"{"choices":[{"delta":{"refusal":"no"},"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":3,"delta":{},"finish_reason":"stop"}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"x","tool_calls":null,"function_call":null}}]}"#,
+            r#"{"choices":[]}"#,
+            r#"{"id":"keep-alive"}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"a"}},{"index":1,"delta":{"role":"assistant"}}]}"#,
+        ] {
+            same_as_tree(data);
+        }
+    }
+
+    #[test]
+    fn anything_else_is_read_from_the_tree() {
+        for data in [
+            // Two texts in one chunk.
+            r#"{"choices":[{"index":0,"delta":{"reasoning_content":"a","reasoning":"a"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"a"}},{"index":1,"delta":{"content":"b"}}]}"#,
+            // Tool calls, logprobs, usage, an error.
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"a"},"logprobs":{"content":[]}}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}"#,
+            r#"{"error":{"message":"overloaded"}}"#,
+            r#"{"error":null,"choices":[]}"#,
+            // Unknown members of a delta or choice (a string there may
+            // hold a canary: the tree's residual scan reads it).
+            r#"{"choices":[{"index":0,"delta":{"content":"a","audio":{"transcript":"t"}}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"a"},"content_filter_results":{}}]}"#,
+            // Wrong types.
+            r#"{"choices":[{"index":-1,"delta":{"content":"a"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":7}}]}"#,
+            r#"{"choices":null}"#,
+            r#"[1,2]"#,
+            "not json",
+        ] {
+            assert!(read(data).is_none(), "light: {data}");
+        }
+    }
+}
