@@ -415,4 +415,45 @@ mod tests {
             format!("prompt=40, completion={overhead}")
         );
     }
+
+    #[test]
+    fn admit_whole_passes_only_what_admit_leaves_unchanged_and_counts_it_alike() {
+        let usage = UsageOptions {
+            client_wants_usage: true,
+            without_canarygate: true,
+            overhead_prompt: 0,
+        };
+        let fresh = || Delivery::new(TokenCounter::default(), Some(3), usage, 1);
+        let all = Release {
+            through: usize::MAX,
+            removed: &[],
+        };
+        let (mut whole, mut edited) = (fresh(), fresh());
+        // Within the budget: both pass it and count the same tokens, so
+        // the next field is cut at the same place by either.
+        assert!(whole.admit_whole(0, Part::Content, "one two", 0..7, all));
+        assert!(
+            edited
+                .admit(0, Part::Content, "one two", 0..7, all)
+                .unchanged()
+        );
+        let after_whole = whole.admit(0, Part::Content, " six ten", 7..15, all);
+        let after_edit = edited.admit(0, Part::Content, " six ten", 7..15, all);
+        assert_eq!(after_whole, after_edit);
+        assert!(!after_whole.unchanged());
+        // Past the budget, after a cut, with the echo removed, or for a
+        // choice nobody asked for: not whole, and nothing is counted.
+        let mut delivery = fresh();
+        assert!(!delivery.admit_whole(0, Part::Content, "one two six ten", 0..15, all));
+        assert!(!delivery.was_cut(0));
+        assert!(delivery.admit_whole(0, Part::Content, "one two six", 0..11, all));
+        assert!(!whole.admit_whole(0, Part::Content, "more", 15..19, all));
+        let echo = Release {
+            through: usize::MAX,
+            removed: &[0..6],
+        };
+        assert!(!fresh().admit_whole(0, Part::Content, "[CG1] Hi", 0..8, echo));
+        assert!(!fresh().admit_whole(1, Part::Content, "Hi", 0..2, all));
+        assert_eq!(fresh().overhead_completion(), 0);
+    }
 }
