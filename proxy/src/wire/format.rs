@@ -226,12 +226,17 @@ impl Chunk {
         self.light_texts.is_some()
     }
 
-    /// Gives a light chunk its tree, parsed from `data` (the event's data,
-    /// which its light reading already found to be JSON).
-    pub fn build_tree(&mut self, data: &str) {
+    /// Gives a light chunk its tree, parsed from `data` (the event's data).
+    /// False when the tree cannot be built (a number no `Value` holds,
+    /// which the light reading skipped unread): the chunk then has none.
+    pub fn build_tree(&mut self, data: &str) -> bool {
         if self.light_texts.take().is_some() {
-            self.event = serde_json::from_str(data).unwrap_or(Value::Null);
+            match serde_json::from_str(data) {
+                Ok(tree) => self.event = tree,
+                Err(_) => return false,
+            }
         }
+        true
     }
 
     /// Every text field of the chunk, choice by choice.

@@ -150,7 +150,11 @@ impl<E: ChunkEditor> ChatStream<E> {
                 encode_data(&data, out);
                 return;
             }
-            chunk.build_tree(&data);
+            if !chunk.build_tree(&data) {
+                // It must change and cannot be edited: it never goes out
+                // as it came (its text may hold the echo).
+                return;
+            }
         }
         let fields: Vec<_> = chunk.texts().copied().zip(spans).collect();
         let edited = self.editor.edit(
