@@ -238,18 +238,14 @@ impl Delivery {
             };
         }
         let index = choice as usize;
-        if self.used.len() <= index {
-            self.used.resize(index + 1, 0);
-            self.cut.resize(index + 1, false);
-        }
+        self.track(index);
         let mut ranges = kept(span, release.removed);
         let removed_len = text.len() - ranges.iter().map(Range::len).sum::<usize>();
         if removed_len > 0 {
             let removed_text = removed_text(text, &ranges);
             self.overhead_completion += self.counter.count(&removed_text);
         }
-        let budgeted = matches!(part, Part::Content | Part::Reasoning | Part::Refusal);
-        if let (Some(limit), true) = (self.limit, budgeted) {
+        if let Some(limit) = self.limit_of(part) {
             if self.cut[index] {
                 self.overhead_completion += self.counter.count(&apply(text, &ranges));
                 ranges.clear();
@@ -279,23 +275,33 @@ impl Delivery {
             return false;
         }
         let index = choice as usize;
-        let budgeted = matches!(part, Part::Content | Part::Reasoning | Part::Refusal);
-        if let (Some(limit), true) = (self.limit, budgeted) {
-            if self.cut.get(index).copied().unwrap_or(false) {
+        self.track(index);
+        if let Some(limit) = self.limit_of(part) {
+            if self.cut[index] {
                 return false;
             }
             let tokens = self.counter.count(text);
-            let used = self.used.get(index).copied().unwrap_or(0);
-            if tokens > limit.saturating_sub(used) {
+            if tokens > limit.saturating_sub(self.used[index]) {
                 return false;
-            }
-            if self.used.len() <= index {
-                self.used.resize(index + 1, 0);
-                self.cut.resize(index + 1, false);
             }
             self.used[index] += tokens;
         }
         true
+    }
+
+    /// The client's token limit on `part`, when it has one (the text parts
+    /// count; call arguments never are cut).
+    fn limit_of(&self, part: Part) -> Option<u64> {
+        let budgeted = matches!(part, Part::Content | Part::Reasoning | Part::Refusal);
+        self.limit.filter(|_| budgeted)
+    }
+
+    /// Makes room for choice `index` in the budget counters.
+    fn track(&mut self, index: usize) {
+        if self.used.len() <= index {
+            self.used.resize(index + 1, 0);
+            self.cut.resize(index + 1, false);
+        }
     }
 
     /// Trims `ranges` of `text` to what choice `index`'s budget allows.
