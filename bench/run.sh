@@ -28,6 +28,9 @@
 #   BENCH_TARGETS                  comma-separated subset of
 #                                  direct,nginx,canarygate-echo-first,canarygate-echo-first-bg,
 #                                  canarygate-verdict-first,canarygate-off,litellm [all]
+#   CANARYGATE_BEFORE_BIN          an earlier canarygate binary, measured beside this one as
+#                                  canarygate-echo-first-before and canarygate-echo-first-bg-before
+#                                  (for the targets of those names that are wanted) [none]
 #   BENCH_QUICK=1                  same as --quick
 #   CANARYGATE_BENCH_SECONDS       saturation phase length, s [3; quick 1]
 #   CANARYGATE_BENCH_ROUNDS        rounds [3; quick 1]
@@ -111,6 +114,15 @@ if wants canarygate-echo-first-bg; then
   start_canarygate canarygate-echo-first-bg "$work/echo-first-bg.toml"
 fi
 wants canarygate-verdict-first && start_canarygate canarygate-verdict-first preset:strict
+if [ -n "${CANARYGATE_BEFORE_BIN:-}" ]; then
+  # An earlier build beside this one, in the same run and the same rounds:
+  # the "before" of a change's numbers.
+  current_bin=$canarygate
+  canarygate=$CANARYGATE_BEFORE_BIN
+  wants canarygate-echo-first && start_canarygate canarygate-echo-first-before preset:default
+  wants canarygate-echo-first-bg && start_canarygate canarygate-echo-first-bg-before "$work/echo-first-bg.toml"
+  canarygate=$current_bin
+fi
 if wants canarygate-off; then
   cat >"$work/checks-off.toml" <<EOF
 # The default preset with verification off: a plain proxy (no canaries, no
