@@ -194,9 +194,18 @@ pub struct Chunk {
     pub choices: Vec<ChoiceView>,
     /// Usage it reports.
     pub usage: Option<ProviderUsage>,
-    /// A light chunk's text field strings, in the order of
-    /// [`Chunk::texts`]; `None` once `event` holds the tree.
-    light_texts: Option<Vec<String>>,
+    /// What a light chunk holds instead of its tree; `None` once `event`
+    /// holds the tree.
+    light: Option<Light>,
+}
+
+/// What a light chunk holds instead of its tree.
+#[derive(Debug)]
+struct Light {
+    /// Its text field strings, in the order of [`Chunk::texts`].
+    texts: Vec<String>,
+    /// Some choice's delta carries a role.
+    has_role: bool,
 }
 
 impl Chunk {
@@ -206,31 +215,37 @@ impl Chunk {
             event,
             choices,
             usage,
-            light_texts: None,
+            light: None,
         }
     }
 
     /// A chunk read without its tree: `texts[i]` is the string of text
-    /// field `i` of `choices` (in the order of [`Chunk::texts`]).
-    pub fn light(choices: Vec<ChoiceView>, texts: Vec<String>) -> Self {
+    /// field `i` of `choices` (in the order of [`Chunk::texts`]);
+    /// `has_role`: some choice's delta carries a role.
+    pub fn light(choices: Vec<ChoiceView>, texts: Vec<String>, has_role: bool) -> Self {
         Self {
             event: Value::Null,
             choices,
             usage: None,
-            light_texts: Some(texts),
+            light: Some(Light { texts, has_role }),
         }
     }
 
     /// Whether the chunk was read without its tree and still has none.
     pub fn is_light(&self) -> bool {
-        self.light_texts.is_some()
+        self.light.is_some()
+    }
+
+    /// Whether a light chunk carries a role (false for any other chunk).
+    pub fn light_has_role(&self) -> bool {
+        self.light.as_ref().is_some_and(|light| light.has_role)
     }
 
     /// Gives a light chunk its tree, parsed from `data` (the event's data).
     /// False when the tree cannot be built (a number no `Value` holds,
     /// which the light reading skipped unread): the chunk then has none.
     pub fn build_tree(&mut self, data: &str) -> bool {
-        if self.light_texts.take().is_some() {
+        if self.light.take().is_some() {
             match serde_json::from_str(data) {
                 Ok(tree) => self.event = tree,
                 Err(_) => return false,
@@ -260,11 +275,11 @@ impl TextSource for Value {
 
 impl TextSource for Chunk {
     fn text_of(&self, field: &TextField) -> &str {
-        match &self.light_texts {
-            Some(texts) => self
+        match &self.light {
+            Some(light) => self
                 .texts()
                 .position(|candidate| candidate == field)
-                .and_then(|at| texts.get(at))
+                .and_then(|at| light.texts.get(at))
                 .map_or("", String::as_str),
             None => field.text(&self.event),
         }

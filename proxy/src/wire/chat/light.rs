@@ -58,8 +58,8 @@ struct LightChoice<'a> {
 #[serde(deny_unknown_fields)]
 struct LightDelta<'a> {
     /// Never read as text (as in the tree's reading).
-    #[serde(rename = "role", default)]
-    _role: Option<IgnoredAny>,
+    #[serde(default)]
+    role: Option<IgnoredAny>,
     #[serde(borrow, default)]
     reasoning_content: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
@@ -102,6 +102,7 @@ pub fn read(data: &str) -> Option<Chunk> {
     } = serde_json::from_str(data).ok()?;
     let mut choices = Vec::with_capacity(light_choices.len());
     let mut texts: Vec<String> = Vec::new();
+    let mut has_role = false;
     for (position, choice) in light_choices.into_iter().enumerate() {
         let index = choice
             .index
@@ -110,6 +111,7 @@ pub fn read(data: &str) -> Option<Chunk> {
         let at = Location::ROOT.key("choices").index(position).key("delta");
         let mut fields = Vec::new();
         if let Some(delta) = choice.delta {
+            has_role |= delta.role.is_some();
             // The order and parts of the tree's reading (`TEXT_FIELDS`).
             let reasoning_kind = match delta.reasoning_content {
                 Some(_) => Part::ReasoningAlias,
@@ -146,7 +148,7 @@ pub fn read(data: &str) -> Option<Chunk> {
             finish_reason: choice.finish_reason.map(Cow::into_owned),
         });
     }
-    Some(Chunk::light(choices, texts))
+    Some(Chunk::light(choices, texts, has_role))
 }
 
 #[cfg(test)]
@@ -188,6 +190,13 @@ mod tests {
         for field in tree.texts() {
             assert_eq!(light.text_of(field), tree.text_of(field), "{data}");
         }
+        let value: Value = serde_json::from_str(data).unwrap();
+        let has_role = value["choices"].as_array().is_some_and(|choices| {
+            choices
+                .iter()
+                .any(|choice| !choice["delta"]["role"].is_null())
+        });
+        assert_eq!(light.light_has_role(), has_role, "{data}");
         assert!(light.is_light());
     }
 

@@ -13,8 +13,8 @@ use canarygate_policies::verify::{Verdict, Verifier};
 use serde_json::Value;
 
 use super::deliver::{Edited, edit_fields};
-use crate::wire::edit::Delivery;
-use crate::wire::format::{ChoiceView, Chunk, StreamWriter, TextField, TextSource};
+use crate::wire::edit::{Delivery, apply};
+use crate::wire::format::{ChoiceView, Chunk, StreamWriter, TextField, TextSource, put_text};
 
 /// Edits one chunk for the client, as the format's whole answers are edited:
 /// its text `fields` (each with the span of its part it carried) become what
@@ -57,6 +57,16 @@ struct Held {
     /// It ends a choice or the answer (a finish reason, or the usage
     /// chunk): it waits for the verdict.
     ends: bool,
+}
+
+/// What [`ChatStream::admit_light`] leaves of a light chunk.
+enum LightEdit {
+    /// It goes out as the provider sent it.
+    Unchanged,
+    /// Nothing of it goes out.
+    Dropped,
+    /// Its one text field becomes this text.
+    Text(TextField, String),
 }
 
 /// The client's side of a verified Chat Completions stream (see the module
@@ -138,6 +148,45 @@ impl<E: ChunkEditor> ChatStream<E> {
         }
     }
 
+    /// How a light chunk's text changes, when its text is all that may
+    /// change: it has one text field, in a chunk where no choice finishes
+    /// (a finish reason may turn to `length`) and no logprobs follow the
+    /// text. Then the text is accounted for as [`edit_fields`] accounts for
+    /// it, and the answer is the one that edit gives; otherwise (`None`)
+    /// nothing is accounted for and the chunk is edited from its tree.
+    fn admit_light(
+        &mut self,
+        chunk: &Chunk,
+        spans: &[Range<usize>],
+        verifier: &Verifier,
+    ) -> Option<LightEdit> {
+        if chunk
+            .choices
+            .iter()
+            .any(|choice| choice.finish_reason.is_some())
+        {
+            return None;
+        }
+        let (field, span) = (chunk.texts().next()?, spans.first()?);
+        let text = chunk.text_of(field);
+        let edit = self.delivery.admit(
+            field.choice,
+            field.kind,
+            text,
+            span.clone(),
+            verifier.release_of(field.choice, field.kind),
+        );
+        Some(if edit.unchanged() {
+            LightEdit::Unchanged
+        } else if edit.kept.iter().all(Range::is_empty) && !chunk.light_has_role() {
+            // Its text was there and is all removed, and nothing else is
+            // in the chunk.
+            LightEdit::Dropped
+        } else {
+            LightEdit::Text(*field, apply(text, &edit.kept))
+        })
+    }
+
     fn write(&mut self, held: Held, verifier: &Verifier, out: &mut Vec<u8>) {
         let Held {
             mut chunk,
@@ -149,6 +198,18 @@ impl<E: ChunkEditor> ChatStream<E> {
             if self.passes_unchanged(&chunk, &spans, verifier) {
                 encode_data(&data, out);
                 return;
+            }
+            match self.admit_light(&chunk, &spans, verifier) {
+                Some(LightEdit::Unchanged) => return encode_data(&data, out),
+                Some(LightEdit::Dropped) => return,
+                Some(LightEdit::Text(field, text)) => {
+                    if chunk.build_tree(&data) {
+                        put_text(&mut chunk.event, &field, text);
+                        encode_data(&chunk.event.to_string(), out);
+                    }
+                    return;
+                }
+                None => {}
             }
             if !chunk.build_tree(&data) {
                 // It must change and cannot be edited: it never goes out
@@ -234,5 +295,176 @@ impl<E: ChunkEditor> StreamWriter for ChatStream<E> {
         tail.extend_from_slice(self.delivery.overhead_header().as_bytes());
         tail.extend_from_slice(b"\n\ndata: [DONE]\n\n");
         tail
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use canarygate_policies::inject::{Injection, RequestCanaries, obedient_echo};
+    use canarygate_policies::registry::MemoryRegistry;
+    use canarygate_policies::sse::SseParser;
+    use canarygate_policies::verify::Facts;
+    use canarygate_policies::verify_config::{EchoMode, VerifyConfig};
+    use serde_json::json;
+
+    use super::*;
+    use crate::wire::chat::Chat;
+    use crate::wire::chat::answer::read_choice;
+    use crate::wire::edit::{TokenCounter, UsageOptions};
+    use crate::wire::format::{EventView, WireFormat};
+
+    /// A streamed request of `max_tokens` with canaries placed, and the
+    /// opening an obedient model writes.
+    fn placed(max_tokens: u64) -> (Injection, String) {
+        let request = json!({"model": "m", "stream": true, "max_tokens": max_tokens,
+                             "messages": [{"role": "user", "content": "Name the planets"}]});
+        let mut body = Chat::parse_request(request.to_string().as_bytes())
+            .unwrap()
+            .body;
+        let canaries = RequestCanaries::mint().unwrap();
+        let injection = Chat::place_canaries(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        (injection, obedient_echo(&body).unwrap())
+    }
+
+    /// The provider's chunks: a role chunk, the opening and the answer a
+    /// few bytes at a time (so chunks straddle the echo's end and the
+    /// client's limit), a role chunk with text, a finish, usage.
+    fn provider_chunks(opening: &str) -> Vec<String> {
+        let chunk = |delta: Value, finish: Value| {
+            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                   "system_fingerprint": "fp", "choices": [{"index": 0, "delta": delta,
+                   "logprobs": null, "finish_reason": finish}], "usage": null})
+            .to_string()
+        };
+        let text = format!("{opening}\nMercury, Venus, Earth, Mars, Jupiter and Saturn.");
+        let mut chunks = vec![chunk(
+            json!({"role": "assistant", "content": ""}),
+            json!(null),
+        )];
+        let bytes: Vec<char> = text.chars().collect();
+        for (at, piece) in bytes.chunks(5).enumerate() {
+            let piece: String = piece.iter().collect();
+            let delta = if at == 3 {
+                json!({"role": "assistant", "content": piece})
+            } else {
+                json!({"content": piece})
+            };
+            chunks.push(chunk(delta, json!(null)));
+        }
+        chunks.push(chunk(json!({}), json!("stop")));
+        chunks.push(
+            json!({"id": "c1", "choices": [], "usage": {"prompt_tokens": 90,
+                   "completion_tokens": 40, "total_tokens": 130}})
+            .to_string(),
+        );
+        chunks
+    }
+
+    /// The chunk of `data` as read from its tree, never light.
+    fn tree_chunk(data: &str) -> Chunk {
+        let value: Value = serde_json::from_str(data).unwrap();
+        let choices = value["choices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(position, choice)| read_choice(choice, position, "delta"))
+            .collect();
+        Chunk::parsed(value, choices, None)
+    }
+
+    /// What the client gets of `chunks` under a limit of `max_tokens`, each
+    /// chunk read lightly where it can be (`light`) or always from its tree;
+    /// and the overhead header.
+    fn relay(injection: &Injection, chunks: &[String], light: bool) -> (Vec<u8>, String) {
+        let registry = MemoryRegistry::new(b"test");
+        let mut verifier = Verifier::new(injection, &VerifyConfig::default(), "p", None);
+        let usage = UsageOptions {
+            client_wants_usage: false,
+            without_canarygate: true,
+            overhead_prompt: injection.prompt_tokens_added,
+        };
+        let delivery = Delivery::new(
+            TokenCounter::default(),
+            injection.client_max_tokens,
+            usage,
+            1,
+        );
+        let mut writer = ChatStream::new(delivery);
+        let mut out = Vec::new();
+        for data in chunks {
+            let event = SseEvent {
+                event: None,
+                data: data.clone(),
+                id: None,
+            };
+            let chunk = match Chat::read_event(&event) {
+                EventView::Chunk(chunk) if light => chunk,
+                EventView::Chunk(_) => tree_chunk(data),
+                other => panic!("{other:?}"),
+            };
+            let mut spans = Vec::new();
+            for field in chunk.texts() {
+                let text = chunk.text_of(field);
+                let start = verifier.received(field.choice, field.kind);
+                spans.push(start..start + text.len());
+                if !text.is_empty() {
+                    verifier.push_part(field.choice, field.kind, text, &registry);
+                }
+            }
+            writer.take(chunk, event, spans);
+            writer.flush(&verifier, false, &mut out);
+        }
+        let facts = Facts {
+            finish_reasons: vec![Some("stop".into())],
+            usage: None,
+            done_marker: Some(true),
+        };
+        verifier.finish(&facts, &registry);
+        writer.flush(&verifier, true, &mut out);
+        (out, writer.delivery().overhead_header())
+    }
+
+    #[test]
+    fn light_chunks_are_delivered_as_their_trees_would_be() {
+        for max_tokens in [3, 6, 200] {
+            let (injection, opening) = placed(max_tokens);
+            let chunks = provider_chunks(&opening);
+            let (light, light_overhead) = relay(&injection, &chunks, true);
+            let (tree, tree_overhead) = relay(&injection, &chunks, false);
+            assert_eq!(
+                String::from_utf8_lossy(&light),
+                String::from_utf8_lossy(&tree),
+                "max_tokens {max_tokens}"
+            );
+            assert_eq!(light_overhead, tree_overhead, "max_tokens {max_tokens}");
+
+            let mut events = Vec::new();
+            SseParser::new().feed(&light, &mut events);
+            let delivered: String = events
+                .iter()
+                .filter_map(|event| {
+                    let chunk: Value = serde_json::from_str(&event.data).ok()?;
+                    chunk["choices"][0]["delta"]["content"]
+                        .as_str()
+                        .map(str::to_owned)
+                })
+                .collect();
+            assert!(!delivered.contains(&opening), "{delivered}");
+            assert!(delivered.starts_with("Mercury"), "{delivered}");
+            // The role chunk in the answer's middle keeps its role.
+            let roles = events
+                .iter()
+                .filter(|event| event.data.contains("\"role\""))
+                .count();
+            assert_eq!(roles, 2, "max_tokens {max_tokens}");
+            if max_tokens == 200 {
+                assert!(delivered.ends_with("Saturn."), "{delivered}");
+                assert!(String::from_utf8_lossy(&light).contains("\"stop\""));
+            } else {
+                assert!(delivered.len() < 30, "cut at the limit: {delivered}");
+                assert!(String::from_utf8_lossy(&light).contains("\"length\""));
+            }
+        }
     }
 }
