@@ -6,6 +6,8 @@
 //! space, comment lines (`:keep-alive`), multi-line `data` joined with `\n`,
 //! `event:` and `id:` fields, and events split anywhere, even inside a UTF-8 character.
 
+use std::borrow::Cow;
+
 /// One dispatched event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SseEvent {
@@ -123,7 +125,12 @@ impl SseParser {
             self.comments += 1;
             return;
         }
-        let line = String::from_utf8_lossy(line);
+        // Valid UTF-8 is the rule: checked by `from_utf8`'s fast path, the
+        // lossy decoding only for a line that is not.
+        let line = match std::str::from_utf8(line) {
+            Ok(line) => Cow::Borrowed(line),
+            Err(_) => String::from_utf8_lossy(line),
+        };
         let (field, value) = match line.find(':') {
             Some(colon) => {
                 let value = &line[colon + 1..];
@@ -133,6 +140,8 @@ impl SseParser {
         };
         match field {
             "data" => {
+                // One allocation for the common one-line event.
+                self.data.reserve(value.len() + 1);
                 self.data.push_str(value);
                 self.data.push('\n');
                 self.has_data = true;
@@ -175,6 +184,14 @@ mod tests {
             parser.feed(chunk, &mut out);
         }
         out
+    }
+
+    #[test]
+    fn invalid_utf8_is_replaced_not_dropped() {
+        let events = parse_all(&[b"data: caf\xe9 ok\n\n", b"data: \xc3\xa9t\xc3", b"\xa9\n\n"]);
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].data, "caf\u{fffd} ok");
+        assert_eq!(events[1].data, "\u{e9}t\u{e9}");
     }
 
     #[test]
