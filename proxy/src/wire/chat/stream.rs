@@ -66,7 +66,7 @@ enum LightEdit {
     /// Nothing of it goes out.
     Dropped,
     /// Its one text field becomes this text.
-    Text(TextField, String),
+    Text(String),
 }
 
 /// The client's side of a verified Chat Completions stream (see the module
@@ -183,7 +183,7 @@ impl<E: ChunkEditor> ChatStream<E> {
             // in the chunk.
             LightEdit::Dropped
         } else {
-            LightEdit::Text(*field, apply(text, &edit.kept))
+            LightEdit::Text(apply(text, &edit.kept))
         })
     }
 
@@ -202,8 +202,11 @@ impl<E: ChunkEditor> ChatStream<E> {
             match self.admit_light(&chunk, &spans, verifier) {
                 Some(LightEdit::Unchanged) => return encode_data(&data, out),
                 Some(LightEdit::Dropped) => return,
-                Some(LightEdit::Text(field, text)) => {
-                    if chunk.build_tree(&data) {
+                Some(LightEdit::Text(text)) => {
+                    let field = chunk.texts().next().copied();
+                    if let Some(field) = field
+                        && chunk.build_tree(&data)
+                    {
                         put_text(&mut chunk.event, &field, text);
                         encode_data(&chunk.event.to_string(), out);
                     }
