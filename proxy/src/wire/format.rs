@@ -300,6 +300,12 @@ pub trait StreamWriter: Send + 'static {
     /// out. `at_end`: the answer was verified and is delivered, so the
     /// events that end it (finish reasons, usage) go too.
     fn flush(&mut self, verifier: &Verifier, at_end: bool, out: &mut Vec<u8>);
+    /// Why an event could not be passed on, once one could not (it had to
+    /// change and could not be edited): nothing more is written, and the
+    /// stream must end with an error rather than go on without it.
+    fn failure(&self) -> Option<&str> {
+        None
+    }
     /// What was delivered so far: budgets, cuts, canarygate's own tokens.
     fn delivery(&self) -> &Delivery;
     /// The end marker, carrying the final verdict and canarygate's token

@@ -300,6 +300,10 @@ impl<W: WireFormat> VerifiedStream<W> {
         }
         self.writer
             .flush(&self.attempt.verifier, false, &mut self.out);
+        if let Some(detail) = self.writer.failure() {
+            let detail = detail.to_owned();
+            self.interrupt(detail);
+        }
     }
 
     /// Ends verification. `done`: whether the end marker arrived (`None`
@@ -315,8 +319,18 @@ impl<W: WireFormat> VerifiedStream<W> {
             Decision::Deliver | Decision::Flag => {
                 self.writer
                     .flush(&self.attempt.verifier, true, &mut self.out);
-                self.tail = Some(self.writer.done(&finished.verdict));
-                self.end = Some(End::Delivered);
+                if let Some(detail) = self.writer.failure() {
+                    // The answer verified, but part of it cannot be sent.
+                    tracing::warn!(provider = %self.provider, "stream interrupted: {detail}");
+                    if released || !self.out.is_empty() {
+                        self.tail = Some(W::error_event(&interrupted(&self.provider, detail)));
+                    }
+                    self.interruption = Some(detail.to_owned());
+                    self.end = Some(End::Interrupted);
+                } else {
+                    self.tail = Some(self.writer.done(&finished.verdict));
+                    self.end = Some(End::Delivered);
+                }
             }
             Decision::Retry | Decision::Block | Decision::Fallback => {
                 if released {

@@ -59,6 +59,10 @@ struct Held {
     ends: bool,
 }
 
+/// [`StreamWriter::failure`] of a chunk that had to change and has no tree
+/// (a number no `serde_json::Value` holds, which the light reading skips).
+const UNEDITABLE: &str = "sent a chunk that must be edited and cannot be (a number out of range)";
+
 /// What [`ChatStream::admit_light`] leaves of a light chunk.
 enum LightEdit {
     /// It goes out as the provider sent it.
@@ -77,6 +81,9 @@ pub struct ChatStream<E = ChatChunks> {
     delivery: Delivery,
     held: VecDeque<Held>,
     editor: E,
+    /// A chunk had to change and could not be edited
+    /// ([`StreamWriter::failure`]).
+    failure: Option<&'static str>,
 }
 
 impl ChatStream {
@@ -93,6 +100,7 @@ impl<E: ChunkEditor> ChatStream<E> {
             delivery,
             held: VecDeque::new(),
             editor,
+            failure: None,
         }
     }
 
@@ -204,11 +212,12 @@ impl<E: ChunkEditor> ChatStream<E> {
                 Some(LightEdit::Dropped) => return,
                 Some(LightEdit::Text(text)) => {
                     let field = chunk.texts().next().copied();
-                    if let Some(field) = field
-                        && chunk.build_tree(&data)
-                    {
-                        put_text(&mut chunk.event, &field, text);
-                        encode_data(&chunk.event.to_string(), out);
+                    match field {
+                        Some(field) if chunk.build_tree(&data) => {
+                            put_text(&mut chunk.event, &field, text);
+                            encode_data(&chunk.event.to_string(), out);
+                        }
+                        _ => self.failure = Some(UNEDITABLE),
                     }
                     return;
                 }
@@ -216,7 +225,9 @@ impl<E: ChunkEditor> ChatStream<E> {
             }
             if !chunk.build_tree(&data) {
                 // It must change and cannot be edited: it never goes out
-                // as it came (its text may hold the echo).
+                // as it came (its text may hold the echo), and the stream
+                // does not go on without it.
+                self.failure = Some(UNEDITABLE);
                 return;
             }
         }
@@ -279,12 +290,19 @@ impl<E: ChunkEditor> StreamWriter for ChatStream<E> {
 
     fn flush(&mut self, verifier: &Verifier, at_end: bool, out: &mut Vec<u8>) {
         while let Some(held) = self.held.front() {
+            if self.failure.is_some() {
+                return;
+            }
             if !at_end && !Self::ready(held, verifier) {
                 return;
             }
             let held = self.held.pop_front().expect("just looked at it");
             self.write(held, verifier, out);
         }
+    }
+
+    fn failure(&self) -> Option<&str> {
+        self.failure
     }
 
     fn delivery(&self) -> &Delivery {
@@ -376,10 +394,10 @@ mod tests {
         Chunk::parsed(value, choices, None)
     }
 
-    /// What the client gets of `chunks` under a limit of `max_tokens`, each
+    /// What the client gets of `chunks` under the injection's limit, each
     /// chunk read lightly where it can be (`light`) or always from its tree;
-    /// and the overhead header.
-    fn relay(injection: &Injection, chunks: &[String], light: bool) -> (Vec<u8>, String) {
+    /// and the writer after the end.
+    fn relay(injection: &Injection, chunks: &[String], light: bool) -> (Vec<u8>, ChatStream) {
         let registry = MemoryRegistry::new(b"test");
         let mut verifier = Verifier::new(injection, &VerifyConfig::default(), "p", None);
         let usage = UsageOptions {
@@ -387,13 +405,8 @@ mod tests {
             without_canarygate: true,
             overhead_prompt: injection.prompt_tokens_added,
         };
-        let delivery = Delivery::new(
-            TokenCounter::default(),
-            injection.client_max_tokens,
-            usage,
-            1,
-        );
-        let mut writer = ChatStream::new(delivery);
+        let limit = injection.client_max_tokens;
+        let mut writer = ChatStream::new(Delivery::new(TokenCounter::default(), limit, usage, 1));
         let mut out = Vec::new();
         for data in chunks {
             let event = SseEvent {
@@ -425,7 +438,7 @@ mod tests {
         };
         verifier.finish(&facts, &registry);
         writer.flush(&verifier, true, &mut out);
-        (out, writer.delivery().overhead_header())
+        (out, writer)
     }
 
     #[test]
@@ -433,14 +446,16 @@ mod tests {
         for max_tokens in [3, 6, 200] {
             let (injection, opening) = placed(max_tokens);
             let chunks = provider_chunks(&opening);
-            let (light, light_overhead) = relay(&injection, &chunks, true);
-            let (tree, tree_overhead) = relay(&injection, &chunks, false);
+            let (light, light_writer) = relay(&injection, &chunks, true);
+            let (tree, tree_writer) = relay(&injection, &chunks, false);
+            let light_text = String::from_utf8_lossy(&light);
+            assert_eq!(light_text, String::from_utf8_lossy(&tree), "{max_tokens}");
+            let overhead = |writer: &ChatStream| writer.delivery().overhead_header();
             assert_eq!(
-                String::from_utf8_lossy(&light),
-                String::from_utf8_lossy(&tree),
-                "max_tokens {max_tokens}"
+                overhead(&light_writer),
+                overhead(&tree_writer),
+                "{max_tokens}"
             );
-            assert_eq!(light_overhead, tree_overhead, "max_tokens {max_tokens}");
 
             let mut events = Vec::new();
             SseParser::new().feed(&light, &mut events);
@@ -456,18 +471,30 @@ mod tests {
             assert!(!delivered.contains(&opening), "{delivered}");
             assert!(delivered.starts_with("Mercury"), "{delivered}");
             // The role chunk in the answer's middle keeps its role.
-            let roles = events
-                .iter()
-                .filter(|event| event.data.contains("\"role\""))
-                .count();
-            assert_eq!(roles, 2, "max_tokens {max_tokens}");
+            assert_eq!(light_text.matches("\"role\"").count(), 2, "{max_tokens}");
             if max_tokens == 200 {
                 assert!(delivered.ends_with("Saturn."), "{delivered}");
-                assert!(String::from_utf8_lossy(&light).contains("\"stop\""));
+                assert!(light_text.contains("\"stop\""));
             } else {
                 assert!(delivered.len() < 30, "cut at the limit: {delivered}");
-                assert!(String::from_utf8_lossy(&light).contains("\"length\""));
+                assert!(light_text.contains("\"length\""));
             }
         }
+    }
+
+    #[test]
+    fn a_chunk_that_must_change_and_has_no_tree_stops_the_writer() {
+        let (injection, opening) = placed(200);
+        // `1e400` is skipped by the light reading; no `Value` holds it.
+        let echo_and_text = json!(format!("{opening}\nMercury")).to_string();
+        let chunks = [
+            format!(
+                r#"{{"created":1e400,"choices":[{{"index":0,"delta":{{"content":{echo_and_text}}}}}]}}"#
+            ),
+            r#"{"choices":[{"index":0,"delta":{"content":", Venus."}}]}"#.to_owned(),
+        ];
+        let (out, writer) = relay(&injection, &chunks, true);
+        assert!(writer.failure().is_some());
+        assert!(out.is_empty(), "{}", String::from_utf8_lossy(&out));
     }
 }
