@@ -584,3 +584,47 @@ provider = "sim"
         }
     }
 }
+
+/// A provider whose first chunk holds the echo and text beside a number no
+/// JSON tree holds (`1e400`): the chunk must be edited (the echo removed)
+/// and cannot be. Returns its base URL.
+async fn uneditable_upstream() -> String {
+    use axum::{Json, Router, routing::post};
+    async fn answer(Json(request): Json<Value>) -> ([(&'static str, &'static str); 1], String) {
+        let opening = canarygate_policies::inject::obedient_echo(&request).unwrap_or_default();
+        let text = json!(format!("{opening}\nMercury, Venus.")).to_string();
+        let events = format!(
+            "data: {{\"id\":\"c1\",\"created\":1e400,\"choices\":[{{\"index\":0,\
+             \"delta\":{{\"content\":{text}}},\"finish_reason\":null}}]}}\n\n\
+             data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{}},\
+             \"finish_reason\":\"stop\"}}]}}\n\n\
+             data: [DONE]\n\n"
+        );
+        ([("content-type", "text/event-stream")], events)
+    }
+    let app = Router::new().route("/v1/chat/completions", post(answer));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+#[tokio::test]
+async fn a_chunk_that_cannot_be_edited_ends_the_stream_in_an_error() {
+    let upstream = uneditable_upstream().await;
+    let client = client();
+    for release in ["echo-first", "verdict-first"] {
+        let dir = ProxyDir::new();
+        // `flag`: whatever the checks say, the answer would be delivered;
+        // what stops it is the chunk.
+        let proxy = start_proxy_with_policy(&dir, &policy(&dir, &upstream, release, "flag"), &[]);
+        let outcome = ask(&client, &proxy.url, "Name two planets", true).await;
+        assert_eq!(outcome.status, 502, "{release}: {outcome:?}");
+        assert_eq!(
+            outcome.error_code.as_deref(),
+            Some("upstream_stream_interrupted"),
+            "{release}: {outcome:?}"
+        );
+        assert!(!outcome.content.contains("Venus"), "{release}: {outcome:?}");
+    }
+}
