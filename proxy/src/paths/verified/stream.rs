@@ -321,12 +321,8 @@ impl<W: WireFormat> VerifiedStream<W> {
                     .flush(&self.attempt.verifier, true, &mut self.out);
                 if let Some(detail) = self.writer.failure() {
                     // The answer verified, but part of it cannot be sent.
-                    tracing::warn!(provider = %self.provider, "stream interrupted: {detail}");
-                    if released || !self.out.is_empty() {
-                        self.tail = Some(W::error_event(&interrupted(&self.provider, detail)));
-                    }
-                    self.interruption = Some(detail.to_owned());
-                    self.end = Some(End::Interrupted);
+                    let detail = detail.to_owned();
+                    self.end_interrupted(detail);
                 } else {
                     self.tail = Some(self.writer.done(&finished.verdict));
                     self.end = Some(End::Delivered);
@@ -359,9 +355,15 @@ impl<W: WireFormat> VerifiedStream<W> {
 
     /// The provider broke the stream: record the verdict, end with an error.
     fn interrupt(&mut self, detail: String) {
-        tracing::warn!(provider = %self.provider, "stream interrupted: {detail}");
         let finished = self.finish_verifier(Some(false));
         self.verdict = Some(finished.verdict);
+        self.end_interrupted(detail);
+    }
+
+    /// Ends the stream as interrupted: with an error event when anything
+    /// went or is ready to go to the client.
+    fn end_interrupted(&mut self, detail: String) {
+        tracing::warn!(provider = %self.provider, "stream interrupted: {detail}");
         if self.committed || !self.out.is_empty() {
             self.tail = Some(W::error_event(&interrupted(&self.provider, &detail)));
         }
