@@ -17,7 +17,10 @@
 # every system's saturation (LiteLLM's sets it), then at a higher rate below
 # every system's but LiteLLM's, with canarygate's own time per request over
 # each of those phases (from its /metrics); each round in a different order;
-# medians over the rounds. Prints markdown tables and writes bench/results/latest.json.
+# medians over the rounds. Each round first times the disk's sync where the
+# data directories are (300 x 4 KiB append + fdatasync), and the report sets
+# canarygate's own p99 against that round's sync p99, the floor of a durable
+# answer. Prints markdown tables and writes bench/results/latest.json.
 #
 # Installs what is missing: nginx (apt-get, as root), LiteLLM (pip, in
 # bench/.venv). Uses $CANARYGATE_BIN, or builds `cargo build --release --bin
@@ -43,6 +46,7 @@
 #   CANARYGATE_BENCH_MODES         non-stream,stream [both]
 #   CANARYGATE_BENCH_MAX_TOKENS    answer length in tokens [64]
 #   CANARYGATE_BENCH_CLIENT_THREADS  load generator threads [1]
+#   CANARYGATE_BENCH_SYNC_SAMPLES  disk sync probes per round [300]
 #   BENCH_NGINX_WORKERS            nginx worker_processes [number of CPUs]
 #   BENCH_LITELLM_WORKERS          LiteLLM (uvicorn) worker processes [number of CPUs]
 #   BENCH_LITELLM_CONCURRENCY      LiteLLM's own saturation concurrency [CANARYGATE_BENCH_CONCURRENCY]
@@ -90,7 +94,8 @@ start_work
 # shellcheck disable=SC2119 # (the sim takes no further arguments here)
 start_sim
 
-bench_args=(--upstream-pid "$sim_pid")
+# The data directories are under $work: time the disk's sync there.
+bench_args=(--upstream-pid "$sim_pid" --sync-probe-dir "$work")
 add_target() { bench_args+=(--target "$1"); }
 
 wants direct && add_target "direct=$sim_url/v1"

@@ -7,8 +7,9 @@
 //! [`target`] parses who is measured; [`load`] sends the requests;
 //! [`procstat`] and [`memory`] read CPU time and resident memory from
 //! `/proc`; [`overhead`] reads canarygate's own time per request from its
-//! `/metrics`.
+//! `/metrics`; [`disk`] times the disk's sync, the floor of a durable answer.
 
+pub mod disk;
 pub mod load;
 pub mod memory;
 pub mod overhead;

@@ -38,6 +38,7 @@ use std::time::Duration;
 use clap::Parser;
 use serde_json::{Value, json};
 
+use canarygate_bench::disk;
 use canarygate_bench::load::{self, Answer, Endpoint, Latency, Throughput};
 use canarygate_bench::memory::median;
 use canarygate_bench::overhead::{self, Overhead};
@@ -185,6 +186,17 @@ struct Args {
     /// Free text about the setup, copied into the JSON and the report.
     #[arg(long, default_value = "")]
     note: String,
+
+    /// A directory on the disk the targets' data lives on: each round
+    /// starts by timing `sync_samples` 4 KiB appends + `fdatasync` there,
+    /// and the report sets the targets' own p99 against that sync p99 (the
+    /// floor of a durable answer).
+    #[arg(long)]
+    sync_probe_dir: Option<std::path::PathBuf>,
+
+    /// Probes per round in `sync_probe_dir`.
+    #[arg(long, env = "CANARYGATE_BENCH_SYNC_SAMPLES", default_value_t = 300)]
+    sync_samples: usize,
 }
 
 /// The request every instance of `t` gets in this mode.
@@ -295,6 +307,20 @@ impl ModeRuns {
     fn med(&self, target: usize, f: impl Fn(&Measurement) -> f64) -> f64 {
         self.per_round(|round| f(&round[target]))
     }
+}
+
+/// One round's timing of the disk's sync (`--sync-probe-dir`).
+#[derive(Debug, Clone, Copy)]
+struct SyncProbe {
+    p50_us: f64,
+    p99_us: f64,
+}
+
+/// Everything measured: each mode's rounds, and the disk's sync per round
+/// (empty without `--sync-probe-dir`).
+struct Runs {
+    modes: Vec<ModeRuns>,
+    syncs: Vec<SyncProbe>,
 }
 
 fn fmt(value: f64, decimals: usize) -> String {
@@ -509,7 +535,7 @@ impl Bench {
         Ok(all)
     }
 
-    async fn run(&self) -> Result<Vec<ModeRuns>, String> {
+    async fn run(&self) -> Result<Runs, String> {
         let args = &self.args;
         let mut modes = Vec::new();
         for mode in &args.modes {
@@ -559,6 +585,7 @@ impl Bench {
                 answers,
             })
             .collect();
+        let mut syncs = Vec::new();
         for round in 0..args.rounds {
             let order = order(self.targets.len(), round);
             let names: Vec<&str> = order
@@ -566,6 +593,23 @@ impl Bench {
                 .map(|&i| self.targets[i].name.as_str())
                 .collect();
             println!("round {} (order: {})", round + 1, names.join(", "));
+            if let Some(dir) = &args.sync_probe_dir {
+                let mut latencies = disk::sync_latencies_us(dir, args.sync_samples)
+                    .map_err(|e| format!("sync probe in {}: {e}", dir.display()))?;
+                latencies.sort_by(f64::total_cmp);
+                let probe = SyncProbe {
+                    p50_us: load::percentile(&latencies, 0.5),
+                    p99_us: load::percentile(&latencies, 0.99),
+                };
+                println!(
+                    "  disk: {} × {} B append + fdatasync, p50 {:.0} µs p99 {:.0} µs",
+                    args.sync_samples,
+                    disk::PROBE_BYTES,
+                    probe.p50_us,
+                    probe.p99_us
+                );
+                syncs.push(probe);
+            }
             for mode in &mut runs {
                 let mut measured = vec![Measurement::default(); self.targets.len()];
                 for &target in &order {
@@ -632,10 +676,75 @@ impl Bench {
                 mode.rounds.push(measured);
             }
         }
-        Ok(runs)
+        Ok(Runs { modes: runs, syncs })
     }
 
-    fn report(&self, runs: &[ModeRuns]) -> (String, Value) {
+    /// The disk's sync latency and, per mode, each `metrics` target's own
+    /// p99 less the sync p99 of the same round (medians over rounds):
+    /// printed through `line`, and returned as JSON (null without probes).
+    fn report_syncs(&self, measured: &Runs, line: &mut impl FnMut(String)) -> Value {
+        let syncs = &measured.syncs;
+        if syncs.is_empty() {
+            return Value::Null;
+        }
+        let p50 = median(syncs.iter().map(|s| s.p50_us).collect());
+        let p99 = median(syncs.iter().map(|s| s.p99_us).collect());
+        line(String::new());
+        line(format!(
+            "Disk: {} × {} B append + fdatasync per round, p50 {p50:.0} µs, p99 {p99:.0} µs. A durable answer cannot beat that p99; own p99 - sync p99 is taken per round:",
+            self.args.sync_samples,
+            disk::PROBE_BYTES,
+        ));
+        line(String::new());
+        line(
+            "| mode | target | rate | own p99 µs | sync p99 µs | own p99 - sync p99 µs |"
+                .to_owned(),
+        );
+        line("|---|---|---:|---:|---:|---:|".to_owned());
+        let mut rows = Vec::new();
+        for run in &measured.modes {
+            for (i, t) in self.targets.iter().enumerate().filter(|(_, t)| t.metrics) {
+                let phases = [(false, run.rate), (true, run.fast_rate)];
+                for (fast, rate) in phases.into_iter().filter(|(_, rate)| *rate > 0.0) {
+                    let own = |m: &Measurement| {
+                        let o = if fast { m.fast_overhead } else { m.overhead };
+                        o.map_or(f64::NAN, |o| o.p99_us)
+                    };
+                    let own_p99 = run.med(i, own);
+                    let less_sync = median(
+                        run.rounds
+                            .iter()
+                            .zip(syncs)
+                            .map(|(round, sync)| own(&round[i]) - sync.p99_us)
+                            .collect(),
+                    );
+                    line(format!(
+                        "| {} | {} | {rate:.0}/s | {} | {p99:.0} | {} |",
+                        run.label,
+                        t.name,
+                        fmt(own_p99, 0),
+                        fmt(less_sync, 0),
+                    ));
+                    rows.push(json!({
+                        "mode": run.label, "target": t.name, "rate": rate,
+                        "own_p99_at_most_us": finite(own_p99),
+                        "own_p99_less_sync_p99_us": finite(less_sync),
+                    }));
+                }
+            }
+        }
+        json!({
+            "samples_per_round": self.args.sync_samples,
+            "bytes": disk::PROBE_BYTES,
+            "rounds": syncs.iter().map(|s| json!({"p50_us": s.p50_us, "p99_us": s.p99_us})).collect::<Vec<_>>(),
+            "p50_us": p50,
+            "p99_us": p99,
+            "own_p99": rows,
+        })
+    }
+
+    fn report(&self, measured: &Runs) -> (String, Value) {
+        let runs = &measured.modes[..];
         let args = &self.args;
         let base = self.baseline;
         let base_name = &self.targets[base].name;
@@ -833,6 +942,8 @@ impl Bench {
             }
         }
 
+        let sync_json = self.report_syncs(measured, &mut line);
+
         let errors: u64 = runs
             .iter()
             .flat_map(|run| run.rounds.iter().flatten())
@@ -894,6 +1005,7 @@ impl Bench {
             })).collect::<Vec<_>>(),
             "medians": medians,
             "ratios": ratios,
+            "disk_sync": sync_json,
             "errors": errors,
         });
         (out, json)
