@@ -122,12 +122,108 @@ pub async fn get(addr: SocketAddr, host: &str, path: &str) -> Option<Bytes> {
         .ok()?
 }
 
+/// Why one request failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Failure {
+    Connect,
+    Timeout,
+    Transport,
+    Status,
+    Incomplete,
+}
+
+impl Failure {
+    fn name(self) -> &'static str {
+        match self {
+            Failure::Connect => "connect",
+            Failure::Timeout => "timeout",
+            Failure::Transport => "transport",
+            Failure::Status => "status",
+            Failure::Incomplete => "incomplete",
+        }
+    }
+}
+
+/// The failed requests of a fixed-rate run, by why they failed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Failures {
+    /// No connection could be opened, after retries.
+    pub connect: u64,
+    /// No whole answer within the request timeout (30 s).
+    pub timeout: u64,
+    /// The connection broke before the whole answer was read.
+    pub transport: u64,
+    /// An answer with a status other than 2xx.
+    pub status: u64,
+    /// A 2xx answer that is not whole: no `data: [DONE]` in a stream, not a
+    /// JSON object otherwise.
+    pub incomplete: u64,
+}
+
+impl Failures {
+    fn count(&mut self, failure: Failure) {
+        let counter = match failure {
+            Failure::Connect => &mut self.connect,
+            Failure::Timeout => &mut self.timeout,
+            Failure::Transport => &mut self.transport,
+            Failure::Status => &mut self.status,
+            Failure::Incomplete => &mut self.incomplete,
+        };
+        *counter += 1;
+    }
+
+    /// The kinds that occurred, with their counts: `"3 timeout, 1 status"`,
+    /// or `"none"`.
+    pub fn describe(&self) -> String {
+        let kinds = [
+            (self.connect, Failure::Connect),
+            (self.timeout, Failure::Timeout),
+            (self.transport, Failure::Transport),
+            (self.status, Failure::Status),
+            (self.incomplete, Failure::Incomplete),
+        ];
+        let seen: Vec<String> = kinds
+            .iter()
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, kind)| format!("{n} {}", kind.name()))
+            .collect();
+        if seen.is_empty() {
+            "none".to_owned()
+        } else {
+            seen.join(", ")
+        }
+    }
+
+    /// The counts as a JSON object.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "connect": self.connect, "timeout": self.timeout,
+            "transport": self.transport, "status": self.status,
+            "incomplete": self.incomplete,
+        })
+    }
+}
+
 /// Outcome of one request.
-#[derive(Clone, Copy, Default)]
+#[derive(Clone, Copy)]
 struct Sample {
-    ok: bool,
+    failure: Option<Failure>,
     bytes: usize,
     events: usize,
+}
+
+impl Sample {
+    fn failed(failure: Failure) -> Self {
+        Self {
+            failure: Some(failure),
+            bytes: 0,
+            events: 0,
+        }
+    }
+
+    fn ok(&self) -> bool {
+        self.failure.is_none()
+    }
 }
 
 fn request(endpoint: &Endpoint) -> hyper::Request<Full<Bytes>> {
@@ -140,7 +236,10 @@ fn request(endpoint: &Endpoint) -> hyper::Request<Full<Bytes>> {
 }
 
 /// Sends one request on `sender` and reads the whole answer.
-async fn exchange(sender: &mut Sender, endpoint: &Endpoint) -> Option<(hyper::StatusCode, Bytes)> {
+async fn exchange(
+    sender: &mut Sender,
+    endpoint: &Endpoint,
+) -> Result<(hyper::StatusCode, Bytes), Failure> {
     let work = async {
         sender.ready().await.ok()?;
         let response = sender.send_request(request(endpoint)).await.ok()?;
@@ -148,13 +247,17 @@ async fn exchange(sender: &mut Sender, endpoint: &Endpoint) -> Option<(hyper::St
         let body = response.into_body().collect().await.ok()?.to_bytes();
         Some((status, body))
     };
-    tokio::time::timeout(REQUEST_TIMEOUT, work).await.ok()?
+    match tokio::time::timeout(REQUEST_TIMEOUT, work).await {
+        Ok(answer) => answer.ok_or(Failure::Transport),
+        Err(_) => Err(Failure::Timeout),
+    }
 }
 
 /// Sends one request and checks cheaply that the answer is complete.
 async fn send(sender: &mut Sender, endpoint: &Endpoint) -> Sample {
-    let Some((status, body)) = exchange(sender, endpoint).await else {
-        return Sample::default();
+    let (status, body) = match exchange(sender, endpoint).await {
+        Ok(answer) => answer,
+        Err(failure) => return Sample::failed(failure),
     };
     let complete = if endpoint.stream {
         body.ends_with(b"data: [DONE]\n\n") || body.windows(12).any(|w| w == b"data: [DONE]")
@@ -162,7 +265,13 @@ async fn send(sender: &mut Sender, endpoint: &Endpoint) -> Sample {
         body.first() == Some(&b'{')
     };
     Sample {
-        ok: status.is_success() && complete,
+        failure: if !status.is_success() {
+            Some(Failure::Status)
+        } else if !complete {
+            Some(Failure::Incomplete)
+        } else {
+            None
+        },
         bytes: body.len(),
         events: if endpoint.stream {
             body.windows(6).filter(|w| w == b"data: ").count()
@@ -216,7 +325,7 @@ pub async fn saturate(
             let (mut ok, mut errors, mut bytes, mut events) = (0u64, 0u64, 0u64, 0u64);
             while !stop.load(Ordering::Relaxed) {
                 let sample = send(&mut sender, &endpoint).await;
-                if sample.ok {
+                if sample.ok() {
                     ok += 1;
                     bytes += sample.bytes as u64;
                     events += sample.events as u64;
@@ -268,7 +377,7 @@ pub async fn send_count(endpoint: &Endpoint, concurrency: usize, total: u64) -> 
                 return (ok, errors);
             };
             while next.fetch_add(1, Ordering::Relaxed) < total {
-                if send(&mut sender, &endpoint).await.ok {
+                if send(&mut sender, &endpoint).await.ok() {
                     ok += 1;
                 } else {
                     errors += 1;
@@ -410,6 +519,8 @@ pub async fn open_streams(
 pub struct Latency {
     pub requests: u64,
     pub errors: u64,
+    /// `errors` by why they failed.
+    pub failures: Failures,
     pub p50_us: f64,
     pub p90_us: f64,
     pub p99_us: f64,
@@ -463,14 +574,14 @@ pub async fn fixed_rate(endpoints: &[Endpoint], rate: f64, duration: Duration) -
                     None => connect(endpoint.addr).await,
                 };
                 let Some(mut sender) = sender else {
-                    return (false, scheduled.elapsed());
+                    return (Some(Failure::Connect), scheduled.elapsed());
                 };
                 let sample = send(&mut sender, &endpoint).await;
                 let latency = scheduled.elapsed();
-                if sample.ok {
+                if sample.ok() {
                     pool.lock().unwrap().push(sender);
                 }
-                (sample.ok, latency)
+                (sample.failure, latency)
             });
             if dispatched.send(task).is_err() {
                 break;
@@ -479,13 +590,15 @@ pub async fn fixed_rate(endpoints: &[Endpoint], rate: f64, duration: Duration) -
         last_dispatch - start
     });
     let mut latencies = Vec::with_capacity(total as usize);
+    let mut failures = Failures::default();
     let mut errors = 0;
     while let Some(task) = tasks.recv().await {
-        let (ok, latency) = task.await.expect("request task");
-        if ok {
-            latencies.push(latency.as_secs_f64() * 1e6);
-        } else {
-            errors += 1;
+        match task.await.expect("request task") {
+            (None, latency) => latencies.push(latency.as_secs_f64() * 1e6),
+            (Some(failure), _) => {
+                errors += 1;
+                failures.count(failure);
+            }
         }
     }
     let dispatch_span = pacer.join().expect("pacer thread").as_secs_f64();
@@ -493,6 +606,7 @@ pub async fn fixed_rate(endpoints: &[Endpoint], rate: f64, duration: Duration) -
     Latency {
         requests: latencies.len() as u64,
         errors,
+        failures,
         p50_us: percentile(&latencies, 0.50),
         p90_us: percentile(&latencies, 0.90),
         p99_us: percentile(&latencies, 0.99),
@@ -535,7 +649,7 @@ pub async fn check(endpoint: &Endpoint) -> Result<Answer, String> {
         .map_err(|e| format!("connect: {e}"))?;
     let (status, body) = exchange(&mut sender, endpoint)
         .await
-        .ok_or("no complete answer")?;
+        .map_err(|failure| format!("no complete answer ({})", failure.name()))?;
     let text = String::from_utf8_lossy(&body);
     let snippet: String = text.chars().take(400).collect();
     if !status.is_success() {
@@ -721,6 +835,82 @@ mod tests {
         drop(listener);
         let (ok, errors) = send_count(&closed, 2, 5).await;
         assert_eq!((ok, errors), (0, 5));
+    }
+
+    /// A server on a free port answering every request with `status` and
+    /// `body`.
+    async fn answering(status: u16, body: &'static [u8]) -> Endpoint {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let service = hyper::service::service_fn(
+                    move |request: hyper::Request<hyper::body::Incoming>| async move {
+                        request.into_body().collect().await?;
+                        let mut response =
+                            hyper::Response::new(Full::new(Bytes::from_static(body)));
+                        *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                        Ok::<_, hyper::Error>(response)
+                    },
+                );
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service),
+                );
+            }
+        });
+        Endpoint {
+            addr,
+            host: addr.to_string(),
+            path: "/v1/chat/completions".to_owned(),
+            authorization: "Bearer sk-test".to_owned(),
+            body: chat_body("m", false, 8, "hi"),
+            stream: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn failures_are_counted_by_kind() {
+        let refused = answering(503, b"{\"error\":{}}").await;
+        let latency = fixed_rate(
+            std::slice::from_ref(&refused),
+            200.0,
+            Duration::from_millis(50),
+        )
+        .await;
+        assert_eq!((latency.requests, latency.errors), (0, 10));
+        let status_only = Failures {
+            status: 10,
+            ..Failures::default()
+        };
+        assert_eq!(latency.failures, status_only);
+        assert_eq!(latency.failures.describe(), "10 status");
+
+        let cut = answering(200, b"data: {}").await;
+        let latency = fixed_rate(&[cut], 200.0, Duration::from_millis(50)).await;
+        assert_eq!(
+            latency.failures,
+            Failures {
+                incomplete: 10,
+                ..Failures::default()
+            }
+        );
+
+        let whole = answering(200, b"{}").await;
+        let latency = fixed_rate(&[whole], 200.0, Duration::from_millis(50)).await;
+        assert_eq!((latency.requests, latency.errors), (10, 0));
+        assert_eq!(latency.failures.describe(), "none");
+        assert_eq!(
+            Failures {
+                connect: 1,
+                timeout: 2,
+                transport: 3,
+                status: 4,
+                incomplete: 5
+            }
+            .describe(),
+            "1 connect, 2 timeout, 3 transport, 4 status, 5 incomplete"
+        );
     }
 
     #[test]

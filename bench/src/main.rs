@@ -230,7 +230,8 @@ impl Measurement {
         let t = self.throughput;
         let latency = |l: Latency, o: Option<Overhead>| {
             json!({
-                "requests": l.requests, "errors": l.errors, "achieved_rps": l.achieved,
+                "requests": l.requests, "errors": l.errors,
+                "failures": l.failures.to_json(), "achieved_rps": l.achieved,
                 "p50_us": finite(l.p50_us), "p90_us": finite(l.p90_us),
                 "p99_us": finite(l.p99_us), "max_us": finite(l.max_us),
                 "overhead": o.map(|o| json!({

@@ -342,11 +342,12 @@ async fn soak(
     let (start_rss, end_rss) = (steady[0].1, steady[steady.len() - 1].1);
     let max_rss = samples.iter().map(|s| s.1).fold(0.0, f64::max);
     println!(
-        "  {}: {:.1} min at {rate:.0} req/s ({} ok, {} failed, p50 {:.0} µs, p99 {:.0} µs); RSS {} at {:.0} s -> {} at {:.0} s (max {}), slope {} per minute over {} samples",
+        "  {}: {:.1} min at {rate:.0} req/s ({} ok, {} failed: {}, p50 {:.0} µs, p99 {:.0} µs); RSS {} at {:.0} s -> {} at {:.0} s (max {}), slope {} per minute over {} samples",
         target.name,
         minutes,
         latency.requests,
         latency.errors,
+        latency.failures.describe(),
         latency.p50_us,
         latency.p99_us,
         mib(start_rss),
@@ -360,6 +361,7 @@ async fn soak(
     Ok(json!({ "soak": {
         "target": target.name, "minutes": minutes, "rate": rate, "stream": stream,
         "saturation_rps": saturation, "requests": latency.requests, "errors": latency.errors,
+        "failures": latency.failures.to_json(),
         "p50_us": latency.p50_us, "p99_us": latency.p99_us,
         "warmup_seconds": warmup, "sample_seconds": sample_seconds,
         "rss_start": start_rss, "rss_end": end_rss, "rss_max": max_rss,
