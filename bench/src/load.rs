@@ -125,14 +125,29 @@ pub async fn get(addr: SocketAddr, host: &str, path: &str) -> Option<Bytes> {
 /// Why one request failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Failure {
+    /// No connection could be opened, after retries.
     Connect,
+    /// No whole answer within [`REQUEST_TIMEOUT`].
     Timeout,
+    /// The connection broke before the whole answer was read.
     Transport,
+    /// An answer with a status other than 2xx.
     Status,
+    /// A 2xx answer that is not whole: no `data: [DONE]` in a stream, not a
+    /// JSON object otherwise.
     Incomplete,
 }
 
 impl Failure {
+    /// Every kind, in the order reports list them.
+    const ALL: [Failure; 5] = [
+        Failure::Connect,
+        Failure::Timeout,
+        Failure::Transport,
+        Failure::Status,
+        Failure::Incomplete,
+    ];
+
     fn name(self) -> &'static str {
         match self {
             Failure::Connect => "connect",
@@ -144,48 +159,29 @@ impl Failure {
     }
 }
 
-/// The failed requests of a fixed-rate run, by why they failed.
+/// The failed requests of a fixed-rate run, counted by why they failed:
+/// connect, timeout, transport (the connection broke), status (not 2xx),
+/// incomplete (a 2xx answer cut short).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Failures {
-    /// No connection could be opened, after retries.
-    pub connect: u64,
-    /// No whole answer within the request timeout (30 s).
-    pub timeout: u64,
-    /// The connection broke before the whole answer was read.
-    pub transport: u64,
-    /// An answer with a status other than 2xx.
-    pub status: u64,
-    /// A 2xx answer that is not whole: no `data: [DONE]` in a stream, not a
-    /// JSON object otherwise.
-    pub incomplete: u64,
-}
+pub struct Failures([u64; Failure::ALL.len()]);
 
 impl Failures {
     fn count(&mut self, failure: Failure) {
-        let counter = match failure {
-            Failure::Connect => &mut self.connect,
-            Failure::Timeout => &mut self.timeout,
-            Failure::Transport => &mut self.transport,
-            Failure::Status => &mut self.status,
-            Failure::Incomplete => &mut self.incomplete,
-        };
-        *counter += 1;
+        self.0[failure as usize] += 1;
+    }
+
+    /// Failed requests of every kind.
+    pub fn total(&self) -> u64 {
+        self.0.iter().sum()
     }
 
     /// The kinds that occurred, with their counts: `"3 timeout, 1 status"`,
     /// or `"none"`.
     pub fn describe(&self) -> String {
-        let kinds = [
-            (self.connect, Failure::Connect),
-            (self.timeout, Failure::Timeout),
-            (self.transport, Failure::Transport),
-            (self.status, Failure::Status),
-            (self.incomplete, Failure::Incomplete),
-        ];
-        let seen: Vec<String> = kinds
+        let seen: Vec<String> = Failure::ALL
             .iter()
-            .filter(|(n, _)| *n > 0)
-            .map(|(n, kind)| format!("{n} {}", kind.name()))
+            .filter(|&&kind| self.0[kind as usize] > 0)
+            .map(|&kind| format!("{} {}", self.0[kind as usize], kind.name()))
             .collect();
         if seen.is_empty() {
             "none".to_owned()
@@ -194,13 +190,13 @@ impl Failures {
         }
     }
 
-    /// The counts as a JSON object.
+    /// The counts as a JSON object, every kind by name.
     pub fn to_json(&self) -> serde_json::Value {
-        serde_json::json!({
-            "connect": self.connect, "timeout": self.timeout,
-            "transport": self.transport, "status": self.status,
-            "incomplete": self.incomplete,
-        })
+        Failure::ALL
+            .iter()
+            .map(|&kind| (kind.name().to_owned(), self.0[kind as usize].into()))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
     }
 }
 
@@ -518,8 +514,7 @@ pub async fn open_streams(
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Latency {
     pub requests: u64,
-    pub errors: u64,
-    /// `errors` by why they failed.
+    /// The requests that failed, by kind ([`Failures::total`] of them).
     pub failures: Failures,
     pub p50_us: f64,
     pub p90_us: f64,
@@ -591,21 +586,16 @@ pub async fn fixed_rate(endpoints: &[Endpoint], rate: f64, duration: Duration) -
     });
     let mut latencies = Vec::with_capacity(total as usize);
     let mut failures = Failures::default();
-    let mut errors = 0;
     while let Some(task) = tasks.recv().await {
         match task.await.expect("request task") {
             (None, latency) => latencies.push(latency.as_secs_f64() * 1e6),
-            (Some(failure), _) => {
-                errors += 1;
-                failures.count(failure);
-            }
+            (Some(failure), _) => failures.count(failure),
         }
     }
     let dispatch_span = pacer.join().expect("pacer thread").as_secs_f64();
     latencies.sort_by(f64::total_cmp);
     Latency {
         requests: latencies.len() as u64,
-        errors,
         failures,
         p50_us: percentile(&latencies, 0.50),
         p90_us: percentile(&latencies, 0.90),
@@ -796,7 +786,7 @@ mod tests {
 
         // Fixed rate: requests alternate, 10 each, whatever connection is free.
         let latency = fixed_rate(&pool, 200.0, Duration::from_millis(100)).await;
-        assert_eq!((latency.requests, latency.errors), (20, 0));
+        assert_eq!((latency.requests, latency.failures.total()), (20, 0));
         assert_eq!(a.counts().1, 10);
         assert_eq!(b.counts().1, 10);
 
@@ -878,38 +868,27 @@ mod tests {
             Duration::from_millis(50),
         )
         .await;
-        assert_eq!((latency.requests, latency.errors), (0, 10));
-        let status_only = Failures {
-            status: 10,
-            ..Failures::default()
-        };
-        assert_eq!(latency.failures, status_only);
+        assert_eq!((latency.requests, latency.failures.total()), (0, 10));
+        assert_eq!(latency.failures, Failures([0, 0, 0, 10, 0]));
         assert_eq!(latency.failures.describe(), "10 status");
 
         let cut = answering(200, b"data: {}").await;
         let latency = fixed_rate(&[cut], 200.0, Duration::from_millis(50)).await;
-        assert_eq!(
-            latency.failures,
-            Failures {
-                incomplete: 10,
-                ..Failures::default()
-            }
-        );
+        assert_eq!(latency.failures, Failures([0, 0, 0, 0, 10]));
+        assert_eq!(latency.failures.describe(), "10 incomplete");
 
         let whole = answering(200, b"{}").await;
         let latency = fixed_rate(&[whole], 200.0, Duration::from_millis(50)).await;
-        assert_eq!((latency.requests, latency.errors), (10, 0));
+        assert_eq!((latency.requests, latency.failures.total()), (10, 0));
         assert_eq!(latency.failures.describe(), "none");
+        let every_kind = Failures([1, 2, 3, 4, 5]);
         assert_eq!(
-            Failures {
-                connect: 1,
-                timeout: 2,
-                transport: 3,
-                status: 4,
-                incomplete: 5
-            }
-            .describe(),
+            every_kind.describe(),
             "1 connect, 2 timeout, 3 transport, 4 status, 5 incomplete"
+        );
+        assert_eq!(
+            every_kind.to_json(),
+            serde_json::json!({"connect": 1, "timeout": 2, "transport": 3, "status": 4, "incomplete": 5})
         );
     }
 

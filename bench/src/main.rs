@@ -226,11 +226,21 @@ struct Measurement {
 }
 
 impl Measurement {
+    /// The target's own time in the latency phase at the usual rate, or at
+    /// the fast rate when `fast`.
+    fn overhead_at(&self, fast: bool) -> Option<Overhead> {
+        if fast {
+            self.fast_overhead
+        } else {
+            self.overhead
+        }
+    }
+
     fn to_json(self) -> Value {
         let t = self.throughput;
         let latency = |l: Latency, o: Option<Overhead>| {
             json!({
-                "requests": l.requests, "errors": l.errors,
+                "requests": l.requests, "errors": l.failures.total(),
                 "failures": l.failures.to_json(), "achieved_rps": l.achieved,
                 "p50_us": finite(l.p50_us), "p90_us": finite(l.p90_us),
                 "p99_us": finite(l.p99_us), "max_us": finite(l.max_us),
@@ -248,7 +258,7 @@ impl Measurement {
             "upstream_cpu_us_per_req": finite(self.upstream_cpu_us),
             "client_cpu_us_per_req": self.client_cpu_us,
             "latency": latency(self.latency, self.overhead),
-            "fast_latency": if self.fast_latency.requests + self.fast_latency.errors > 0 {
+            "fast_latency": if self.fast_latency.requests + self.fast_latency.failures.total() > 0 {
                 latency(self.fast_latency, self.fast_overhead)
             } else {
                 Value::Null
@@ -444,14 +454,14 @@ impl Bench {
                 format!(", own p50 ≤ {:.0} µs p99 ≤ {:.0} µs", o.p50_us, o.p99_us)
             })
         };
-        let fast = if f.requests + f.errors > 0 {
+        let fast = if f.requests + f.failures.total() > 0 {
             format!(
                 " | at {:.0}/s: p50 {:.0} µs p99 {:.0} µs ({} ok, {} err{})",
                 mode.fast_rate,
                 f.p50_us,
                 f.p99_us,
                 f.requests,
-                f.errors,
+                f.failures.total(),
                 own(m.fast_overhead)
             )
         } else {
@@ -474,7 +484,7 @@ impl Bench {
             l.p50_us,
             l.p99_us,
             l.requests,
-            l.errors,
+            l.failures.total(),
             own(m.overhead),
         );
     }
@@ -707,10 +717,7 @@ impl Bench {
             for (i, t) in self.targets.iter().enumerate().filter(|(_, t)| t.metrics) {
                 let phases = [(false, run.rate), (true, run.fast_rate)];
                 for (fast, rate) in phases.into_iter().filter(|(_, rate)| *rate > 0.0) {
-                    let own = |m: &Measurement| {
-                        let o = if fast { m.fast_overhead } else { m.overhead };
-                        o.map_or(f64::NAN, |o| o.p99_us)
-                    };
+                    let own = |m: &Measurement| m.overhead_at(fast).map_or(f64::NAN, |o| o.p99_us);
                     let own_p99 = run.med(i, own);
                     let less_sync = median(
                         run.rounds
@@ -789,10 +796,7 @@ impl Bench {
                 let added_p50 = added(|l| l.p50_us, false);
                 let added_p99 = added(|l| l.p99_us, false);
                 let own = |f: fn(&Overhead) -> f64, fast: bool| {
-                    run.med(i, |m| {
-                        let o = if fast { m.fast_overhead } else { m.overhead };
-                        o.as_ref().map_or(f64::NAN, f)
-                    })
+                    run.med(i, |m| m.overhead_at(fast).as_ref().map_or(f64::NAN, f))
                 };
                 let (own_p50, own_p99) = (own(|o| o.p50_us, false), own(|o| o.p99_us, false));
                 let cpu = run.med(i, |m| m.target_cpu_us);
@@ -800,7 +804,9 @@ impl Bench {
                     .rounds
                     .iter()
                     .map(|r| {
-                        r[i].throughput.errors + r[i].latency.errors + r[i].fast_latency.errors
+                        r[i].throughput.errors
+                            + r[i].latency.failures.total()
+                            + r[i].fast_latency.failures.total()
                     })
                     .sum();
                 let concurrency = match t.concurrency {
@@ -948,7 +954,7 @@ impl Bench {
         let errors: u64 = runs
             .iter()
             .flat_map(|run| run.rounds.iter().flatten())
-            .map(|m| m.throughput.errors + m.latency.errors)
+            .map(|m| m.throughput.errors + m.latency.failures.total())
             .sum();
         if errors > 0 {
             line(String::new());

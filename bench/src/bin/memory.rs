@@ -346,7 +346,7 @@ async fn soak(
         target.name,
         minutes,
         latency.requests,
-        latency.errors,
+        latency.failures.total(),
         latency.failures.describe(),
         latency.p50_us,
         latency.p99_us,
@@ -360,7 +360,7 @@ async fn soak(
     );
     Ok(json!({ "soak": {
         "target": target.name, "minutes": minutes, "rate": rate, "stream": stream,
-        "saturation_rps": saturation, "requests": latency.requests, "errors": latency.errors,
+        "saturation_rps": saturation, "requests": latency.requests, "errors": latency.failures.total(),
         "failures": latency.failures.to_json(),
         "p50_us": latency.p50_us, "p99_us": latency.p99_us,
         "warmup_seconds": warmup, "sample_seconds": sample_seconds,
