@@ -66,7 +66,7 @@ impl SseParser {
                 rest = &rest[1..];
             }
         }
-        while let Some(pos) = rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+        while let Some(pos) = memchr::memchr2(b'\n', b'\r', rest) {
             let (line, terminator) = (&rest[..pos], rest[pos]);
             rest = &rest[pos + 1..];
             if terminator == b'\r' {
@@ -157,7 +157,7 @@ impl SseParser {
 /// SSE data cannot carry a carriage return: `\r\n`, `\r` and `\n` all end a
 /// line, so the event decodes with every line break as `\n`.
 pub fn encode_data(data: &str, out: &mut Vec<u8>) {
-    if !data.bytes().any(|byte| byte == b'\n' || byte == b'\r') {
+    if memchr::memchr2(b'\n', b'\r', data.as_bytes()).is_none() {
         // One line: JSON data, nearly always.
         out.reserve(data.len() + 8);
         out.extend_from_slice(b"data: ");
