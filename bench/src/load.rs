@@ -524,8 +524,24 @@ pub struct Latency {
     pub achieved: f64,
 }
 
+/// Idle keep-alive connections of one endpoint, the most recently used last.
+type Pool = Arc<std::sync::Mutex<Vec<Sender>>>;
+
+/// The most recently used pooled connection that is still open. Connections
+/// the server closed while they sat idle (its keep-alive timeout) are
+/// dropped, as a client's pool does, instead of failing the next request.
+fn take_open(pool: &Pool) -> Option<Sender> {
+    let mut pool = pool.lock().unwrap();
+    while let Some(sender) = pool.pop() {
+        if !sender.is_closed() {
+            return Some(sender);
+        }
+    }
+    None
+}
+
 /// Open loop: one request every `1/rate` s, each on a free pooled connection
-/// (a new one is opened when none is free); latency counts from the scheduled
+/// (a new one is opened when none is free and open); latency counts from the scheduled
 /// send time, so a stall of the target or the generator is not hidden.
 /// Request `i` goes to `endpoints[i % len]`, each endpoint with its own pool
 /// of connections, so that every instance of a pool gets its share even
@@ -536,7 +552,6 @@ pub struct Latency {
 /// next millisecond, which would add 0–1 ms to every sample and send requests
 /// in bursts on each tick.
 pub async fn fixed_rate(endpoints: &[Endpoint], rate: f64, duration: Duration) -> Latency {
-    type Pool = Arc<std::sync::Mutex<Vec<Sender>>>;
     let pools: Vec<(Endpoint, Pool)> = endpoints
         .iter()
         .map(|endpoint| (endpoint.clone(), Pool::default()))
@@ -563,7 +578,7 @@ pub async fn fixed_rate(endpoints: &[Endpoint], rate: f64, duration: Duration) -
             last_dispatch = Instant::now();
             let (endpoint, pool) = pools[i as usize % pools.len()].clone();
             let task = runtime.spawn(async move {
-                let pooled = pool.lock().unwrap().pop();
+                let pooled = take_open(&pool);
                 let sender = match pooled {
                     Some(sender) => Some(sender),
                     None => connect(endpoint.addr).await,
@@ -830,6 +845,12 @@ mod tests {
     /// A server on a free port answering every request with `status` and
     /// `body`.
     async fn answering(status: u16, body: &'static [u8]) -> Endpoint {
+        serving(status, body, true).await
+    }
+
+    /// [`answering`], closing each connection after its first answer when
+    /// `keep_alive` is false.
+    async fn serving(status: u16, body: &'static [u8], keep_alive: bool) -> Endpoint {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move {
@@ -845,6 +866,7 @@ mod tests {
                 );
                 tokio::spawn(
                     hyper::server::conn::http1::Builder::new()
+                        .keep_alive(keep_alive)
                         .serve_connection(TokioIo::new(stream), service),
                 );
             }
@@ -890,6 +912,16 @@ mod tests {
             every_kind.to_json(),
             serde_json::json!({"connect": 1, "timeout": 2, "transport": 3, "status": 4, "incomplete": 5})
         );
+    }
+
+    #[tokio::test]
+    async fn connections_the_server_closed_are_not_reused() {
+        // Every connection is closed after one answer, as a server's
+        // keep-alive timeout closes the idle ones in a pool: none of them
+        // may fail a later request.
+        let closing = serving(200, b"{}", false).await;
+        let latency = fixed_rate(&[closing], 200.0, Duration::from_millis(100)).await;
+        assert_eq!((latency.requests, latency.failures.total()), (20, 0));
     }
 
     #[test]
