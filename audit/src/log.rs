@@ -384,6 +384,12 @@ impl AuditLog {
         self.inner.background_failures.load(Ordering::Relaxed)
     }
 
+    /// Bytes held in the store's page cache: part of the process's memory
+    /// that grows with the audit file up to the cache's fixed bound.
+    pub fn cache_bytes(&self) -> usize {
+        self.inner.store.cache_bytes()
+    }
+
     /// Retires canaries; returns how many were removed.
     pub async fn retire_canaries(&self, which: Retire) -> Result<u64, AuditError> {
         count(self.submit(WriteOp::Retire(which)).await?)

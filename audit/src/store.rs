@@ -208,6 +208,8 @@ pub(crate) trait Store: Send + Sync + 'static {
     fn write(&self, ops: &[WriteOp]) -> Result<Vec<WriteOutcome>, AuditError>;
     /// A consistent read-only view of the latest commit.
     fn read(&self) -> Result<Box<dyn ReadView>, AuditError>;
+    /// Bytes held in the store's page cache (bounded by its cache size).
+    fn cache_bytes(&self) -> usize;
 }
 
 /// A consistent snapshot of the store.
@@ -251,7 +253,7 @@ pub(crate) enum RedbStore {
 /// about 55 MiB a minute under steady load (`bench/growth.sh --soak`).
 /// Appends touch the trees' right edges and the newest canary rows; reads
 /// walk ranges once: a small cache serves both.
-const CACHE_BYTES: usize = 32 << 20;
+pub(crate) const CACHE_BYTES: usize = 32 << 20;
 
 fn builder() -> redb::Builder {
     let mut builder = Database::builder();
@@ -423,6 +425,13 @@ impl Store for RedbStore {
         }
         txn.commit().map_err(storage)?;
         Ok(outcomes)
+    }
+
+    fn cache_bytes(&self) -> usize {
+        match self {
+            Self::Writable(db) => db.cache_stats().used_bytes(),
+            Self::ReadOnly(db) => db.cache_stats().used_bytes(),
+        }
     }
 
     fn read(&self) -> Result<Box<dyn ReadView>, AuditError> {

@@ -10,7 +10,7 @@ use canarygate_policies::verify::Status;
 use redb::{ReadableDatabase, TableDefinition};
 
 use crate::log::BACKGROUND_COMMIT_INTERVAL;
-use crate::store::{RedbStore, Store};
+use crate::store::{CACHE_BYTES, RedbStore, Store};
 use crate::time::now_ms;
 use crate::verify::verify_chain;
 use crate::*;
@@ -171,6 +171,22 @@ fn concurrent_appends_get_consecutive_ids_and_verify() {
         .verify()
         .unwrap();
     assert_eq!((report.records, report.range), (200, Some((1, 200))));
+}
+
+#[test]
+fn the_page_cache_is_reported_and_bounded() {
+    let dir = private_tempdir();
+    let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
+    let before = log.cache_bytes();
+    fill(&log, 200, 0);
+    // The index lands within one pacing interval of the journal.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while log.cache_bytes() == before && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let after = log.cache_bytes();
+    assert!(after > before, "{before} -> {after} bytes");
+    assert!(after <= CACHE_BYTES, "{after} bytes");
 }
 
 #[test]

@@ -80,6 +80,8 @@ pub struct Metrics {
     overhead: Histogram,
     local: Family<LocalLabels, Counter>,
     audit_background_failures: Gauge,
+    audit_cache_bytes: Gauge,
+    canaries_in_memory: Gauge,
     client_connections: Gauge,
     client_connections_evicted: Counter,
     client_timeouts: Family<TimeoutLabels, Counter>,
@@ -124,6 +126,18 @@ impl Metrics {
             "audit_background_failures",
             "Audit writes that failed with nobody waiting ([audit] durability = \"background\", canary persistence)",
             audit_background_failures.clone(),
+        );
+        let audit_cache_bytes = Gauge::default();
+        registry.register(
+            "audit_cache_bytes",
+            "Bytes in the audit store's page cache, which grows with the audit file up to its fixed bound",
+            audit_cache_bytes.clone(),
+        );
+        let canaries_in_memory = Gauge::default();
+        registry.register(
+            "canaries_in_memory",
+            "Canaries held in this process's registry: live, or expired and not yet purged",
+            canaries_in_memory.clone(),
         );
         let client_connections = Gauge::default();
         registry.register(
@@ -192,6 +206,8 @@ impl Metrics {
             overhead,
             local,
             audit_background_failures,
+            audit_cache_bytes,
+            canaries_in_memory,
             client_connections,
             client_connections_evicted,
             client_timeouts,
@@ -286,6 +302,18 @@ impl Metrics {
     /// Sets the count of failed background audit writes.
     pub fn set_audit_background_failures(&self, count: u64) {
         self.audit_background_failures
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// Sets `canarygate_audit_cache_bytes`.
+    pub fn set_audit_cache_bytes(&self, bytes: usize) {
+        self.audit_cache_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// Sets `canarygate_canaries_in_memory`.
+    pub fn set_canaries_in_memory(&self, count: usize) {
+        self.canaries_in_memory
             .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 

@@ -337,6 +337,12 @@ impl CanaryBook {
         self.metrics.registry_up(up);
     }
 
+    /// Canaries this process holds in memory: live, or expired and not yet
+    /// purged.
+    pub fn held_in_memory(&self) -> usize {
+        self.memory.len()
+    }
+
     /// Drops the canaries expired at `now_ms` from this process's memory
     /// (blocking: it takes the shards' locks). The shared registry's keys
     /// expire by themselves.

@@ -206,6 +206,19 @@ upstream_model = "sim-model"
         metrics.contains("canarygate_proxy_overhead_seconds_count 1"),
         "{metrics}"
     );
+    // The audit store's tables were written when it opened: their pages
+    // are in its cache.
+    let cache_bytes: u64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("canarygate_audit_cache_bytes "))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(cache_bytes > 0, "{metrics}");
+    // The answer's canaries (the preset's head and tail echo) are held.
+    assert!(
+        metrics.contains("canarygate_canaries_in_memory 2"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]

@@ -318,6 +318,12 @@ async fn render_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse
     state
         .metrics
         .set_audit_background_failures(state.audit.background_failures());
+    state
+        .metrics
+        .set_audit_cache_bytes(state.audit.cache_bytes());
+    state
+        .metrics
+        .set_canaries_in_memory(state.registry.held_in_memory());
     (
         [(
             header::CONTENT_TYPE,
