@@ -275,7 +275,7 @@ if has "$parts" soak; then
       "$soak_ttl"
     start_canarygate_server "soak-$t" "$config"
     log "soak: $t for $soak_minutes min (canary TTL $soak_ttl s)"
-    "$memory_bin" soak --target "$t=$started_url/v1,pid=$started_pid" \
+    "$memory_bin" soak --target "$t=$started_url/v1,pid=$started_pid,metrics" \
       --minutes "$soak_minutes" --sample-seconds "$soak_sample_seconds" \
       --json "$results_dir/soak-$t.json" --note "$note" >&2
   done

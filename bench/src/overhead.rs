@@ -108,6 +108,15 @@ pub async fn scrape(addr: SocketAddr, host: &str) -> Option<Histogram> {
     Histogram::parse(std::str::from_utf8(&text).ok()?)
 }
 
+/// The value of the unlabelled gauge or counter `name` in a Prometheus text
+/// exposition; None when it has none.
+pub fn gauge(text: &str, name: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        let value = line.strip_prefix(name)?.strip_prefix(' ')?;
+        value.split_whitespace().next()?.parse().ok()
+    })
+}
+
 /// Overhead percentiles of one latency phase.
 #[derive(Debug, Clone, Copy)]
 pub struct Overhead {
@@ -198,6 +207,19 @@ mod tests {
         assert_eq!(h.quantile_bound_us(0.5), f64::INFINITY);
         let empty = Histogram::parse(&exposition([0, 0, 0, 0])).unwrap();
         assert!(empty.quantile_bound_us(0.99).is_nan());
+    }
+
+    #[test]
+    fn gauges_are_read_by_their_whole_name() {
+        let text = "# TYPE canarygate_audit_cache_bytes gauge\n\
+                    canarygate_audit_cache_bytes_max 9\n\
+                    canarygate_audit_cache_bytes 1048576\n";
+        assert_eq!(gauge(text, "canarygate_audit_cache_bytes"), Some(1048576.0));
+        assert_eq!(gauge(text, "canarygate_audit_cache"), None);
+        assert_eq!(
+            gauge("nginx says hello\n", "canarygate_audit_cache_bytes"),
+            None
+        );
     }
 
     #[test]

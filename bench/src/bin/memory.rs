@@ -10,7 +10,11 @@
 //!   counts whatever else the requests leave behind).
 //! - `soak`: steady load at a fixed rate (by default half the target's
 //!   saturation) for some minutes, RSS sampled every few seconds: the slope
-//!   (bytes per minute), start and end.
+//!   (bytes per minute), start and end. For a target with `metrics`
+//!   (canarygate), what it holds is read from `/metrics` with each sample
+//!   (its audit store's page cache, its canaries, its client connections),
+//!   and the same figures are given for the RSS less that cache, which is
+//!   bounded and fills as the audit file grows.
 //!
 //! Each prints its numbers and writes them to `--json`.
 
@@ -21,6 +25,7 @@ use serde_json::{Value, json};
 
 use canarygate_bench::load::{self, Endpoint};
 use canarygate_bench::memory::{self, median};
+use canarygate_bench::overhead;
 use canarygate_bench::target::Target;
 
 #[derive(Parser, Debug)]
@@ -88,7 +93,7 @@ enum Command {
     },
     /// Steady load for MINUTES, RSS sampled.
     Soak {
-        /// `NAME=URL,pid=PID`.
+        /// `NAME=URL,pid=PID` (with `,metrics`, also what it holds).
         #[arg(long = "target", required = true)]
         target: String,
         /// Length of the steady load, minutes.
@@ -268,6 +273,13 @@ async fn canaries(
     Ok(json!({ "canaries": results }))
 }
 
+/// canarygate's gauges read with each soak sample: what it holds.
+const SOAK_GAUGES: [&str; 3] = [
+    "canarygate_audit_cache_bytes",
+    "canarygate_canaries_in_memory",
+    "canarygate_client_connections",
+];
+
 /// The samples of a soak that count for its slope: those from `warmup`
 /// seconds on (all of them when fewer than two are left).
 fn steady_samples(samples: &[(f64, f64)], warmup: f64) -> &[(f64, f64)] {
@@ -311,10 +323,19 @@ async fn soak(
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = {
         let (stop, pids) = (stop.clone(), target.pids.clone());
+        let metrics = target
+            .metrics
+            .then(|| (endpoints[0].addr, endpoints[0].host.clone()));
         let interval = Duration::from_secs_f64(sample_seconds);
         std::thread::spawn(move || {
+            // Its own runtime for the scrapes: the load's runs on the main
+            // thread, which joins this one when the load ends.
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("sampler runtime");
             let start = Instant::now();
-            let mut samples = Vec::new();
+            let (mut samples, mut gauges) = (Vec::new(), Vec::new());
             let mut k = 0u32;
             while !stop.load(std::sync::atomic::Ordering::SeqCst) {
                 let due = start + interval * k;
@@ -322,21 +343,46 @@ async fn soak(
                     std::thread::sleep(wait.min(Duration::from_millis(100)));
                     continue;
                 }
-                samples.push((
-                    start.elapsed().as_secs_f64(),
-                    memory::trees_rss(&pids) as f64,
-                ));
+                let at = start.elapsed().as_secs_f64();
+                samples.push((at, memory::trees_rss(&pids) as f64));
+                if let Some((addr, host)) = &metrics {
+                    let text = runtime.block_on(load::get(*addr, host, "/metrics"));
+                    let text = text
+                        .as_deref()
+                        .and_then(|text| std::str::from_utf8(text).ok());
+                    let values =
+                        SOAK_GAUGES.map(|name| text.and_then(|t| overhead::gauge(t, name)));
+                    gauges.push((at, values));
+                }
                 k += 1;
             }
-            samples
+            (samples, gauges)
         })
     };
     let latency = load::fixed_rate(&endpoints, rate, Duration::from_secs_f64(seconds)).await;
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
-    let samples = sampler.join().expect("sampler");
+    let (samples, gauges) = sampler.join().expect("sampler");
     if samples.is_empty() {
         return Err("no RSS sample taken".to_owned());
     }
+    // Each gauge's readings, `(seconds, value)`.
+    let series: Vec<Vec<(f64, f64)>> = (0..SOAK_GAUGES.len())
+        .map(|g| {
+            gauges
+                .iter()
+                .filter_map(|(at, values)| Some((*at, values[g]?)))
+                .collect()
+        })
+        .collect();
+    let cache = &series[0];
+    // The RSS less the audit cache, where the cache was read with the RSS.
+    let less_cache = (cache.len() == samples.len()).then(|| {
+        samples
+            .iter()
+            .zip(cache)
+            .map(|(rss, cache)| (rss.0, rss.1 - cache.1))
+            .collect::<Vec<_>>()
+    });
     let steady = steady_samples(&samples, warmup);
     let slope = memory::slope_per_minute(steady);
     let (start_rss, end_rss) = (steady[0].1, steady[steady.len() - 1].1);
@@ -358,6 +404,45 @@ async fn soak(
         slope.map_or("-".to_owned(), |s| format!("{:.0} B", s)),
         steady.len(),
     );
+    let less_cache_json = match &less_cache {
+        Some(less_cache) => {
+            let steady = steady_samples(less_cache, warmup);
+            let slope = memory::slope_per_minute(steady);
+            let (first, last) = (steady[0].1, steady[steady.len() - 1].1);
+            let cache_max = cache.iter().map(|s| s.1).fold(0.0, f64::max);
+            println!(
+                "  {}: less the audit cache (at most {}): {} -> {}, slope {} per minute",
+                target.name,
+                mib(cache_max),
+                mib(first),
+                mib(last),
+                slope.map_or("-".to_owned(), |s| format!("{:.0} B", s)),
+            );
+            json!({
+                "start": first, "end": last,
+                "max": less_cache.iter().map(|s| s.1).fold(0.0, f64::max),
+                "slope_bytes_per_minute": slope,
+                "cache_max": cache_max,
+            })
+        }
+        None => Value::Null,
+    };
+    let mut gauges_json = serde_json::Map::new();
+    for (name, readings) in SOAK_GAUGES.iter().zip(&series) {
+        if readings.is_empty() {
+            continue;
+        }
+        let steady = steady_samples(readings, warmup);
+        let (low, high) = steady.iter().fold((f64::INFINITY, 0.0f64), |(lo, hi), s| {
+            (lo.min(s.1), hi.max(s.1))
+        });
+        println!(
+            "  {}: {name} after the warm-up: {low:.0} to {high:.0}",
+            target.name
+        );
+        let samples: Vec<_> = readings.iter().map(|s| json!([s.0, s.1])).collect();
+        gauges_json.insert((*name).to_owned(), json!(samples));
+    }
     Ok(json!({ "soak": {
         "target": target.name, "minutes": minutes, "rate": rate, "stream": stream,
         "saturation_rps": saturation, "requests": latency.requests, "errors": latency.failures.total(),
@@ -367,6 +452,8 @@ async fn soak(
         "rss_start": start_rss, "rss_end": end_rss, "rss_max": max_rss,
         "slope_bytes_per_minute": slope,
         "samples": samples.iter().map(|s| json!([s.0, s.1])).collect::<Vec<_>>(),
+        "less_audit_cache": less_cache_json,
+        "gauges": gauges_json,
     }}))
 }
 
