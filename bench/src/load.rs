@@ -103,14 +103,15 @@ async fn connect(addr: SocketAddr) -> Option<Sender> {
     None
 }
 
-/// `GET path` on a new connection; the body of a 2xx answer.
+/// `GET path` on a new connection; the body of a 2xx answer. Connecting
+/// and reading share one 5 s deadline.
 pub async fn get(addr: SocketAddr, host: &str, path: &str) -> Option<Bytes> {
-    let mut sender = try_connect(addr).await.ok()?;
     let request = hyper::Request::get(path)
         .header(hyper::header::HOST, host)
         .body(Full::new(Bytes::new()))
         .ok()?;
     let work = async {
+        let mut sender = try_connect(addr).await.ok()?;
         let response = sender.send_request(request).await.ok()?;
         if !response.status().is_success() {
             return None;
