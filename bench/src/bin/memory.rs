@@ -291,6 +291,36 @@ fn steady_samples(samples: &[(f64, f64)], warmup: f64) -> &[(f64, f64)] {
     }
 }
 
+/// A soak series, `(seconds, bytes)`: its first and last sample after the
+/// warm-up, its largest sample, and its slope after the warm-up.
+struct Trend {
+    start: (f64, f64),
+    end: (f64, f64),
+    max: f64,
+    /// Bytes per minute.
+    slope: Option<f64>,
+    /// Samples the slope is fitted to.
+    steady: usize,
+}
+
+impl Trend {
+    /// `samples` is not empty.
+    fn of(samples: &[(f64, f64)], warmup: f64) -> Self {
+        let steady = steady_samples(samples, warmup);
+        Self {
+            start: steady[0],
+            end: steady[steady.len() - 1],
+            max: samples.iter().map(|s| s.1).fold(0.0, f64::max),
+            slope: memory::slope_per_minute(steady),
+            steady: steady.len(),
+        }
+    }
+
+    fn slope_text(&self) -> String {
+        self.slope.map_or("-".to_owned(), |s| format!("{s:.0} B"))
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn soak(
     args: &Args,
@@ -383,10 +413,7 @@ async fn soak(
             .map(|(rss, cache)| (rss.0, rss.1 - cache.1))
             .collect::<Vec<_>>()
     });
-    let steady = steady_samples(&samples, warmup);
-    let slope = memory::slope_per_minute(steady);
-    let (start_rss, end_rss) = (steady[0].1, steady[steady.len() - 1].1);
-    let max_rss = samples.iter().map(|s| s.1).fold(0.0, f64::max);
+    let rss = Trend::of(&samples, warmup);
     println!(
         "  {}: {:.1} min at {rate:.0} req/s ({} ok, {} failed: {}, p50 {:.0} µs, p99 {:.0} µs); RSS {} at {:.0} s -> {} at {:.0} s (max {}), slope {} per minute over {} samples",
         target.name,
@@ -396,32 +423,29 @@ async fn soak(
         latency.failures.describe(),
         latency.p50_us,
         latency.p99_us,
-        mib(start_rss),
-        steady[0].0,
-        mib(end_rss),
-        steady[steady.len() - 1].0,
-        mib(max_rss),
-        slope.map_or("-".to_owned(), |s| format!("{:.0} B", s)),
-        steady.len(),
+        mib(rss.start.1),
+        rss.start.0,
+        mib(rss.end.1),
+        rss.end.0,
+        mib(rss.max),
+        rss.slope_text(),
+        rss.steady,
     );
     let less_cache_json = match &less_cache {
         Some(less_cache) => {
-            let steady = steady_samples(less_cache, warmup);
-            let slope = memory::slope_per_minute(steady);
-            let (first, last) = (steady[0].1, steady[steady.len() - 1].1);
-            let cache_max = cache.iter().map(|s| s.1).fold(0.0, f64::max);
+            let less = Trend::of(less_cache, warmup);
+            let cache_max = Trend::of(cache, warmup).max;
             println!(
                 "  {}: less the audit cache (at most {}): {} -> {}, slope {} per minute",
                 target.name,
                 mib(cache_max),
-                mib(first),
-                mib(last),
-                slope.map_or("-".to_owned(), |s| format!("{:.0} B", s)),
+                mib(less.start.1),
+                mib(less.end.1),
+                less.slope_text(),
             );
             json!({
-                "start": first, "end": last,
-                "max": less_cache.iter().map(|s| s.1).fold(0.0, f64::max),
-                "slope_bytes_per_minute": slope,
+                "start": less.start.1, "end": less.end.1, "max": less.max,
+                "slope_bytes_per_minute": less.slope,
                 "cache_max": cache_max,
             })
         }
@@ -449,8 +473,8 @@ async fn soak(
         "failures": latency.failures.to_json(),
         "p50_us": latency.p50_us, "p99_us": latency.p99_us,
         "warmup_seconds": warmup, "sample_seconds": sample_seconds,
-        "rss_start": start_rss, "rss_end": end_rss, "rss_max": max_rss,
-        "slope_bytes_per_minute": slope,
+        "rss_start": rss.start.1, "rss_end": rss.end.1, "rss_max": rss.max,
+        "slope_bytes_per_minute": rss.slope,
         "samples": samples.iter().map(|s| json!([s.0, s.1])).collect::<Vec<_>>(),
         "less_audit_cache": less_cache_json,
         "gauges": gauges_json,
