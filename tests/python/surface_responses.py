@@ -148,10 +148,14 @@ def overloaded_helper():
 
 result["overloaded"] = {"stream": failure(overloaded_stream), "helper": failure(overloaded_helper)}
 
-# Served by the local engine, whole and streamed.
-raw = client.responses.with_raw_response.create(model="m-local", input="Name the planets", max_output_tokens=8)
+# Served by the local engine, whole and streamed. Greedy (temperature 0): the
+# test model has random weights, and sampling at the default temperature can
+# draw the end token first, an answer with no text.
+raw = client.responses.with_raw_response.create(
+    model="m-local", input="Name the planets", max_output_tokens=8, temperature=0
+)
 local = raw.parse()
-with client.responses.stream(model="m-local", input="Name the planets", max_output_tokens=8) as stream:
+with client.responses.stream(model="m-local", input="Name the planets", max_output_tokens=8, temperature=0) as stream:
     local_events = list(stream)
 local_deltas = "".join(e.delta for e in local_events if e.type == "response.output_text.delta")
 # At the limit the answer ends `incomplete`, as OpenAI's does (the helper's
