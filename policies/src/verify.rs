@@ -498,6 +498,18 @@ pub enum Part {
     Other(u32),
 }
 
+impl Part {
+    /// Whether [`Verifier::push_part`] releases the part's text as it comes
+    /// (content, reasoning, refusals); arguments and other strings come
+    /// whole in [`Finished::parts`].
+    fn is_text(self) -> bool {
+        matches!(
+            self,
+            Part::Content | Part::Reasoning | Part::ReasoningAlias | Part::Refusal
+        )
+    }
+}
+
 /// The verified text of one part of one choice.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartText {
@@ -839,19 +851,56 @@ impl Verifier {
         delta: &str,
         registry: &dyn CanaryRegistry,
     ) -> Step {
+        let release = match self.scan_part(choice, part, delta, registry) {
+            Some(index) if part.is_text() => self.take_release(index, part, false),
+            _ => String::new(),
+        };
+        Step {
+            release,
+            stop: self.stopped(),
+        }
+    }
+
+    /// [`Verifier::push_part`] for a caller that reads what the client may
+    /// see as positions ([`Verifier::release_of`]): the released text is
+    /// dropped where it is instead of returned, so a delta costs no string
+    /// of its own. Returns [`Step::stop`]. Mixing it with `push_part` on one
+    /// verifier leaves `push_part`'s releases without the text this dropped.
+    pub fn push_part_positions(
+        &mut self,
+        choice: u32,
+        part: Part,
+        delta: &str,
+        registry: &dyn CanaryRegistry,
+    ) -> bool {
+        if let Some(index) = self.scan_part(choice, part, delta, registry)
+            && part.is_text()
+            && self.may_release(index, false)
+            && let Some(track) = self.choices[index].tracks.get_mut(&part)
+        {
+            self.released_any |= !track.ready.is_empty();
+            track.ready.clear();
+        }
+        self.stopped()
+    }
+
+    /// Scans `delta` of `part` of choice `choice` and releases what it
+    /// decided as positions; the choice's index, unless the delta was not
+    /// taken (the verifier had stopped, or the choice was not asked for).
+    fn scan_part(
+        &mut self,
+        choice: u32,
+        part: Part,
+        delta: &str,
+        registry: &dyn CanaryRegistry,
+    ) -> Option<usize> {
         if self.stopped() {
-            return Step {
-                release: String::new(),
-                stop: true,
-            };
+            return None;
         }
         if choice >= self.expected_choices {
             self.unexpected_choice.get_or_insert(choice);
             self.failed = true;
-            return Step {
-                release: String::new(),
-                stop: self.stopped(),
-            };
+            return None;
         }
         let index = choice as usize;
         self.ensure_choices(index + 1);
@@ -869,16 +918,7 @@ impl Verifier {
             .push_str(delta);
         self.process(index, part, false, registry);
         self.open(index, false);
-        let release = match part {
-            Part::Content | Part::Reasoning | Part::ReasoningAlias | Part::Refusal => {
-                self.take_release(index, part, false)
-            }
-            Part::ToolArguments(_) | Part::FunctionArguments | Part::Other(_) => String::new(),
-        };
-        Step {
-            release,
-            stop: self.stopped(),
-        }
+        Some(index)
     }
 
     /// Bytes of `part` of choice `choice` pushed so far.
@@ -1349,7 +1389,15 @@ fn scan(
     choice: u32,
     findings: &mut Findings,
 ) -> bool {
-    let text = std::mem::take(&mut track.pending);
+    // Read where it is: `pending` keeps its buffer for the next delta.
+    let Track {
+        pending,
+        ready,
+        removed,
+        decided,
+        ..
+    } = track;
+    let text = pending.as_str();
     let bytes = text.as_bytes();
     let mut foreign = false;
     let mut copied = 0;
@@ -1373,10 +1421,8 @@ fn scan(
                 let earlier_turn = own_session.is_some()
                     && owner.as_ref().map(|owner| owner.session.as_str()) == own_session;
                 if own.contains(&canary) || earlier_turn {
-                    track.ready.push_str(&text[copied..start]);
-                    track
-                        .removed
-                        .push(track.decided + start..track.decided + stop);
+                    ready.push_str(&text[copied..start]);
+                    removed.push(*decided + start..*decided + stop);
                     copied = stop;
                     from = stop;
                 } else if let Some(owner) = owner {
@@ -1396,9 +1442,9 @@ fn scan(
             }
         }
     }
-    track.ready.push_str(&text[copied..held]);
-    track.pending.push_str(&text[held..]);
-    track.decided += held;
+    ready.push_str(&text[copied..held]);
+    pending.drain(..held);
+    *decided += held;
     foreign
 }
 

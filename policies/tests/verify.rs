@@ -986,6 +986,74 @@ fn reasoning_is_held_until_the_echo_passes_and_positions_follow_the_text() {
     assert!(finished.parts.is_empty());
 }
 
+/// Feeds `pieces` to two verifiers, one taking releases as strings
+/// (`push_part`), one as positions only (`push_part_positions`), and checks
+/// they agree after every piece and at the finish.
+fn assert_positions_agree(
+    policy: &Policy,
+    registry: &canarygate_policies::MemoryRegistry,
+    injection: &canarygate_policies::Injection,
+    pieces: &[(Part, &str)],
+) {
+    let mut strings = Verifier::new(injection, &policy.verify, "openai", None);
+    let mut positions = Verifier::new(injection, &policy.verify, "openai", None);
+    for (at, (part, piece)) in pieces.iter().enumerate() {
+        let step = strings.push_part(0, *part, piece, registry);
+        let stop = positions.push_part_positions(0, *part, piece, registry);
+        assert_eq!(step.stop, stop, "piece {at} of {pieces:?}");
+        assert_eq!(strings.released_any(), positions.released_any(), "piece {at}");
+        for part in [Part::Content, Part::Reasoning] {
+            let (string, position) = (strings.release_of(0, part), positions.release_of(0, part));
+            assert_eq!(string.through, position.through, "piece {at}, {part:?}");
+            assert_eq!(string.removed, position.removed, "piece {at}, {part:?}");
+        }
+        if stop {
+            break;
+        }
+    }
+    let facts = honest_facts(injection, 1);
+    let (strings, positions) = (strings.finish(&facts, registry), positions.finish(&facts, registry));
+    assert_eq!(strings.verdict, positions.verdict, "{pieces:?}");
+    assert_eq!(strings.release, positions.release, "{pieces:?}");
+    assert_eq!(strings.parts, positions.parts, "{pieces:?}");
+}
+
+#[test]
+fn releasing_as_positions_decides_what_releasing_as_strings_does() {
+    let registry = registry_with_others(10);
+    let (foreign, _) = other_canaries(3);
+    for release in [ReleasePolicy::EchoFirst, ReleasePolicy::VerdictFirst] {
+        let policy = policy(release, FailureAction::Block);
+        let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+        let head = injection.canaries.head.to_string();
+        let reasoning = format!("I am to begin with {head}, then answer.");
+        let honest = format!("{} {ANSWER}", echo_of(&injection));
+        let leaking = format!("{} Part one. {foreign} and the rest.", echo_of(&injection));
+        for content in [&honest, &leaking] {
+            // Reasoning then content, each cut once at every byte.
+            for cut in (0..=content.len()).filter(|&cut| content.is_char_boundary(cut)) {
+                let (first, second) = content.split_at(cut);
+                let pieces = [
+                    (Part::Reasoning, &reasoning[..10]),
+                    (Part::Reasoning, &reasoning[10..]),
+                    (Part::Content, first),
+                    (Part::Content, second),
+                ];
+                assert_positions_agree(&policy, &registry, &injection, &pieces);
+            }
+            // Small pieces, the parts interleaved.
+            let mut pieces = Vec::new();
+            for (index, piece) in content.as_bytes().chunks(5).enumerate() {
+                pieces.push((Part::Content, std::str::from_utf8(piece).unwrap()));
+                if let Some(thought) = reasoning.as_bytes().chunks(5).nth(index) {
+                    pieces.push((Part::Reasoning, std::str::from_utf8(thought).unwrap()));
+                }
+            }
+            assert_positions_agree(&policy, &registry, &injection, &pieces);
+        }
+    }
+}
+
 /// A registry that answers like another and records every question.
 struct Recording<'a> {
     inner: &'a canarygate_policies::MemoryRegistry,

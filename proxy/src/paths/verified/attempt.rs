@@ -102,9 +102,7 @@ impl Attempt {
                     stop = true;
                     continue;
                 }
-                stop = verifier
-                    .push_part(field.choice, field.kind, text, &registry)
-                    .stop;
+                stop = verifier.push_part_positions(field.choice, field.kind, text, &registry);
             }
             set_reason(reasons, choice.index, choice.finish_reason.as_deref());
         }

@@ -216,7 +216,7 @@ mod tests {
         for field in view.choices.iter().flat_map(|choice| &choice.texts) {
             let text = field.text(&answer);
             spans.push(0..text.len());
-            verifier.push_part(field.choice, field.kind, text, &registry);
+            verifier.push_part_positions(field.choice, field.kind, text, &registry);
         }
         let finished = verifier.finish(
             &Facts {
@@ -279,7 +279,7 @@ mod tests {
                 let text = field.text(&chunk.event);
                 let start = verifier.received(field.choice, field.kind);
                 spans.push(start..start + text.len());
-                verifier.push_part(field.choice, field.kind, text, &registry);
+                verifier.push_part_positions(field.choice, field.kind, text, &registry);
             }
             writer.take(chunk, event, spans);
             writer.flush(&verifier, false, &mut out);

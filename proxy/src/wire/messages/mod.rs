@@ -184,7 +184,7 @@ mod tests {
             let start = verifier.received(field.choice, field.kind);
             spans.push(start..start + text.len());
             if !text.is_empty() {
-                verifier.push_part(field.choice, field.kind, text, &registry);
+                verifier.push_part_positions(field.choice, field.kind, text, &registry);
             }
         }
         spans

@@ -303,7 +303,7 @@ mod tests {
             let text = field.text(&answer);
             let start = verifier.received(0, field.kind);
             spans.push(start..start + text.len());
-            verifier.push_part(0, field.kind, text, &registry);
+            verifier.push_part_positions(0, field.kind, text, &registry);
         }
         let facts = Facts {
             finish_reasons: vec![Some("stop".into())],

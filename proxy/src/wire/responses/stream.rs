@@ -354,7 +354,7 @@ mod tests {
                     let text = field.text(&chunk.event);
                     let start = verifier.received(field.choice, field.kind);
                     spans.push(start..start + text.len());
-                    verifier.push_part(field.choice, field.kind, text, &registry);
+                    verifier.push_part_positions(field.choice, field.kind, text, &registry);
                 }
                 if choice.finish_reason.is_some() {
                     reasons = vec![choice.finish_reason.clone()];
