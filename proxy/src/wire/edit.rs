@@ -74,21 +74,41 @@ impl TokenCounter {
 /// The byte ranges of a field's text (local to the field) that survive
 /// `removed`, for a field that carried bytes `span` of its part.
 pub fn kept(span: Range<usize>, removed: &[Range<usize>]) -> Vec<Range<usize>> {
-    let mut ranges = Vec::new();
+    kept_ranges(span, removed).collect()
+}
+
+/// [`kept`], one range at a time, nothing allocated.
+fn kept_ranges(
+    span: Range<usize>,
+    removed: &[Range<usize>],
+) -> impl Iterator<Item = Range<usize>> + '_ {
     let mut at = span.start;
-    for cut in removed {
-        if cut.end <= at || cut.start >= span.end {
-            continue;
+    let mut cuts = removed.iter();
+    let mut ended = false;
+    std::iter::from_fn(move || {
+        if ended {
+            return None;
         }
-        if cut.start > at {
-            ranges.push(at - span.start..cut.start - span.start);
+        for cut in cuts.by_ref() {
+            if cut.end <= at || cut.start >= span.end {
+                continue;
+            }
+            let before = at;
+            at = at.max(cut.end);
+            if cut.start > before {
+                return Some(before - span.start..cut.start - span.start);
+            }
         }
-        at = at.max(cut.end);
-    }
-    if at < span.end {
-        ranges.push(at - span.start..span.end - span.start);
-    }
-    ranges
+        ended = true;
+        (at < span.end).then(|| at - span.start..span.end - span.start)
+    })
+}
+
+/// Whether a field of `len` bytes that carried bytes `span` of its part
+/// survives `removed` whole: [`keeps_all`] of [`kept`], nothing allocated.
+fn keeps_whole(span: Range<usize>, removed: &[Range<usize>], len: usize) -> bool {
+    let mut ranges = kept_ranges(span, removed);
+    len == 0 || (ranges.next() == Some(0..len) && ranges.next().is_none())
 }
 
 /// `text` with only `ranges` kept.
@@ -271,7 +291,7 @@ impl Delivery {
         span: Range<usize>,
         release: Release<'_>,
     ) -> bool {
-        if choice >= self.choices || !keeps_all(&kept(span, release.removed), text.len()) {
+        if choice >= self.choices || !keeps_whole(span, release.removed, text.len()) {
             return false;
         }
         let index = choice as usize;
@@ -379,6 +399,27 @@ mod tests {
         assert_eq!(kept(8..11, &removed), [0..3]);
         assert_eq!(kept(2..11, &[4..6, 8..9]), [0..2, 4..6, 7..9]);
         assert!(keeps_all(&kept(20..25, &removed), 5));
+    }
+
+    #[test]
+    fn the_whole_field_check_agrees_with_the_kept_ranges() {
+        // Every span and every pair of cuts (empty ones too) within 0..6.
+        let ranges: Vec<Range<usize>> = (0..=6)
+            .flat_map(|start| (start..=6).map(move |end| start..end))
+            .collect();
+        for span in &ranges {
+            for first in &ranges {
+                for second in ranges.iter().filter(|second| second.start >= first.start) {
+                    let removed = [first.clone(), second.clone()];
+                    let len = span.len();
+                    assert_eq!(
+                        keeps_whole(span.clone(), &removed, len),
+                        keeps_all(&kept(span.clone(), &removed), len),
+                        "{span:?} less {removed:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
