@@ -107,6 +107,8 @@ type ByteStream = BodyDataStream<Incoming>;
 struct VerifiedStream<W: WireFormat> {
     upstream: ByteStream,
     parser: SseParser,
+    /// The events of one read, kept empty between reads for its buffer.
+    events: Vec<SseEvent>,
     attempt: Attempt,
     release: ReleasePolicy,
     action: FailureAction,
@@ -143,6 +145,7 @@ impl<W: WireFormat> VerifiedStream<W> {
         Self {
             upstream: response.into_body().into_data_stream(),
             parser: SseParser::new(),
+            events: Vec::new(),
             attempt,
             release: config.release,
             action: config.action(),
@@ -247,14 +250,15 @@ impl<W: WireFormat> VerifiedStream<W> {
             }
             Some(Err(error)) => self.interrupt(format!("stream failed: {}", error_chain(&error))),
             Some(Ok(bytes)) => {
-                let mut events = Vec::new();
+                let mut events = std::mem::take(&mut self.events);
                 self.parser.feed(&bytes, &mut events);
-                for event in events {
+                for event in events.drain(..) {
                     if self.end.is_some() {
                         break;
                     }
                     self.on_event(event).await;
                 }
+                self.events = events;
             }
         }
     }
