@@ -25,6 +25,8 @@
 //!    `identity`, `engine`, `probe_results`.
 //! 5. `error`, `clock`, `metrics`.
 
+#[cfg(test)]
+mod allocations;
 mod body;
 mod clock;
 mod context;

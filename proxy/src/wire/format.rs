@@ -202,8 +202,8 @@ pub struct Chunk {
 /// What a light chunk holds instead of its tree.
 #[derive(Debug)]
 struct Light {
-    /// Its text field strings, in the order of [`Chunk::texts`].
-    texts: Vec<String>,
+    /// The string of its one text field, when it has one.
+    text: Option<String>,
     /// Some choice's delta carries a role.
     has_role: bool,
 }
@@ -219,15 +219,20 @@ impl Chunk {
         }
     }
 
-    /// A chunk read without its tree: `texts[i]` is the string of text
-    /// field `i` of `choices` (in the order of [`Chunk::texts`]);
-    /// `has_role`: some choice's delta carries a role.
-    pub fn light(choices: Vec<ChoiceView>, texts: Vec<String>, has_role: bool) -> Self {
+    /// A chunk read without its tree, with at most one text field in
+    /// `choices`: `text` is that field's string; `has_role`: some choice's
+    /// delta carries a role.
+    pub fn light(choices: Vec<ChoiceView>, text: Option<String>, has_role: bool) -> Self {
+        debug_assert!(
+            choices.iter().map(|choice| choice.texts.len()).sum::<usize>()
+                == usize::from(text.is_some()),
+            "a light chunk's one text field and its string go together"
+        );
         Self {
             event: Value::Null,
             choices,
             usage: None,
-            light: Some(Light { texts, has_role }),
+            light: Some(Light { text, has_role }),
         }
     }
 
@@ -276,11 +281,10 @@ impl TextSource for Value {
 impl TextSource for Chunk {
     fn text_of(&self, field: &TextField) -> &str {
         match &self.light {
-            Some(light) => self
-                .texts()
-                .position(|candidate| candidate == field)
-                .and_then(|at| light.texts.get(at))
-                .map_or("", String::as_str),
+            Some(light) => match (self.texts().next(), &light.text) {
+                (Some(only), Some(text)) if only == field => text,
+                _ => "",
+            },
             None => field.text(&self.event),
         }
     }

@@ -17,9 +17,10 @@
 //! as the tree's residual scan would find it.
 
 use std::borrow::Cow;
+use std::fmt;
 
 use canarygate_policies::verify::Part;
-use serde::de::{Deserializer, Error as _};
+use serde::de::{Deserializer, Error as _, SeqAccess, Visitor};
 use serde::{Deserialize, de::IgnoredAny};
 
 use crate::wire::format::{ChoiceView, Chunk, Location, TextField};
@@ -27,9 +28,9 @@ use crate::wire::format::{ChoiceView, Chunk, Location, TextField};
 /// A chunk: `choices`, and members that must not be there (anything else
 /// is skipped).
 #[derive(Deserialize)]
-struct LightChunk<'a> {
-    #[serde(borrow, default)]
-    choices: Vec<LightChoice<'a>>,
+struct LightChunk {
+    #[serde(default)]
+    choices: LightChoices,
     /// Usage is read from the tree; `null` (OpenAI's chunks before the
     /// last under `include_usage`) is no usage.
     #[serde(rename = "usage", default)]
@@ -94,16 +95,21 @@ impl<'de> Deserialize<'de> for Absent {
     }
 }
 
-/// The chunk in `data`, when it is light (see the module docs).
-pub fn read(data: &str) -> Option<Chunk> {
-    let LightChunk {
-        choices: light_choices,
-        ..
-    } = serde_json::from_str(data).ok()?;
-    let mut choices = Vec::with_capacity(light_choices.len());
-    let mut texts: Vec<String> = Vec::new();
-    let mut has_role = false;
-    for (position, choice) in light_choices.into_iter().enumerate() {
+/// A light chunk's choices, each read into its view as it is parsed.
+#[derive(Default)]
+struct LightChoices {
+    views: Vec<ChoiceView>,
+    /// The chunk's one text, if any.
+    text: Option<String>,
+    /// Some choice's delta carries a role.
+    has_role: bool,
+}
+
+impl LightChoices {
+    /// Adds the next choice; an error when the chunk now has a second text
+    /// (it is not light).
+    fn add(&mut self, choice: LightChoice<'_>) -> Result<(), &'static str> {
+        let position = self.views.len();
         let index = choice
             .index
             .unwrap_or(position as u64)
@@ -111,7 +117,7 @@ pub fn read(data: &str) -> Option<Chunk> {
         let at = Location::ROOT.key("choices").index(position).key("delta");
         let mut fields = Vec::new();
         if let Some(delta) = choice.delta {
-            has_role |= delta.role.is_some();
+            self.has_role |= delta.role.is_some();
             // The order and parts of the tree's reading (`TEXT_FIELDS`).
             let reasoning_kind = match delta.reasoning_content {
                 Some(_) => Part::ReasoningAlias,
@@ -128,27 +134,59 @@ pub fn read(data: &str) -> Option<Chunk> {
                 ("refusal", Part::Refusal, delta.refusal),
             ];
             for (key, kind, text) in candidates {
-                if let Some(text) = text {
-                    fields.push(TextField {
-                        choice: index,
-                        kind,
-                        at: at.key(key),
-                    });
-                    texts.push(text.into_owned());
+                let Some(text) = text else { continue };
+                if self.text.is_some() {
+                    return Err("more than one text");
                 }
+                // Sized for the one field: a `TextField` is a few hundred bytes.
+                fields = Vec::with_capacity(1);
+                fields.push(TextField {
+                    choice: index,
+                    kind,
+                    at: at.key(key),
+                });
+                self.text = Some(text.into_owned());
             }
         }
-        if texts.len() > 1 {
-            return None;
-        }
-        choices.push(ChoiceView {
+        self.views.push(ChoiceView {
             index,
             position,
             texts: fields,
             finish_reason: choice.finish_reason.map(Cow::into_owned),
         });
+        Ok(())
     }
-    Some(Chunk::light(choices, texts, has_role))
+}
+
+impl<'de> Deserialize<'de> for LightChoices {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// Reads the array without a list of its own.
+        struct Choices;
+
+        impl<'de> Visitor<'de> for Choices {
+            type Value = LightChoices;
+
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("an array of choices")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<LightChoices, A::Error> {
+                let mut choices = LightChoices::default();
+                while let Some(choice) = seq.next_element::<LightChoice<'de>>()? {
+                    choices.add(choice).map_err(A::Error::custom)?;
+                }
+                Ok(choices)
+            }
+        }
+
+        deserializer.deserialize_seq(Choices)
+    }
+}
+
+/// The chunk in `data`, when it is light (see the module docs).
+pub fn read(data: &str) -> Option<Chunk> {
+    let LightChunk { choices, .. } = serde_json::from_str(data).ok()?;
+    Some(Chunk::light(choices.views, choices.text, choices.has_role))
 }
 
 #[cfg(test)]

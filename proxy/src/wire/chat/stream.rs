@@ -425,7 +425,7 @@ mod tests {
                 let start = verifier.received(field.choice, field.kind);
                 spans.push(start..start + text.len());
                 if !text.is_empty() {
-                    verifier.push_part(field.choice, field.kind, text, &registry);
+                    verifier.push_part_positions(field.choice, field.kind, text, &registry);
                 }
             }
             writer.take(chunk, event, spans);
@@ -480,6 +480,73 @@ mod tests {
                 assert!(light_text.contains("\"length\""));
             }
         }
+    }
+
+    /// The relay's work for one provider chunk once the echo has passed,
+    /// as `paths::verified::stream` does it (less hyper and the client's
+    /// write), allocates no more than its budget of five: the event's data
+    /// (the parser's), and the light reading's text, list of choices and
+    /// the choice's text field, and the spans its fields carried. The
+    /// output buffer is the client's write and is not counted (it is
+    /// reused here).
+    #[test]
+    fn a_relayed_chunk_allocates_within_its_budget() {
+        const BUDGET: u64 = 5;
+        const CHUNKS: usize = 400;
+        let (injection, opening) = placed(100_000);
+        let registry = MemoryRegistry::new(b"test");
+        let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
+        let usage = UsageOptions {
+            client_wants_usage: false,
+            without_canarygate: true,
+            overhead_prompt: injection.prompt_tokens_added,
+        };
+        let limit = injection.client_max_tokens;
+        let mut writer = ChatStream::new(Delivery::new(TokenCounter::default(), limit, usage, 1));
+        let wire = |content: &str| {
+            let chunk = json!({"id": "c1", "object": "chat.completion.chunk", "created": 1,
+                               "model": "m", "system_fingerprint": "fp", "choices": [{"index": 0,
+                               "delta": {"content": content}, "logprobs": null,
+                               "finish_reason": null}]});
+            format!("data: {chunk}\n\n").into_bytes()
+        };
+        let reads: Vec<Vec<u8>> = std::iter::once(wire(&format!("{opening}\n")))
+            .chain((0..CHUNKS).map(|n| wire(&format!(" word{n}"))))
+            .collect();
+        let mut parser = SseParser::new();
+        let mut events = Vec::new();
+        let mut out = Vec::new();
+        let mut allocated = 0;
+        for (read, bytes) in reads.iter().enumerate() {
+            let before = crate::allocations::on_this_thread();
+            parser.feed(bytes, &mut events);
+            for event in events.drain(..) {
+                let EventView::Chunk(chunk) = Chat::read_event(&event) else {
+                    panic!("not a chunk: {event:?}");
+                };
+                assert!(chunk.is_light());
+                let mut spans = Vec::new();
+                for field in chunk.texts() {
+                    let text = chunk.text_of(field);
+                    let start = verifier.received(field.choice, field.kind);
+                    spans.push(start..start + text.len());
+                    verifier.push_part_positions(field.choice, field.kind, text, &registry);
+                }
+                writer.take(chunk, event, spans);
+                writer.flush(&verifier, false, &mut out);
+            }
+            // The first chunks carry the echo and settle the buffers.
+            if read > 16 {
+                allocated += crate::allocations::on_this_thread() - before;
+                assert!(!out.is_empty(), "chunk {read} went out as it came");
+            }
+            out.clear();
+        }
+        let per_chunk = allocated as f64 / (CHUNKS - 16) as f64;
+        assert!(
+            per_chunk <= BUDGET as f64,
+            "{per_chunk:.2} allocations per chunk, budget {BUDGET}"
+        );
     }
 
     #[test]
