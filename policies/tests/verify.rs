@@ -1001,7 +1001,11 @@ fn assert_positions_agree(
         let step = strings.push_part(0, *part, piece, registry);
         let stop = positions.push_part_positions(0, *part, piece, registry);
         assert_eq!(step.stop, stop, "piece {at} of {pieces:?}");
-        assert_eq!(strings.released_any(), positions.released_any(), "piece {at}");
+        assert_eq!(
+            strings.released_any(),
+            positions.released_any(),
+            "piece {at}"
+        );
         for part in [Part::Content, Part::Reasoning] {
             let (string, position) = (strings.release_of(0, part), positions.release_of(0, part));
             assert_eq!(string.through, position.through, "piece {at}, {part:?}");
@@ -1012,7 +1016,10 @@ fn assert_positions_agree(
         }
     }
     let facts = honest_facts(injection, 1);
-    let (strings, positions) = (strings.finish(&facts, registry), positions.finish(&facts, registry));
+    let (strings, positions) = (
+        strings.finish(&facts, registry),
+        positions.finish(&facts, registry),
+    );
     assert_eq!(strings.verdict, positions.verdict, "{pieces:?}");
     assert_eq!(strings.release, positions.release, "{pieces:?}");
     assert_eq!(strings.parts, positions.parts, "{pieces:?}");

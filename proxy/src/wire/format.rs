@@ -11,6 +11,7 @@ use canarygate_policies::sse::SseEvent;
 use canarygate_policies::verify::{Part, ProviderUsage, Verdict, Verifier};
 use canarygate_policies::verify_config::EchoMode;
 use serde_json::Value;
+use smallvec::SmallVec;
 
 use crate::error::ApiError;
 use crate::wire::edit::Delivery;
@@ -135,6 +136,18 @@ impl Location {
     }
 }
 
+/// A choice's text fields: a stream event's choice mostly has one, kept
+/// inline.
+pub type TextFields = SmallVec<[TextField; 1]>;
+
+/// The choices of an answer or event: a stream event mostly carries one,
+/// kept inline.
+pub type Choices = SmallVec<[ChoiceView; 1]>;
+
+/// The span of its part that each text field of an event carried, in the
+/// order of [`Chunk::texts`].
+pub type Spans = SmallVec<[Range<usize>; 2]>;
+
 /// One choice of an answer or of a stream event, as the verifier reads it.
 #[derive(Debug, Default)]
 pub struct ChoiceView {
@@ -143,7 +156,7 @@ pub struct ChoiceView {
     /// Where the choice sits in the answer's or event's `choices`.
     pub position: usize,
     /// Its text fields, in order.
-    pub texts: Vec<TextField>,
+    pub texts: TextFields,
     /// Its `finish_reason`, when set.
     pub finish_reason: Option<String>,
 }
@@ -152,7 +165,7 @@ pub struct ChoiceView {
 #[derive(Debug, Default)]
 pub struct AnswerView {
     /// Every choice, in order.
-    pub choices: Vec<ChoiceView>,
+    pub choices: Choices,
     /// The provider's usage, if reported.
     pub usage: Option<ProviderUsage>,
 }
@@ -191,7 +204,7 @@ pub struct Chunk {
     /// was not needed yet.
     pub event: Value,
     /// The choices it carries, in order.
-    pub choices: Vec<ChoiceView>,
+    pub choices: Choices,
     /// Usage it reports.
     pub usage: Option<ProviderUsage>,
     /// What a light chunk holds instead of its tree; `None` once `event`
@@ -203,14 +216,24 @@ pub struct Chunk {
 #[derive(Debug)]
 struct Light {
     /// The string of its one text field, when it has one.
-    text: Option<String>,
+    text: Option<LightText>,
     /// Some choice's delta carries a role.
     has_role: bool,
 }
 
+/// The string of a light chunk's one text field.
+#[derive(Debug)]
+pub enum LightText {
+    /// These bytes of the event's data: the JSON string held no escape,
+    /// so its text is its bytes.
+    InData(Range<usize>),
+    /// The string, unescaped.
+    Unescaped(String),
+}
+
 impl Chunk {
     /// A chunk read from its JSON tree.
-    pub fn parsed(event: Value, choices: Vec<ChoiceView>, usage: Option<ProviderUsage>) -> Self {
+    pub fn parsed(event: Value, choices: Choices, usage: Option<ProviderUsage>) -> Self {
         Self {
             event,
             choices,
@@ -220,11 +243,15 @@ impl Chunk {
     }
 
     /// A chunk read without its tree, with at most one text field in
-    /// `choices`: `text` is that field's string; `has_role`: some choice's
-    /// delta carries a role.
-    pub fn light(choices: Vec<ChoiceView>, text: Option<String>, has_role: bool) -> Self {
+    /// `choices`: `text` is that field's string (read with the event's
+    /// data, [`Chunk::with_data`]); `has_role`: some choice's delta carries
+    /// a role.
+    pub fn light(choices: Choices, text: Option<LightText>, has_role: bool) -> Self {
         debug_assert!(
-            choices.iter().map(|choice| choice.texts.len()).sum::<usize>()
+            choices
+                .iter()
+                .map(|choice| choice.texts.len())
+                .sum::<usize>()
                 == usize::from(text.is_some()),
             "a light chunk's one text field and its string go together"
         );
@@ -263,6 +290,19 @@ impl Chunk {
     pub fn texts(&self) -> impl Iterator<Item = &TextField> {
         self.choices.iter().flat_map(|choice| &choice.texts)
     }
+
+    /// The chunk with `data`, the data of the event it was read from: what
+    /// the strings of its text fields are read from.
+    pub fn with_data<'a>(&'a self, data: &'a str) -> ChunkTexts<'a> {
+        ChunkTexts { chunk: self, data }
+    }
+}
+
+/// A chunk and the data of the event it was read from ([`Chunk::with_data`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ChunkTexts<'a> {
+    chunk: &'a Chunk,
+    data: &'a str,
 }
 
 /// What the strings of text fields are read from: a whole answer's tree,
@@ -278,15 +318,27 @@ impl TextSource for Value {
     }
 }
 
-impl TextSource for Chunk {
-    fn text_of(&self, field: &TextField) -> &str {
-        match &self.light {
-            Some(light) => match (self.texts().next(), &light.text) {
-                (Some(only), Some(text)) if only == field => text,
-                _ => "",
+impl<'a> ChunkTexts<'a> {
+    /// The string `field` points at ("" when there is none): [`TextSource`]
+    /// for the chunk's lifetime.
+    pub fn text(self, field: &TextField) -> &'a str {
+        let chunk = self.chunk;
+        let Some(light) = &chunk.light else {
+            return field.text(&chunk.event);
+        };
+        match (chunk.texts().next(), &light.text) {
+            (Some(only), Some(text)) if only == field => match text {
+                LightText::InData(range) => self.data.get(range.clone()).unwrap_or(""),
+                LightText::Unescaped(text) => text,
             },
-            None => field.text(&self.event),
+            _ => "",
         }
+    }
+}
+
+impl TextSource for ChunkTexts<'_> {
+    fn text_of(&self, field: &TextField) -> &str {
+        self.text(field)
     }
 }
 
@@ -299,7 +351,7 @@ pub trait StreamWriter: Send + 'static {
     /// the span of its part that text field `i` of [`Chunk::texts`] carried.
     /// `event` is the event as received (its name and data), for events
     /// passed unchanged.
-    fn take(&mut self, chunk: Chunk, event: SseEvent, spans: Vec<Range<usize>>);
+    fn take(&mut self, chunk: Chunk, event: SseEvent, spans: Spans);
     /// Writes to `out`, in order, every event held that `verifier` now lets
     /// out. `at_end`: the answer was verified and is delivered, so the
     /// events that end it (finish reasons, usage) go too.

@@ -43,5 +43,5 @@ pub mod messages;
 pub mod responses;
 
 pub use format::{
-    ChoiceView, ClientRequest, EventView, LocalStream, StreamWriter, TextSource, WireFormat,
+    ChoiceView, ClientRequest, EventView, LocalStream, Spans, StreamWriter, TextSource, WireFormat,
 };

@@ -3,7 +3,6 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -23,7 +22,7 @@ use crate::registry::CanaryBook;
 use crate::topic::{AnswerTexts, TopicCheck, check_result};
 use crate::trail::Trail;
 use crate::wire::edit::Delivery;
-use crate::wire::{ChoiceView, TextSource, WireFormat};
+use crate::wire::{ChoiceView, Spans, TextSource, WireFormat};
 
 /// What became of one upstream attempt.
 pub enum Decided {
@@ -80,11 +79,11 @@ impl Attempt {
         value: &(impl TextSource + Sync),
         reasons: &mut Vec<Option<String>>,
         mut before_text: impl FnMut(&mut Verifier) -> bool,
-    ) -> (Vec<Range<usize>>, bool) {
+    ) -> (Spans, bool) {
         self.resolve(book, choices, value).await;
         let registry = book.lookup(&self.fetched);
         let verifier = &mut self.verifier;
-        let mut spans = Vec::new();
+        let mut spans = Spans::new();
         let mut stop = false;
         for choice in choices {
             for field in &choice.texts {

@@ -285,7 +285,7 @@ impl<W: WireFormat> VerifiedStream<W> {
             .feed(
                 &self.registry,
                 &chunk.choices,
-                &chunk,
+                &chunk.with_data(&event.data),
                 &mut self.finish_reasons,
                 |verifier| {
                     // The first generated text of any kind: reasoning models

@@ -42,7 +42,7 @@ pub async fn serve<W: WireFormat>(
     // Each field's span of its part, in the order of the view's fields. A
     // stop here (ttft) withholds the answer, so nothing is read.
     let spans = if stop {
-        Vec::new()
+        Default::default()
     } else {
         let (spans, _) = attempt
             .feed(book, &view.choices, &answer, &mut finish_reasons, |_| false)

@@ -6,7 +6,7 @@ use canarygate_policies::canary::find_canaries;
 use canarygate_policies::verify::{Part, ProviderUsage};
 use serde_json::Value;
 
-use crate::wire::format::{ChoiceView, Location, TextField};
+use crate::wire::format::{ChoiceView, Location, TextField, TextFields};
 
 /// `usage` of an answer or chunk, when it reports prompt tokens (with the
 /// cached ones, [`ProviderUsage::from_usage`]).
@@ -38,13 +38,7 @@ const TEXT_FIELDS: [(&str, Part); 4] = [
 /// field, except tool and function arguments (their own parts). Strings
 /// nested deeper than a [`Location`] reaches are not looked at: no provider
 /// nests model output that deep.
-fn residual_strings(
-    value: &Value,
-    at: Location,
-    choice: u32,
-    key: &str,
-    texts: &mut Vec<TextField>,
-) {
+fn residual_strings(value: &Value, at: Location, choice: u32, key: &str, texts: &mut TextFields) {
     match value {
         Value::String(text) if key != "arguments" && find_canaries(text).next().is_some() => {
             let n = texts.len() as u32;
@@ -77,7 +71,7 @@ pub fn residual_members(
     at: Location,
     choice: u32,
     known: impl Fn(&str) -> bool,
-    texts: &mut Vec<TextField>,
+    texts: &mut TextFields,
 ) {
     let Some(members) = object.as_object() else {
         return;
@@ -92,7 +86,7 @@ pub fn residual_members(
 /// Choice `position` of an answer (`part` = `message`) or chunk (`delta`).
 pub fn read_choice(choice: &Value, position: usize, part: &'static str) -> ChoiceView {
     let index = index_of(choice, position);
-    let mut texts = Vec::new();
+    let mut texts = TextFields::new();
     let message = &choice[part];
     let at = Location::ROOT.key("choices").index(position).key(part);
     let both_reasonings = message

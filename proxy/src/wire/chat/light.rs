@@ -18,19 +18,21 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::marker::PhantomData;
+use std::ops::Range;
 
 use canarygate_policies::verify::Part;
 use serde::de::{Deserializer, Error as _, SeqAccess, Visitor};
 use serde::{Deserialize, de::IgnoredAny};
 
-use crate::wire::format::{ChoiceView, Chunk, Location, TextField};
+use crate::wire::format::{ChoiceView, Choices, Chunk, LightText, Location, TextField, TextFields};
 
 /// A chunk: `choices`, and members that must not be there (anything else
 /// is skipped).
 #[derive(Deserialize)]
-struct LightChunk {
-    #[serde(default)]
-    choices: LightChoices,
+struct LightChunk<'a> {
+    #[serde(borrow, default)]
+    choices: LightChoices<'a>,
     /// Usage is read from the tree; `null` (OpenAI's chunks before the
     /// last under `include_usage`) is no usage.
     #[serde(rename = "usage", default)]
@@ -62,17 +64,53 @@ struct LightDelta<'a> {
     #[serde(default)]
     role: Option<IgnoredAny>,
     #[serde(borrow, default)]
-    reasoning_content: Option<Cow<'a, str>>,
+    reasoning_content: Option<JsonStr<'a>>,
     #[serde(borrow, default)]
-    reasoning: Option<Cow<'a, str>>,
+    reasoning: Option<JsonStr<'a>>,
     #[serde(borrow, default)]
-    content: Option<Cow<'a, str>>,
+    content: Option<JsonStr<'a>>,
     #[serde(borrow, default)]
-    refusal: Option<Cow<'a, str>>,
+    refusal: Option<JsonStr<'a>>,
     #[serde(rename = "tool_calls", default)]
     _tool_calls: Option<Refused>,
     #[serde(rename = "function_call", default)]
     _function_call: Option<Refused>,
+}
+
+/// A JSON string, borrowed from the data when it holds no escape. (serde
+/// borrows a `Cow` only as a member's own type, not inside an `Option`.)
+struct JsonStr<'a>(Cow<'a, str>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for JsonStr<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// Takes the string where the parser has it.
+        struct StrVisitor<'a>(PhantomData<JsonStr<'a>>);
+
+        impl<'de: 'a, 'a> Visitor<'de> for StrVisitor<'a> {
+            type Value = JsonStr<'a>;
+
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("a string")
+            }
+
+            fn visit_borrowed_str<E: serde::de::Error>(
+                self,
+                text: &'de str,
+            ) -> Result<Self::Value, E> {
+                Ok(JsonStr(Cow::Borrowed(text)))
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Self::Value, E> {
+                Ok(JsonStr(Cow::Owned(text.to_owned())))
+            }
+
+            fn visit_string<E: serde::de::Error>(self, text: String) -> Result<Self::Value, E> {
+                Ok(JsonStr(Cow::Owned(text)))
+            }
+        }
+
+        deserializer.deserialize_str(StrVisitor(PhantomData))
+    }
 }
 
 /// A member a light chunk may have only as `null` (inside an `Option`):
@@ -97,25 +135,25 @@ impl<'de> Deserialize<'de> for Absent {
 
 /// A light chunk's choices, each read into its view as it is parsed.
 #[derive(Default)]
-struct LightChoices {
-    views: Vec<ChoiceView>,
+struct LightChoices<'a> {
+    views: Choices,
     /// The chunk's one text, if any.
-    text: Option<String>,
+    text: Option<Cow<'a, str>>,
     /// Some choice's delta carries a role.
     has_role: bool,
 }
 
-impl LightChoices {
+impl<'a> LightChoices<'a> {
     /// Adds the next choice; an error when the chunk now has a second text
     /// (it is not light).
-    fn add(&mut self, choice: LightChoice<'_>) -> Result<(), &'static str> {
+    fn add(&mut self, choice: LightChoice<'a>) -> Result<(), &'static str> {
         let position = self.views.len();
         let index = choice
             .index
             .unwrap_or(position as u64)
             .min(u64::from(u32::MAX)) as u32;
         let at = Location::ROOT.key("choices").index(position).key("delta");
-        let mut fields = Vec::new();
+        let mut fields = TextFields::new();
         if let Some(delta) = choice.delta {
             self.has_role |= delta.role.is_some();
             // The order and parts of the tree's reading (`TEXT_FIELDS`).
@@ -134,18 +172,16 @@ impl LightChoices {
                 ("refusal", Part::Refusal, delta.refusal),
             ];
             for (key, kind, text) in candidates {
-                let Some(text) = text else { continue };
+                let Some(JsonStr(text)) = text else { continue };
                 if self.text.is_some() {
                     return Err("more than one text");
                 }
-                // Sized for the one field: a `TextField` is a few hundred bytes.
-                fields = Vec::with_capacity(1);
                 fields.push(TextField {
                     choice: index,
                     kind,
                     at: at.key(key),
                 });
-                self.text = Some(text.into_owned());
+                self.text = Some(text);
             }
         }
         self.views.push(ChoiceView {
@@ -158,19 +194,19 @@ impl LightChoices {
     }
 }
 
-impl<'de> Deserialize<'de> for LightChoices {
+impl<'de: 'a, 'a> Deserialize<'de> for LightChoices<'a> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         /// Reads the array without a list of its own.
-        struct Choices;
+        struct ChoiceSeq<'a>(PhantomData<LightChoices<'a>>);
 
-        impl<'de> Visitor<'de> for Choices {
-            type Value = LightChoices;
+        impl<'de: 'a, 'a> Visitor<'de> for ChoiceSeq<'a> {
+            type Value = LightChoices<'a>;
 
             fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
                 formatter.write_str("an array of choices")
             }
 
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<LightChoices, A::Error> {
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
                 let mut choices = LightChoices::default();
                 while let Some(choice) = seq.next_element::<LightChoice<'de>>()? {
                     choices.add(choice).map_err(A::Error::custom)?;
@@ -179,14 +215,27 @@ impl<'de> Deserialize<'de> for LightChoices {
             }
         }
 
-        deserializer.deserialize_seq(Choices)
+        deserializer.deserialize_seq(ChoiceSeq(PhantomData))
     }
 }
 
 /// The chunk in `data`, when it is light (see the module docs).
 pub fn read(data: &str) -> Option<Chunk> {
     let LightChunk { choices, .. } = serde_json::from_str(data).ok()?;
-    Some(Chunk::light(choices.views, choices.text, choices.has_role))
+    let text = choices.text.map(|text| match text {
+        // serde_json borrows a string that holds no escape from `data`.
+        Cow::Borrowed(text) => range_in(data, text)
+            .map_or_else(|| LightText::Unescaped(text.into()), LightText::InData),
+        Cow::Owned(text) => LightText::Unescaped(text),
+    });
+    Some(Chunk::light(choices.views, text, choices.has_role))
+}
+
+/// Where `part` sits in `whole`, when it is a slice of it.
+fn range_in(whole: &str, part: &str) -> Option<Range<usize>> {
+    let start = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
+    (end <= whole.len()).then_some(start..end)
 }
 
 #[cfg(test)]
@@ -194,7 +243,6 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
-    use crate::wire::format::TextSource;
 
     /// The tree's reading of `data`, as Chat's `read_event` does it.
     fn tree(data: &str) -> Chunk {
@@ -226,7 +274,11 @@ mod tests {
             assert_eq!(ours.finish_reason, theirs.finish_reason, "{data}");
         }
         for field in tree.texts() {
-            assert_eq!(light.text_of(field), tree.text_of(field), "{data}");
+            assert_eq!(
+                light.with_data(data).text(field),
+                tree.with_data(data).text(field),
+                "{data}"
+            );
         }
         let value: Value = serde_json::from_str(data).unwrap();
         let has_role = value["choices"].as_array().is_some_and(|choices| {

@@ -7,7 +7,9 @@ use canarygate_policies::verify::Part;
 use serde_json::Value;
 
 use crate::wire::chat::{index_of, residual_members, usage_of};
-use crate::wire::format::{AnswerView, ChoiceView, Chunk, EventView, Location, TextField};
+use crate::wire::format::{
+    AnswerView, ChoiceView, Choices, Chunk, EventView, Location, TextField, TextFields,
+};
 
 /// Members of a choice read on their own: the text, and what is not model
 /// output (`logprobs` follow the text, [`super::logprobs`]).
@@ -17,7 +19,7 @@ const KNOWN: [&str; 4] = ["text", "index", "finish_reason", "logprobs"];
 pub fn read_choice(choice: &Value, position: usize) -> ChoiceView {
     let index = index_of(choice, position);
     let at = Location::ROOT.key("choices").index(position);
-    let mut texts = Vec::new();
+    let mut texts = TextFields::new();
     if choice.get("text").is_some_and(Value::is_string) {
         texts.push(TextField {
             choice: index,
@@ -40,7 +42,7 @@ pub fn read_choice(choice: &Value, position: usize) -> ChoiceView {
 }
 
 /// The choices of `value`'s `choices`.
-fn choices_of(value: &Value) -> Vec<ChoiceView> {
+fn choices_of(value: &Value) -> Choices {
     value
         .get("choices")
         .and_then(Value::as_array)

@@ -212,7 +212,7 @@ mod tests {
         ], "usage": {"prompt_tokens": 90, "completion_tokens": 20, "total_tokens": 110}});
         let view = Completions::read_answer(&answer);
         let registry = MemoryRegistry::new(b"secret");
-        let mut spans = Vec::new();
+        let mut spans = crate::wire::Spans::new();
         for field in view.choices.iter().flat_map(|choice| &choice.texts) {
             let text = field.text(&answer);
             spans.push(0..text.len());
@@ -274,7 +274,7 @@ mod tests {
             let EventView::Chunk(chunk) = Completions::read_event(&event) else {
                 panic!("a chunk: {data}");
             };
-            let mut spans = Vec::new();
+            let mut spans = crate::wire::Spans::new();
             for field in chunk.texts() {
                 let text = field.text(&chunk.event);
                 let start = verifier.received(field.choice, field.kind);

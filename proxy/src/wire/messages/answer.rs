@@ -13,7 +13,7 @@ use canarygate_policies::canary::find_canaries;
 use canarygate_policies::verify::{Part, ProviderUsage};
 use serde_json::Value;
 
-use crate::wire::format::{AnswerView, ChoiceView, Location, TextField};
+use crate::wire::format::{AnswerView, ChoiceView, Location, TextField, TextFields};
 
 /// The keys of a block that never hold model text: opaque tokens and ids.
 const OPAQUE_KEYS: [&str; 5] = ["signature", "data", "id", "tool_use_id", "type"];
@@ -44,7 +44,7 @@ pub fn usage_of(usage: Option<&Value>) -> Option<ProviderUsage> {
 
 /// Pushes onto `texts` every string under `value` (at `at`) that holds a
 /// canary-shaped span, as a [`Part::Other`] field; opaque keys are skipped.
-pub fn residual_strings(value: &Value, at: Location, key: &str, texts: &mut Vec<TextField>) {
+pub fn residual_strings(value: &Value, at: Location, key: &str, texts: &mut TextFields) {
     match value {
         Value::String(text)
             if !OPAQUE_KEYS.contains(&key) && find_canaries(text).next().is_some() =>
@@ -72,7 +72,7 @@ pub fn residual_strings(value: &Value, at: Location, key: &str, texts: &mut Vec<
 
 /// The text fields of one content block at `at`: its text or thinking, then
 /// any other canary-shaped string in it.
-pub fn block_texts(block: &Value, at: Location, texts: &mut Vec<TextField>) {
+pub fn block_texts(block: &Value, at: Location, texts: &mut TextFields) {
     let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
     let own = match kind {
         "text" => Some(("text", Part::Content)),
@@ -101,7 +101,7 @@ pub fn block_texts(block: &Value, at: Location, texts: &mut Vec<TextField>) {
 
 /// A whole `message`, as the verifier reads it.
 pub fn read(answer: &Value) -> AnswerView {
-    let mut texts = Vec::new();
+    let mut texts = TextFields::new();
     if let Some(blocks) = answer.get("content").and_then(Value::as_array) {
         for (position, block) in blocks.iter().enumerate() {
             block_texts(
@@ -112,7 +112,7 @@ pub fn read(answer: &Value) -> AnswerView {
         }
     }
     AnswerView {
-        choices: vec![ChoiceView {
+        choices: smallvec::smallvec![ChoiceView {
             index: 0,
             position: 0,
             texts,

@@ -147,7 +147,7 @@ mod tests {
 
     use crate::wire::StreamWriter;
     use crate::wire::edit::{TokenCounter, UsageOptions};
-    use crate::wire::format::{ChoiceView, Chunk};
+    use crate::wire::format::{ChoiceView, Chunk, Spans};
 
     /// A request with canaries placed, its injection, and the opening an
     /// obedient model writes.
@@ -176,9 +176,9 @@ mod tests {
 
     /// Pushes every text field of `choices` (read from `value`) to the
     /// verifier as the verified path does; returns each field's span.
-    fn feed(verifier: &mut Verifier, choices: &[ChoiceView], value: &Value) -> Vec<Range<usize>> {
+    fn feed(verifier: &mut Verifier, choices: &[ChoiceView], value: &Value) -> Spans {
         let registry = MemoryRegistry::new(b"test");
-        let mut spans = Vec::new();
+        let mut spans = Spans::new();
         for field in choices.iter().flat_map(|choice| &choice.texts) {
             let text = field.text(value);
             let start = verifier.received(field.choice, field.kind);

@@ -14,7 +14,6 @@
 //! (an emptied delta is).
 
 use std::collections::VecDeque;
-use std::ops::Range;
 
 use canarygate_policies::sse::{SseEvent, encode_data};
 use canarygate_policies::verify::{Part, ProviderUsage, Verdict, Verifier};
@@ -24,7 +23,9 @@ use super::answer::{block_texts, finish_reason, residual_strings, usage_of};
 use super::deliver::{cut_stop_reason, edit_texts};
 use super::error::{is_error_value, message_of};
 use crate::wire::edit::Delivery;
-use crate::wire::format::{ChoiceView, Chunk, EventView, Location, StreamWriter, TextField};
+use crate::wire::format::{
+    ChoiceView, Chunk, EventView, Location, Spans, StreamWriter, TextField, TextFields,
+};
 
 /// The end marker's name (and its data's `type`).
 pub const MESSAGE_STOP: &str = "message_stop";
@@ -53,7 +54,7 @@ pub fn read_event(event: &SseEvent) -> EventView {
         return EventView::Malformed;
     }
     let kind = event_type(event, &data).to_owned();
-    let mut texts = Vec::new();
+    let mut texts = TextFields::new();
     let mut finish = None;
     let mut usage = None;
     let mut carries_choice = true;
@@ -94,20 +95,20 @@ pub fn read_event(event: &SseEvent) -> EventView {
         _ => residual_strings(&data, Location::ROOT, "", &mut texts),
     }
     let choices = if carries_choice {
-        vec![ChoiceView {
+        smallvec::smallvec![ChoiceView {
             index: 0,
             position: 0,
             texts,
             finish_reason: finish,
         }]
     } else {
-        Vec::new()
+        Default::default()
     };
     EventView::Chunk(Chunk::parsed(data, choices, usage))
 }
 
 /// The text fields of a `content_block_delta`.
-fn delta_texts(data: &Value, texts: &mut Vec<TextField>) {
+fn delta_texts(data: &Value, texts: &mut TextFields) {
     let delta = &data["delta"];
     let at = Location::ROOT.key("delta");
     let index = data
@@ -142,7 +143,7 @@ struct Held {
     /// The event's name and data as received.
     event: SseEvent,
     /// The span of its part each text field carried.
-    spans: Vec<Range<usize>>,
+    spans: Spans,
     /// `message_delta`: the stop reason and usage wait for the verdict.
     ends: bool,
 }
@@ -222,7 +223,7 @@ impl MessagesStream {
 }
 
 impl StreamWriter for MessagesStream {
-    fn take(&mut self, chunk: Chunk, event: SseEvent, spans: Vec<Range<usize>>) {
+    fn take(&mut self, chunk: Chunk, event: SseEvent, spans: Spans) {
         let ends = event_type(&event, &chunk.event) == "message_delta";
         self.held.push_back(Held {
             chunk,

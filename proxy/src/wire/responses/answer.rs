@@ -14,7 +14,7 @@ use canarygate_policies::sse::SseEvent;
 use canarygate_policies::verify::{Part, ProviderUsage};
 use serde_json::Value;
 
-use crate::wire::format::{ChoiceView, Chunk, EventView, Location, TextField};
+use crate::wire::format::{ChoiceView, Chunk, EventView, Location, TextField, TextFields};
 
 /// `usage` of a response: `input_tokens` (cached ones included),
 /// `output_tokens`, `input_tokens_details.cached_tokens`.
@@ -60,8 +60,8 @@ pub fn finish_of(response: &Value) -> Option<String> {
 }
 
 /// The texts of a whole response's output items (at `at`), in order.
-pub fn output_texts(response: &Value, at: Location) -> Vec<TextField> {
-    let mut texts = Vec::new();
+pub fn output_texts(response: &Value, at: Location) -> TextFields {
+    let mut texts = TextFields::new();
     let Some(items) = response.get("output").and_then(Value::as_array) else {
         return texts;
     };
@@ -73,7 +73,7 @@ pub fn output_texts(response: &Value, at: Location) -> Vec<TextField> {
 }
 
 /// The texts of output item `output_index` (at `at`).
-fn item_texts(item: &Value, at: Location, output_index: u32, texts: &mut Vec<TextField>) {
+fn item_texts(item: &Value, at: Location, output_index: u32, texts: &mut TextFields) {
     let list = |key: &str| {
         item.get(key)
             .and_then(Value::as_array)
@@ -144,7 +144,7 @@ fn item_texts(item: &Value, at: Location, output_index: u32, texts: &mut Vec<Tex
     }
 }
 
-fn push(texts: &mut Vec<TextField>, kind: Part, at: Location) {
+fn push(texts: &mut TextFields, kind: Part, at: Location) {
     texts.push(TextField {
         choice: 0,
         kind,
@@ -156,7 +156,7 @@ fn push(texts: &mut Vec<TextField>, kind: Part, at: Location) {
 /// member `key`) that holds a canary-shaped span, as a [`Part::Other`]
 /// field (function arguments are their own part). Strings nested deeper
 /// than a [`Location`] reaches are not looked at.
-pub fn residual(value: &Value, at: Location, key: &str, texts: &mut Vec<TextField>) {
+pub fn residual(value: &Value, at: Location, key: &str, texts: &mut TextFields) {
     match value {
         Value::String(text) if key != "arguments" && find_canaries(text).next().is_some() => {
             let n = texts.len() as u32;
@@ -254,10 +254,10 @@ pub fn read_event(event: &SseEvent) -> EventView {
         }
         "response.completed" | "response.incomplete" => {
             let response = data.get("response").unwrap_or(&Value::Null);
-            let choices = vec![ChoiceView {
+            let choices = smallvec::smallvec![ChoiceView {
                 index: 0,
                 position: 0,
-                texts: Vec::new(),
+                texts: TextFields::new(),
                 finish_reason: finish_of(response),
             }];
             let usage = usage_of(response);
@@ -265,7 +265,7 @@ pub fn read_event(event: &SseEvent) -> EventView {
         }
         _ => {}
     }
-    let mut texts = Vec::new();
+    let mut texts = TextFields::new();
     if let Some(part) = delta_part(&kind, &data) {
         if data.get("delta").is_some_and(Value::is_string) {
             push(&mut texts, part, Location::ROOT.key("delta"));
@@ -284,9 +284,9 @@ pub fn read_event(event: &SseEvent) -> EventView {
         residual(&data, Location::ROOT, "", &mut texts);
     }
     let choices = if texts.is_empty() {
-        Vec::new()
+        Default::default()
     } else {
-        vec![ChoiceView {
+        smallvec::smallvec![ChoiceView {
             index: 0,
             position: 0,
             texts,
@@ -309,7 +309,7 @@ pub fn is_end(event: &SseEvent) -> bool {
 
 /// The texts of a whole response: its output's, and the instructions it
 /// repeats when they hold a canary-shaped span.
-pub fn response_texts(response: &Value) -> Vec<TextField> {
+pub fn response_texts(response: &Value) -> TextFields {
     let mut texts = output_texts(response, Location::ROOT);
     instructions_texts(response, Location::ROOT, &mut texts);
     texts
@@ -317,7 +317,7 @@ pub fn response_texts(response: &Value) -> Vec<TextField> {
 
 /// The `instructions` a response (at `at`) repeats, as a [`Part::Other`]
 /// field when they hold a canary-shaped span.
-fn instructions_texts(response: &Value, at: Location, texts: &mut Vec<TextField>) {
+fn instructions_texts(response: &Value, at: Location, texts: &mut TextFields) {
     let instructions = response
         .as_object()
         .into_iter()

@@ -288,7 +288,7 @@ mod tests {
                         "content": [{"type": "output_text", "text": text, "logprobs": tokens}]}],
             "usage": {"input_tokens": 50, "output_tokens": 20, "total_tokens": 70}});
         let view = AnswerView {
-            choices: vec![ChoiceView {
+            choices: smallvec::smallvec![ChoiceView {
                 index: 0,
                 position: 0,
                 texts: response_texts(&answer),
@@ -298,7 +298,7 @@ mod tests {
         };
         let registry = MemoryRegistry::new(b"test");
         let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
-        let mut spans = Vec::new();
+        let mut spans = crate::wire::Spans::new();
         for field in &view.choices[0].texts {
             let text = field.text(&answer);
             let start = verifier.received(0, field.kind);

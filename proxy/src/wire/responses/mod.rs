@@ -87,7 +87,7 @@ impl WireFormat for Responses {
 
     fn read_answer(answer: &Value) -> AnswerView {
         AnswerView {
-            choices: vec![ChoiceView {
+            choices: smallvec::smallvec![ChoiceView {
                 index: 0,
                 position: 0,
                 texts: response_texts(answer),

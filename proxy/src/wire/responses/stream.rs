@@ -11,7 +11,6 @@
 //! the provider's own data.
 
 use std::collections::VecDeque;
-use std::ops::Range;
 
 use canarygate_policies::sse::{SseEvent, encode_data};
 use canarygate_policies::verify::{Verdict, Verifier};
@@ -23,7 +22,7 @@ use super::deliver::{
     rewrite_part,
 };
 use crate::wire::edit::{Delivery, apply};
-use crate::wire::format::{Chunk, StreamWriter, put_text};
+use crate::wire::format::{Chunk, Spans, StreamWriter, put_text};
 
 /// One provider event waiting for its text to be verified.
 struct Held {
@@ -31,7 +30,7 @@ struct Held {
     /// The event as received.
     event: SseEvent,
     /// The span of its part each text field carried.
-    spans: Vec<Range<usize>>,
+    spans: Spans,
     /// It ends the answer (`response.completed` / `incomplete`): it waits
     /// for the verdict.
     ends: bool,
@@ -204,7 +203,7 @@ impl ResponsesStream {
 }
 
 impl StreamWriter for ResponsesStream {
-    fn take(&mut self, chunk: Chunk, event: SseEvent, spans: Vec<Range<usize>>) {
+    fn take(&mut self, chunk: Chunk, event: SseEvent, spans: Spans) {
         let ends = chunk
             .choices
             .iter()
@@ -348,7 +347,7 @@ mod tests {
                 EventView::Final(chunk) => (chunk, true),
                 other => panic!("{other:?}"),
             };
-            let mut spans = Vec::new();
+            let mut spans = Spans::new();
             for choice in &chunk.choices {
                 for field in &choice.texts {
                     let text = field.text(&chunk.event);
