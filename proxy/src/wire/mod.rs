@@ -39,6 +39,7 @@ pub mod chat;
 pub mod completions;
 pub mod edit;
 mod format;
+mod json_str;
 pub mod messages;
 pub mod responses;
 

@@ -19,13 +19,13 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
-use std::ops::Range;
 
 use canarygate_policies::verify::Part;
 use serde::de::{Deserializer, Error as _, SeqAccess, Visitor};
 use serde::{Deserialize, de::IgnoredAny};
 
-use crate::wire::format::{ChoiceView, Choices, Chunk, LightText, Location, TextField, TextFields};
+use crate::wire::format::{ChoiceView, Choices, Chunk, Location, TextField, TextFields};
+use crate::wire::json_str::JsonStr;
 
 /// A chunk: `choices`, and members that must not be there (anything else
 /// is skipped).
@@ -77,42 +77,6 @@ struct LightDelta<'a> {
     _function_call: Option<Refused>,
 }
 
-/// A JSON string, borrowed from the data when it holds no escape. (serde
-/// borrows a `Cow` only as a member's own type, not inside an `Option`.)
-struct JsonStr<'a>(Cow<'a, str>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for JsonStr<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        /// Takes the string where the parser has it.
-        struct StrVisitor<'a>(PhantomData<JsonStr<'a>>);
-
-        impl<'de: 'a, 'a> Visitor<'de> for StrVisitor<'a> {
-            type Value = JsonStr<'a>;
-
-            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-                formatter.write_str("a string")
-            }
-
-            fn visit_borrowed_str<E: serde::de::Error>(
-                self,
-                text: &'de str,
-            ) -> Result<Self::Value, E> {
-                Ok(JsonStr(Cow::Borrowed(text)))
-            }
-
-            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Self::Value, E> {
-                Ok(JsonStr(Cow::Owned(text.to_owned())))
-            }
-
-            fn visit_string<E: serde::de::Error>(self, text: String) -> Result<Self::Value, E> {
-                Ok(JsonStr(Cow::Owned(text)))
-            }
-        }
-
-        deserializer.deserialize_str(StrVisitor(PhantomData))
-    }
-}
-
 /// A member a light chunk may have only as `null` (inside an `Option`):
 /// any value makes the chunk not light.
 struct Refused;
@@ -138,7 +102,7 @@ impl<'de> Deserialize<'de> for Absent {
 struct LightChoices<'a> {
     views: Choices,
     /// The chunk's one text, if any.
-    text: Option<Cow<'a, str>>,
+    text: Option<JsonStr<'a>>,
     /// Some choice's delta carries a role.
     has_role: bool,
 }
@@ -172,7 +136,7 @@ impl<'a> LightChoices<'a> {
                 ("refusal", Part::Refusal, delta.refusal),
             ];
             for (key, kind, text) in candidates {
-                let Some(JsonStr(text)) = text else { continue };
+                let Some(text) = text else { continue };
                 if self.text.is_some() {
                     return Err("more than one text");
                 }
@@ -222,20 +186,8 @@ impl<'de: 'a, 'a> Deserialize<'de> for LightChoices<'a> {
 /// The chunk in `data`, when it is light (see the module docs).
 pub fn read(data: &str) -> Option<Chunk> {
     let LightChunk { choices, .. } = serde_json::from_str(data).ok()?;
-    let text = choices.text.map(|text| match text {
-        // serde_json borrows a string that holds no escape from `data`.
-        Cow::Borrowed(text) => range_in(data, text)
-            .map_or_else(|| LightText::Unescaped(text.into()), LightText::InData),
-        Cow::Owned(text) => LightText::Unescaped(text),
-    });
+    let text = choices.text.map(|text| text.in_data(data));
     Some(Chunk::light(choices.views, text, choices.has_role))
-}
-
-/// Where `part` sits in `whole`, when it is a slice of it.
-fn range_in(whole: &str, part: &str) -> Option<Range<usize>> {
-    let start = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
-    let end = start.checked_add(part.len())?;
-    (end <= whole.len()).then_some(start..end)
 }
 
 #[cfg(test)]
