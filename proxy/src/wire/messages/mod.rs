@@ -18,6 +18,7 @@
 mod answer;
 mod deliver;
 mod error;
+mod light;
 mod local;
 mod request;
 mod stream;
@@ -147,7 +148,7 @@ mod tests {
 
     use crate::wire::StreamWriter;
     use crate::wire::edit::{TokenCounter, UsageOptions};
-    use crate::wire::format::{ChoiceView, Chunk, Spans};
+    use crate::wire::format::{ChoiceView, Chunk, Spans, TextSource};
 
     /// A request with canaries placed, its injection, and the opening an
     /// obedient model writes.
@@ -176,11 +177,11 @@ mod tests {
 
     /// Pushes every text field of `choices` (read from `value`) to the
     /// verifier as the verified path does; returns each field's span.
-    fn feed(verifier: &mut Verifier, choices: &[ChoiceView], value: &Value) -> Spans {
+    fn feed(verifier: &mut Verifier, choices: &[ChoiceView], value: &impl TextSource) -> Spans {
         let registry = MemoryRegistry::new(b"test");
         let mut spans = Spans::new();
         for field in choices.iter().flat_map(|choice| &choice.texts) {
-            let text = field.text(value);
+            let text = value.text_of(field);
             let start = verifier.received(field.choice, field.kind);
             spans.push(start..start + text.len());
             if !text.is_empty() {
@@ -348,7 +349,7 @@ mod tests {
                 other => panic!("{other:?}"),
             };
             usage = chunk.usage.or(usage);
-            let spans = feed(&mut verifier, &chunk.choices, &chunk.event);
+            let spans = feed(&mut verifier, &chunk.choices, &chunk.with_data(&event.data));
             writer.take(chunk, event, spans);
             writer.flush(&verifier, false, &mut out);
             if position < 7 {
@@ -389,6 +390,77 @@ mod tests {
         assert_eq!(
             start_usage["input_tokens"],
             injection.prompt_tokens_estimate - injection.prompt_tokens_added
+        );
+    }
+
+    /// The relay's work for one text delta once the echo has passed, as
+    /// `paths::verified::stream` does it (less hyper and the client's
+    /// write), allocates twice: the event's name and its data, as the SSE
+    /// parser hands them out; the delta goes out as the provider's bytes.
+    #[test]
+    fn a_relayed_text_delta_allocates_within_its_budget() {
+        const BUDGET: u64 = 2;
+        const DELTAS: usize = 400;
+        let (_, injection, opening) = placed(request(100_000, true));
+        let registry = MemoryRegistry::new(b"test");
+        let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
+        let mut writer = Messages::stream_writer(delivery(&injection));
+        let wire = |name: &str, data: Value| format!("event: {name}\ndata: {data}\n\n");
+        let delta = |text: &str| {
+            let data = json!({"type": "content_block_delta", "index": 0,
+                              "delta": {"type": "text_delta", "text": text}});
+            wire("content_block_delta", data)
+        };
+        let reads: Vec<String> = [
+            wire(
+                "message_start",
+                json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                       "role": "assistant", "content": [], "stop_reason": null,
+                       "usage": {"input_tokens": 10, "output_tokens": 1}}}),
+            ),
+            wire(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 0,
+                       "content_block": {"type": "text", "text": ""}}),
+            ),
+            delta(&format!("{opening}\n")),
+        ]
+        .into_iter()
+        .chain((0..DELTAS).map(|n| delta(&format!(" word{n}"))))
+        .collect();
+        let mut parser = SseParser::new();
+        let mut events = Vec::new();
+        let mut out = Vec::new();
+        let mut allocated = 0;
+        const SETTLED: usize = 16;
+        for (read, bytes) in reads.iter().enumerate() {
+            let before = crate::allocations::on_this_thread();
+            parser.feed(bytes.as_bytes(), &mut events);
+            for event in events.drain(..) {
+                let EventView::Chunk(chunk) = Messages::read_event(&event) else {
+                    panic!("not a chunk: {event:?}");
+                };
+                let mut spans = Spans::new();
+                for field in chunk.texts() {
+                    let text = chunk.with_data(&event.data).text(field);
+                    let start = verifier.received(field.choice, field.kind);
+                    spans.push(start..start + text.len());
+                    verifier.push_part_positions(field.choice, field.kind, text, &registry);
+                }
+                writer.take(chunk, event, spans);
+                writer.flush(&verifier, false, &mut out);
+            }
+            // The first events carry the echo and settle the buffers.
+            if read > SETTLED {
+                allocated += crate::allocations::on_this_thread() - before;
+                assert_eq!(out, bytes.as_bytes(), "delta {read} went out as it came");
+            }
+            out.clear();
+        }
+        let per_delta = allocated as f64 / (reads.len() - SETTLED - 1) as f64;
+        assert!(
+            per_delta <= BUDGET as f64,
+            "{per_delta:.2} allocations per delta, budget {BUDGET}"
         );
     }
 

@@ -14,6 +14,7 @@
 //! (an emptied delta is).
 
 use std::collections::VecDeque;
+use std::ops::Range;
 
 use canarygate_policies::sse::{SseEvent, encode_data};
 use canarygate_policies::verify::{Part, ProviderUsage, Verdict, Verifier};
@@ -45,8 +46,23 @@ pub fn is_end_marker(event: &SseEvent) -> bool {
             .is_ok_and(|data| data.get("type").and_then(Value::as_str) == Some(MESSAGE_STOP))
 }
 
-/// One event of the provider's stream, as the verifier reads it.
+/// [`MessagesStream::failure`] of an event that had to change and has no
+/// tree (unreachable for what the light reading accepts; never passed on
+/// unedited).
+const UNEDITABLE: &str = "sent an event that must be edited and cannot be";
+
+/// One event of the provider's stream, as the verifier reads it: a text or
+/// thinking delta without its tree ([`light`](super::light)), any other
+/// event from its tree.
 pub fn read_event(event: &SseEvent) -> EventView {
+    match super::light::read(&event.data) {
+        Some(chunk) => EventView::Chunk(chunk),
+        None => read_tree(event),
+    }
+}
+
+/// [`read_event`] from the event's JSON tree.
+pub(super) fn read_tree(event: &SseEvent) -> EventView {
     let Ok(data) = serde_json::from_str::<Value>(&event.data) else {
         return EventView::Malformed;
     };
@@ -156,6 +172,9 @@ struct Held {
 pub struct MessagesStream {
     delivery: Delivery,
     held: VecDeque<Held>,
+    /// An event had to change and could not be edited
+    /// ([`StreamWriter::failure`]).
+    failure: Option<&'static str>,
 }
 
 impl MessagesStream {
@@ -164,6 +183,29 @@ impl MessagesStream {
         Self {
             delivery,
             held: VecDeque::new(),
+            failure: None,
+        }
+    }
+
+    /// Whether a light event (a text or thinking delta) goes out as the
+    /// provider sent it: its text passes whole, and is then accounted for;
+    /// otherwise nothing changed and the event is edited from its tree.
+    fn passes_unchanged(
+        &mut self,
+        chunk: &Chunk,
+        data: &str,
+        spans: &[Range<usize>],
+        verifier: &Verifier,
+    ) -> bool {
+        match (chunk.texts().next(), spans.first()) {
+            (Some(field), Some(span)) => self.delivery.admit_whole(
+                field.choice,
+                field.kind,
+                chunk.with_data(data).text(field),
+                span.clone(),
+                verifier.release_of(field.choice, field.kind),
+            ),
+            _ => true,
         }
     }
 
@@ -187,6 +229,20 @@ impl MessagesStream {
             spans,
             ..
         } = held;
+        if chunk.is_light() {
+            if self.passes_unchanged(&chunk, &event.data, &spans, verifier) {
+                out.extend_from_slice(b"event: ");
+                let name = event.event.as_deref().unwrap_or("content_block_delta");
+                out.extend_from_slice(name.as_bytes());
+                out.push(b'\n');
+                encode_data(&event.data, out);
+                return;
+            }
+            if !chunk.build_tree(&event.data) {
+                self.failure = Some(UNEDITABLE);
+                return;
+            }
+        }
         let fields: Vec<_> = chunk.texts().copied().zip(spans).collect();
         let edited = edit_texts(&mut chunk.event, &fields, verifier, &mut self.delivery);
         let mut changed = edited.changed;
@@ -224,7 +280,8 @@ impl MessagesStream {
 
 impl StreamWriter for MessagesStream {
     fn take(&mut self, chunk: Chunk, event: SseEvent, spans: Spans) {
-        let ends = event_type(&event, &chunk.event) == "message_delta";
+        // A light event is a block's delta.
+        let ends = !chunk.is_light() && event_type(&event, &chunk.event) == "message_delta";
         self.held.push_back(Held {
             chunk,
             event,
@@ -235,12 +292,16 @@ impl StreamWriter for MessagesStream {
 
     fn flush(&mut self, verifier: &Verifier, at_end: bool, out: &mut Vec<u8>) {
         while let Some(held) = self.held.front() {
-            if !at_end && !Self::ready(held, verifier) {
+            if self.failure.is_some() || (!at_end && !Self::ready(held, verifier)) {
                 return;
             }
             let held = self.held.pop_front().expect("just looked at it");
             self.write(held, verifier, out);
         }
+    }
+
+    fn failure(&self) -> Option<&str> {
+        self.failure
     }
 
     fn delivery(&self) -> &Delivery {
