@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 
 use super::answer::{delta_part, event_type};
 use super::deliver::{
-    Delivered, Slot, follow_logprobs, mark_cut, report_usage, restore_request_fields, rewrite_item,
-    rewrite_part,
+    Delivered, Shown, Slot, follow_logprobs, mark_cut, report_usage, restore_request_fields,
+    rewrite_item, rewrite_part,
 };
 use crate::wire::edit::{Delivery, apply};
 use crate::wire::format::{Chunk, Spans, StreamWriter, put_text};
@@ -128,11 +128,12 @@ impl ResponsesStream {
             }
         }
         let cut = self.delivery.was_cut(0);
+        // Read where it is: a delta's text grows with the answer.
+        let nothing_shown = Shown::default();
         let shown = self
             .delivered
             .get(&(output_index, slot))
-            .cloned()
-            .unwrap_or_default();
+            .unwrap_or(&nothing_shown);
         match kind.as_str() {
             "response.output_text.done"
             | "response.reasoning_summary_text.done"
@@ -153,7 +154,7 @@ impl ResponsesStream {
             | "response.reasoning_summary_part.added"
             | "response.reasoning_summary_part.done" => {
                 if let Some(part) = data.get_mut("part") {
-                    rewrite_part(part, &shown);
+                    rewrite_part(part, shown);
                 }
             }
             "response.output_item.added" | "response.output_item.done" => {
