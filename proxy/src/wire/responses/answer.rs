@@ -186,6 +186,11 @@ pub fn event_type<'a>(data: &'a Value, event: &'a SseEvent) -> &'a str {
 
 /// The part whose text a delta event of type `kind` carries in `delta`.
 pub fn delta_part(kind: &str, data: &Value) -> Option<Part> {
+    part_of_delta(kind, data.get("output_index").and_then(Value::as_u64))
+}
+
+/// [`delta_part`] of an event whose `output_index` is `output_index`.
+pub fn part_of_delta(kind: &str, output_index: Option<u64>) -> Option<Part> {
     Some(match kind {
         "response.output_text.delta" => Part::Content,
         "response.refusal.delta" => Part::Refusal,
@@ -193,8 +198,7 @@ pub fn delta_part(kind: &str, data: &Value) -> Option<Part> {
             Part::Reasoning
         }
         "response.function_call_arguments.delta" => {
-            let index = data.get("output_index").and_then(Value::as_u64)?;
-            Part::ToolArguments(u32::try_from(index).ok()?)
+            Part::ToolArguments(u32::try_from(output_index?).ok()?)
         }
         _ => return None,
     })
@@ -222,8 +226,20 @@ pub const WITHOUT_TEXT: [&str; 16] = [
     "response.incomplete",
 ];
 
-/// One event of a provider's Responses stream.
+/// One event of a provider's Responses stream: a delta without its tree
+/// ([`light`](super::light)), any other event from its tree.
 pub fn read_event(event: &SseEvent) -> EventView {
+    if event.is_done() {
+        return EventView::Done;
+    }
+    match super::light::read(&event.data) {
+        Some(chunk) => EventView::Chunk(chunk),
+        None => read_tree(event),
+    }
+}
+
+/// [`read_event`] from the event's JSON tree.
+pub(super) fn read_tree(event: &SseEvent) -> EventView {
     if event.is_done() {
         return EventView::Done;
     }
@@ -413,13 +429,14 @@ mod tests {
     #[test]
     fn events_are_read_by_type() {
         let delta = |kind: &str| {
-            let view = read_event(&event(json!({"type": kind, "output_index": 3,
-                "content_index": 0, "summary_index": 0, "delta": "abc", "sequence_number": 5})));
+            let event = event(json!({"type": kind, "output_index": 3,
+                "content_index": 0, "summary_index": 0, "delta": "abc", "sequence_number": 5}));
+            let view = read_event(&event);
             let EventView::Chunk(chunk) = view else {
                 panic!("{view:?}")
             };
             let field = chunk.texts().next().copied().unwrap();
-            assert_eq!(field.text(&chunk.event), "abc");
+            assert_eq!(chunk.with_data(&event.data).text(&field), "abc");
             field.kind
         };
         assert_eq!(delta("response.output_text.delta"), Part::Content);

@@ -25,6 +25,7 @@
 mod answer;
 mod deliver;
 mod error;
+mod light;
 mod local;
 mod request;
 mod stream;

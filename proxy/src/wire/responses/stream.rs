@@ -11,6 +11,7 @@
 //! the provider's own data.
 
 use std::collections::VecDeque;
+use std::ops::Range;
 
 use canarygate_policies::sse::{SseEvent, encode_data};
 use canarygate_policies::verify::{Verdict, Verifier};
@@ -18,9 +19,10 @@ use serde_json::{Value, json};
 
 use super::answer::{delta_part, event_type};
 use super::deliver::{
-    Delivered, Shown, Slot, follow_logprobs, mark_cut, report_usage, restore_request_fields,
+    Delivered, Shown, follow_logprobs, mark_cut, report_usage, restore_request_fields,
     rewrite_item, rewrite_part,
 };
+use super::light::{Delta, delta_of, slot_of};
 use crate::wire::edit::{Delivery, apply};
 use crate::wire::format::{Chunk, Spans, StreamWriter, put_text};
 
@@ -41,7 +43,15 @@ pub struct ResponsesStream {
     delivery: Delivery,
     held: VecDeque<Held>,
     delivered: Delivered,
+    /// An event had to change and could not be edited
+    /// ([`StreamWriter::failure`]).
+    failure: Option<&'static str>,
 }
+
+/// [`ResponsesStream::failure`] of an event that had to change and has no
+/// tree (unreachable for what the light reading accepts; never passed on
+/// unedited).
+const UNEDITABLE: &str = "sent an event that must be edited and cannot be";
 
 impl ResponsesStream {
     /// A writer delivering by `delivery`.
@@ -50,6 +60,7 @@ impl ResponsesStream {
             delivery,
             held: VecDeque::new(),
             delivered: Delivered::new(),
+            failure: None,
         }
     }
 
@@ -72,6 +83,37 @@ impl ResponsesStream {
             })
     }
 
+    /// Whether a light event (a delta) goes out as the provider sent it:
+    /// its text passes whole, and is then accounted for and added to what
+    /// was delivered; otherwise nothing changed and the event is edited
+    /// from its tree.
+    fn passes_unchanged(
+        &mut self,
+        chunk: &Chunk,
+        data: &str,
+        delta: &Delta<'_>,
+        spans: &[Range<usize>],
+        verifier: &Verifier,
+    ) -> bool {
+        let (Some(field), Some(span)) = (chunk.texts().next(), spans.first()) else {
+            return false;
+        };
+        let text = chunk.with_data(data).text(field);
+        let release = verifier.release_of(field.choice, field.kind);
+        if !self
+            .delivery
+            .admit_whole(field.choice, field.kind, text, span.clone(), release)
+        {
+            return false;
+        }
+        let shown = self
+            .delivered
+            .entry((delta.output_index, delta.slot))
+            .or_default();
+        shown.text.push_str(text);
+        true
+    }
+
     fn write(&mut self, held: Held, verifier: &Verifier, out: &mut Vec<u8>) {
         let Held {
             mut chunk,
@@ -79,23 +121,27 @@ impl ResponsesStream {
             spans,
             ..
         } = held;
+        if chunk.is_light() {
+            if let Some(delta) = delta_of(&event.data)
+                && self.passes_unchanged(&chunk, &event.data, &delta, &spans, verifier)
+            {
+                out.extend_from_slice(b"event: ");
+                out.extend_from_slice(delta.kind.as_bytes());
+                out.push(b'\n');
+                encode_data(&event.data, out);
+                return;
+            }
+            if !chunk.build_tree(&event.data) {
+                self.failure = Some(UNEDITABLE);
+                return;
+            }
+        }
         let original = chunk.event.clone();
         let kind = event_type(&original, &event).to_owned();
         let data = &mut chunk.event;
-        let at_index = |key: &str| data.get(key).and_then(Value::as_u64).unwrap_or(0);
-        let output_index = at_index("output_index");
-        let content_index = at_index("content_index");
-        let summary_index = at_index("summary_index");
-        let slot = match kind.as_str() {
-            "response.reasoning_summary_text.delta"
-            | "response.reasoning_summary_text.done"
-            | "response.reasoning_summary_part.added"
-            | "response.reasoning_summary_part.done" => Slot::Summary(summary_index),
-            "response.function_call_arguments.delta" | "response.function_call_arguments.done" => {
-                Slot::Arguments
-            }
-            _ => Slot::Content(content_index),
-        };
+        let at_index = |key: &str| data.get(key).and_then(Value::as_u64);
+        let output_index = at_index("output_index").unwrap_or(0);
+        let slot = slot_of(&kind, at_index("content_index"), at_index("summary_index"));
         let fields: Vec<_> = chunk
             .choices
             .iter()
@@ -219,12 +265,16 @@ impl StreamWriter for ResponsesStream {
 
     fn flush(&mut self, verifier: &Verifier, at_end: bool, out: &mut Vec<u8>) {
         while let Some(held) = self.held.front() {
-            if !at_end && !Self::ready(held, verifier) {
+            if self.failure.is_some() || (!at_end && !Self::ready(held, verifier)) {
                 return;
             }
             let held = self.held.pop_front().expect("just looked at it");
             self.write(held, verifier, out);
         }
+    }
+
+    fn failure(&self) -> Option<&str> {
+        self.failure
     }
 
     fn delivery(&self) -> &Delivery {
@@ -351,7 +401,7 @@ mod tests {
             let mut spans = Spans::new();
             for choice in &chunk.choices {
                 for field in &choice.texts {
-                    let text = field.text(&chunk.event);
+                    let text = chunk.with_data(&event.data).text(field);
                     let start = verifier.received(field.choice, field.kind);
                     spans.push(start..start + text.len());
                     verifier.push_part_positions(field.choice, field.kind, text, &registry);
@@ -400,6 +450,84 @@ mod tests {
         }
         let injection = place(&mut body, EchoMode::HeadTail, canaries).unwrap();
         (injection, body, canaries)
+    }
+
+    /// The relay's work for one text delta once the echo has passed, as
+    /// `paths::verified::stream` does it (less hyper and the client's
+    /// write), allocates twice (the event's name and data, as the SSE parser
+    /// hands them out) and, with the text kept for the `.done` events, no
+    /// more bytes than twice what it forwards however long the answer; the
+    /// delta goes out as the provider's bytes.
+    #[test]
+    fn a_relayed_text_delta_allocates_within_its_budget() {
+        const BUDGET: f64 = 2.0;
+        const DELTAS: usize = 2_000;
+        const SETTLED: usize = 16;
+        let (injection, body, canaries) = setup(None);
+        let mut deltas = vec![format!("{} {}\n", canaries.head, canaries.tail)];
+        deltas.extend((0..DELTAS).map(|n| format!(" word{n}")));
+        let instructions = body["instructions"].as_str().unwrap();
+        let events = provider_events(&deltas, instructions, Value::Null);
+        let reads: Vec<(bool, Vec<u8>)> = events
+            .iter()
+            .map(|event| {
+                let name = event.event.as_deref().unwrap();
+                let wire = format!("event: {name}\ndata: {}\n\n", event.data);
+                (name == "response.output_text.delta", wire.into_bytes())
+            })
+            .collect();
+        let registry = MemoryRegistry::new(b"test");
+        let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
+        let usage = UsageOptions {
+            client_wants_usage: true,
+            without_canarygate: false,
+            overhead_prompt: 0,
+        };
+        let delivery = Delivery::new(TokenCounter::default(), None, usage, 1);
+        let mut writer = ResponsesStream::new(delivery);
+        let mut parser = SseParser::new();
+        let mut events = Vec::new();
+        let mut out = Vec::new();
+        let (mut measured, mut spent, mut forwarded) = (0, 0, 0);
+        let mut spent_bytes = 0;
+        for (read, (is_delta, bytes)) in reads.iter().enumerate() {
+            let before = crate::allocations::on_this_thread();
+            parser.feed(bytes, &mut events);
+            for event in events.drain(..) {
+                let EventView::Chunk(chunk) = read_event(&event) else {
+                    break;
+                };
+                let mut spans = Spans::new();
+                for field in chunk.texts() {
+                    let text = chunk.with_data(&event.data).text(field);
+                    let start = verifier.received(field.choice, field.kind);
+                    spans.push(start..start + text.len());
+                    verifier.push_part_positions(field.choice, field.kind, text, &registry);
+                }
+                writer.take(chunk, event, spans);
+                writer.flush(&verifier, false, &mut out);
+            }
+            // The first events open the answer, carry the echo and settle
+            // the buffers.
+            if *is_delta && read > SETTLED {
+                let allocated = crate::allocations::on_this_thread() - before;
+                measured += 1;
+                spent += allocated.count;
+                spent_bytes += allocated.bytes;
+                forwarded += bytes.len() as u64;
+                assert_eq!(out, *bytes, "delta {read} went out as it came");
+            }
+            out.clear();
+        }
+        let per_delta = spent as f64 / f64::from(measured);
+        assert!(
+            per_delta <= BUDGET * 1.01,
+            "{per_delta:.3} allocations per delta, budget {BUDGET}"
+        );
+        assert!(
+            spent_bytes <= 2 * forwarded,
+            "{spent_bytes} bytes allocated for {forwarded} forwarded"
+        );
     }
 
     #[test]
