@@ -195,9 +195,10 @@ pub enum EventView {
 ///
 /// Most events of a stream are passed on exactly as the provider sent them,
 /// so a format may read an event of a shape it knows without building its
-/// JSON tree ([`Chunk::light`]): the chunk then holds only its fields'
-/// strings, and `event` stays null until an edit needs the tree
-/// ([`Chunk::build_tree`]).
+/// JSON tree ([`Chunk::light`]): the chunk then holds only where its one
+/// text is (in the event's data, or unescaped), and `event` stays null
+/// until an edit needs the tree ([`Chunk::build_tree`]). Its strings are
+/// read with the event's data ([`Chunk::with_data`]).
 #[derive(Debug)]
 pub struct Chunk {
     /// The provider's event, parsed; null for a light chunk whose tree

@@ -22,9 +22,11 @@
 //!    the verified text can be put back where it came from
 //!    ([`put_text`](format::put_text)), plus finish reasons and usage.
 //!    A format may read an event of a shape it knows without building its
-//!    JSON tree ([`Chunk::light`](format::Chunk::light); Chat's common
-//!    chunk): the verifier reads its strings through
-//!    [`TextSource`], and the tree is built only if an edit needs it.
+//!    JSON tree ([`Chunk::light`](format::Chunk::light): Chat's common
+//!    chunk, Messages' text and thinking deltas, the Responses API's
+//!    deltas): its text is read in place from the event's data
+//!    ([`Chunk::with_data`](format::Chunk::with_data), a [`TextSource`]),
+//!    and the tree is built only if an edit needs it.
 //! 4. [`WireFormat::deliver_answer`] and [`WireFormat::StreamWriter`]: the
 //!    client gets the provider's own answer and events, edited, not rebuilt:
 //!    each text field becomes what the verifier's release leaves of it
