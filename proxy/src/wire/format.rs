@@ -218,8 +218,9 @@ pub struct Chunk {
 struct Light {
     /// The string of its one text field, when it has one.
     text: Option<LightText>,
-    /// Some choice's delta carries a role.
-    has_role: bool,
+    /// Some choice's delta carries something besides its text: a role, a
+    /// tool call.
+    keeps_other_fields: bool,
 }
 
 /// The string of a light chunk's one text field.
@@ -245,9 +246,9 @@ impl Chunk {
 
     /// A chunk read without its tree, with at most one text field in
     /// `choices`: `text` is that field's string (read with the event's
-    /// data, [`Chunk::with_data`]); `has_role`: some choice's delta carries
-    /// a role.
-    pub fn light(choices: Choices, text: Option<LightText>, has_role: bool) -> Self {
+    /// data, [`Chunk::with_data`]); `keeps_other_fields`: some choice's
+    /// delta carries something besides its text (a role, a tool call).
+    pub fn light(choices: Choices, text: Option<LightText>, keeps_other_fields: bool) -> Self {
         debug_assert!(
             choices
                 .iter()
@@ -260,7 +261,10 @@ impl Chunk {
             event: Value::Null,
             choices,
             usage: None,
-            light: Some(Light { text, has_role }),
+            light: Some(Light {
+                text,
+                keeps_other_fields,
+            }),
         }
     }
 
@@ -269,9 +273,12 @@ impl Chunk {
         self.light.is_some()
     }
 
-    /// Whether a light chunk carries a role (false for any other chunk).
-    pub fn light_has_role(&self) -> bool {
-        self.light.as_ref().is_some_and(|light| light.has_role)
+    /// Whether some choice of a light chunk carries something besides its
+    /// text, a role or a tool call (false for any other chunk).
+    pub fn light_keeps_other_fields(&self) -> bool {
+        self.light
+            .as_ref()
+            .is_some_and(|light| light.keeps_other_fields)
     }
 
     /// Gives a light chunk its tree, parsed from `data` (the event's data).

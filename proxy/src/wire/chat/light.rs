@@ -2,15 +2,16 @@
 //!
 //! Nearly every chunk of a stream is one choice whose delta holds a role
 //! and at most one text (`content`, or reasoning while a model thinks),
-//! passed on to the client exactly as the provider sent it. Such a chunk is
+//! passed on to the client exactly as the provider sent it, or, while a
+//! model calls a tool, one piece of the call's arguments. Such a chunk is
 //! deserialised into borrowed views: the members canarygate never reads
 //! (`id`, `model`, `created`, `system_fingerprint`, ...) are skipped
 //! without being allocated, and nothing else is built but the text itself.
 //!
 //! Any other shape is not light and [`read`] says so; the caller reads it
 //! from its tree ([`super::answer::read_choice`]), which gives what this
-//! reading gives for a light chunk. Not light: tool or function calls,
-//! logprobs, usage, an `error` member, a member of a choice or delta that
+//! reading gives for a light chunk. Not light: a tool call's first delta
+//! (its id and name), more than one call, function calls, logprobs, usage, an `error` member, a member of a choice or delta that
 //! is not listed below, a member of the wrong type, or more than one text
 //! in the chunk. What is listed covers every string of a delta, so a
 //! canary-shaped span anywhere in a light chunk's delta is read as text,
@@ -71,10 +72,67 @@ struct LightDelta<'a> {
     content: Option<JsonStr<'a>>,
     #[serde(borrow, default)]
     refusal: Option<JsonStr<'a>>,
-    #[serde(rename = "tool_calls", default)]
-    _tool_calls: Option<Refused>,
+    #[serde(borrow, default)]
+    tool_calls: Option<LightCalls<'a>>,
     #[serde(rename = "function_call", default)]
     _function_call: Option<Refused>,
+}
+
+/// A delta's `tool_calls` that continues one call's arguments: one call,
+/// with its index and a piece of its arguments and nothing else.
+struct LightCalls<'a> {
+    index: Option<u64>,
+    arguments: JsonStr<'a>,
+}
+
+/// The one call of [`LightCalls`].
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LightCall<'a> {
+    #[serde(default)]
+    index: Option<u64>,
+    #[serde(borrow)]
+    function: LightFunction<'a>,
+}
+
+/// The call's `function`: its arguments only (a name comes in the call's
+/// first delta, read from the tree).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LightFunction<'a> {
+    #[serde(borrow)]
+    arguments: JsonStr<'a>,
+}
+
+impl<'de: 'a, 'a> Deserialize<'de> for LightCalls<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// Reads a list of exactly one call.
+        struct OneCall<'a>(PhantomData<LightCalls<'a>>);
+
+        impl<'de: 'a, 'a> Visitor<'de> for OneCall<'a> {
+            type Value = LightCalls<'a>;
+
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("a list of one tool call")
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let Some(LightCall { index, function }) = seq.next_element::<LightCall<'de>>()?
+                else {
+                    return Err(A::Error::custom("not read lightly"));
+                };
+                if seq.next_element::<IgnoredAny>()?.is_some() {
+                    return Err(A::Error::custom("not read lightly"));
+                }
+                Ok(LightCalls {
+                    index,
+                    arguments: function.arguments,
+                })
+            }
+        }
+
+        deserializer.deserialize_seq(OneCall(PhantomData))
+    }
 }
 
 /// A member a light chunk may have only as `null` (inside an `Option`):
@@ -103,8 +161,9 @@ struct LightChoices<'a> {
     views: Choices,
     /// The chunk's one text, if any.
     text: Option<JsonStr<'a>>,
-    /// Some choice's delta carries a role.
-    has_role: bool,
+    /// Some choice's delta carries something besides its text: a role, a
+    /// tool call.
+    keeps_other_fields: bool,
 }
 
 impl<'a> LightChoices<'a> {
@@ -119,7 +178,7 @@ impl<'a> LightChoices<'a> {
         let at = Location::ROOT.key("choices").index(position).key("delta");
         let mut fields = TextFields::new();
         if let Some(delta) = choice.delta {
-            self.has_role |= delta.role.is_some();
+            self.keeps_other_fields |= delta.role.is_some() || delta.tool_calls.is_some();
             // The order and parts of the tree's reading (`TEXT_FIELDS`).
             let reasoning_kind = match delta.reasoning_content {
                 Some(_) => Part::ReasoningAlias,
@@ -127,15 +186,25 @@ impl<'a> LightChoices<'a> {
             };
             let candidates = [
                 (
-                    "reasoning_content",
+                    at.key("reasoning_content"),
                     Part::Reasoning,
                     delta.reasoning_content,
                 ),
-                ("reasoning", reasoning_kind, delta.reasoning),
-                ("content", Part::Content, delta.content),
-                ("refusal", Part::Refusal, delta.refusal),
+                (at.key("reasoning"), reasoning_kind, delta.reasoning),
+                (at.key("content"), Part::Content, delta.content),
+                (at.key("refusal"), Part::Refusal, delta.refusal),
             ];
-            for (key, kind, text) in candidates {
+            // Then the call's arguments (the tree reads them after the texts).
+            let call = delta.tool_calls.map(|LightCalls { index, arguments }| {
+                let call_index = index.unwrap_or(0).min(u64::from(u32::MAX)) as u32;
+                let at = at.key("tool_calls").index(0).key("function");
+                (
+                    at.key("arguments"),
+                    Part::ToolArguments(call_index),
+                    Some(arguments),
+                )
+            });
+            for (at, kind, text) in candidates.into_iter().chain(call) {
                 let Some(text) = text else { continue };
                 if self.text.is_some() {
                     return Err("more than one text");
@@ -143,7 +212,7 @@ impl<'a> LightChoices<'a> {
                 fields.push(TextField {
                     choice: index,
                     kind,
-                    at: at.key(key),
+                    at,
                 });
                 self.text = Some(text);
             }
@@ -187,7 +256,11 @@ impl<'de: 'a, 'a> Deserialize<'de> for LightChoices<'a> {
 pub fn read(data: &str) -> Option<Chunk> {
     let LightChunk { choices, .. } = serde_json::from_str(data).ok()?;
     let text = choices.text.map(|text| text.in_data(data));
-    Some(Chunk::light(choices.views, text, choices.has_role))
+    Some(Chunk::light(
+        choices.views,
+        text,
+        choices.keeps_other_fields,
+    ))
 }
 
 #[cfg(test)]
@@ -233,12 +306,16 @@ mod tests {
             );
         }
         let value: Value = serde_json::from_str(data).unwrap();
-        let has_role = value["choices"].as_array().is_some_and(|choices| {
-            choices
-                .iter()
-                .any(|choice| !choice["delta"]["role"].is_null())
+        let keeps_other_fields = value["choices"].as_array().is_some_and(|choices| {
+            choices.iter().any(|choice| {
+                !choice["delta"]["role"].is_null() || !choice["delta"]["tool_calls"].is_null()
+            })
         });
-        assert_eq!(light.light_has_role(), has_role, "{data}");
+        assert_eq!(
+            light.light_keeps_other_fields(),
+            keeps_other_fields,
+            "{data}"
+        );
         assert!(light.is_light());
     }
 
@@ -255,6 +332,10 @@ mod tests {
             r#"{"choices":[]}"#,
             r#"{"id":"keep-alive"}"#,
             r#"{"choices":[{"index":0,"delta":{"content":"a"}},{"index":1,"delta":{"role":"assistant"}}]}"#,
+            // A call's arguments, after its first delta.
+            r#"{"id":"c1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]},"logprobs":null,"finish_reason":null}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":null,"tool_calls":[{"index":2,"function":{"arguments":" \"Paris\"}"}}]}}]}"#,
+            r#"{"choices":[{"index":1,"delta":{"tool_calls":[{"function":{"arguments":""}}]}}]}"#,
         ] {
             same_as_tree(data);
         }
@@ -266,8 +347,17 @@ mod tests {
             // Two texts in one chunk.
             r#"{"choices":[{"index":0,"delta":{"reasoning_content":"a","reasoning":"a"}}]}"#,
             r#"{"choices":[{"index":0,"delta":{"content":"a"}},{"index":1,"delta":{"content":"b"}}]}"#,
-            // Tool calls, logprobs, usage, an error.
-            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#,
+            // A call's first delta (a name may hold a canary), two calls,
+            // a call with something besides its arguments, text and a call.
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}},{"index":1,"function":{"arguments":"{"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"type":"function","function":{"arguments":"{"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{","name":"f"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":7}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"a","tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#,
+            // Function calls, logprobs, usage, an error.
+            r#"{"choices":[{"index":0,"delta":{"function_call":{"arguments":"{"}}}]}"#,
             r#"{"choices":[{"index":0,"delta":{"content":"a"},"logprobs":{"content":[]}}]}"#,
             r#"{"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1}}"#,
             r#"{"error":{"message":"overloaded"}}"#,

@@ -188,7 +188,7 @@ impl<E: ChunkEditor> ChatStream<E> {
         );
         Some(if edit.unchanged() {
             LightEdit::Unchanged
-        } else if edit.kept.iter().all(Range::is_empty) && !chunk.light_has_role() {
+        } else if edit.kept.iter().all(Range::is_empty) && !chunk.light_keeps_other_fields() {
             // Its text was there and is all removed, and nothing else is
             // in the chunk.
             LightEdit::Dropped
@@ -484,12 +484,58 @@ mod tests {
         }
     }
 
+    #[test]
+    fn tool_call_arguments_are_delivered_as_their_trees_would_be() {
+        let (injection, opening) = placed(200);
+        let chunk = |delta: Value, finish: Value| {
+            json!({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                   "choices": [{"index": 0, "delta": delta, "logprobs": null,
+                   "finish_reason": finish}]})
+            .to_string()
+        };
+        let call = |call: Value| chunk(json!({"tool_calls": [call]}), json!(null));
+        let head = injection.canaries.head.to_string();
+        let mut chunks = vec![
+            chunk(json!({"role": "assistant", "content": ""}), json!(null)),
+            chunk(json!({"content": format!("{opening}\n")}), json!(null)),
+            call(json!({"index": 0, "id": "call_1", "type": "function",
+                        "function": {"name": "weather", "arguments": ""}})),
+        ];
+        // The arguments a few bytes at a time, one piece repeating the
+        // request's own canary (removed, as from any text).
+        let arguments = format!("{{\"city\": \"Paris {head}\", \"unit\": \"C\"}}");
+        for piece in arguments.as_bytes().chunks(4) {
+            let piece = std::str::from_utf8(piece).unwrap();
+            chunks.push(call(json!({"index": 0, "function": {"arguments": piece}})));
+        }
+        chunks.push(chunk(json!({}), json!("tool_calls")));
+        let (light, _) = relay(&injection, &chunks, true);
+        let (tree, _) = relay(&injection, &chunks, false);
+        let light_text = String::from_utf8_lossy(&light);
+        assert_eq!(light_text, String::from_utf8_lossy(&tree));
+        let mut events = Vec::new();
+        SseParser::new().feed(&light, &mut events);
+        let delivered: String = events
+            .iter()
+            .filter_map(|event| {
+                let chunk: Value = serde_json::from_str(&event.data).ok()?;
+                chunk["choices"][0]["delta"]["tool_calls"][0]["function"]["arguments"]
+                    .as_str()
+                    .map(str::to_owned)
+            })
+            .collect();
+        assert!(!delivered.contains(&head), "{delivered}");
+        assert!(delivered.starts_with("{\"city\": \"Paris"), "{delivered}");
+        assert!(delivered.ends_with("\"unit\": \"C\"}"), "{delivered}");
+        assert!(light_text.contains("\"tool_calls\""));
+    }
+
     /// The relay's work for one provider chunk once the echo has passed,
     /// as `paths::verified::stream` does it (less hyper and the client's
     /// write), allocates once, no more bytes than it forwards: the event's
-    /// data, as the SSE parser hands it out. The light reading borrows the text from it, the choice, its text
-    /// field and its span are kept inline, and the verifier scans the text
-    /// in buffers it keeps. The output buffer is the client's write and is
+    /// data, as the SSE parser hands it out. The light reading borrows the
+    /// text from it, the choice, its text field and its span are kept
+    /// inline, and the verifier scans the text in buffers it keeps. The output buffer is the client's write and is
     /// not counted (it is reused here).
     #[test]
     fn a_relayed_chunk_allocates_within_its_budget() {
