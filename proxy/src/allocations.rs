@@ -14,7 +14,7 @@ thread_local! {
 
 /// What a thread allocated: allocations and reallocations, and the bytes
 /// they asked for (a reallocation counts its whole new size).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Allocated {
     /// Allocations and reallocations.
     pub count: u64,
@@ -30,6 +30,47 @@ impl Sub for Allocated {
             count: self.count - earlier.count,
             bytes: self.bytes - earlier.bytes,
         }
+    }
+}
+
+/// What a run of events allocated, against the bytes they forwarded.
+#[derive(Debug, Default)]
+pub struct Tally {
+    events: u64,
+    allocated: Allocated,
+    forwarded: u64,
+}
+
+impl Tally {
+    /// Counts one event that allocated `spent` and forwarded `forwarded`
+    /// bytes.
+    pub fn add(&mut self, spent: Allocated, forwarded: usize) {
+        self.events += 1;
+        self.allocated.count += spent.count;
+        self.allocated.bytes += spent.bytes;
+        self.forwarded += forwarded as u64;
+    }
+
+    /// Allocations per event.
+    pub fn count_per_event(&self) -> f64 {
+        self.allocated.count as f64 / self.events.max(1) as f64
+    }
+
+    /// Bytes allocated, over bytes forwarded.
+    pub fn bytes_per_forwarded(&self) -> f64 {
+        self.allocated.bytes as f64 / self.forwarded.max(1) as f64
+    }
+
+    /// One line for the test's output (`--nocapture`), as bench/README.md
+    /// quotes it.
+    pub fn report(&self, what: &str) -> String {
+        format!(
+            "{what}: {:.3} allocations and {:.0} bytes per event, {:.0} bytes forwarded per event ({:.2}x)",
+            self.count_per_event(),
+            self.allocated.bytes as f64 / self.events.max(1) as f64,
+            self.forwarded as f64 / self.events.max(1) as f64,
+            self.bytes_per_forwarded(),
+        )
     }
 }
 

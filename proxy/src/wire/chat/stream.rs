@@ -563,6 +563,7 @@ mod tests {
             .collect();
         let mut parser = SseParser::new();
         let mut events = Vec::new();
+        let mut tally = crate::allocations::Tally::default();
         let mut out = Vec::new();
         for (read, bytes) in reads.iter().enumerate() {
             let before = crate::allocations::on_this_thread();
@@ -585,6 +586,7 @@ mod tests {
             // The first chunks carry the echo and settle the buffers.
             if read > 16 {
                 let spent = crate::allocations::on_this_thread() - before;
+                tally.add(spent, bytes.len());
                 assert!(
                     spent.count <= BUDGET && spent.bytes <= bytes.len() as u64,
                     "chunk {read}: {spent:?} for {} bytes, budget {BUDGET}",
@@ -594,6 +596,7 @@ mod tests {
             }
             out.clear();
         }
+        eprintln!("{}", tally.report("chat chunk"));
     }
 
     #[test]

@@ -431,6 +431,7 @@ mod tests {
         .collect();
         let mut parser = SseParser::new();
         let mut events = Vec::new();
+        let mut tally = crate::allocations::Tally::default();
         let mut out = Vec::new();
         const SETTLED: usize = 16;
         for (read, bytes) in reads.iter().enumerate() {
@@ -453,6 +454,7 @@ mod tests {
             // The first events carry the echo and settle the buffers.
             if read > SETTLED {
                 let spent = crate::allocations::on_this_thread() - before;
+                tally.add(spent, bytes.len());
                 assert!(
                     spent.count <= BUDGET && spent.bytes <= bytes.len() as u64,
                     "delta {read}: {spent:?} for {} bytes, budget {BUDGET}",
@@ -462,6 +464,7 @@ mod tests {
             }
             out.clear();
         }
+        eprintln!("{}", tally.report("messages text delta"));
     }
 
     #[test]

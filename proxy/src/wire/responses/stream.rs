@@ -488,8 +488,7 @@ mod tests {
         let mut parser = SseParser::new();
         let mut events = Vec::new();
         let mut out = Vec::new();
-        let (mut measured, mut spent, mut forwarded) = (0, 0, 0);
-        let mut spent_bytes = 0;
+        let mut tally = crate::allocations::Tally::default();
         for (read, (is_delta, bytes)) in reads.iter().enumerate() {
             let before = crate::allocations::on_this_thread();
             parser.feed(bytes, &mut events);
@@ -510,23 +509,21 @@ mod tests {
             // The first events open the answer, carry the echo and settle
             // the buffers.
             if *is_delta && read > SETTLED {
-                let allocated = crate::allocations::on_this_thread() - before;
-                measured += 1;
-                spent += allocated.count;
-                spent_bytes += allocated.bytes;
-                forwarded += bytes.len() as u64;
+                tally.add(crate::allocations::on_this_thread() - before, bytes.len());
                 assert_eq!(out, *bytes, "delta {read} went out as it came");
             }
             out.clear();
         }
-        let per_delta = spent as f64 / f64::from(measured);
+        eprintln!("{}", tally.report("responses text delta"));
         assert!(
-            per_delta <= BUDGET * 1.01,
-            "{per_delta:.3} allocations per delta, budget {BUDGET}"
+            tally.count_per_event() <= BUDGET * 1.01,
+            "{}, budget {BUDGET}",
+            tally.report("responses")
         );
         assert!(
-            spent_bytes <= 2 * forwarded,
-            "{spent_bytes} bytes allocated for {forwarded} forwarded"
+            tally.bytes_per_forwarded() <= 2.0,
+            "{}, budget 2x the bytes forwarded",
+            tally.report("responses")
         );
     }
 
