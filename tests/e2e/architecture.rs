@@ -80,7 +80,7 @@ const DEPENDENCIES: [(&str, &[&str], &[&str]); 9] = [
 /// The proxy's layers: a module may import from a lower layer; within
 /// layers 1 and 2 (the shared pieces) from the same layer too; never from a
 /// higher one, nor from another unit of layers 3 and up.
-const PROXY_LAYERS: [(&str, u8); 31] = [
+const PROXY_LAYERS: [(&str, u8); 32] = [
     ("server", 5),
     ("pipeline", 4),
     ("paths", 3),
@@ -112,6 +112,7 @@ const PROXY_LAYERS: [(&str, u8); 31] = [
     ("error", 1),
     ("clock", 1),
     ("metrics", 1),
+    ("allocations", 1),
 ];
 
 /// Most lines of a proxy source file whose opening comment does not say why
@@ -324,7 +325,11 @@ fn referenced_paths(text: &str, module: &str) -> Vec<Vec<String>> {
     let mut i = 0;
     while i < tokens.len() {
         let preceded_by_colons = i > 0 && tokens[i - 1] == "::";
-        if preceded_by_colons || !(tokens[i] == "crate" || tokens[i] == "super") {
+        // `pub(super)`, `pub(crate)`, `pub(in crate::a)`: a visibility, not an import.
+        let in_visibility = i >= 2
+            && ((tokens[i - 1] == "(" && tokens[i - 2] == "pub")
+                || (tokens[i - 1] == "in" && tokens[i - 2] == "("));
+        if preceded_by_colons || in_visibility || !(tokens[i] == "crate" || tokens[i] == "super") {
             i += 1;
             continue;
         }
@@ -506,7 +511,8 @@ fn the_cycle_check_sees_cycles_and_use_groups() {
     assert_eq!(find_cycle(&edges), None);
     let text = code_only(
         "use crate::{a::{b, c::D}, e};\nuse super::f::G; // crate::x\nfn h() { crate::i::j(); \
-         let s = \"crate::k\"; }\nmod tests { use crate::l; }",
+         let s = \"crate::k\"; }\nmod tests { use crate::l; }\npub(super) fn o() {}\n\
+         pub(in crate::p) fn q() {}",
     );
     let paths = referenced_paths(&text, "m::n");
     let joined: Vec<String> = paths.iter().map(|p| p.join("::")).collect();
