@@ -226,19 +226,8 @@ pub const WITHOUT_TEXT: [&str; 16] = [
     "response.incomplete",
 ];
 
-/// One event of a provider's Responses stream: a delta without its tree
-/// ([`light`](super::light)), any other event from its tree.
-pub fn read_event(event: &SseEvent) -> EventView {
-    if event.is_done() {
-        return EventView::Done;
-    }
-    match super::light::read(&event.data) {
-        Some(chunk) => EventView::Chunk(chunk),
-        None => read_tree(event),
-    }
-}
-
-/// [`read_event`] from the event's JSON tree.
+/// One event of a provider's Responses stream, read from its JSON tree
+/// ([`read_event`](super::stream::read_event) reads deltas without it).
 pub(super) fn read_tree(event: &SseEvent) -> EventView {
     if event.is_done() {
         return EventView::Done;
@@ -349,6 +338,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::wire::responses::stream::read_event;
 
     fn event(data: Value) -> SseEvent {
         SseEvent {

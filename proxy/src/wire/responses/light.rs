@@ -8,7 +8,7 @@
 //! event's data.
 //!
 //! Any other event is not light and [`read`] says so; the caller reads it
-//! from its tree ([`super::answer::read_event`]), which gives what this
+//! from its tree (`super::answer::read_tree`), which gives what this
 //! reading gives for a light event. Not light: every other event type, a
 //! member that is not listed below (a string there may hold a canary: the
 //! tree's reading decides), a member of the wrong type, and logprobs other

@@ -109,7 +109,7 @@ impl WireFormat for Responses {
     }
 
     fn read_event(event: &SseEvent) -> EventView {
-        answer::read_event(event)
+        stream::read_event(event)
     }
 
     fn is_end_marker(event: &SseEvent) -> bool {

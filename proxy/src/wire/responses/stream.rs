@@ -9,6 +9,10 @@
 //! what was delivered for that `(output_index, content or summary index)`.
 //! Every event goes out with its `event:` line; one that nothing changed as
 //! the provider's own data.
+//!
+//! Longer than 500 lines: about 300 of them are the unit tests, which relay
+//! whole streams through the writer's private state (the delivered texts,
+//! the rewritten `.done` events, the allocation budget).
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -17,14 +21,27 @@ use canarygate_policies::sse::{SseEvent, encode_data};
 use canarygate_policies::verify::{Verdict, Verifier};
 use serde_json::{Value, json};
 
-use super::answer::{delta_part, event_type};
+use super::answer::{delta_part, event_type, read_tree};
 use super::deliver::{
     Delivered, Shown, follow_logprobs, mark_cut, report_usage, restore_request_fields,
     rewrite_item, rewrite_part,
 };
 use super::light::{Delta, delta_of, slot_of};
 use crate::wire::edit::{Delivery, apply};
-use crate::wire::format::{Chunk, Spans, StreamWriter, put_text};
+use crate::wire::format::{Chunk, EventView, Spans, StreamWriter, put_text};
+
+/// One event of a provider's Responses stream, as the verifier reads it: a
+/// delta without its tree ([`light`](super::light)), any other event from
+/// its tree.
+pub fn read_event(event: &SseEvent) -> EventView {
+    if event.is_done() {
+        return EventView::Done;
+    }
+    match super::light::read(&event.data) {
+        Some(chunk) => EventView::Chunk(chunk),
+        None => read_tree(event),
+    }
+}
 
 /// One provider event waiting for its text to be verified.
 struct Held {
@@ -304,8 +321,6 @@ mod tests {
 
     use super::*;
     use crate::wire::edit::{TokenCounter, UsageOptions};
-    use crate::wire::format::EventView;
-    use crate::wire::responses::answer::read_event;
     use crate::wire::responses::request::place;
 
     /// A provider's stream of `deltas` (one message), as the real API
