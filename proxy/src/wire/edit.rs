@@ -9,6 +9,10 @@
 //! keeps ([`kept`]), further cut where the client's token limit runs out
 //! ([`Delivery::admit`]). The wire format applies the kept ranges to the
 //! string and to whatever else follows the text (logprobs).
+//!
+//! Longer than 500 lines: over 100 of them are the unit tests, which hold
+//! the kept ranges and the token limit to worked examples through private
+//! helpers, and so live here.
 
 use std::ops::Range;
 use std::sync::Arc;

@@ -4,6 +4,10 @@
 //! Legacy completions stream the same way (chunks with `choices`, a usage
 //! chunk without, `data: [DONE]`) with text elsewhere in a choice: the writer
 //! takes the chunk editing as a [`ChunkEditor`].
+//!
+//! Longer than 500 lines: about 290 of them are the unit tests, which relay
+//! whole streams through the writer's private state (held chunks, the
+//! light path against the tree path, the allocation budget).
 
 use std::collections::VecDeque;
 use std::ops::Range;
