@@ -37,7 +37,9 @@ mod tests;
 
 pub use archive::{Archive, Pruned, Snapshot, StoredRecord, catch_damage};
 pub use journal::JOURNAL_DIR;
-pub use log::{AuditLog, AuditOptions, CommitMode, DEFAULT_SAMPLE_RATE, Recorded};
+pub use log::{
+    AuditLog, AuditOptions, CommitMode, DEFAULT_SAMPLE_RATE, JournalSyncObserver, Recorded,
+};
 pub use record::{
     Action, CheckRecord, CheckpointEntry, Entry, GENESIS_HASH, Latency, NewRecord, Outcome, Record,
     RecordId, RequestEntry, RequestRecord, ReviewEntry, ReviewVerdict, Route, Sample, SampleRef,

@@ -9,9 +9,9 @@
 //! only; the index commit's two syncs happen beside the next batches.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use canarygate_policies::config::{DataReaders, Durability};
@@ -162,7 +162,13 @@ struct Inner {
     options: AuditOptions,
     commits: Arc<AtomicU64>,
     background_failures: Arc<AtomicU64>,
+    journal_syncs: Arc<OnceLock<JournalSyncObserver>>,
 }
+
+/// Told how long each journal write took, its `fdatasync` included: the
+/// disk's sync latency under the process's own load, which a durable
+/// answer waits for ([`AuditLog::observe_journal_syncs`]).
+pub type JournalSyncObserver = Box<dyn Fn(Duration) + Send + Sync>;
 
 impl std::fmt::Debug for AuditLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -230,10 +236,19 @@ impl AuditLog {
                 )
             })
             .map_err(|error| AuditError::Io(format!("cannot start the audit writer: {error}")))?;
+        let journal_syncs = Arc::new(OnceLock::new());
+        let observer = Arc::clone(&journal_syncs);
         std::thread::Builder::new()
             .name("audit-journal".into())
             .spawn(move || {
-                run_journal_writer(journal, receiver, &index_sender, limit, &journal_indexed)
+                run_journal_writer(
+                    journal,
+                    receiver,
+                    &index_sender,
+                    limit,
+                    &journal_indexed,
+                    &observer,
+                )
             })
             .map_err(|error| AuditError::Io(format!("cannot start the audit journal: {error}")))?;
         Ok(Self {
@@ -244,6 +259,7 @@ impl AuditLog {
                 options,
                 commits,
                 background_failures,
+                journal_syncs,
             }),
         })
     }
@@ -384,6 +400,13 @@ impl AuditLog {
         self.inner.background_failures.load(Ordering::Relaxed)
     }
 
+    /// Has `observer` told the duration of every journal write and sync
+    /// from now on (`durability = "before_answer"`; the background audit
+    /// journals nothing). One observer per log: a second is refused (`false`).
+    pub fn observe_journal_syncs(&self, observer: JournalSyncObserver) -> bool {
+        self.inner.journal_syncs.set(observer).is_ok()
+    }
+
     /// Bytes held in the store's page cache: part of the process's memory
     /// that grows with the audit file up to the cache's fixed bound.
     pub fn cache_bytes(&self) -> usize {
@@ -474,6 +497,7 @@ fn run_journal_writer(
     index: &std_mpsc::SyncSender<Indexable>,
     limit: usize,
     indexed: &AtomicU64,
+    observer: &OnceLock<JournalSyncObserver>,
 ) {
     let mut batch = Vec::new();
     let mut frames = Vec::new();
@@ -504,7 +528,12 @@ fn run_journal_writer(
         let written = if frames.is_empty() {
             Ok(())
         } else {
-            journal.append(&frames)
+            let started = Instant::now();
+            let written = journal.append(&frames);
+            if let Some(observe) = observer.get() {
+                observe(started.elapsed());
+            }
+            written
         };
         frames.clear();
         for mut pending in batch.drain(..) {

@@ -269,6 +269,45 @@ fn background_records_and_canaries_land_in_order_with_the_next_commit() {
 }
 
 #[test]
+fn each_journal_sync_is_observed_and_the_background_audit_has_none() {
+    let observed = |log: &AuditLog| {
+        let syncs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = syncs.clone();
+        assert!(log.observe_journal_syncs(Box::new(move |took| {
+            seen.lock().unwrap().push(took);
+        })));
+        assert!(!log.observe_journal_syncs(Box::new(|_| {})), "one observer");
+        syncs
+    };
+    let dir = private_tempdir();
+    let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
+    let syncs = observed(&log);
+    runtime().block_on(async {
+        // One at a time: each record is its own batch, with its own sync.
+        for n in 0..20 {
+            record_unsampled(&log, n).await;
+        }
+    });
+    let syncs = syncs.lock().unwrap().clone();
+    assert_eq!(syncs.len(), 20, "{syncs:?}");
+    assert!(
+        syncs
+            .iter()
+            .all(|took| *took > Duration::ZERO && *took < Duration::from_secs(10))
+    );
+
+    let dir = private_tempdir();
+    let log = open_background(dir.path());
+    let syncs = observed(&log);
+    runtime().block_on(async {
+        for n in 0..20 {
+            record_unsampled(&log, n).await;
+        }
+    });
+    assert!(syncs.lock().unwrap().is_empty(), "nothing is journaled");
+}
+
+#[test]
 fn background_commits_start_at_most_once_per_interval() {
     let dir = private_tempdir();
     let log = open_background(dir.path());

@@ -81,6 +81,7 @@ pub struct Metrics {
     local: Family<LocalLabels, Counter>,
     audit_background_failures: Gauge,
     audit_cache_bytes: Gauge,
+    audit_journal_sync: Histogram,
     canaries_in_memory: Gauge,
     client_connections: Gauge,
     client_connections_evicted: Counter,
@@ -114,6 +115,14 @@ impl Metrics {
             "proxy_overhead_seconds",
             "Time canarygate spent on a request itself: total minus waiting on upstream and client",
             overhead.clone(),
+        );
+        // The same buckets as the overhead's: a durable answer's own time
+        // is read against these.
+        let audit_journal_sync = Histogram::new(OVERHEAD_BUCKETS_SECONDS.iter().copied());
+        registry.register(
+            "audit_journal_sync_seconds",
+            "Time one audit journal write took, its fdatasync included (durable audit): the disk's sync under this load",
+            audit_journal_sync.clone(),
         );
         let local = Family::<LocalLabels, Counter>::default();
         registry.register(
@@ -207,6 +216,7 @@ impl Metrics {
             local,
             audit_background_failures,
             audit_cache_bytes,
+            audit_journal_sync,
             canaries_in_memory,
             client_connections,
             client_connections_evicted,
@@ -297,6 +307,11 @@ impl Metrics {
     /// Records the proxy's own time on one request.
     pub fn observe_overhead(&self, seconds: f64) {
         self.overhead.observe(seconds);
+    }
+
+    /// Observes one audit journal write and its sync.
+    pub fn observe_audit_journal_sync(&self, seconds: f64) {
+        self.audit_journal_sync.observe(seconds);
     }
 
     /// Sets the count of failed background audit writes.

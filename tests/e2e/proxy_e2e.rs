@@ -219,6 +219,13 @@ upstream_model = "sim-model"
         metrics.contains("canarygate_canaries_in_memory 2"),
         "{metrics}"
     );
+    // The answer waited for its record's journal sync (durable audit).
+    let syncs: u64 = metrics
+        .lines()
+        .find_map(|line| line.strip_prefix("canarygate_audit_journal_sync_seconds_count "))
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(syncs >= 1, "{metrics}");
 }
 
 #[tokio::test]

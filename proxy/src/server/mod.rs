@@ -145,6 +145,10 @@ impl Server {
         let upstreams = Upstreams::build(&options.policy)?;
         let audit = open_audit_log(&options).await?;
         let metrics = Arc::new(Metrics::new());
+        let sync_metrics = Arc::clone(&metrics);
+        audit.observe_journal_syncs(Box::new(move |took| {
+            sync_metrics.observe_audit_journal_sync(took.as_secs_f64());
+        }));
         let (registry, session_secret) = open_registry(&options, &audit, &metrics)?;
         // Checked once before serving, so a registry that answers is in use
         // from the first request (and one that does not is reported).
