@@ -13,10 +13,17 @@
 //! by bucket ([`Histogram::sum`]), which is the histogram of all the pool's
 //! requests. Percentiles are taken from that sum, never averaged over
 //! instances.
+//!
+//! With the durable audit, the same scrape gives the floor of that own time:
+//! `canarygate_audit_journal_sync_seconds`, the duration of each journal
+//! write and its `fdatasync` under the phase's own load ([`Scrape`]).
 
 use std::net::SocketAddr;
 
-const METRIC: &str = "canarygate_proxy_overhead_seconds_bucket{le=\"";
+/// canarygate's own time per request.
+const OVERHEAD: &str = "canarygate_proxy_overhead_seconds";
+/// Each audit journal write and its sync (durable audit only).
+const JOURNAL_SYNC: &str = "canarygate_audit_journal_sync_seconds";
 
 /// A cumulative histogram: `(upper bound in seconds, requests at or below)`,
 /// bounds ascending, the last one `+Inf`.
@@ -28,9 +35,15 @@ pub struct Histogram {
 impl Histogram {
     /// The overhead histogram in a Prometheus text exposition, if it has one.
     pub fn parse(text: &str) -> Option<Self> {
+        Self::parse_named(text, OVERHEAD)
+    }
+
+    /// The histogram `name` in a Prometheus text exposition, if it has one.
+    fn parse_named(text: &str, name: &str) -> Option<Self> {
+        let prefix = format!("{name}_bucket{{le=\"");
         let mut buckets = Vec::new();
         for line in text.lines() {
-            let Some(rest) = line.strip_prefix(METRIC) else {
+            let Some(rest) = line.strip_prefix(prefix.as_str()) else {
                 continue;
             };
             let (bound, rest) = rest.split_once("\"}")?;
@@ -101,11 +114,42 @@ impl Histogram {
     }
 }
 
-/// The target's overhead histogram, from `GET /metrics` on its origin; None
-/// when it has none (not canarygate) or cannot be reached.
-pub async fn scrape(addr: SocketAddr, host: &str) -> Option<Histogram> {
+/// What one scrape of canarygate's `/metrics` gives: the overhead
+/// histogram, and the journal's sync histogram where it has one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scrape {
+    pub overhead: Histogram,
+    pub journal_sync: Option<Histogram>,
+}
+
+impl Scrape {
+    /// Both histograms in a Prometheus text exposition; None without the
+    /// overhead's.
+    pub fn parse(text: &str) -> Option<Self> {
+        Some(Self {
+            overhead: Histogram::parse(text)?,
+            journal_sync: Histogram::parse_named(text, JOURNAL_SYNC),
+        })
+    }
+
+    /// A pool's scrapes as one ([`Histogram::sum`]); the journal's only
+    /// when every instance has it.
+    pub fn sum(scrapes: &[Self]) -> Option<Self> {
+        let overheads: Vec<Histogram> = scrapes.iter().map(|s| s.overhead.clone()).collect();
+        let journals: Option<Vec<Histogram>> =
+            scrapes.iter().map(|s| s.journal_sync.clone()).collect();
+        Some(Self {
+            overhead: Histogram::sum(&overheads)?,
+            journal_sync: journals.and_then(|journals| Histogram::sum(&journals)),
+        })
+    }
+}
+
+/// The target's histograms, from `GET /metrics` on its origin; None when it
+/// has no overhead histogram (not canarygate) or cannot be reached.
+pub async fn scrape(addr: SocketAddr, host: &str) -> Option<Scrape> {
     let text = crate::load::get(addr, host, "/metrics").await?;
-    Histogram::parse(std::str::from_utf8(&text).ok()?)
+    Scrape::parse(std::str::from_utf8(&text).ok()?)
 }
 
 /// The value of the unlabelled gauge or counter `name` in a Prometheus text
@@ -124,17 +168,37 @@ pub struct Overhead {
     /// Upper bounds of the buckets holding p50 and p99, µs.
     pub p50_us: f64,
     pub p99_us: f64,
+    /// Journal syncs in the phase (0 without the durable audit).
+    pub journal_syncs: u64,
+    /// Upper bound of the bucket holding their p99, µs; NaN without any.
+    pub journal_sync_p99_us: f64,
 }
 
 impl Overhead {
-    /// Percentiles of what was observed between two scrapes.
+    /// Percentiles of what was observed between two scrapes of the
+    /// overhead histogram.
     pub fn between(before: &Histogram, after: &Histogram) -> Option<Self> {
         let phase = after.since(before)?;
         Some(Self {
             requests: phase.count(),
             p50_us: phase.quantile_bound_us(0.50),
             p99_us: phase.quantile_bound_us(0.99),
+            journal_syncs: 0,
+            journal_sync_p99_us: f64::NAN,
         })
+    }
+
+    /// The same, with the journal's syncs in the phase where both scrapes
+    /// have them.
+    pub fn of_phase(before: &Scrape, after: &Scrape) -> Option<Self> {
+        let mut overhead = Self::between(&before.overhead, &after.overhead)?;
+        if let (Some(before), Some(after)) = (&before.journal_sync, &after.journal_sync)
+            && let Some(syncs) = after.since(before)
+        {
+            overhead.journal_syncs = syncs.count();
+            overhead.journal_sync_p99_us = syncs.quantile_bound_us(0.99);
+        }
+        Some(overhead)
     }
 }
 
@@ -207,6 +271,35 @@ mod tests {
         assert_eq!(h.quantile_bound_us(0.5), f64::INFINITY);
         let empty = Histogram::parse(&exposition([0, 0, 0, 0])).unwrap();
         assert!(empty.quantile_bound_us(0.99).is_nan());
+    }
+
+    #[test]
+    fn the_journal_syncs_of_a_phase_come_from_the_same_scrapes() {
+        let with_journal = |overhead: [u64; 4], journal: [u64; 4]| {
+            let journal = exposition(journal).replace(OVERHEAD, JOURNAL_SYNC);
+            Scrape::parse(&format!("{}{journal}", exposition(overhead))).unwrap()
+        };
+        let before = with_journal([5, 5, 5, 5], [0, 4, 5, 5]);
+        // The phase: 100 syncs, 98 ≤ 1 ms, 2 in (1, 10] ms.
+        let after = with_journal([55, 104, 105, 105], [0, 102, 105, 105]);
+        let phase = Overhead::of_phase(&before, &after).unwrap();
+        assert_eq!((phase.requests, phase.p99_us), (100, 1000.0));
+        assert_eq!(phase.journal_syncs, 100);
+        assert_eq!(phase.journal_sync_p99_us, 10_000.0);
+        // A pool sums them; a canarygate without the histogram has none.
+        let pool = Scrape::sum(&[before.clone(), after.clone()]).unwrap();
+        assert_eq!(pool.journal_sync.unwrap().count(), 110);
+        let older = Scrape::parse(&exposition([5, 5, 5, 5])).unwrap();
+        assert_eq!(older.journal_sync, None);
+        assert_eq!(
+            Scrape::sum(&[older.clone(), after.clone()])
+                .unwrap()
+                .journal_sync,
+            None
+        );
+        let phase = Overhead::of_phase(&older, &after).unwrap();
+        assert_eq!(phase.journal_syncs, 0);
+        assert!(phase.journal_sync_p99_us.is_nan());
     }
 
     #[test]
