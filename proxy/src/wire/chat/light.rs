@@ -25,7 +25,7 @@ use canarygate_policies::verify::Part;
 use serde::de::{Deserializer, Error as _, SeqAccess, Visitor};
 use serde::{Deserialize, de::IgnoredAny};
 
-use crate::wire::format::{ChoiceView, Choices, Chunk, Location, TextField, TextFields};
+use crate::wire::format::{ChoiceView, Choices, Chunk, Location, Step, TextField, TextFields};
 use crate::wire::json_str::JsonStr;
 
 /// A chunk: `choices`, and members that must not be there (anything else
@@ -175,7 +175,6 @@ impl<'a> LightChoices<'a> {
             .index
             .unwrap_or(position as u64)
             .min(u64::from(u32::MAX)) as u32;
-        let at = Location::ROOT.key("choices").index(position).key("delta");
         let mut fields = TextFields::new();
         if let Some(delta) = choice.delta {
             self.keeps_other_fields |= delta.role.is_some() || delta.tool_calls.is_some();
@@ -184,31 +183,46 @@ impl<'a> LightChoices<'a> {
                 Some(_) => Part::ReasoningAlias,
                 None => Part::Reasoning,
             };
+            // Where each text sits, as steps below the delta: a `Location`
+            // is some 300 bytes, so only the one of a text that is there
+            // is built.
             let candidates = [
                 (
-                    at.key("reasoning_content"),
+                    &[Step::Key("reasoning_content")][..],
                     Part::Reasoning,
                     delta.reasoning_content,
                 ),
-                (at.key("reasoning"), reasoning_kind, delta.reasoning),
-                (at.key("content"), Part::Content, delta.content),
-                (at.key("refusal"), Part::Refusal, delta.refusal),
+                (
+                    &[Step::Key("reasoning")][..],
+                    reasoning_kind,
+                    delta.reasoning,
+                ),
+                (&[Step::Key("content")][..], Part::Content, delta.content),
+                (&[Step::Key("refusal")][..], Part::Refusal, delta.refusal),
             ];
             // Then the call's arguments (the tree reads them after the texts).
             let call = delta.tool_calls.map(|LightCalls { index, arguments }| {
                 let call_index = index.unwrap_or(0).min(u64::from(u32::MAX)) as u32;
-                let at = at.key("tool_calls").index(0).key("function");
                 (
-                    at.key("arguments"),
+                    &[
+                        Step::Key("tool_calls"),
+                        Step::Index(0),
+                        Step::Key("function"),
+                        Step::Key("arguments"),
+                    ][..],
                     Part::ToolArguments(call_index),
                     Some(arguments),
                 )
             });
-            for (at, kind, text) in candidates.into_iter().chain(call) {
+            for (steps, kind, text) in candidates.into_iter().chain(call) {
                 let Some(text) = text else { continue };
                 if self.text.is_some() {
                     return Err("more than one text");
                 }
+                let at = steps.iter().fold(
+                    Location::ROOT.key("choices").index(position).key("delta"),
+                    |at, step| at.then(*step),
+                );
                 fields.push(TextField {
                     choice: index,
                     kind,
