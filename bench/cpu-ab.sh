@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# CPU per request of two canarygate builds, and of the provider they call,
+# in alternating rounds of saturation on one simulated provider.
+#
+#   bench/cpu-ab.sh BEFORE_BIN AFTER_BIN      # 3 rounds of 6 s, streams
+#
+# On loopback the kernel's TCP work is charged to whichever process runs it,
+# so a change that moves when canarygate reads can move CPU between it and
+# the provider without saving any (bench/README.md, 12-05): this prints both
+# and their total, per request, from `perf stat -e task-clock` on each
+# process, then the medians and AFTER / BEFORE. Both builds serve the
+# `default` preset (echo-first, durable audit), each with its own data
+# directory; the provider is AFTER's `sim-provider`.
+#
+# Needs perf (Debian: linux-perf) and the load generator (built here).
+# Environment knobs [defaults]:
+#   AB_ROUNDS    rounds [3]
+#   AB_SECONDS   seconds of saturation per build and round [6]
+#   AB_MODE      stream or non-stream [stream]
+#   AB_SIM_ARGS  further sim-provider arguments, e.g. `--decode-tps 1000` []
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -eq 2 ] || { sed -n '2,8p' "$0" >&2; exit 2; }
+command -v perf >/dev/null || { echo "perf is missing (Debian: apt-get install linux-perf)" >&2; exit 1; }
+before_bin=$(realpath "$1") after_bin=$(realpath "$2")
+rounds=${AB_ROUNDS:-3} seconds=${AB_SECONDS:-6} mode=${AB_MODE:-stream}
+cargo build --release --quiet -p canarygate-bench
+load=target/release/canarygate-bench
+work=$(mktemp -d)
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+
+url_of() { # the URL a server prints when it listens
+  for _ in $(seq 1 200); do
+    line=$(head -n 1 "$1" 2>/dev/null || true)
+    case "$line" in *"listening on "*) echo "${line##* }"; return 0 ;; esac
+    sleep 0.05
+  done
+  echo "a server did not start: $(cat "$1" "${1%.log}.err" 2>/dev/null)" >&2
+  exit 1
+}
+
+# shellcheck disable=SC2086 # AB_SIM_ARGS is a list of arguments
+"$after_bin" sim-provider --listen 127.0.0.1:0 ${AB_SIM_ARGS:-} >"$work/sim.log" 2>"$work/sim.err" &
+sim=$!
+pids+=("$sim")
+sim_url=$(url_of "$work/sim.log")
+declare -A url pid
+for name in before after; do
+  bin=${name}_bin
+  "${!bin}" serve --config preset:default --upstream "$sim_url/v1" --listen 127.0.0.1:0 \
+    --data "$work/data-$name" >"$work/$name.log" 2>"$work/$name.err" &
+  pid[$name]=$!
+  pids+=("${pid[$name]}")
+  url[$name]=$(url_of "$work/$name.log")
+  "$load" --target "$name=${url[$name]}/v1" --modes "$mode" --rounds 1 --seconds 2 --no-latency >/dev/null
+done
+
+# Prints one line per build and round; each line ends with its numbers.
+for round in $(seq 1 "$rounds"); do
+  for name in before after; do
+    perf stat -e task-clock -p "${pid[$name]}" -o "$work/target.perf" &
+    target_perf=$!
+    perf stat -e task-clock -p "$sim" -o "$work/sim.perf" &
+    sim_perf=$!
+    requests=$("$load" --target "$name=${url[$name]}/v1" --modes "$mode" --rounds 1 \
+      --seconds "$seconds" --no-latency | grep -oE '\(([0-9]+) ok' | head -n 1 | tr -dc 0-9)
+    kill -INT "$target_perf" "$sim_perf"
+    wait "$target_perf" "$sim_perf" || true
+    msec() { awk '/task-clock/ { gsub(",", "", $1); print $1 }' "$1"; }
+    echo "$round $name $requests $(msec "$work/target.perf") $(msec "$work/sim.perf")"
+  done
+done | python3 -c '
+import statistics, sys
+rows = {"before": [], "after": []}
+for line in sys.stdin:
+    round_, name, requests, target_ms, sim_ms = line.split()
+    n = int(requests)
+    target, sim = float(target_ms) * 1000 / n, float(sim_ms) * 1000 / n
+    rows[name].append((target, sim, target + sim))
+    print(f"round {round_} {name:6}: {n} requests, canarygate {target:.0f} µs, provider {sim:.0f} µs, total {target + sim:.0f} µs per request")
+medians = {name: [statistics.median(column) for column in zip(*values)] for name, values in rows.items()}
+for name, (target, sim, total) in medians.items():
+    print(f"median {name:6}: canarygate {target:.0f} µs, provider {sim:.0f} µs, total {total:.0f} µs per request")
+ratios = [a / b for a, b in zip(medians["after"], medians["before"])]
+print("after / before: canarygate {:.3f}, provider {:.3f}, total {:.3f}".format(*ratios))
+'
