@@ -400,8 +400,8 @@ impl AuditLog {
         self.inner.background_failures.load(Ordering::Relaxed)
     }
 
-    /// Has `observer` told the duration of every journal write and sync
-    /// from now on (`durability = "before_answer"`; the background audit
+    /// From now on, tells `observer` how long each journal write and its
+    /// sync took (`durability = "before_answer"`; the background audit
     /// journals nothing). One observer per log: a second is refused (`false`).
     pub fn observe_journal_syncs(&self, observer: JournalSyncObserver) -> bool {
         self.inner.journal_syncs.set(observer).is_ok()
