@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Shared by the scripts in bench/ (run.sh, registry.sh, growth.sh; ttft.sh and
+# Shared by the scripts in bench/ (run.sh, registry.sh, growth.sh, cpu-ab.sh; ttft.sh and
 # topic.sh for build_canarygate): sourced, not run.
 #
 # The caller has `set -euo pipefail`, runs from the repository root and has

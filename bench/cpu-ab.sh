@@ -20,39 +20,28 @@
 #   AB_SIM_ARGS  further sim-provider arguments, e.g. `--decode-tps 1000` []
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
+# shellcheck source=bench/common.sh
+. bench/common.sh
 [ $# -eq 2 ] || { sed -n '2,8p' "$0" >&2; exit 2; }
 command -v perf >/dev/null || { echo "perf is missing (Debian: apt-get install linux-perf)" >&2; exit 1; }
 before_bin=$(realpath "$1") after_bin=$(realpath "$2")
 rounds=${AB_ROUNDS:-3} seconds=${AB_SECONDS:-6} mode=${AB_MODE:-stream}
+log "building the load generator"
 cargo build --release --quiet -p canarygate-bench
-load=target/release/canarygate-bench
-work=$(mktemp -d)
-pids=()
-trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+load=$root/target/release/canarygate-bench
+start_work
 
-url_of() { # the URL a server prints when it listens
-  for _ in $(seq 1 200); do
-    line=$(head -n 1 "$1" 2>/dev/null || true)
-    case "$line" in *"listening on "*) echo "${line##* }"; return 0 ;; esac
-    sleep 0.05
-  done
-  echo "a server did not start: $(cat "$1" "${1%.log}.err" 2>/dev/null)" >&2
-  exit 1
-}
-
+canarygate=$after_bin
 # shellcheck disable=SC2086 # AB_SIM_ARGS is a list of arguments
-"$after_bin" sim-provider --listen 127.0.0.1:0 ${AB_SIM_ARGS:-} >"$work/sim.log" 2>"$work/sim.err" &
-sim=$!
-pids+=("$sim")
-sim_url=$(url_of "$work/sim.log")
+start_sim ${AB_SIM_ARGS:-}
 declare -A url pid
 for name in before after; do
   bin=${name}_bin
-  "${!bin}" serve --config preset:default --upstream "$sim_url/v1" --listen 127.0.0.1:0 \
-    --data "$work/data-$name" >"$work/$name.log" 2>"$work/$name.err" &
-  pid[$name]=$!
-  pids+=("${pid[$name]}")
-  url[$name]=$(url_of "$work/$name.log")
+  canarygate=${!bin}
+  start_canarygate_server "$name" preset:default
+  pid[$name]=$started_pid
+  url[$name]=$started_url
   "$load" --target "$name=${url[$name]}/v1" --modes "$mode" --rounds 1 --seconds 2 --no-latency >/dev/null
 done
 
@@ -61,7 +50,7 @@ for round in $(seq 1 "$rounds"); do
   for name in before after; do
     perf stat -e task-clock -p "${pid[$name]}" -o "$work/target.perf" &
     target_perf=$!
-    perf stat -e task-clock -p "$sim" -o "$work/sim.perf" &
+    perf stat -e task-clock -p "$sim_pid" -o "$work/sim.perf" &
     sim_perf=$!
     requests=$("$load" --target "$name=${url[$name]}/v1" --modes "$mode" --rounds 1 \
       --seconds "$seconds" --no-latency | grep -oE '\(([0-9]+) ok' | head -n 1 | tr -dc 0-9)
