@@ -26,24 +26,41 @@ fn segment_files(dir: &std::path::Path) -> Vec<String> {
 fn journal_without_indexing(dir: &std::path::Path, count: u64, first: u64) -> Vec<String> {
     let store = RedbStore::open_writable(dir).unwrap();
     let mut journal = Journal::open(dir, &store).unwrap();
-    // A log elsewhere only to fill the records' keyed hashes.
-    let other = private_tempdir();
-    let filler = AuditLog::open(other.path(), AuditOptions::default()).unwrap();
+    let mut records = Records::new();
     let mut frames = Vec::new();
-    let mut ids = Vec::new();
-    for n in first..first + count {
-        let record = request(&filler, n, false);
-        ids.push(record.request_id.clone());
+    let ids = (first..first + count)
+        .map(|n| records.encode(&mut journal, n, &mut frames))
+        .collect();
+    journal.append(&frames).unwrap();
+    ids
+}
+
+/// Request records to journal, their keyed hashes filled by a log elsewhere.
+struct Records {
+    _dir: tempfile::TempDir,
+    filler: AuditLog,
+}
+
+impl Records {
+    fn new() -> Self {
+        let dir = private_tempdir();
+        let filler = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
+        Self { _dir: dir, filler }
+    }
+
+    /// Appends request record `n`'s frame to `frames`; returns its id.
+    fn encode(&mut self, journal: &mut Journal, n: u64, frames: &mut Vec<u8>) -> String {
+        let record = request(&self.filler, n, false);
+        let id = record.request_id.clone();
         let entry = Entry::Request(Box::new(RequestEntry {
             record,
             sample: None,
         }));
         let json = SerializedEntry::new(&entry).unwrap();
         let seq = journal.take_seq();
-        journal::encode(seq, now_ms(), json.json(), None, &mut frames);
+        journal::encode(seq, now_ms(), json.json(), None, frames);
+        id
     }
-    journal.append(&frames).unwrap();
-    ids
 }
 
 fn request_ids(dir: &std::path::Path) -> Vec<String> {
@@ -181,6 +198,58 @@ fn a_torn_last_frame_is_dropped_and_writing_goes_on() {
     let mut expected = ids;
     expected.push("req-000009".into());
     assert_eq!(request_ids(dir.path()), expected);
+}
+
+#[test]
+fn a_busy_journal_overwrites_a_preallocated_segment_that_a_crash_keeps() {
+    let dir = private_tempdir();
+    let store = RedbStore::open_writable(dir.path()).unwrap();
+    let mut journal = Journal::open(dir.path(), &store).unwrap();
+    let mut records = Records::new();
+    let mut ids = Vec::new();
+    let mut frames = Vec::new();
+    let mut journal_one = |journal: &mut Journal, ids: &mut Vec<String>| {
+        ids.push(records.encode(journal, ids.len() as u64 + 1, &mut frames));
+        journal.append(&frames).unwrap();
+        frames.clear();
+        // Nothing indexed: every segment stays.
+        journal.maintain(0).unwrap();
+    };
+    // The first segment is appended; past the threshold a spare is made,
+    // and the batch after it is ready goes to it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while segment_files(dir.path()).len() < 2 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no preallocated segment"
+        );
+        journal_one(&mut journal, &mut ids);
+        if ids.len() > 100 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+    let names = segment_files(dir.path());
+    let [sealed, current] =
+        [&names[0], &names[1]].map(|name| dir.path().join(JOURNAL_DIR).join(name));
+    assert!(fs::metadata(&sealed).unwrap().len() >= journal::PREPARE_SPARE_AFTER);
+    let before = ids.len();
+    for _ in 0..20 {
+        journal_one(&mut journal, &mut ids);
+    }
+    // Written over the zeros: the file did not grow, and holds the frames.
+    assert_eq!(
+        fs::metadata(&current).unwrap().len(),
+        journal::SEGMENT_BYTES
+    );
+    let bytes = fs::read(&current).unwrap();
+    assert_ne!(&bytes[..4], &[0; 4], "the first frame is at the start");
+    assert!(ids.len() > before);
+    // A crash: nothing indexed. The zero tail ends the newest segment
+    // cleanly, and every record comes back once, in order.
+    drop(journal);
+    drop(store);
+    assert_eq!(request_ids(dir.path()), ids);
+    assert_eq!(segment_files(dir.path()), Vec::<String>::new());
 }
 
 #[test]
