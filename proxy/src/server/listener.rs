@@ -255,8 +255,11 @@ pub async fn serve(
         let stopping = stopping.clone();
         tokio::spawn(async move {
             connection::serve(stream, activity, shared, stopping).await;
-            drop(place);
+            // The gauge first: once the place is free, the listener (on
+            // another thread) may admit the next connection and count it,
+            // and the gauge must never read above `max_connections`.
             drop(gauge);
+            drop(place);
         });
     }
     drop(listener);
