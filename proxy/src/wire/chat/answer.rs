@@ -84,17 +84,18 @@ pub fn residual_members(
 }
 
 /// Choice `position` of an answer (`part` = `message`) or chunk (`delta`).
-pub fn read_choice(choice: &Value, position: usize, part: &'static str) -> ChoiceView {
+pub fn read_choice(choice: &Value, position: usize, part: &'static &'static str) -> ChoiceView {
     let index = index_of(choice, position);
     let mut texts = TextFields::new();
-    let message = &choice[part];
-    let at = Location::ROOT.key("choices").index(position).key(part);
+    let message = &choice[*part];
+    let at = Location::ROOT.key(&"choices").index(position).key(part);
     let both_reasonings = message
         .get("reasoning_content")
         .is_some_and(Value::is_string);
-    for (field, mut kind) in TEXT_FIELDS {
-        if message.get(field).is_some_and(Value::is_string) {
-            if field == "reasoning" && both_reasonings {
+    for (field, kind) in &TEXT_FIELDS {
+        let mut kind = *kind;
+        if message.get(*field).is_some_and(Value::is_string) {
+            if *field == "reasoning" && both_reasonings {
                 kind = Part::ReasoningAlias;
             }
             texts.push(TextField {
@@ -107,7 +108,7 @@ pub fn read_choice(choice: &Value, position: usize, part: &'static str) -> Choic
     if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
         for (call_position, call) in calls.iter().enumerate() {
             // Whole answers list calls in order; stream deltas name theirs.
-            let call_index = match part {
+            let call_index = match *part {
                 "delta" => index_of(call, call_position),
                 _ => call_position as u32,
             };
@@ -119,10 +120,10 @@ pub fn read_choice(choice: &Value, position: usize, part: &'static str) -> Choic
                     choice: index,
                     kind: Part::ToolArguments(call_index),
                     at: at
-                        .key("tool_calls")
+                        .key(&"tool_calls")
                         .index(call_position)
-                        .key("function")
-                        .key("arguments"),
+                        .key(&"function")
+                        .key(&"arguments"),
                 });
             }
         }
@@ -135,7 +136,7 @@ pub fn read_choice(choice: &Value, position: usize, part: &'static str) -> Choic
         texts.push(TextField {
             choice: index,
             kind: Part::FunctionArguments,
-            at: at.key("function_call").key("arguments"),
+            at: at.key(&"function_call").key(&"arguments"),
         });
     }
     // Canary text may turn up anywhere the provider puts model output or the

@@ -82,7 +82,7 @@ pub fn edit_fields(
     edited.emptied = had_text && !shows_text;
     for position in changed_choices {
         let delivered = |key: &str| {
-            let at = Location::ROOT.key("choices").index(position);
+            let at = Location::ROOT.key(&"choices").index(position);
             let body = at
                 .get(value)
                 .and_then(|choice| choice.get("delta").or_else(|| choice.get("message")));
@@ -98,7 +98,7 @@ pub fn edit_fields(
         }
     }
     for choice in choices {
-        let at = Location::ROOT.key("choices").index(choice.position);
+        let at = Location::ROOT.key(&"choices").index(choice.position);
         let Some(slot) = at.get_mut(value) else {
             continue;
         };
@@ -122,9 +122,9 @@ pub fn edit_fields(
 /// The `logprobs` object of the choice at `position`, if it has one.
 fn logprobs_at(value: &mut Value, position: usize) -> Option<&mut Value> {
     Location::ROOT
-        .key("choices")
+        .key(&"choices")
         .index(position)
-        .key("logprobs")
+        .key(&"logprobs")
         .get_mut(value)
         .filter(|logprobs| logprobs.is_object())
 }

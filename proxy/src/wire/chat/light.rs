@@ -188,27 +188,27 @@ impl<'a> LightChoices<'a> {
             // is built.
             let candidates = [
                 (
-                    &[Step::Key("reasoning_content")][..],
+                    &[Step::Key(&"reasoning_content")][..],
                     Part::Reasoning,
                     delta.reasoning_content,
                 ),
                 (
-                    &[Step::Key("reasoning")][..],
+                    &[Step::Key(&"reasoning")][..],
                     reasoning_kind,
                     delta.reasoning,
                 ),
-                (&[Step::Key("content")][..], Part::Content, delta.content),
-                (&[Step::Key("refusal")][..], Part::Refusal, delta.refusal),
+                (&[Step::Key(&"content")][..], Part::Content, delta.content),
+                (&[Step::Key(&"refusal")][..], Part::Refusal, delta.refusal),
             ];
             // Then the call's arguments (the tree reads them after the texts).
             let call = delta.tool_calls.map(|LightCalls { index, arguments }| {
                 let call_index = index.unwrap_or(0).min(u64::from(u32::MAX)) as u32;
                 (
                     &[
-                        Step::Key("tool_calls"),
+                        Step::Key(&"tool_calls"),
                         Step::Index(0),
-                        Step::Key("function"),
-                        Step::Key("arguments"),
+                        Step::Key(&"function"),
+                        Step::Key(&"arguments"),
                     ][..],
                     Part::ToolArguments(call_index),
                     Some(arguments),
@@ -220,7 +220,7 @@ impl<'a> LightChoices<'a> {
                     return Err("more than one text");
                 }
                 let at = steps.iter().fold(
-                    Location::ROOT.key("choices").index(position).key("delta"),
+                    Location::ROOT.key(&"choices").index(position).key(&"delta"),
                     |at, step| at.then(*step),
                 );
                 fields.push(TextField {
@@ -293,7 +293,7 @@ mod tests {
                     .iter()
                     .enumerate()
                     .map(|(position, choice)| {
-                        super::super::answer::read_choice(choice, position, "delta")
+                        super::super::answer::read_choice(choice, position, &"delta")
                     })
                     .collect()
             })

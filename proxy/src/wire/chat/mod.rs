@@ -104,7 +104,7 @@ impl WireFormat for Chat {
             choices: choices
                 .iter()
                 .enumerate()
-                .map(|(position, choice)| read_choice(choice, position, "message"))
+                .map(|(position, choice)| read_choice(choice, position, &"message"))
                 .collect(),
             usage: usage_of(answer),
         }
@@ -143,7 +143,7 @@ impl WireFormat for Chat {
                 choices
                     .iter()
                     .enumerate()
-                    .map(|(position, choice)| read_choice(choice, position, "delta"))
+                    .map(|(position, choice)| read_choice(choice, position, &"delta"))
                     .collect()
             })
             .unwrap_or_default();

@@ -395,7 +395,7 @@ mod tests {
             .unwrap()
             .iter()
             .enumerate()
-            .map(|(position, choice)| read_choice(choice, position, "delta"))
+            .map(|(position, choice)| read_choice(choice, position, &"delta"))
             .collect();
         Chunk::parsed(value, choices, None)
     }

@@ -18,13 +18,13 @@ const KNOWN: [&str; 4] = ["text", "index", "finish_reason", "logprobs"];
 /// Choice `position` of an answer's or chunk's `choices`.
 pub fn read_choice(choice: &Value, position: usize) -> ChoiceView {
     let index = index_of(choice, position);
-    let at = Location::ROOT.key("choices").index(position);
+    let at = Location::ROOT.key(&"choices").index(position);
     let mut texts = TextFields::new();
     if choice.get("text").is_some_and(Value::is_string) {
         texts.push(TextField {
             choice: index,
             kind: Part::Content,
-            at: at.key("text"),
+            at: at.key(&"text"),
         });
     }
     // A provider's own fields (SGLang's `matched_stop`, vLLM's

@@ -99,9 +99,9 @@ impl TextEdits {
         }
         edited.emptied = had_text && !shows_text;
         for position in changed_choices {
-            let at = Location::ROOT.key("choices").index(position);
+            let at = Location::ROOT.key(&"choices").index(position);
             let delivered = at
-                .key("text")
+                .key(&"text")
                 .get(value)
                 .and_then(Value::as_str)
                 .unwrap_or("")
@@ -111,7 +111,7 @@ impl TextEdits {
             }
         }
         for choice in choices {
-            let at = Location::ROOT.key("choices").index(choice.position);
+            let at = Location::ROOT.key(&"choices").index(choice.position);
             let Some(slot) = at.get_mut(value) else {
                 continue;
             };
@@ -137,9 +137,9 @@ impl TextEdits {
 /// The `logprobs` object of the choice at `position`, if it has one.
 fn logprobs_at(value: &mut Value, position: usize) -> Option<&mut Value> {
     Location::ROOT
-        .key("choices")
+        .key(&"choices")
         .index(position)
-        .key("logprobs")
+        .key(&"logprobs")
         .get_mut(value)
         .filter(|logprobs| logprobs.is_object())
 }

@@ -75,13 +75,13 @@ pub fn residual_strings(value: &Value, at: Location, key: &str, texts: &mut Text
 pub fn block_texts(block: &Value, at: Location, texts: &mut TextFields) {
     let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
     let own = match kind {
-        "text" => Some(("text", Part::Content)),
-        "thinking" => Some(("thinking", Part::Reasoning)),
+        "text" => Some((&"text", Part::Content)),
+        "thinking" => Some((&"thinking", Part::Reasoning)),
         "redacted_thinking" => return,
         _ => None,
     };
     if let Some((key, part)) = own
-        && block.get(key).is_some_and(Value::is_string)
+        && block.get(*key).is_some_and(Value::is_string)
     {
         texts.push(TextField {
             choice: 0,
@@ -106,7 +106,7 @@ pub fn read(answer: &Value) -> AnswerView {
         for (position, block) in blocks.iter().enumerate() {
             block_texts(
                 block,
-                Location::ROOT.key("content").index(position),
+                Location::ROOT.key(&"content").index(position),
                 &mut texts,
             );
         }

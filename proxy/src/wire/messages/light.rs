@@ -54,14 +54,14 @@ pub fn read(data: &str) -> Option<Chunk> {
         return None;
     }
     let (key, part, text) = match (delta.kind.0.as_ref(), delta.text, delta.thinking) {
-        ("text_delta", Some(text), None) => ("text", Part::Content, text),
-        ("thinking_delta", None, Some(thinking)) => ("thinking", Part::Reasoning, thinking),
+        ("text_delta", Some(text), None) => (&"text", Part::Content, text),
+        ("thinking_delta", None, Some(thinking)) => (&"thinking", Part::Reasoning, thinking),
         _ => return None,
     };
     let field = TextField {
         choice: 0,
         kind: part,
-        at: Location::ROOT.key("delta").key(key),
+        at: Location::ROOT.key(&"delta").key(key),
     };
     let choice = ChoiceView {
         index: 0,

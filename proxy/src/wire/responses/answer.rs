@@ -65,7 +65,7 @@ pub fn output_texts(response: &Value, at: Location) -> TextFields {
     let Some(items) = response.get("output").and_then(Value::as_array) else {
         return texts;
     };
-    let at = at.key("output");
+    let at = at.key(&"output");
     for (position, item) in items.iter().enumerate() {
         item_texts(item, at.index(position), position as u32, &mut texts);
     }
@@ -86,14 +86,14 @@ fn item_texts(item: &Value, at: Location, output_index: u32, texts: &mut TextFie
         Some("message") => {
             known = &["content"];
             for (index, part) in list("content").enumerate() {
-                let at = at.key("content").index(index);
+                let at = at.key(&"content").index(index);
                 let text = match part.get("type").and_then(Value::as_str) {
                     Some("output_text") if is_string(part, "text") => {
-                        push(texts, Part::Content, at.key("text"));
+                        push(texts, Part::Content, at.key(&"text"));
                         "text"
                     }
                     Some("refusal") if is_string(part, "refusal") => {
-                        push(texts, Part::Refusal, at.key("refusal"));
+                        push(texts, Part::Refusal, at.key(&"refusal"));
                         "refusal"
                     }
                     _ => "",
@@ -111,12 +111,12 @@ fn item_texts(item: &Value, at: Location, output_index: u32, texts: &mut TextFie
             for key in ["summary", "content"] {
                 for (index, part) in list(key).enumerate() {
                     let at = at.key(if key == "summary" {
-                        "summary"
+                        &"summary"
                     } else {
-                        "content"
+                        &"content"
                     });
                     if is_string(part, "text") {
-                        push(texts, Part::Reasoning, at.index(index).key("text"));
+                        push(texts, Part::Reasoning, at.index(index).key(&"text"));
                     } else {
                         residual(part, at.index(index), "", texts);
                     }
@@ -129,7 +129,7 @@ fn item_texts(item: &Value, at: Location, output_index: u32, texts: &mut TextFie
                 push(
                     texts,
                     Part::ToolArguments(output_index),
-                    at.key("arguments"),
+                    at.key(&"arguments"),
                 );
             }
         }
@@ -273,7 +273,7 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
     let mut texts = TextFields::new();
     if let Some(part) = delta_part(&kind, &data) {
         if data.get("delta").is_some_and(Value::is_string) {
-            push(&mut texts, part, Location::ROOT.key("delta"));
+            push(&mut texts, part, Location::ROOT.key(&"delta"));
         }
     } else if matches!(
         kind.as_str(),
@@ -281,7 +281,7 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
     ) {
         // The instructions the response repeats hold canarygate's blocks.
         if let Some(response) = data.get("response") {
-            instructions_texts(response, Location::ROOT.key("response"), &mut texts);
+            instructions_texts(response, Location::ROOT.key(&"response"), &mut texts);
         }
     } else if !WITHOUT_TEXT.contains(&kind.as_str()) {
         // An event of another kind (annotations, audio, custom tools...):

@@ -172,14 +172,14 @@ fn slots(response: &Value) -> Vec<(Location, u64, Slot)> {
     let mut slots = Vec::new();
     let items = response.get("output").and_then(Value::as_array);
     for (index, item) in items.into_iter().flatten().enumerate() {
-        let at = Location::ROOT.key("output").index(index);
+        let at = Location::ROOT.key(&"output").index(index);
         let output_index = index as u64;
         for (key, slot, field) in [
-            ("content", Slot::Content as fn(u64) -> Slot, "text"),
-            ("content", Slot::Content, "refusal"),
-            ("summary", Slot::Summary, "text"),
+            (&"content", Slot::Content as fn(u64) -> Slot, &"text"),
+            (&"content", Slot::Content, &"refusal"),
+            (&"summary", Slot::Summary, &"text"),
         ] {
-            let parts = item.get(key).and_then(Value::as_array);
+            let parts = item.get(*key).and_then(Value::as_array);
             for (part, _) in parts.into_iter().flatten().enumerate() {
                 slots.push((
                     at.key(key).index(part).key(field),
@@ -188,7 +188,7 @@ fn slots(response: &Value) -> Vec<(Location, u64, Slot)> {
                 ));
             }
         }
-        slots.push((at.key("arguments"), output_index, Slot::Arguments));
+        slots.push((at.key(&"arguments"), output_index, Slot::Arguments));
     }
     slots
 }
@@ -226,11 +226,11 @@ pub fn deliver_answer(
             continue;
         };
         let at = Location::ROOT
-            .key("output")
+            .key(&"output")
             .index(output_index as usize)
-            .key("content")
+            .key(&"content")
             .index(part as usize)
-            .key("logprobs");
+            .key(&"logprobs");
         if let Some(logprobs) = at.get_mut(answer)
             && let Some(entries) = logprobs.as_array().filter(|entries| !entries.is_empty())
         {

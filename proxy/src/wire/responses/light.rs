@@ -97,7 +97,7 @@ fn read_delta(data: &str) -> Option<(Delta<'_>, TextField, JsonStr<'_>)> {
     let field = TextField {
         choice: 0,
         kind: part,
-        at: Location::ROOT.key("delta"),
+        at: Location::ROOT.key(&"delta"),
     };
     let delta = Delta {
         kind,
