@@ -28,7 +28,8 @@
 //! that little does not need it), a helper thread writes [`SEGMENT_BYTES`]
 //! of zeros to `spare` and syncs it; the writer renames it to the next
 //! segment's name at the next roll-over, or at once when the current segment
-//! is a plain appended one. Until a spare is ready, segments are appended.
+//! is a plain appended one. Until a spare is ready, segments are appended;
+//! one that cannot be made is tried again in the next segment.
 //!
 //! A frame is `len: u32 | crc32: u32 | seq: u64 | at_ms: u64 | sample_len:
 //! u32 | sample | entry`, little-endian; `len` counts the bytes after itself,
@@ -319,11 +320,7 @@ fn remove_segments(journal: &Path, indexed_through: u64) -> Result<(), AuditErro
             None => indexed_through == u64::MAX,
         };
         if done {
-            match fs::remove_file(path) {
-                Ok(()) => {}
-                Err(error) if error.kind() == io::ErrorKind::NotFound => {}
-                Err(error) => return Err(io_error(path, error)),
-            }
+            remove_if_present(path)?;
         }
     }
     Ok(())
@@ -347,8 +344,8 @@ pub(crate) struct Journal {
     /// Whether the current segment was zero-filled before its first write
     /// (its writes then overwrite, up to [`SEGMENT_BYTES`]).
     preallocated: bool,
-    /// The helper thread zero-filling the next segment, once one is wanted.
-    spare: Option<JoinHandle<io::Result<File>>>,
+    /// The next segment, zero-filled off the hot path.
+    spare: Spare,
     next_seq: u64,
     /// First sequence number of the current segment.
     current_first: u64,
@@ -384,7 +381,7 @@ impl Journal {
             segment,
             segment_len: 0,
             preallocated: false,
-            spare: None,
+            spare: Spare::None,
             next_seq,
             current_first: next_seq,
             sealed: Vec::new(),
@@ -438,23 +435,14 @@ impl Journal {
     /// spare is ready), and starts preallocating the next one when due.
     pub(crate) fn maintain(&mut self, indexed: u64) -> Result<(), AuditError> {
         if self.broken.is_none() {
-            let spare_ready = self.spare.as_ref().is_some_and(JoinHandle::is_finished);
+            self.spare.collect();
+            let spare_ready = matches!(self.spare, Spare::Ready(_));
             let plain = !self.preallocated && self.segment_len > 0;
             if self.segment_len >= SEGMENT_BYTES || (spare_ready && plain) {
                 self.roll_over()?;
             }
-            if self.spare.is_none() && self.segment_len >= PREPARE_SPARE_AFTER {
-                let path = self.dir.join(SPARE_FILE);
-                let spawned = std::thread::Builder::new()
-                    .name("audit-journal-spare".into())
-                    .spawn(move || zero_filled(&path, SEGMENT_BYTES));
-                match spawned {
-                    Ok(spare) => self.spare = Some(spare),
-                    // Segments stay appended; tried again after the next batch.
-                    Err(error) => {
-                        tracing::warn!(%error, "cannot preallocate an audit journal segment")
-                    }
-                }
+            if matches!(self.spare, Spare::None) && self.segment_len >= PREPARE_SPARE_AFTER {
+                self.spare = Spare::start(self.dir.join(SPARE_FILE));
             }
         }
         // The oldest sealed segment's entries end where the next one starts.
@@ -475,21 +463,16 @@ impl Journal {
     /// new empty segment otherwise.
     fn roll_over(&mut self) -> Result<(), AuditError> {
         let first = self.next_seq;
-        let spare = match self.spare.take_if(|spare| spare.is_finished()) {
-            Some(spare) => match spare.join() {
-                Ok(Ok(file)) => Some(file),
-                Ok(Err(error)) => {
-                    tracing::warn!(%error, "cannot preallocate an audit journal segment");
-                    None
-                }
-                Err(_) => None,
-            },
-            None => None,
-        };
-        let (segment, preallocated) = match spare {
-            Some(file) => (install_spare(&self.dir, file, first)?, true),
-            // Only a full segment gets here without a spare.
-            None => (new_segment(&self.dir, first)?, false),
+        let (segment, preallocated) = match std::mem::replace(&mut self.spare, Spare::None) {
+            Spare::Ready(file) => (install_spare(&self.dir, file, first)?, true),
+            // A full segment and no spare ready: appended, as before them.
+            // One still being made is left to finish; a failed one is
+            // tried again once the new segment is busy.
+            preparing @ Spare::Preparing(_) => {
+                self.spare = preparing;
+                (new_segment(&self.dir, first)?, false)
+            }
+            Spare::None | Spare::Failed => (new_segment(&self.dir, first)?, false),
         };
         self.sealed.push(self.current_first);
         self.segment = segment;
@@ -497,6 +480,59 @@ impl Journal {
         self.preallocated = preallocated;
         self.current_first = first;
         Ok(())
+    }
+}
+
+/// Where the next segment stands.
+enum Spare {
+    /// Not wanted yet.
+    None,
+    /// Being zero-filled by a helper thread.
+    Preparing(JoinHandle<io::Result<File>>),
+    /// Zero-filled and synced, positioned at its start.
+    Ready(File),
+    /// Making it failed: not tried again before the next roll-over.
+    Failed,
+}
+
+impl Spare {
+    /// Starts zero-filling `path` on a helper thread.
+    fn start(path: PathBuf) -> Self {
+        let spawned = std::thread::Builder::new()
+            .name("audit-journal-spare".into())
+            .spawn(move || zero_filled(&path, SEGMENT_BYTES));
+        match spawned {
+            Ok(helper) => Self::Preparing(helper),
+            Err(error) => {
+                tracing::warn!(%error, "cannot preallocate an audit journal segment");
+                Self::Failed
+            }
+        }
+    }
+
+    /// Takes the helper thread's result once it has finished.
+    fn collect(&mut self) {
+        if !matches!(self, Self::Preparing(helper) if helper.is_finished()) {
+            return;
+        }
+        if let Self::Preparing(helper) = std::mem::replace(self, Self::None) {
+            *self = Self::joined(helper);
+        }
+    }
+
+    /// What a finished helper thread leaves: its file, or a failure.
+    fn joined(helper: JoinHandle<io::Result<File>>) -> Self {
+        match helper.join() {
+            Ok(Ok(file)) => Self::Ready(file),
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "cannot preallocate an audit journal segment");
+                Self::Failed
+            }
+            Err(_) => {
+                tracing::warn!("the audit journal's preallocating thread panicked");
+                Self::Failed
+            }
+        }
     }
 }
 

@@ -108,13 +108,9 @@ fn item_texts(item: &Value, at: Location, output_index: u32, texts: &mut TextFie
         }
         Some("reasoning") => {
             known = &["summary", "content"];
-            for key in ["summary", "content"] {
+            for key in [&"summary", &"content"] {
                 for (index, part) in list(key).enumerate() {
-                    let at = at.key(if key == "summary" {
-                        &"summary"
-                    } else {
-                        &"content"
-                    });
+                    let at = at.key(key);
                     if is_string(part, "text") {
                         push(texts, Part::Reasoning, at.index(index).key(&"text"));
                     } else {
