@@ -23,8 +23,19 @@ pub fn load_policy(config: Option<&str>) -> anyhow::Result<Policy> {
     Ok(policy)
 }
 
+/// The multi-threaded async runtime, with one worker thread per CPU.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
+    runtime_with_workers(None)
+}
+
+/// The multi-threaded async runtime with `workers` worker threads (one per
+/// CPU when `None`).
+pub fn runtime_with_workers(workers: Option<usize>) -> anyhow::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(workers) = workers {
+        builder.worker_threads(workers);
+    }
+    builder
         .enable_all()
         .build()
         .context("cannot start the async runtime")

@@ -9,7 +9,7 @@ use canarygate_proxy::{ServeOptions, Server, Startup};
 use clap::Args;
 
 use super::audit::DEFAULT_KEY_ENV;
-use super::common::{announce, load_policy, runtime, shutdown_signal};
+use super::common::{announce, load_policy, runtime_with_workers, shutdown_signal};
 use super::review::ReviewSetup;
 
 /// Arguments of `canarygate serve`.
@@ -37,6 +37,13 @@ pub struct ServeArgs {
     /// Overrides the policy's `[review] listen`; off unless one is given.
     #[arg(long, value_name = "ADDR")]
     review_listen: Option<SocketAddr>,
+    /// Threads that serve requests (the async runtime's workers), 1 to
+    /// 1024. Default: one per CPU. Fewer leave CPUs to the jobs on the same
+    /// host and cost less CPU per request there (bench/README.md, 12-05);
+    /// the audit log's writers and the topic scorer have threads of their own.
+    #[arg(long, env = "CANARYGATE_WORKER_THREADS", value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    worker_threads: Option<u16>,
 }
 
 /// Serves until Ctrl-C or SIGTERM.
@@ -66,7 +73,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             ReviewSetup::from_env(key_env, listen).map(|setup| (setup, listen))
         })
         .transpose()?;
-    runtime()?.block_on(async move {
+    let runtime = runtime_with_workers(args.worker_threads.map(usize::from))?;
+    let workers = runtime.metrics().num_workers();
+    runtime.block_on(async move {
         let server = Server::bind(ServeOptions {
             policy,
             listen: args.listen,
@@ -77,6 +86,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         let address = server.local_addr()?;
         announce(&format!("canarygate listening on http://{address}"));
         tracing::info!(providers = ?providers, "serving");
+        tracing::info!("worker threads serving requests: {workers}");
         report_startup(server.startup(), local_dir.as_deref());
         report_audit(server.startup(), &data, readers);
         if let Some((setup, listen)) = review {

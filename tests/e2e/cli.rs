@@ -171,3 +171,69 @@ fn serve_without_a_reachable_provider_starts_and_says_what_is_missing() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// `serve --worker-threads` (or `$CANARYGATE_WORKER_THREADS`) sizes the
+/// runtime that serves requests, and a count outside 1..=1024 is refused.
+#[test]
+fn serve_runs_as_many_worker_threads_as_asked() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+
+    let dir = ProxyDir::new();
+    let closed = format!("{}/v1", closed_url());
+    for refused in ["0", "1025"] {
+        let output = Command::new(binary())
+            .args(["serve", "--listen", "127.0.0.1:0", "--upstream", &closed])
+            .args(["--worker-threads", refused, "--data"])
+            .arg(dir.data())
+            .output()
+            .unwrap();
+        assert!(!output.status.success(), "{refused} accepted");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("--worker-threads"), "{stderr}");
+    }
+
+    // Not this machine's CPU count (CI has 2), so the default cannot pass.
+    let mut child = Command::new(binary())
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &closed,
+            "--data",
+        ])
+        .arg(dir.data())
+        .env("CANARYGATE_WORKER_THREADS", "3")
+        .env("CANARYGATE_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (lines, seen) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut log = String::new();
+    let workers = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match seen.recv_timeout(left) {
+            Ok(line) => {
+                if let Some((_, count)) = line.split_once("worker threads serving requests: ") {
+                    break count.trim().to_owned();
+                }
+                log.push_str(&line);
+                log.push('\n');
+            }
+            Err(_) => panic!("serve did not say how many worker threads it runs:\n{log}"),
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(workers, "3");
+}
