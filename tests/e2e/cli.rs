@@ -102,27 +102,32 @@ fn serve_refuses_a_second_provider_override_and_a_missing_managed_key() {
     );
 }
 
-/// `serve` with the default policy and no provider reachable still starts,
-/// says what is missing, and serves models, health and metrics.
-#[test]
-fn serve_without_a_reachable_provider_starts_and_says_what_is_missing() {
+/// A `serve` on a free port calling `upstream`, logging at info level: the
+/// process, its URL, and its log lines as they come.
+fn serve_with_log(
+    dir: &ProxyDir,
+    upstream: &str,
+    envs: &[(&str, &str)],
+) -> (
+    std::process::Child,
+    String,
+    std::sync::mpsc::Receiver<String>,
+) {
     use std::io::{BufRead, BufReader};
     use std::process::Stdio;
-    use std::time::{Duration, Instant};
 
-    let closed = format!("{}/v1", closed_url());
-    let dir = ProxyDir::new();
     let mut child = Command::new(binary())
         .args([
             "serve",
             "--listen",
             "127.0.0.1:0",
             "--upstream",
-            &closed,
+            upstream,
             "--data",
         ])
         .arg(dir.data())
         .env("CANARYGATE_LOG", "info")
+        .envs(envs.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -137,18 +142,45 @@ fn serve_without_a_reachable_provider_starts_and_says_what_is_missing() {
             let _ = lines.send(line);
         }
     });
+    (child, url, seen)
+}
+
+/// The log read from `seen` until `done` holds for it (within 20 s; else
+/// a panic saying `waited_for`).
+fn log_until(
+    seen: &std::sync::mpsc::Receiver<String>,
+    done: impl Fn(&str) -> bool,
+    waited_for: &str,
+) -> String {
+    use std::time::{Duration, Instant};
+
     let mut log = String::new();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !(log.contains("local engine: none") && log.contains("is not reachable")) {
+    while !done(&log) {
         let left = deadline.saturating_duration_since(Instant::now());
         match seen.recv_timeout(left) {
             Ok(line) => {
                 log.push_str(&line);
                 log.push('\n');
             }
-            Err(_) => panic!("serve did not say what is missing:\n{log}"),
+            Err(_) => panic!("serve did not say {waited_for}:\n{log}"),
         }
     }
+    log
+}
+
+/// `serve` with the default policy and no provider reachable still starts,
+/// says what is missing, and serves models, health and metrics.
+#[test]
+fn serve_without_a_reachable_provider_starts_and_says_what_is_missing() {
+    let closed = format!("{}/v1", closed_url());
+    let dir = ProxyDir::new();
+    let (mut child, url, seen) = serve_with_log(&dir, &closed, &[]);
+    let log = log_until(
+        &seen,
+        |log| log.contains("local engine: none") && log.contains("is not reachable"),
+        "what is missing",
+    );
     assert!(log.contains("provider `openai`"), "{log}");
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -176,10 +208,6 @@ fn serve_without_a_reachable_provider_starts_and_says_what_is_missing() {
 /// runtime that serves requests, and a count outside 1..=1024 is refused.
 #[test]
 fn serve_runs_as_many_worker_threads_as_asked() {
-    use std::io::{BufRead, BufReader};
-    use std::process::Stdio;
-    use std::time::{Duration, Instant};
-
     let dir = ProxyDir::new();
     let closed = format!("{}/v1", closed_url());
     for refused in ["0", "1025"] {
@@ -197,45 +225,23 @@ fn serve_runs_as_many_worker_threads_as_asked() {
     // Not this machine's CPU count, so the default cannot pass.
     let cpus = std::thread::available_parallelism().map_or(1, usize::from);
     let asked = if cpus == 3 { 5 } else { 3 };
-    let mut child = Command::new(binary())
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream",
-            &closed,
-            "--data",
-        ])
-        .arg(dir.data())
-        .env("CANARYGATE_WORKER_THREADS", asked.to_string())
-        .env("CANARYGATE_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let (lines, seen) = std::sync::mpsc::channel();
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = lines.send(line);
-        }
-    });
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut log = String::new();
-    let workers = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match seen.recv_timeout(left) {
-            Ok(line) => {
-                if let Some((_, count)) = line.split_once("worker threads serving requests: ") {
-                    break count.trim().to_owned();
-                }
-                log.push_str(&line);
-                log.push('\n');
-            }
-            Err(_) => panic!("serve did not say how many worker threads it runs:\n{log}"),
-        }
-    };
+    let (mut child, _, seen) = serve_with_log(
+        &dir,
+        &closed,
+        &[("CANARYGATE_WORKER_THREADS", &asked.to_string())],
+    );
+    const SAID: &str = "worker threads serving requests: ";
+    let log = log_until(
+        &seen,
+        |log| log.contains(SAID),
+        "how many worker threads it runs",
+    );
     let _ = child.kill();
     let _ = child.wait();
-    assert_eq!(workers, asked.to_string());
+    let workers = log.split(SAID).nth(1).and_then(|rest| rest.lines().next());
+    assert_eq!(
+        workers.map(str::trim),
+        Some(asked.to_string().as_str()),
+        "{log}"
+    );
 }
