@@ -1,9 +1,6 @@
 //! The wire-format seam itself: the [`WireFormat`] trait and the views of
 //! requests, answers and stream events that it hands the verified path (see
 //! the parent module's docs).
-//!
-//! Longer than 500 lines: the last 20 are a unit test of [`Location`]'s
-//! size and lookups.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -18,6 +15,7 @@ use smallvec::SmallVec;
 
 use crate::error::ApiError;
 use crate::wire::edit::Delivery;
+use crate::wire::location::Location;
 
 /// What the pipeline needs of a client request, whatever its format.
 #[derive(Debug)]
@@ -48,95 +46,6 @@ impl TextField {
     /// The text in `value` (the answer or event the field was read from).
     pub fn text<'a>(&self, value: &'a Value) -> &'a str {
         self.at.get(value).and_then(Value::as_str).unwrap_or("")
-    }
-}
-
-/// Most steps from the root of a JSON value to a text field.
-const MAX_STEPS: usize = 12;
-
-/// One step into a JSON value. 16 bytes: a key is held by a thin pointer
-/// (`&"name"`), since every stream event moves a [`Location`] of twelve.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Step {
-    /// A member of an object.
-    Key(&'static &'static str),
-    /// An element of an array.
-    Index(usize),
-    /// The member at this position of an object (members keep the order
-    /// they were read in): for keys known only at run time.
-    Member(usize),
-}
-
-/// Where a value sits inside a JSON value: up to [`MAX_STEPS`] steps from
-/// its root. Copied, never allocated: every text field of every stream event
-/// has one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Location {
-    steps: [Step; MAX_STEPS],
-    len: usize,
-}
-
-impl Location {
-    /// The root itself.
-    pub const ROOT: Self = Self {
-        steps: [Step::Index(0); MAX_STEPS],
-        len: 0,
-    };
-
-    /// One step further: `step`. Deeper than [`MAX_STEPS`] is a bug of the
-    /// wire format that builds it (it would point at the wrong value).
-    pub fn then(mut self, step: Step) -> Self {
-        assert!(
-            self.len < MAX_STEPS,
-            "a Location holds at most {MAX_STEPS} steps"
-        );
-        self.steps[self.len] = step;
-        self.len += 1;
-        self
-    }
-
-    /// Member `key`.
-    pub fn key(self, key: &'static &'static str) -> Self {
-        self.then(Step::Key(key))
-    }
-
-    /// Element `index`.
-    pub fn index(self, index: usize) -> Self {
-        self.then(Step::Index(index))
-    }
-
-    /// The member at `position` of an object.
-    pub fn member(self, position: usize) -> Self {
-        self.then(Step::Member(position))
-    }
-
-    /// Whether one more step fits.
-    pub fn has_room(&self) -> bool {
-        self.len < MAX_STEPS
-    }
-
-    /// The value there, if any.
-    pub fn get<'a>(&self, mut value: &'a Value) -> Option<&'a Value> {
-        for step in &self.steps[..self.len] {
-            value = match step {
-                Step::Key(key) => value.get(**key)?,
-                Step::Index(index) => value.get(*index)?,
-                Step::Member(position) => value.as_object()?.values().nth(*position)?,
-            };
-        }
-        Some(value)
-    }
-
-    /// The value there, to replace, if any.
-    pub fn get_mut<'a>(&self, mut value: &'a mut Value) -> Option<&'a mut Value> {
-        for step in &self.steps[..self.len] {
-            value = match step {
-                Step::Key(key) => value.get_mut(**key)?,
-                Step::Index(index) => value.get_mut(*index)?,
-                Step::Member(position) => value.as_object_mut()?.values_mut().nth(*position)?,
-            };
-        }
-        Some(value)
     }
 }
 
@@ -488,25 +397,5 @@ pub trait WireFormat: Send + Sync + 'static {
 pub fn put_text(value: &mut Value, field: &TextField, text: String) {
     if let Some(slot) = field.at.get_mut(value) {
         *slot = Value::String(text);
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_step_is_a_thin_key_or_an_index_and_a_location_finds_its_value() {
-        // Every stream event moves its Locations by value: 16-byte steps
-        // keep one at 200 bytes (a `&'static str` key made them 24).
-        assert_eq!(std::mem::size_of::<Step>(), 16);
-        let value = serde_json::json!({"choices": [{"delta": {"content": "hi", "x": "y"}}]});
-        let at = Location::ROOT.key(&"choices").index(0).key(&"delta");
-        assert_eq!(
-            at.key(&"content").get(&value),
-            Some(&value["choices"][0]["delta"]["content"])
-        );
-        assert_eq!(at.member(1).get(&value), Some(&serde_json::json!("y")));
-        assert_eq!(at.key(&"missing").get(&value), None);
     }
 }

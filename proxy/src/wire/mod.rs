@@ -18,7 +18,7 @@
 //!    provider's whole answer, or one event of its stream, as text for the
 //!    verifier: every text field with its
 //!    [`Part`](canarygate_policies::verify::Part) and its place
-//!    ([`TextField::at`](format::TextField::at), a [`Location`](format::Location) in the provider's own JSON), so
+//!    ([`TextField::at`](format::TextField::at), a [`Location`](location::Location) in the provider's own JSON), so
 //!    the verified text can be put back where it came from
 //!    ([`put_text`](format::put_text)), plus finish reasons and usage.
 //!    A format may read an event of a shape it knows without building its
@@ -42,6 +42,7 @@ pub mod completions;
 pub mod edit;
 mod format;
 mod json_str;
+mod location;
 pub mod messages;
 pub mod responses;
 

@@ -6,7 +6,8 @@ use canarygate_policies::canary::find_canaries;
 use canarygate_policies::verify::{Part, ProviderUsage};
 use serde_json::Value;
 
-use crate::wire::format::{ChoiceView, Location, TextField, TextFields};
+use crate::wire::format::{ChoiceView, TextField, TextFields};
+use crate::wire::location::{Key, Location};
 
 /// `usage` of an answer or chunk, when it reports prompt tokens (with the
 /// cached ones, [`ProviderUsage::from_usage`]).
@@ -26,11 +27,11 @@ pub fn index_of(item: &Value, position: usize) -> u32 {
 /// order a model writes them, with the part each belongs to. Reasoning:
 /// `reasoning_content` (DeepSeek, vLLM, SGLang, GLM, Qwen) and `reasoning`
 /// (OpenRouter, newer vLLM; [`Part::ReasoningAlias`] when both are there).
-const TEXT_FIELDS: [(&str, Part); 4] = [
-    ("reasoning_content", Part::Reasoning),
-    ("reasoning", Part::Reasoning),
-    ("content", Part::Content),
-    ("refusal", Part::Refusal),
+const TEXT_FIELDS: [(Key, Part); 4] = [
+    (Key::ReasoningContent, Part::Reasoning),
+    (Key::Reasoning, Part::Reasoning),
+    (Key::Content, Part::Content),
+    (Key::Refusal, Part::Refusal),
 ];
 
 /// Pushes onto `texts` every string under `value` (at `at`, reached by
@@ -84,32 +85,32 @@ pub fn residual_members(
 }
 
 /// Choice `position` of an answer (`part` = `message`) or chunk (`delta`).
-pub fn read_choice(choice: &Value, position: usize, part: &'static &'static str) -> ChoiceView {
+pub fn read_choice(choice: &Value, position: usize, part: Key) -> ChoiceView {
     let index = index_of(choice, position);
     let mut texts = TextFields::new();
-    let message = &choice[*part];
-    let at = Location::ROOT.key(&"choices").index(position).key(part);
+    let message = &choice[part.name()];
+    let at = Location::ROOT.key(Key::Choices).index(position).key(part);
     let both_reasonings = message
         .get("reasoning_content")
         .is_some_and(Value::is_string);
     for (field, kind) in &TEXT_FIELDS {
         let mut kind = *kind;
-        if message.get(*field).is_some_and(Value::is_string) {
-            if *field == "reasoning" && both_reasonings {
+        if message.get(field.name()).is_some_and(Value::is_string) {
+            if *field == Key::Reasoning && both_reasonings {
                 kind = Part::ReasoningAlias;
             }
             texts.push(TextField {
                 choice: index,
                 kind,
-                at: at.key(field),
+                at: at.key(*field),
             });
         }
     }
     if let Some(calls) = message.get("tool_calls").and_then(Value::as_array) {
         for (call_position, call) in calls.iter().enumerate() {
             // Whole answers list calls in order; stream deltas name theirs.
-            let call_index = match *part {
-                "delta" => index_of(call, call_position),
+            let call_index = match part {
+                Key::Delta => index_of(call, call_position),
                 _ => call_position as u32,
             };
             let arguments = call
@@ -120,10 +121,10 @@ pub fn read_choice(choice: &Value, position: usize, part: &'static &'static str)
                     choice: index,
                     kind: Part::ToolArguments(call_index),
                     at: at
-                        .key(&"tool_calls")
+                        .key(Key::ToolCalls)
                         .index(call_position)
-                        .key(&"function")
-                        .key(&"arguments"),
+                        .key(Key::Function)
+                        .key(Key::Arguments),
                 });
             }
         }
@@ -136,13 +137,14 @@ pub fn read_choice(choice: &Value, position: usize, part: &'static &'static str)
         texts.push(TextField {
             choice: index,
             kind: Part::FunctionArguments,
-            at: at.key(&"function_call").key(&"arguments"),
+            at: at.key(Key::FunctionCall).key(Key::Arguments),
         });
     }
     // Canary text may turn up anywhere the provider puts model output or the
     // prompt: any other string of the message that holds a canary-shaped span
     // is verified too.
-    let known = |key: &str| TEXT_FIELDS.iter().any(|(field, _)| *field == key) || key == "role";
+    let known =
+        |key: &str| TEXT_FIELDS.iter().any(|(field, _)| field.name() == key) || key == "role";
     residual_members(message, at, index, known, &mut texts);
     ChoiceView {
         index,

@@ -10,7 +10,8 @@ use serde_json::{Value, json};
 
 use super::logprobs;
 use crate::wire::edit::{Delivery, apply};
-use crate::wire::format::{ChoiceView, Location, TextField, put_text};
+use crate::wire::format::{ChoiceView, TextField, put_text};
+use crate::wire::location::{Key, Location};
 
 /// Keys of a message or delta that hold text the verifier reads.
 const TEXT_KEYS: [&str; 4] = ["content", "reasoning_content", "reasoning", "refusal"];
@@ -82,7 +83,7 @@ pub fn edit_fields(
     edited.emptied = had_text && !shows_text;
     for position in changed_choices {
         let delivered = |key: &str| {
-            let at = Location::ROOT.key(&"choices").index(position);
+            let at = Location::ROOT.key(Key::Choices).index(position);
             let body = at
                 .get(value)
                 .and_then(|choice| choice.get("delta").or_else(|| choice.get("message")));
@@ -98,7 +99,7 @@ pub fn edit_fields(
         }
     }
     for choice in choices {
-        let at = Location::ROOT.key(&"choices").index(choice.position);
+        let at = Location::ROOT.key(Key::Choices).index(choice.position);
         let Some(slot) = at.get_mut(value) else {
             continue;
         };
@@ -122,9 +123,9 @@ pub fn edit_fields(
 /// The `logprobs` object of the choice at `position`, if it has one.
 fn logprobs_at(value: &mut Value, position: usize) -> Option<&mut Value> {
     Location::ROOT
-        .key(&"choices")
+        .key(Key::Choices)
         .index(position)
-        .key(&"logprobs")
+        .key(Key::Logprobs)
         .get_mut(value)
         .filter(|logprobs| logprobs.is_object())
 }

@@ -25,8 +25,9 @@ use canarygate_policies::verify::Part;
 use serde::de::{Deserializer, Error as _, SeqAccess, Visitor};
 use serde::{Deserialize, de::IgnoredAny};
 
-use crate::wire::format::{ChoiceView, Choices, Chunk, Location, Step, TextField, TextFields};
+use crate::wire::format::{ChoiceView, Choices, Chunk, TextField, TextFields};
 use crate::wire::json_str::JsonStr;
+use crate::wire::location::{Key, Location, Step};
 
 /// A chunk: `choices`, and members that must not be there (anything else
 /// is skipped).
@@ -183,32 +184,31 @@ impl<'a> LightChoices<'a> {
                 Some(_) => Part::ReasoningAlias,
                 None => Part::Reasoning,
             };
-            // Where each text sits, as steps below the delta: a `Location`
-            // is some 300 bytes, so only the one of a text that is there
-            // is built.
+            // Where each text sits, as steps below the delta: only the
+            // `Location` of a text that is there is built.
             let candidates = [
                 (
-                    &[Step::Key(&"reasoning_content")][..],
+                    &[Step::Key(Key::ReasoningContent)][..],
                     Part::Reasoning,
                     delta.reasoning_content,
                 ),
                 (
-                    &[Step::Key(&"reasoning")][..],
+                    &[Step::Key(Key::Reasoning)][..],
                     reasoning_kind,
                     delta.reasoning,
                 ),
-                (&[Step::Key(&"content")][..], Part::Content, delta.content),
-                (&[Step::Key(&"refusal")][..], Part::Refusal, delta.refusal),
+                (&[Step::Key(Key::Content)][..], Part::Content, delta.content),
+                (&[Step::Key(Key::Refusal)][..], Part::Refusal, delta.refusal),
             ];
             // Then the call's arguments (the tree reads them after the texts).
             let call = delta.tool_calls.map(|LightCalls { index, arguments }| {
                 let call_index = index.unwrap_or(0).min(u64::from(u32::MAX)) as u32;
                 (
                     &[
-                        Step::Key(&"tool_calls"),
+                        Step::Key(Key::ToolCalls),
                         Step::Index(0),
-                        Step::Key(&"function"),
-                        Step::Key(&"arguments"),
+                        Step::Key(Key::Function),
+                        Step::Key(Key::Arguments),
                     ][..],
                     Part::ToolArguments(call_index),
                     Some(arguments),
@@ -220,7 +220,10 @@ impl<'a> LightChoices<'a> {
                     return Err("more than one text");
                 }
                 let at = steps.iter().fold(
-                    Location::ROOT.key(&"choices").index(position).key(&"delta"),
+                    Location::ROOT
+                        .key(Key::Choices)
+                        .index(position)
+                        .key(Key::Delta),
                     |at, step| at.then(*step),
                 );
                 fields.push(TextField {
@@ -293,7 +296,7 @@ mod tests {
                     .iter()
                     .enumerate()
                     .map(|(position, choice)| {
-                        super::super::answer::read_choice(choice, position, &"delta")
+                        super::super::answer::read_choice(choice, position, Key::Delta)
                     })
                     .collect()
             })

@@ -41,6 +41,7 @@ pub use self::stream::{ChatStream, ChunkEditor};
 use crate::error::{ApiError, ErrorCode};
 use crate::wire::edit::Delivery;
 use crate::wire::format::{AnswerView, Chunk, ClientRequest, EventView, LocalStream, WireFormat};
+use crate::wire::location::Key;
 
 /// OpenAI Chat Completions.
 pub struct Chat;
@@ -104,7 +105,7 @@ impl WireFormat for Chat {
             choices: choices
                 .iter()
                 .enumerate()
-                .map(|(position, choice)| read_choice(choice, position, &"message"))
+                .map(|(position, choice)| read_choice(choice, position, Key::Message))
                 .collect(),
             usage: usage_of(answer),
         }
@@ -143,7 +144,7 @@ impl WireFormat for Chat {
                 choices
                     .iter()
                     .enumerate()
-                    .map(|(position, choice)| read_choice(choice, position, &"delta"))
+                    .map(|(position, choice)| read_choice(choice, position, Key::Delta))
                     .collect()
             })
             .unwrap_or_default();

@@ -339,6 +339,7 @@ mod tests {
     use crate::wire::chat::answer::read_choice;
     use crate::wire::edit::{TokenCounter, UsageOptions};
     use crate::wire::format::{EventView, WireFormat};
+    use crate::wire::location::Key;
 
     /// A streamed request of `max_tokens` with canaries placed, and the
     /// opening an obedient model writes.
@@ -395,7 +396,7 @@ mod tests {
             .unwrap()
             .iter()
             .enumerate()
-            .map(|(position, choice)| read_choice(choice, position, &"delta"))
+            .map(|(position, choice)| read_choice(choice, position, Key::Delta))
             .collect();
         Chunk::parsed(value, choices, None)
     }

@@ -8,8 +8,9 @@ use serde_json::Value;
 
 use crate::wire::chat::{index_of, residual_members, usage_of};
 use crate::wire::format::{
-    AnswerView, ChoiceView, Choices, Chunk, EventView, Location, TextField, TextFields,
+    AnswerView, ChoiceView, Choices, Chunk, EventView, TextField, TextFields,
 };
+use crate::wire::location::{Key, Location};
 
 /// Members of a choice read on their own: the text, and what is not model
 /// output (`logprobs` follow the text, [`super::logprobs`]).
@@ -18,13 +19,13 @@ const KNOWN: [&str; 4] = ["text", "index", "finish_reason", "logprobs"];
 /// Choice `position` of an answer's or chunk's `choices`.
 pub fn read_choice(choice: &Value, position: usize) -> ChoiceView {
     let index = index_of(choice, position);
-    let at = Location::ROOT.key(&"choices").index(position);
+    let at = Location::ROOT.key(Key::Choices).index(position);
     let mut texts = TextFields::new();
     if choice.get("text").is_some_and(Value::is_string) {
         texts.push(TextField {
             choice: index,
             kind: Part::Content,
-            at: at.key(&"text"),
+            at: at.key(Key::Text),
         });
     }
     // A provider's own fields (SGLang's `matched_stop`, vLLM's

@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 use super::logprobs;
 use crate::wire::chat::{ChunkEditor, Edited};
 use crate::wire::edit::{Delivery, apply};
-use crate::wire::format::{ChoiceView, Location, TextField, put_text};
+use crate::wire::format::{ChoiceView, TextField, put_text};
+use crate::wire::location::{Key, Location};
 
 /// Members of a choice that are not "something besides text" (a chunk
 /// whose text was all removed and that carries only these, or nulls, is
@@ -99,9 +100,9 @@ impl TextEdits {
         }
         edited.emptied = had_text && !shows_text;
         for position in changed_choices {
-            let at = Location::ROOT.key(&"choices").index(position);
+            let at = Location::ROOT.key(Key::Choices).index(position);
             let delivered = at
-                .key(&"text")
+                .key(Key::Text)
                 .get(value)
                 .and_then(Value::as_str)
                 .unwrap_or("")
@@ -111,7 +112,7 @@ impl TextEdits {
             }
         }
         for choice in choices {
-            let at = Location::ROOT.key(&"choices").index(choice.position);
+            let at = Location::ROOT.key(Key::Choices).index(choice.position);
             let Some(slot) = at.get_mut(value) else {
                 continue;
             };
@@ -137,9 +138,9 @@ impl TextEdits {
 /// The `logprobs` object of the choice at `position`, if it has one.
 fn logprobs_at(value: &mut Value, position: usize) -> Option<&mut Value> {
     Location::ROOT
-        .key(&"choices")
+        .key(Key::Choices)
         .index(position)
-        .key(&"logprobs")
+        .key(Key::Logprobs)
         .get_mut(value)
         .filter(|logprobs| logprobs.is_object())
 }

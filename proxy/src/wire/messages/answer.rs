@@ -13,7 +13,8 @@ use canarygate_policies::canary::find_canaries;
 use canarygate_policies::verify::{Part, ProviderUsage};
 use serde_json::Value;
 
-use crate::wire::format::{AnswerView, ChoiceView, Location, TextField, TextFields};
+use crate::wire::format::{AnswerView, ChoiceView, TextField, TextFields};
+use crate::wire::location::{Key, Location};
 
 /// The keys of a block that never hold model text: opaque tokens and ids.
 const OPAQUE_KEYS: [&str; 5] = ["signature", "data", "id", "tool_use_id", "type"];
@@ -75,13 +76,13 @@ pub fn residual_strings(value: &Value, at: Location, key: &str, texts: &mut Text
 pub fn block_texts(block: &Value, at: Location, texts: &mut TextFields) {
     let kind = block.get("type").and_then(Value::as_str).unwrap_or("");
     let own = match kind {
-        "text" => Some((&"text", Part::Content)),
-        "thinking" => Some((&"thinking", Part::Reasoning)),
+        "text" => Some((Key::Text, Part::Content)),
+        "thinking" => Some((Key::Thinking, Part::Reasoning)),
         "redacted_thinking" => return,
         _ => None,
     };
     if let Some((key, part)) = own
-        && block.get(*key).is_some_and(Value::is_string)
+        && block.get(key.name()).is_some_and(Value::is_string)
     {
         texts.push(TextField {
             choice: 0,
@@ -91,7 +92,7 @@ pub fn block_texts(block: &Value, at: Location, texts: &mut TextFields) {
     }
     if let Some(members) = block.as_object() {
         for (position, (member, value)) in members.iter().enumerate() {
-            if own.is_some_and(|(key, _)| key == member) {
+            if own.is_some_and(|(key, _)| key.name() == member) {
                 continue;
             }
             residual_strings(value, at.member(position), member, texts);
@@ -106,7 +107,7 @@ pub fn read(answer: &Value) -> AnswerView {
         for (position, block) in blocks.iter().enumerate() {
             block_texts(
                 block,
-                Location::ROOT.key(&"content").index(position),
+                Location::ROOT.key(Key::Content).index(position),
                 &mut texts,
             );
         }

@@ -18,8 +18,9 @@ use canarygate_policies::verify::Part;
 use serde::Deserialize;
 use smallvec::smallvec;
 
-use crate::wire::format::{ChoiceView, Chunk, Location, TextField};
+use crate::wire::format::{ChoiceView, Chunk, TextField};
 use crate::wire::json_str::JsonStr;
+use crate::wire::location::{Key, Location};
 
 /// A `content_block_delta`, nothing else.
 #[derive(Deserialize)]
@@ -54,14 +55,14 @@ pub fn read(data: &str) -> Option<Chunk> {
         return None;
     }
     let (key, part, text) = match (delta.kind.0.as_ref(), delta.text, delta.thinking) {
-        ("text_delta", Some(text), None) => (&"text", Part::Content, text),
-        ("thinking_delta", None, Some(thinking)) => (&"thinking", Part::Reasoning, thinking),
+        ("text_delta", Some(text), None) => (Key::Text, Part::Content, text),
+        ("thinking_delta", None, Some(thinking)) => (Key::Thinking, Part::Reasoning, thinking),
         _ => return None,
     };
     let field = TextField {
         choice: 0,
         kind: part,
-        at: Location::ROOT.key(&"delta").key(key),
+        at: Location::ROOT.key(Key::Delta).key(key),
     };
     let choice = ChoiceView {
         index: 0,

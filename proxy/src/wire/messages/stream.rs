@@ -25,8 +25,9 @@ use super::deliver::{cut_stop_reason, edit_texts};
 use super::error::{is_error_value, message_of};
 use crate::wire::edit::Delivery;
 use crate::wire::format::{
-    ChoiceView, Chunk, EventView, Location, Spans, StreamWriter, TextField, TextFields,
+    ChoiceView, Chunk, EventView, Spans, StreamWriter, TextField, TextFields,
 };
+use crate::wire::location::{Key, Location};
 
 /// The end marker's name (and its data's `type`).
 pub const MESSAGE_STOP: &str = "message_stop";
@@ -92,7 +93,7 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
         "ping" => carries_choice = false,
         "content_block_start" => block_texts(
             &data["content_block"],
-            Location::ROOT.key(&"content_block"),
+            Location::ROOT.key(Key::ContentBlock),
             &mut texts,
         ),
         "content_block_delta" => delta_texts(&data, &mut texts),
@@ -126,21 +127,21 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
 /// The text fields of a `content_block_delta`.
 fn delta_texts(data: &Value, texts: &mut TextFields) {
     let delta = &data["delta"];
-    let at = Location::ROOT.key(&"delta");
+    let at = Location::ROOT.key(Key::Delta);
     let index = data
         .get("index")
         .and_then(Value::as_u64)
         .unwrap_or(0)
         .min(u64::from(u32::MAX)) as u32;
     let own = match delta.get("type").and_then(Value::as_str) {
-        Some("text_delta") => Some((&"text", Part::Content)),
-        Some("thinking_delta") => Some((&"thinking", Part::Reasoning)),
-        Some("input_json_delta") => Some((&"partial_json", Part::ToolArguments(index))),
+        Some("text_delta") => Some((Key::Text, Part::Content)),
+        Some("thinking_delta") => Some((Key::Thinking, Part::Reasoning)),
+        Some("input_json_delta") => Some((Key::PartialJson, Part::ToolArguments(index))),
         Some("signature_delta") => return,
         _ => None,
     };
     match own {
-        Some((key, kind)) if delta.get(*key).is_some_and(Value::is_string) => {
+        Some((key, kind)) if delta.get(key.name()).is_some_and(Value::is_string) => {
             texts.push(TextField {
                 choice: 0,
                 kind,

@@ -14,7 +14,8 @@ use canarygate_policies::sse::SseEvent;
 use canarygate_policies::verify::{Part, ProviderUsage};
 use serde_json::Value;
 
-use crate::wire::format::{ChoiceView, Chunk, EventView, Location, TextField, TextFields};
+use crate::wire::format::{ChoiceView, Chunk, EventView, TextField, TextFields};
+use crate::wire::location::{Key, Location};
 
 /// `usage` of a response: `input_tokens` (cached ones included),
 /// `output_tokens`, `input_tokens_details.cached_tokens`.
@@ -65,7 +66,7 @@ pub fn output_texts(response: &Value, at: Location) -> TextFields {
     let Some(items) = response.get("output").and_then(Value::as_array) else {
         return texts;
     };
-    let at = at.key(&"output");
+    let at = at.key(Key::Output);
     for (position, item) in items.iter().enumerate() {
         item_texts(item, at.index(position), position as u32, &mut texts);
     }
@@ -86,14 +87,14 @@ fn item_texts(item: &Value, at: Location, output_index: u32, texts: &mut TextFie
         Some("message") => {
             known = &["content"];
             for (index, part) in list("content").enumerate() {
-                let at = at.key(&"content").index(index);
+                let at = at.key(Key::Content).index(index);
                 let text = match part.get("type").and_then(Value::as_str) {
                     Some("output_text") if is_string(part, "text") => {
-                        push(texts, Part::Content, at.key(&"text"));
+                        push(texts, Part::Content, at.key(Key::Text));
                         "text"
                     }
                     Some("refusal") if is_string(part, "refusal") => {
-                        push(texts, Part::Refusal, at.key(&"refusal"));
+                        push(texts, Part::Refusal, at.key(Key::Refusal));
                         "refusal"
                     }
                     _ => "",
@@ -108,11 +109,11 @@ fn item_texts(item: &Value, at: Location, output_index: u32, texts: &mut TextFie
         }
         Some("reasoning") => {
             known = &["summary", "content"];
-            for key in [&"summary", &"content"] {
-                for (index, part) in list(key).enumerate() {
+            for key in [Key::Summary, Key::Content] {
+                for (index, part) in list(key.name()).enumerate() {
                     let at = at.key(key);
                     if is_string(part, "text") {
-                        push(texts, Part::Reasoning, at.index(index).key(&"text"));
+                        push(texts, Part::Reasoning, at.index(index).key(Key::Text));
                     } else {
                         residual(part, at.index(index), "", texts);
                     }
@@ -125,7 +126,7 @@ fn item_texts(item: &Value, at: Location, output_index: u32, texts: &mut TextFie
                 push(
                     texts,
                     Part::ToolArguments(output_index),
-                    at.key(&"arguments"),
+                    at.key(Key::Arguments),
                 );
             }
         }
@@ -269,7 +270,7 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
     let mut texts = TextFields::new();
     if let Some(part) = delta_part(&kind, &data) {
         if data.get("delta").is_some_and(Value::is_string) {
-            push(&mut texts, part, Location::ROOT.key(&"delta"));
+            push(&mut texts, part, Location::ROOT.key(Key::Delta));
         }
     } else if matches!(
         kind.as_str(),
@@ -277,7 +278,7 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
     ) {
         // The instructions the response repeats hold canarygate's blocks.
         if let Some(response) = data.get("response") {
-            instructions_texts(response, Location::ROOT.key(&"response"), &mut texts);
+            instructions_texts(response, Location::ROOT.key(Key::Response), &mut texts);
         }
     } else if !WITHOUT_TEXT.contains(&kind.as_str()) {
         // An event of another kind (annotations, audio, custom tools...):

@@ -12,7 +12,8 @@ use canarygate_policies::verify::{Part, Verifier};
 use serde_json::{Value, json};
 
 use crate::wire::edit::{Delivery, apply};
-use crate::wire::format::{AnswerView, Location, put_text};
+use crate::wire::format::{AnswerView, put_text};
+use crate::wire::location::{Key, Location};
 
 /// Which text of an output item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -172,14 +173,14 @@ fn slots(response: &Value) -> Vec<(Location, u64, Slot)> {
     let mut slots = Vec::new();
     let items = response.get("output").and_then(Value::as_array);
     for (index, item) in items.into_iter().flatten().enumerate() {
-        let at = Location::ROOT.key(&"output").index(index);
+        let at = Location::ROOT.key(Key::Output).index(index);
         let output_index = index as u64;
         for (key, slot, field) in [
-            (&"content", Slot::Content as fn(u64) -> Slot, &"text"),
-            (&"content", Slot::Content, &"refusal"),
-            (&"summary", Slot::Summary, &"text"),
+            (Key::Content, Slot::Content as fn(u64) -> Slot, Key::Text),
+            (Key::Content, Slot::Content, Key::Refusal),
+            (Key::Summary, Slot::Summary, Key::Text),
         ] {
-            let parts = item.get(*key).and_then(Value::as_array);
+            let parts = item.get(key.name()).and_then(Value::as_array);
             for (part, _) in parts.into_iter().flatten().enumerate() {
                 slots.push((
                     at.key(key).index(part).key(field),
@@ -188,7 +189,7 @@ fn slots(response: &Value) -> Vec<(Location, u64, Slot)> {
                 ));
             }
         }
-        slots.push((at.key(&"arguments"), output_index, Slot::Arguments));
+        slots.push((at.key(Key::Arguments), output_index, Slot::Arguments));
     }
     slots
 }
@@ -226,11 +227,11 @@ pub fn deliver_answer(
             continue;
         };
         let at = Location::ROOT
-            .key(&"output")
+            .key(Key::Output)
             .index(output_index as usize)
-            .key(&"content")
+            .key(Key::Content)
             .index(part as usize)
-            .key(&"logprobs");
+            .key(Key::Logprobs);
         if let Some(logprobs) = at.get_mut(answer)
             && let Some(entries) = logprobs.as_array().filter(|entries| !entries.is_empty())
         {

@@ -22,8 +22,9 @@ use smallvec::smallvec;
 
 use super::answer::part_of_delta;
 use super::deliver::Slot;
-use crate::wire::format::{ChoiceView, Chunk, Location, TextField};
+use crate::wire::format::{ChoiceView, Chunk, TextField};
 use crate::wire::json_str::JsonStr;
+use crate::wire::location::{Key, Location};
 
 /// A delta event's members, nothing else.
 #[derive(Deserialize)]
@@ -97,7 +98,7 @@ fn read_delta(data: &str) -> Option<(Delta<'_>, TextField, JsonStr<'_>)> {
     let field = TextField {
         choice: 0,
         kind: part,
-        at: Location::ROOT.key(&"delta"),
+        at: Location::ROOT.key(Key::Delta),
     };
     let delta = Delta {
         kind,
