@@ -250,6 +250,7 @@ impl Measurement {
                     "p99_at_most_us": finite(o.p99_us),
                     "journal_syncs": o.journal_syncs,
                     "journal_sync_p99_at_most_us": finite(o.journal_sync_p99_us),
+                    "record_wait_p99_at_most_us": finite(o.record_wait_p99_us),
                 })),
             })
         };
@@ -454,7 +455,7 @@ impl Bench {
         let f = m.fast_latency;
         let own = |o: Option<Overhead>| {
             o.map_or(String::new(), |o| {
-                let journal = if o.journal_syncs > 0 {
+                let mut audit = if o.journal_syncs > 0 {
                     format!(
                         ", {} journal syncs p99 ≤ {:.0} µs",
                         o.journal_syncs, o.journal_sync_p99_us
@@ -462,8 +463,11 @@ impl Bench {
                 } else {
                     String::new()
                 };
+                if o.record_wait_p99_us.is_finite() {
+                    audit += &format!(", record wait p99 ≤ {:.0} µs", o.record_wait_p99_us);
+                }
                 format!(
-                    ", own p50 ≤ {:.0} µs p99 ≤ {:.0} µs{journal}",
+                    ", own p50 ≤ {:.0} µs p99 ≤ {:.0} µs{audit}",
                     o.p50_us, o.p99_us
                 )
             })

@@ -16,7 +16,10 @@
 //!
 //! With the durable audit, the same scrape gives the floor of that own time:
 //! `canarygate_audit_journal_sync_seconds`, the duration of each journal
-//! write and its `fdatasync` under the phase's own load ([`Scrape`]).
+//! write and its `fdatasync` under the phase's own load, and the part of it
+//! spent waiting for the audit log: `canarygate_audit_record_wait_seconds`,
+//! each request's wait from handing its record over until its task runs
+//! again with the record on disk ([`Scrape`]).
 
 use std::net::SocketAddr;
 
@@ -24,6 +27,8 @@ use std::net::SocketAddr;
 const OVERHEAD: &str = "canarygate_proxy_overhead_seconds";
 /// Each audit journal write and its sync (durable audit only).
 const JOURNAL_SYNC: &str = "canarygate_audit_journal_sync_seconds";
+/// Each request's wait for the audit log to take its record.
+const RECORD_WAIT: &str = "canarygate_audit_record_wait_seconds";
 
 /// A cumulative histogram: `(upper bound in seconds, requests at or below)`,
 /// bounds ascending, the last one `+Inf`.
@@ -115,32 +120,38 @@ impl Histogram {
 }
 
 /// What one scrape of canarygate's `/metrics` gives: the overhead
-/// histogram, and the journal's sync histogram where it has one.
+/// histogram, and the journal's sync and the record wait histograms where
+/// it has them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Scrape {
     pub overhead: Histogram,
     pub journal_sync: Option<Histogram>,
+    pub record_wait: Option<Histogram>,
 }
 
 impl Scrape {
-    /// Both histograms in a Prometheus text exposition; None without the
+    /// The histograms in a Prometheus text exposition; None without the
     /// overhead's.
     pub fn parse(text: &str) -> Option<Self> {
         Some(Self {
             overhead: Histogram::parse(text)?,
             journal_sync: Histogram::parse_named(text, JOURNAL_SYNC),
+            record_wait: Histogram::parse_named(text, RECORD_WAIT),
         })
     }
 
-    /// A pool's scrapes as one ([`Histogram::sum`]); the journal's only
-    /// when every instance has it.
+    /// A pool's scrapes as one ([`Histogram::sum`]); the journal's and the
+    /// record wait's only when every instance has them.
     pub fn sum(scrapes: &[Self]) -> Option<Self> {
         let overheads: Vec<Histogram> = scrapes.iter().map(|s| s.overhead.clone()).collect();
-        let journals: Option<Vec<Histogram>> =
-            scrapes.iter().map(|s| s.journal_sync.clone()).collect();
+        let sum_of = |part: fn(&Self) -> &Option<Histogram>| {
+            let parts: Option<Vec<Histogram>> = scrapes.iter().map(|s| part(s).clone()).collect();
+            parts.and_then(|parts| Histogram::sum(&parts))
+        };
         Some(Self {
             overhead: Histogram::sum(&overheads)?,
-            journal_sync: journals.and_then(|journals| Histogram::sum(&journals)),
+            journal_sync: sum_of(|s| &s.journal_sync),
+            record_wait: sum_of(|s| &s.record_wait),
         })
     }
 }
@@ -172,6 +183,9 @@ pub struct Overhead {
     pub journal_syncs: u64,
     /// Upper bound of the bucket holding their p99, µs; NaN without any.
     pub journal_sync_p99_us: f64,
+    /// Upper bound of the bucket holding the p99 of the requests' waits for
+    /// their audit records, µs; NaN where canarygate does not report them.
+    pub record_wait_p99_us: f64,
 }
 
 impl Overhead {
@@ -185,6 +199,7 @@ impl Overhead {
             p99_us: phase.quantile_bound_us(0.99),
             journal_syncs: 0,
             journal_sync_p99_us: f64::NAN,
+            record_wait_p99_us: f64::NAN,
         })
     }
 
@@ -197,6 +212,11 @@ impl Overhead {
         {
             overhead.journal_syncs = syncs.count();
             overhead.journal_sync_p99_us = syncs.quantile_bound_us(0.99);
+        }
+        if let (Some(before), Some(after)) = (&before.record_wait, &after.record_wait)
+            && let Some(waits) = after.since(before)
+        {
+            overhead.record_wait_p99_us = waits.quantile_bound_us(0.99);
         }
         Some(overhead)
     }
@@ -300,6 +320,25 @@ mod tests {
         let phase = Overhead::of_phase(&older, &after).unwrap();
         assert_eq!(phase.journal_syncs, 0);
         assert!(phase.journal_sync_p99_us.is_nan());
+        assert!(phase.record_wait_p99_us.is_nan());
+    }
+
+    #[test]
+    fn the_record_waits_of_a_phase_come_from_the_same_scrapes() {
+        let with_waits = |overhead: [u64; 4], waits: [u64; 4]| {
+            let waits = exposition(waits).replace(OVERHEAD, RECORD_WAIT);
+            Scrape::parse(&format!("{}{waits}", exposition(overhead))).unwrap()
+        };
+        let before = with_waits([5, 5, 5, 5], [0, 5, 5, 5]);
+        // The phase: 100 waits, 99 ≤ 1 ms, 1 in (1, 10] ms; then 2 of them.
+        let after = with_waits([55, 104, 105, 105], [0, 104, 105, 105]);
+        let phase = Overhead::of_phase(&before, &after).unwrap();
+        assert_eq!(phase.record_wait_p99_us, 1000.0);
+        let slower = with_waits([55, 104, 105, 105], [0, 103, 105, 105]);
+        let phase = Overhead::of_phase(&before, &slower).unwrap();
+        assert_eq!(phase.record_wait_p99_us, 10_000.0);
+        let pool = Scrape::sum(&[before.clone(), after]).unwrap();
+        assert_eq!(pool.record_wait.unwrap().count(), 110);
     }
 
     #[test]

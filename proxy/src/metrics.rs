@@ -82,6 +82,7 @@ pub struct Metrics {
     audit_background_failures: Gauge,
     audit_cache_bytes: Gauge,
     audit_journal_sync: Histogram,
+    audit_record_wait: Histogram,
     canaries_in_memory: Gauge,
     client_connections: Gauge,
     client_connections_evicted: Counter,
@@ -123,6 +124,12 @@ impl Metrics {
             "audit_journal_sync_seconds",
             "Time one audit journal write took, its fdatasync included (durable audit): the disk's sync under this load",
             audit_journal_sync.clone(),
+        );
+        let audit_record_wait = Histogram::new(OVERHEAD_BUCKETS_SECONDS.iter().copied());
+        registry.register(
+            "audit_record_wait_seconds",
+            "Time a request waited for the audit log to take its record, counted in its own time: until on disk (durable audit) or queued (background)",
+            audit_record_wait.clone(),
         );
         let local = Family::<LocalLabels, Counter>::default();
         registry.register(
@@ -217,6 +224,7 @@ impl Metrics {
             audit_background_failures,
             audit_cache_bytes,
             audit_journal_sync,
+            audit_record_wait,
             canaries_in_memory,
             client_connections,
             client_connections_evicted,
@@ -312,6 +320,11 @@ impl Metrics {
     /// Observes one audit journal write and its sync.
     pub fn observe_audit_journal_sync(&self, seconds: f64) {
         self.audit_journal_sync.observe(seconds);
+    }
+
+    /// Observes one request's wait for the audit log to take its record.
+    pub fn observe_audit_record_wait(&self, seconds: f64) {
+        self.audit_record_wait.observe(seconds);
     }
 
     /// Sets the count of failed background audit writes.

@@ -226,6 +226,11 @@ upstream_model = "sim-model"
         .and_then(|value| value.parse().ok())
         .unwrap_or_else(|| panic!("{metrics}"));
     assert!(syncs >= 1, "{metrics}");
+    // ... and its wait for that record is observed, once.
+    assert!(
+        metrics.contains("canarygate_audit_record_wait_seconds_count 1"),
+        "{metrics}"
+    );
 }
 
 #[tokio::test]

@@ -393,7 +393,12 @@ impl Trail {
         };
         let request_id = record.request_id.clone();
         let sample = sampled.then(|| texts.sample());
-        let recorded = self.log.record(NewRecord { record, sample }).await?;
+        let handed = Instant::now();
+        let recorded = self.log.record(NewRecord { record, sample }).await;
+        self.clock
+            .metrics()
+            .observe_audit_record_wait(handed.elapsed().as_secs_f64());
+        let recorded = recorded?;
         if let Some(check) = scored_later {
             // The texts wait with the score only when no sample was kept and
             // the waiting answers' bytes allow.
