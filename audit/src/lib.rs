@@ -24,6 +24,7 @@ mod archive;
 pub mod files;
 mod journal;
 mod log;
+mod priority;
 mod record;
 mod secret;
 mod store;
@@ -38,8 +39,10 @@ mod tests;
 pub use archive::{Archive, Pruned, Snapshot, StoredRecord, catch_damage};
 pub use journal::JOURNAL_DIR;
 pub use log::{
-    AuditLog, AuditOptions, CommitMode, DEFAULT_SAMPLE_RATE, JournalSyncObserver, Recorded,
+    AuditLog, AuditOptions, CommitMode, DEFAULT_JOURNAL_NICE, DEFAULT_SAMPLE_RATE,
+    JournalSyncObserver, Recorded,
 };
+pub use priority::JournalPriority;
 pub use record::{
     Action, CheckRecord, CheckpointEntry, Entry, GENESIS_HASH, Latency, NewRecord, Outcome, Record,
     RecordId, RequestEntry, RequestRecord, ReviewEntry, ReviewVerdict, Route, Sample, SampleRef,

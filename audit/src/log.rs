@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::AuditError;
 use crate::journal::{self, Journal};
+use crate::priority::{self, JournalPriority};
 use crate::record::{
     Entry, NewRecord, RecordId, RequestEntry, Sample, SampleRef, TopicEntry, TopicScore, sha256_hex,
 };
@@ -55,6 +56,9 @@ pub struct AuditOptions {
     pub data_readable_by: DataReaders,
     /// The name of the instance writing the log, stamped on its records.
     pub instance: Option<String>,
+    /// Change to the journal writer's nice value, −20..=0 (0: none;
+    /// [`JournalPriority`]).
+    pub journal_nice: i32,
 }
 
 impl Default for AuditOptions {
@@ -66,9 +70,13 @@ impl Default for AuditOptions {
             durability: Durability::BeforeAnswer,
             data_readable_by: DataReaders::Owner,
             instance: None,
+            journal_nice: DEFAULT_JOURNAL_NICE,
         }
     }
 }
+
+/// Journal writer's nice change when the policy sets none.
+pub const DEFAULT_JOURNAL_NICE: i32 = canarygate_policies::config::DEFAULT_AUDIT_JOURNAL_NICE;
 
 /// Sample rate when the policy sets none.
 pub const DEFAULT_SAMPLE_RATE: f64 = canarygate_policies::config::DEFAULT_AUDIT_SAMPLE_RATE;
@@ -95,6 +103,7 @@ impl AuditOptions {
             durability: config.durability,
             data_readable_by: config.data_readable_by,
             instance: None,
+            journal_nice: *config.journal_nice.get_ref(),
         })
     }
 }
@@ -163,6 +172,7 @@ struct Inner {
     commits: Arc<AtomicU64>,
     background_failures: Arc<AtomicU64>,
     journal_syncs: Arc<OnceLock<JournalSyncObserver>>,
+    journal_priority: JournalPriority,
 }
 
 /// Told how long each journal write took, its `fdatasync` included: the
@@ -197,6 +207,12 @@ impl AuditLog {
             return Err(AuditError::InvalidArgument(format!(
                 "sample rate {} is outside 0.0..=1.0",
                 options.sample_rate
+            )));
+        }
+        if !(-20..=0).contains(&options.journal_nice) {
+            return Err(AuditError::InvalidArgument(format!(
+                "journal nice change {} is outside -20..=0",
+                options.journal_nice
             )));
         }
         crate::files::prepare_data_dir(dir, options.data_readable_by)?;
@@ -238,9 +254,12 @@ impl AuditLog {
             .map_err(|error| AuditError::Io(format!("cannot start the audit writer: {error}")))?;
         let journal_syncs = Arc::new(OnceLock::new());
         let observer = Arc::clone(&journal_syncs);
+        let journal_nice = options.journal_nice;
+        let (priority_sender, priority) = std_mpsc::sync_channel(1);
         std::thread::Builder::new()
             .name("audit-journal".into())
             .spawn(move || {
+                let _ = priority_sender.send(priority::raise_current_thread(journal_nice));
                 run_journal_writer(
                     journal,
                     receiver,
@@ -251,6 +270,10 @@ impl AuditLog {
                 )
             })
             .map_err(|error| AuditError::Io(format!("cannot start the audit journal: {error}")))?;
+        // The thread's first act; it cannot block.
+        let journal_priority = priority
+            .recv_timeout(Duration::from_secs(10))
+            .map_err(|_| AuditError::Io("the audit journal did not start".into()))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 sender,
@@ -260,6 +283,7 @@ impl AuditLog {
                 commits,
                 background_failures,
                 journal_syncs,
+                journal_priority,
             }),
         })
     }
@@ -448,6 +472,11 @@ impl AuditLog {
     /// Whether samples are encrypted at rest (a sample key is configured).
     pub fn encrypts_samples(&self) -> bool {
         self.inner.options.sample_key.is_some()
+    }
+
+    /// How the journal writer's priority came out (`[audit] journal_nice`).
+    pub fn journal_priority(&self) -> &JournalPriority {
+        &self.inner.journal_priority
     }
 
     /// Transactions committed so far by this log's writer (for metrics: with

@@ -1176,3 +1176,88 @@ fn a_background_record_reports_its_id_once_committed() {
     });
     assert_eq!(ids, (1, 2));
 }
+
+/// The nice value in a `/proc/.../stat` file (field 19), if it is readable.
+#[cfg(target_os = "linux")]
+fn nice_in_stat(path: &Path) -> Option<i32> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(16)?.parse().ok()
+}
+
+/// Nice values of this process's threads named `name`.
+#[cfg(target_os = "linux")]
+fn nice_of_threads(name: &str) -> Vec<i32> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap() {
+        let path = task.unwrap().path();
+        // A thread that ended meanwhile has no files left.
+        let Ok(comm) = std::fs::read_to_string(path.join("comm")) else {
+            continue;
+        };
+        if comm.trim_end() == name {
+            found.extend(nice_in_stat(&path.join("stat")));
+        }
+    }
+    found
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn the_journal_thread_runs_at_the_asked_priority_where_the_os_allows() {
+    // The journal thread starts at the nice value of the thread that opens the log.
+    let base = nice_in_stat(Path::new("/proc/thread-self/stat")).unwrap();
+    // Whether this process may raise a thread's priority, tried on a thread
+    // of its own.
+    let may_raise = std::thread::spawn(move || {
+        // SAFETY: changes this short-lived thread's scheduling only.
+        unsafe {
+            libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, base - 1) == 0
+        }
+    })
+    .join()
+    .unwrap();
+
+    let dir = private_tempdir();
+    let options = AuditOptions {
+        journal_nice: -7,
+        ..AuditOptions::default()
+    };
+    let log = AuditLog::open(dir.path(), options).unwrap();
+    let journal_threads = nice_of_threads("audit-journal");
+    match log.journal_priority() {
+        JournalPriority::Raised { nice } => {
+            assert!(may_raise);
+            assert_eq!(*nice, (base - 7).max(-20));
+            assert!(journal_threads.contains(nice), "{journal_threads:?}");
+        }
+        JournalPriority::Refused(reason) => {
+            assert!(!may_raise, "refused although allowed: {reason}");
+            assert!(!journal_threads.is_empty());
+        }
+        JournalPriority::Unchanged => panic!("asked for a change"),
+    }
+    // Durable records still go through.
+    runtime().block_on(record_unsampled(&log, 0));
+
+    let dir = private_tempdir();
+    let unchanged = AuditOptions {
+        journal_nice: 0,
+        ..AuditOptions::default()
+    };
+    let log = AuditLog::open(dir.path(), unchanged).unwrap();
+    assert_eq!(log.journal_priority(), &JournalPriority::Unchanged);
+
+    for outside in [1, -21] {
+        let dir = private_tempdir();
+        let options = AuditOptions {
+            journal_nice: outside,
+            ..AuditOptions::default()
+        };
+        let error = AuditLog::open(dir.path(), options).err().unwrap();
+        assert!(
+            matches!(&error, AuditError::InvalidArgument(m) if m.contains("nice")),
+            "{error}"
+        );
+    }
+}

@@ -112,6 +112,10 @@ pub struct ReviewConfig {
 /// Sample rate of `[audit]` when none is given (2%).
 pub const DEFAULT_AUDIT_SAMPLE_RATE: f64 = 0.02;
 
+/// `[audit] journal_nice` when none is given: the journal writer runs ten
+/// nice levels above the process where the OS allows it.
+pub const DEFAULT_AUDIT_JOURNAL_NICE: i32 = -10;
+
 /// `[audit]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -128,6 +132,11 @@ pub struct AuditConfig {
     /// and its files when `serve` starts (canarygate itself always creates
     /// them owner-only: 0700 and 0600).
     pub data_readable_by: DataReaders,
+    /// Change to the audit journal thread's nice value against the
+    /// process's, −20 to 0: every durable answer waits for that thread to
+    /// wake. Below 0 needs `CAP_SYS_NICE` (or `RLIMIT_NICE`); without it
+    /// the thread keeps the process's priority and `serve` says so.
+    pub journal_nice: Spanned<i32>,
 }
 
 /// `[audit] data_readable_by`: the access to the data directory and its
@@ -169,6 +178,7 @@ impl Default for AuditConfig {
             encryption_key_env: None,
             durability: Durability::BeforeAnswer,
             data_readable_by: DataReaders::Owner,
+            journal_nice: Spanned::new(0..0, DEFAULT_AUDIT_JOURNAL_NICE),
         }
     }
 }
@@ -633,6 +643,16 @@ impl Policy {
         if let Some(var) = &audit.encryption_key_env {
             check_env_name("audit.encryption_key_env", var)?;
         }
+        if !(-20..=0).contains(audit.journal_nice.get_ref()) {
+            return Err((
+                Some(audit.journal_nice.span()),
+                format!(
+                    "audit.journal_nice must be between -20 and 0 (a change that raises the \
+                     journal thread's priority), not {}",
+                    audit.journal_nice.get_ref()
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -969,6 +989,18 @@ provider = "sim"
         assert_eq!(error.position.unwrap().0, 3, "{error}");
         let error = error_of(&text.replace("sample_rate", "sample_rat"));
         assert!(error.message.contains("sample_rat"), "{error}");
+        assert_eq!(
+            *policy.audit.journal_nice.get_ref(),
+            DEFAULT_AUDIT_JOURNAL_NICE
+        );
+        let nice = format!("[audit]\njournal_nice = -5\n{MINIMAL}");
+        let policy = Policy::from_toml_str(&nice, "test.toml").unwrap();
+        assert_eq!(*policy.audit.journal_nice.get_ref(), -5);
+        for outside in ["-21", "3"] {
+            let error = error_of(&nice.replace("-5", outside));
+            assert_eq!(error.position.unwrap().0, 2, "{error}");
+            assert!(error.message.contains("journal_nice"), "{error}");
+        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+use canarygate_audit::JournalPriority;
 use canarygate_policies::config::DataReaders;
 use canarygate_policies::topic::TopicAction;
 use canarygate_proxy::{ServeOptions, Server, Startup};
@@ -127,6 +128,17 @@ fn report_audit(startup: &Startup, data: &std::path::Path, readers: DataReaders)
             store.display(),
             startup.sample_rate * 100.0
         );
+    }
+    match &startup.journal_priority {
+        JournalPriority::Unchanged => {}
+        JournalPriority::Raised { nice } => {
+            tracing::info!(nice, "audit: the journal thread runs at a raised priority");
+        }
+        JournalPriority::Refused(reason) => tracing::info!(
+            %reason,
+            "audit: the journal thread keeps the process's priority ([audit] journal_nice \
+             needs CAP_SYS_NICE or an RLIMIT_NICE that allows it; set it to 0 to not ask)"
+        ),
     }
     tracing::info!(
         max_connections = startup.max_connections,

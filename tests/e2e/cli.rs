@@ -178,10 +178,21 @@ fn serve_without_a_reachable_provider_starts_and_says_what_is_missing() {
     let (mut child, url, seen) = serve_with_log(&dir, &closed, &[]);
     let log = log_until(
         &seen,
-        |log| log.contains("local engine: none") && log.contains("is not reachable"),
-        "what is missing",
+        |log| {
+            log.contains("local engine: none")
+                && log.contains("is not reachable")
+                && log.contains("the journal thread")
+        },
+        "what is missing, and the audit journal's priority",
     );
     assert!(log.contains("provider `openai`"), "{log}");
+    // `[audit] journal_nice` is -10 by default: raised where the OS allows,
+    // and said either way.
+    assert!(
+        log.contains("the journal thread runs at a raised priority")
+            || log.contains("the journal thread keeps the process's priority"),
+        "{log}"
+    );
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {

@@ -134,6 +134,8 @@ pub struct Startup {
     pub samples_encrypted: bool,
     /// The share of passing requests whose text is sampled.
     pub sample_rate: f64,
+    /// How the audit journal thread's priority came out.
+    pub journal_priority: canarygate_audit::JournalPriority,
     /// The topic check: its model and what a low score does.
     pub topic: Option<(String, TopicAction)>,
 }
@@ -187,6 +189,7 @@ impl Server {
             open_files,
             samples_encrypted: audit.encrypts_samples(),
             sample_rate: audit.sample_rate(),
+            journal_priority: audit.journal_priority().clone(),
         };
         let listener =
             TcpListener::bind(options.listen)
