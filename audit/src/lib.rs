@@ -23,6 +23,7 @@
 mod archive;
 pub mod files;
 mod journal;
+mod linger;
 mod log;
 mod priority;
 mod record;

@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::AuditError;
 use crate::journal::{self, Journal};
+use crate::linger::Linger;
 use crate::priority::{self, JournalPriority};
 use crate::record::{
     Entry, NewRecord, RecordId, RequestEntry, Sample, SampleRef, TopicEntry, TopicScore, sha256_hex,
@@ -519,7 +520,8 @@ struct Indexable {
 
 /// The journal writer: journals the request records of each batch with one
 /// sync, answers their callers, and hands the batch on to the index writer
-/// in order. Stops when every [`AuditLog`] handle is gone.
+/// in order; after a batch of several records it lets the next ones gather
+/// ([`Linger`]). Stops when every [`AuditLog`] handle is gone.
 fn run_journal_writer(
     mut journal: Journal,
     mut receiver: mpsc::Receiver<Pending>,
@@ -530,6 +532,7 @@ fn run_journal_writer(
 ) {
     let mut batch = Vec::new();
     let mut frames = Vec::new();
+    let mut linger = Linger::default();
     while let Some(first) = receiver.blocking_recv() {
         batch.push(first);
         while batch.len() < limit {
@@ -539,10 +542,12 @@ fn run_journal_writer(
             }
         }
         let at_ms = now_ms();
+        let mut journaled_records = 0;
         for pending in &mut batch {
             if pending.journaled.is_none() {
                 continue;
             }
+            journaled_records += 1;
             if let WriteOp::Append {
                 entry,
                 sample,
@@ -559,8 +564,10 @@ fn run_journal_writer(
         } else {
             let started = Instant::now();
             let written = journal.append(&frames);
+            let took = started.elapsed();
+            linger.observe_sync(took);
             if let Some(observe) = observer.get() {
-                observe(started.elapsed());
+                observe(took);
             }
             written
         };
@@ -589,6 +596,10 @@ fn run_journal_writer(
         }
         if let Err(error) = journal.maintain(indexed.load(Ordering::Acquire)) {
             tracing::warn!(%error, "audit journal upkeep failed");
+        }
+        let wait = linger.after_batch(journaled_records);
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
         }
     }
 }

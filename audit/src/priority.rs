@@ -6,9 +6,11 @@
 //! each wakeup can wait milliseconds behind other runnable threads, and a
 //! record that arrives during a late sync waits for that one too. A lower
 //! nice value gives the thread a larger share and an earlier deadline under
-//! Linux's fair scheduler, so it runs soon after it is woken: on the bench
-//! host, the journal's sync p99 under load fell from 2–3 ms to 0.8–0.9 ms
-//! and a record's wait p50 halved (bench/README.md, "The journal thread's
+//! Linux's fair scheduler, so it runs soon after it is woken. On the bench
+//! host (whole answers at 2,500/s), that took the journal's sync p99 under
+//! load from 2–3 ms to about 1 ms and a record's wait p90 and p99 down by a
+//! third or more; [`crate::linger`] keeps the thread from trading that for
+//! many small batches at saturation (bench/README.md, "The journal thread's
 //! priority").
 //!
 //! Linux keeps a nice value per thread (setpriority(2), "BUGS": the POSIX
