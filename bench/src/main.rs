@@ -197,6 +197,16 @@ struct Args {
     /// Probes per round in `sync_probe_dir`.
     #[arg(long, env = "CANARYGATE_BENCH_SYNC_SAMPLES", default_value_t = 300)]
     sync_samples: usize,
+
+    /// With `sync_probe_dir`: syncs per second timed there, at random
+    /// moments, during each latency phase of a `metrics` target (the disk's
+    /// sync under that load); 0: none.
+    #[arg(
+        long,
+        env = "CANARYGATE_BENCH_LOADED_SYNC_RATE",
+        default_value_t = 200.0
+    )]
+    loaded_sync_rate: f64,
 }
 
 /// The request every instance of `t` gets in this mode.
@@ -251,6 +261,9 @@ impl Measurement {
                     "journal_syncs": o.journal_syncs,
                     "journal_sync_p99_at_most_us": finite(o.journal_sync_p99_us),
                     "record_wait_p99_at_most_us": finite(o.record_wait_p99_us),
+                    "loaded_syncs": o.loaded_syncs,
+                    "loaded_sync_p50_us": finite(o.loaded_sync_p50_us),
+                    "loaded_sync_p99_us": finite(o.loaded_sync_p99_us),
                 })),
             })
         };
@@ -436,17 +449,41 @@ impl Bench {
         endpoints: &[Endpoint],
         rate: f64,
         seconds: f64,
-    ) -> (Latency, Option<Overhead>) {
+    ) -> Result<(Latency, Option<Overhead>), String> {
         let before = self.scrape(target).await;
+        let probe = match (&self.args.sync_probe_dir, &before) {
+            (Some(dir), Some(_)) if self.args.loaded_sync_rate > 0.0 => Some(
+                disk::LoadedSyncProbe::start(dir, self.args.loaded_sync_rate)
+                    .map_err(|e| format!("sync probe in {}: {e}", dir.display()))?,
+            ),
+            _ => None,
+        };
         let latency = load::fixed_rate(endpoints, rate, Duration::from_secs_f64(seconds)).await;
-        let overhead = match before {
+        let loaded_syncs = match probe {
+            Some(probe) => {
+                let mut latencies = probe
+                    .finish()
+                    .map_err(|e| format!("sync probe under load: {e}"))?;
+                latencies.sort_by(f64::total_cmp);
+                Some(latencies)
+            }
+            None => None,
+        };
+        let mut overhead = match before {
             Some(before) => self
                 .scrape(target)
                 .await
                 .and_then(|after| Overhead::of_phase(&before, &after)),
             None => None,
         };
-        (latency, overhead)
+        if let (Some(overhead), Some(latencies)) = (&mut overhead, loaded_syncs)
+            && !latencies.is_empty()
+        {
+            overhead.loaded_syncs = latencies.len();
+            overhead.loaded_sync_p50_us = load::percentile(&latencies, 0.5);
+            overhead.loaded_sync_p99_us = load::percentile(&latencies, 0.99);
+        }
+        Ok((latency, overhead))
     }
 
     fn print_round_line(&self, mode: &ModeRuns, target: usize, m: &Measurement) {
@@ -465,6 +502,12 @@ impl Bench {
                 };
                 if o.record_wait_p99_us.is_finite() {
                     audit += &format!(", record wait p99 ≤ {:.0} µs", o.record_wait_p99_us);
+                }
+                if o.loaded_syncs > 0 {
+                    audit += &format!(
+                        ", disk sync under load p50 {:.0} µs p99 {:.0} µs ({} probes)",
+                        o.loaded_sync_p50_us, o.loaded_sync_p99_us, o.loaded_syncs
+                    );
                 }
                 format!(
                     ", own p50 ≤ {:.0} µs p99 ≤ {:.0} µs{audit}",
@@ -687,7 +730,7 @@ impl Bench {
                         let endpoints = endpoints(args, &self.targets[target], mode.stream);
                         (measured[target].latency, measured[target].overhead) = self
                             .latency_phase(target, &endpoints, mode.rate, mode.latency_seconds)
-                            .await;
+                            .await?;
                         if mode.fast_rate > 0.0 && !self.targets[target].slow {
                             tokio::time::sleep(Duration::from_millis(200)).await;
                             (
@@ -695,7 +738,7 @@ impl Bench {
                                 measured[target].fast_overhead,
                             ) = self
                                 .latency_phase(target, &endpoints, mode.fast_rate, fast_seconds)
-                                .await;
+                                .await?;
                         }
                     }
                 }
@@ -720,16 +763,18 @@ impl Bench {
         let p99 = median(syncs.iter().map(|s| s.p99_us).collect());
         line(String::new());
         line(format!(
-            "Disk: {} × {} B append + fdatasync per round, p50 {p50:.0} µs, p99 {p99:.0} µs, alone. A durable answer cannot beat that p99, nor its journal's syncs in the same phase, under that load (canarygate_audit_journal_sync_seconds; durable audit only); own p99 less each is taken per round:",
+            "Disk: {} × {} B append + fdatasync per round, p50 {p50:.0} µs, p99 {p99:.0} µs, alone. A durable answer cannot beat that p99, nor the same disk's sync under the phase's load (the load generator's own {} B writes + fdatasync at random moments, {}/s, beside the phase), nor its journal's syncs in that phase (canarygate_audit_journal_sync_seconds; durable audit only); own p99 less each is taken per round:",
             self.args.sync_samples,
             disk::PROBE_BYTES,
+            disk::PROBE_BYTES,
+            self.args.loaded_sync_rate,
         ));
         line(String::new());
         line(
-            "| mode | target | rate | own p99 µs | sync p99 µs | own p99 - sync p99 µs | journal sync p99 µs | own p99 - journal sync p99 µs |"
+            "| mode | target | rate | own p99 µs | sync p99 µs | own p99 - sync p99 µs | sync under load p99 µs | own p99 - sync under load p99 µs | journal sync p99 µs | own p99 - journal sync p99 µs |"
                 .to_owned(),
         );
-        line("|---|---|---:|---:|---:|---:|---:|---:|".to_owned());
+        line("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|".to_owned());
         let mut rows = Vec::new();
         for run in &measured.modes {
             for (i, t) in self.targets.iter().enumerate().filter(|(_, t)| t.metrics) {
@@ -750,12 +795,20 @@ impl Bench {
                     };
                     let journal_p99 = run.med(i, journal);
                     let less_journal = run.med(i, |m| own(m) - journal(m));
+                    let loaded = |m: &Measurement| {
+                        m.overhead_at(fast)
+                            .map_or(f64::NAN, |o| o.loaded_sync_p99_us)
+                    };
+                    let loaded_p99 = run.med(i, loaded);
+                    let less_loaded = run.med(i, |m| own(m) - loaded(m));
                     line(format!(
-                        "| {} | {} | {rate:.0}/s | {} | {p99:.0} | {} | {} | {} |",
+                        "| {} | {} | {rate:.0}/s | {} | {p99:.0} | {} | {} | {} | {} | {} |",
                         run.label,
                         t.name,
                         fmt(own_p99, 0),
                         fmt(less_sync, 0),
+                        fmt(loaded_p99, 0),
+                        fmt(less_loaded, 0),
                         fmt(journal_p99, 0),
                         fmt(less_journal, 0),
                     ));
@@ -763,6 +816,8 @@ impl Bench {
                         "mode": run.label, "target": t.name, "rate": rate,
                         "own_p99_at_most_us": finite(own_p99),
                         "own_p99_less_sync_p99_us": finite(less_sync),
+                        "sync_under_load_p99_us": finite(loaded_p99),
+                        "own_p99_less_sync_under_load_p99_us": finite(less_loaded),
                         "journal_sync_p99_at_most_us": finite(journal_p99),
                         "own_p99_less_journal_sync_p99_us": finite(less_journal),
                     }));

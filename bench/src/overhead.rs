@@ -186,6 +186,12 @@ pub struct Overhead {
     /// Upper bound of the bucket holding the p99 of the requests' waits for
     /// their audit records, µs; NaN where canarygate does not report them.
     pub record_wait_p99_us: f64,
+    /// The disk's sync under the phase's load, timed by the load generator
+    /// beside it ([`crate::disk::LoadedSyncProbe`]): probes, and their p50
+    /// and p99 in µs (0 and NaN without a probe).
+    pub loaded_syncs: usize,
+    pub loaded_sync_p50_us: f64,
+    pub loaded_sync_p99_us: f64,
 }
 
 impl Overhead {
@@ -200,6 +206,9 @@ impl Overhead {
             journal_syncs: 0,
             journal_sync_p99_us: f64::NAN,
             record_wait_p99_us: f64::NAN,
+            loaded_syncs: 0,
+            loaded_sync_p50_us: f64::NAN,
+            loaded_sync_p99_us: f64::NAN,
         })
     }
 
