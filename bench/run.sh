@@ -47,6 +47,7 @@
 #   CANARYGATE_BENCH_MAX_TOKENS    answer length in tokens [64]
 #   CANARYGATE_BENCH_CLIENT_THREADS  load generator threads [1]
 #   CANARYGATE_BENCH_SYNC_SAMPLES  disk sync probes per round [300]
+#   CANARYGATE_BENCH_LOADED_SYNC_RATE  disk syncs/s timed during each canarygate latency phase [200; 0: none]
 #   BENCH_NGINX_WORKERS            nginx worker_processes [number of CPUs]
 #   BENCH_LITELLM_WORKERS          LiteLLM (uvicorn) worker processes [number of CPUs]
 #   BENCH_LITELLM_CONCURRENCY      LiteLLM's own saturation concurrency [CANARYGATE_BENCH_CONCURRENCY]
