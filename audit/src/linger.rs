@@ -6,21 +6,36 @@
 //! bench's whole answers cost 1.095× the CPU per request and made about
 //! 10 % fewer requests (bench/README.md, "The journal thread's priority").
 //! When a batch held more than one record, records are arriving faster than
-//! the disk syncs them; the writer then waits about two syncs' time (the
+//! the disk syncs them; the writer then waits up to two syncs' time (the
 //! recent mean, at most 1 ms) before taking the next batch, so that records
-//! gather as they did when the thread waited for a CPU. A lone record is
-//! never held back. This is group commit's classic delay (PostgreSQL's
+//! gather as they did when the thread waited for a CPU. The wait ends as
+//! soon as as many records are queued as the last batch held, so writers
+//! that hand over their next records at once (a closed loop, where the disk
+//! is the bottleneck) are not held back, and a lone record never is. This is group commit's classic delay (PostgreSQL's
 //! `commit_delay`, which it applies only when other transactions are
 //! active), sized from this disk's own syncs instead of a setting. One sync's
 //! time took back half of the CPU; two took all of it (0.91× against the
 //! build without either change).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The wait, in mean syncs.
 const SYNCS_OF_LINGER: f64 = 2.0;
 /// Longest wait, whatever the disk's syncs take.
 const MAX_LINGER: Duration = Duration::from_millis(1);
+/// How often a wait looks at the queue.
+const POLL: Duration = Duration::from_micros(100);
+
+/// Why [`Linger::wait`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waited {
+    /// Not at all: the batch was a lone record, or no sync is known yet.
+    No,
+    /// Until as many records were queued as the batch held.
+    Gathered,
+    /// For the whole wait.
+    Full,
+}
 
 /// The running estimate of a sync's duration, and the wait it gives.
 #[derive(Debug, Default)]
@@ -43,12 +58,34 @@ impl Linger {
         };
     }
 
-    /// The wait before the next batch, after one that journaled `records`.
+    /// The longest wait before the next batch, after one that journaled
+    /// `records`.
     pub(crate) fn after_batch(&self, records: usize) -> Duration {
         if records < 2 {
             return Duration::ZERO;
         }
         Duration::from_secs_f64(SYNCS_OF_LINGER * self.mean_sync_us / 1e6).min(MAX_LINGER)
+    }
+
+    /// Waits, after a batch of `taken` operations that journaled `records`,
+    /// until `queued()` (the operations waiting now) reaches `taken` or
+    /// [`Self::after_batch`] has passed.
+    pub(crate) fn wait(&self, records: usize, taken: usize, queued: impl Fn() -> usize) -> Waited {
+        let wait = self.after_batch(records);
+        if wait.is_zero() {
+            return Waited::No;
+        }
+        let until = Instant::now() + wait;
+        loop {
+            if queued() >= taken {
+                return Waited::Gathered;
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Waited::Full;
+            }
+            std::thread::sleep(left.min(POLL));
+        }
     }
 }
 
@@ -67,7 +104,8 @@ mod tests {
         linger.observe_sync(us(300));
         assert_eq!(linger.after_batch(0), Duration::ZERO);
         assert_eq!(linger.after_batch(1), Duration::ZERO);
-        assert_eq!(linger.after_batch(2), us(300));
+        assert_eq!(linger.after_batch(2), us(600));
+        assert_eq!(linger.wait(1, 3, || 0), Waited::No);
     }
 
     #[test]
@@ -76,15 +114,42 @@ mod tests {
         linger.observe_sync(us(200));
         // One slow sync moves the mean by a sixteenth of the difference.
         linger.observe_sync(us(1_800));
-        assert_eq!(linger.after_batch(3), us(300));
+        assert_eq!(linger.after_batch(3), us(600));
         for _ in 0..200 {
             linger.observe_sync(us(50));
         }
         let settled = linger.after_batch(3);
-        assert!(settled >= us(50) && settled < us(51), "{settled:?}");
+        assert!(settled >= us(100) && settled < us(102), "{settled:?}");
         for _ in 0..200 {
             linger.observe_sync(Duration::from_millis(20));
         }
         assert_eq!(linger.after_batch(3), MAX_LINGER);
+    }
+
+    #[test]
+    fn a_wait_ends_once_as_many_records_as_the_batch_are_queued() {
+        let mut linger = Linger::default();
+        linger.observe_sync(Duration::from_millis(5));
+        let looks = std::cell::Cell::new(0);
+        let already = || {
+            looks.set(looks.get() + 1);
+            4
+        };
+        assert_eq!(linger.wait(4, 4, already), Waited::Gathered);
+        assert_eq!(looks.get(), 1, "no sleep when they are there already");
+
+        // Records arriving one per look.
+        looks.set(0);
+        let arriving = || {
+            looks.set(looks.get() + 1);
+            looks.get()
+        };
+        // A batch of 2 records and 3 other operations (canary registrations).
+        assert_eq!(linger.wait(2, 5, arriving), Waited::Gathered);
+        assert_eq!(looks.get(), 5);
+
+        let started = Instant::now();
+        assert_eq!(linger.wait(3, 3, || 2), Waited::Full);
+        assert!(started.elapsed() >= MAX_LINGER);
     }
 }

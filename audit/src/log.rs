@@ -541,6 +541,7 @@ fn run_journal_writer(
                 Err(_) => break,
             }
         }
+        let gathered = batch.len();
         let at_ms = now_ms();
         let mut journaled_records = 0;
         for pending in &mut batch {
@@ -597,10 +598,7 @@ fn run_journal_writer(
         if let Err(error) = journal.maintain(indexed.load(Ordering::Acquire)) {
             tracing::warn!(%error, "audit journal upkeep failed");
         }
-        let wait = linger.after_batch(journaled_records);
-        if !wait.is_zero() {
-            std::thread::sleep(wait);
-        }
+        linger.wait(journaled_records, gathered, || receiver.len());
     }
 }
 
