@@ -3,19 +3,21 @@
 //! The journal thread runs at a raised priority ([`crate::priority`]), so
 //! it takes a record as soon as one arrives. Under heavy load that makes
 //! many small batches, each with its own `fdatasync`: at saturation the
-//! bench's whole answers cost 1.095× the CPU per request and made about
-//! 10 % fewer requests (bench/README.md, "The journal thread's priority").
-//! When a batch held more than one record, records are arriving faster than
-//! the disk syncs them; the writer then waits up to two syncs' time (the
-//! recent mean, at most 1 ms) before taking the next batch, so that records
-//! gather as they did when the thread waited for a CPU. The wait ends as
-//! soon as as many records are queued as the last batch held, so writers
-//! that hand over their next records at once (a closed loop, where the disk
-//! is the bottleneck) are not held back, and a lone record never is. This is group commit's classic delay (PostgreSQL's
-//! `commit_delay`, which it applies only when other transactions are
-//! active), sized from this disk's own syncs instead of a setting. One sync's
-//! time took back half of the CPU; two took all of it (0.91× against the
-//! build without either change).
+//! bench's whole answers cost 1.095× the CPU per request (bench/README.md,
+//! "The journal thread's priority"). When a batch held more than one
+//! record, records are arriving faster than the disk syncs them; the writer
+//! then waits up to two syncs' time (the recent mean, at most 1 ms) before
+//! it takes the next batch, so that records gather. The wait ends as soon
+//! as as many operations are queued as the batch held, so writers that hand
+//! over their next records at once (a closed loop, where the disk is the
+//! bottleneck) are not held back: without that end, 64 such writers made
+//! 0.76× the appends/s (`cargo bench -p canarygate-audit --bench
+//! audit_append`). A lone record is never held back, and a thread left at
+//! the process's priority (`journal_nice = 0`, or not allowed) never waits:
+//! its records gather while it waits for a CPU. This is group
+//! commit's classic delay (PostgreSQL's `commit_delay`, which it applies
+//! only while other transactions are active), sized from this disk's own
+//! syncs instead of a setting.
 
 use std::time::{Duration, Instant};
 
@@ -38,8 +40,12 @@ pub(crate) enum Waited {
 }
 
 /// The running estimate of a sync's duration, and the wait it gives.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Linger {
+    /// Whether to wait at all: only while the journal thread's priority is
+    /// raised (at the process's priority, records gather while the thread
+    /// waits for a CPU, as before either change).
+    enabled: bool,
     /// Exponentially weighted mean of the recent syncs, µs (0: none yet).
     mean_sync_us: f64,
 }
@@ -47,6 +53,14 @@ pub(crate) struct Linger {
 impl Linger {
     /// Weight of the newest sync in the mean.
     const WEIGHT: f64 = 1.0 / 16.0;
+
+    /// A linger that waits when `enabled`.
+    pub(crate) fn new(enabled: bool) -> Self {
+        Self {
+            enabled,
+            mean_sync_us: 0.0,
+        }
+    }
 
     /// Takes in one batch's write and sync time.
     pub(crate) fn observe_sync(&mut self, took: Duration) {
@@ -61,7 +75,7 @@ impl Linger {
     /// The longest wait before the next batch, after one that journaled
     /// `records`.
     pub(crate) fn after_batch(&self, records: usize) -> Duration {
-        if records < 2 {
+        if !self.enabled || records < 2 {
             return Duration::ZERO;
         }
         Duration::from_secs_f64(SYNCS_OF_LINGER * self.mean_sync_us / 1e6).min(MAX_LINGER)
@@ -99,18 +113,23 @@ mod tests {
 
     #[test]
     fn a_lone_record_and_a_log_without_syncs_are_never_held_back() {
-        let mut linger = Linger::default();
+        let mut linger = Linger::new(true);
         assert_eq!(linger.after_batch(5), Duration::ZERO, "no sync yet");
         linger.observe_sync(us(300));
         assert_eq!(linger.after_batch(0), Duration::ZERO);
         assert_eq!(linger.after_batch(1), Duration::ZERO);
         assert_eq!(linger.after_batch(2), us(600));
         assert_eq!(linger.wait(1, 3, || 0), Waited::No);
+
+        let mut disabled = Linger::new(false);
+        disabled.observe_sync(us(300));
+        assert_eq!(disabled.after_batch(10), Duration::ZERO);
+        assert_eq!(disabled.wait(10, 10, || 0), Waited::No);
     }
 
     #[test]
     fn the_wait_follows_the_recent_syncs_and_is_capped() {
-        let mut linger = Linger::default();
+        let mut linger = Linger::new(true);
         linger.observe_sync(us(200));
         // One slow sync moves the mean by a sixteenth of the difference.
         linger.observe_sync(us(1_800));
@@ -128,7 +147,7 @@ mod tests {
 
     #[test]
     fn a_wait_ends_once_as_many_records_as_the_batch_are_queued() {
-        let mut linger = Linger::default();
+        let mut linger = Linger::new(true);
         linger.observe_sync(Duration::from_millis(5));
         let looks = std::cell::Cell::new(0);
         let already = || {

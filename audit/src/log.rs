@@ -260,7 +260,11 @@ impl AuditLog {
         std::thread::Builder::new()
             .name("audit-journal".into())
             .spawn(move || {
-                let _ = priority_sender.send(priority::raise_current_thread(journal_nice));
+                let priority = priority::raise_current_thread(journal_nice);
+                // The wait after a batch balances the raised priority's
+                // small batches; at the process's priority it is not needed.
+                let linger = Linger::new(matches!(priority, JournalPriority::Raised { .. }));
+                let _ = priority_sender.send(priority);
                 run_journal_writer(
                     journal,
                     receiver,
@@ -268,6 +272,7 @@ impl AuditLog {
                     limit,
                     &journal_indexed,
                     &observer,
+                    linger,
                 )
             })
             .map_err(|error| AuditError::Io(format!("cannot start the audit journal: {error}")))?;
@@ -529,10 +534,10 @@ fn run_journal_writer(
     limit: usize,
     indexed: &AtomicU64,
     observer: &OnceLock<JournalSyncObserver>,
+    mut linger: Linger,
 ) {
     let mut batch = Vec::new();
     let mut frames = Vec::new();
-    let mut linger = Linger::default();
     while let Some(first) = receiver.blocking_recv() {
         batch.push(first);
         while batch.len() < limit {

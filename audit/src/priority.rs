@@ -7,10 +7,12 @@
 //! record that arrives during a late sync waits for that one too. A lower
 //! nice value gives the thread a larger share and an earlier deadline under
 //! Linux's fair scheduler, so it runs soon after it is woken. On the bench
-//! host (whole answers at 2,500/s), that took the journal's sync p99 under
-//! load from 2–3 ms to about 1 ms and a record's wait p90 and p99 down by a
-//! third or more; [`crate::linger`] keeps the thread from trading that for
-//! many small batches at saturation (bench/README.md, "The journal thread's
+//! host (whole answers at 2,500/s, nice −10), a record's wait for the
+//! journal fell by a third at the median and a quarter or more at p99, with
+//! [`crate::linger`] keeping the thread from trading that for many small
+//! batches. The answers' own p99 did not follow and whole answers' throughput
+//! at saturation fell 5–8 %, so it is off unless asked for
+//! (`AuditOptions::journal_nice`; bench/README.md, "The journal thread's
 //! priority").
 //!
 //! Linux keeps a nice value per thread (setpriority(2), "BUGS": the POSIX

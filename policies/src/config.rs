@@ -112,9 +112,11 @@ pub struct ReviewConfig {
 /// Sample rate of `[audit]` when none is given (2%).
 pub const DEFAULT_AUDIT_SAMPLE_RATE: f64 = 0.02;
 
-/// `[audit] journal_nice` when none is given: the journal writer runs ten
-/// nice levels above the process where the OS allows it.
-pub const DEFAULT_AUDIT_JOURNAL_NICE: i32 = -10;
+/// `[audit] journal_nice` when none is given: the journal writer keeps the
+/// process's priority (raising it costs whole answers 5–8 % of their
+/// throughput at saturation; bench/README.md, "The journal thread's
+/// priority").
+pub const DEFAULT_AUDIT_JOURNAL_NICE: i32 = 0;
 
 /// `[audit]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -133,9 +135,10 @@ pub struct AuditConfig {
     /// them owner-only: 0700 and 0600).
     pub data_readable_by: DataReaders,
     /// Change to the audit journal thread's nice value against the
-    /// process's, −20 to 0: every durable answer waits for that thread to
-    /// wake. Below 0 needs `CAP_SYS_NICE` (or `RLIMIT_NICE`); without it
-    /// the thread keeps the process's priority and `serve` says so.
+    /// process's, −20 to 0 (the default: none): every durable answer waits
+    /// for that thread to wake. Below 0 needs `CAP_SYS_NICE` (or
+    /// `RLIMIT_NICE`); without it the thread keeps the process's priority
+    /// and `serve` says so.
     pub journal_nice: Spanned<i32>,
 }
 

@@ -102,11 +102,12 @@ fn serve_refuses_a_second_provider_override_and_a_missing_managed_key() {
     );
 }
 
-/// A `serve` on a free port calling `upstream`, logging at info level: the
-/// process, its URL, and its log lines as they come.
+/// A `serve` on a free port calling `upstream`, logging at info level, with
+/// `args` after its own: the process, its URL, and its log lines as they come.
 fn serve_with_log(
     dir: &ProxyDir,
     upstream: &str,
+    args: &[&std::ffi::OsStr],
     envs: &[(&str, &str)],
 ) -> (
     std::process::Child,
@@ -126,6 +127,7 @@ fn serve_with_log(
             "--data",
         ])
         .arg(dir.data())
+        .args(args)
         .env("CANARYGATE_LOG", "info")
         .envs(envs.iter().copied())
         .stdout(Stdio::piped())
@@ -175,23 +177,16 @@ fn log_until(
 fn serve_without_a_reachable_provider_starts_and_says_what_is_missing() {
     let closed = format!("{}/v1", closed_url());
     let dir = ProxyDir::new();
-    let (mut child, url, seen) = serve_with_log(&dir, &closed, &[]);
+    let (mut child, url, seen) = serve_with_log(&dir, &closed, &[], &[]);
     let log = log_until(
         &seen,
-        |log| {
-            log.contains("local engine: none")
-                && log.contains("is not reachable")
-                && log.contains("the journal thread")
-        },
-        "what is missing, and the audit journal's priority",
+        |log| log.contains("local engine: none") && log.contains("is not reachable"),
+        "what is missing",
     );
     assert!(log.contains("provider `openai`"), "{log}");
-    // `[audit] journal_nice` is -10 by default: raised where the OS allows,
-    // and said either way.
     assert!(
-        log.contains("the journal thread runs at a raised priority")
-            || log.contains("the journal thread keeps the process's priority"),
-        "{log}"
+        !log.contains("the journal thread"),
+        "left alone by default:\n{log}"
     );
 
     let runtime = tokio::runtime::Runtime::new().unwrap();
@@ -239,6 +234,7 @@ fn serve_runs_as_many_worker_threads_as_asked() {
     let (mut child, _, seen) = serve_with_log(
         &dir,
         &closed,
+        &[],
         &[("CANARYGATE_WORKER_THREADS", &asked.to_string())],
     );
     const SAID: &str = "worker threads serving requests: ";
@@ -253,6 +249,36 @@ fn serve_runs_as_many_worker_threads_as_asked() {
     assert_eq!(
         workers.map(str::trim),
         Some(asked.to_string().as_str()),
+        "{log}"
+    );
+}
+
+/// `[audit] journal_nice` raises the journal thread's priority where the OS
+/// allows it, and `serve` says how it came out either way.
+#[test]
+fn serve_says_how_the_journal_thread_priority_came_out() {
+    let closed = format!("{}/v1", closed_url());
+    let dir = ProxyDir::new();
+    let policy = dir.policy(
+        "[[providers]]\nname = \"sim\"\nbase_url = \"http://x\"\ncontext_window = 1000\n\
+         [[routes]]\nmodel = \"*\"\nprovider = \"sim\"\n[audit]\njournal_nice = -10\n",
+    );
+    let (mut child, _, seen) = serve_with_log(
+        &dir,
+        &closed,
+        &["--config".as_ref(), policy.as_os_str()],
+        &[],
+    );
+    let log = log_until(
+        &seen,
+        |log| log.contains("the journal thread"),
+        "how the journal thread's priority came out",
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        log.contains("the journal thread runs at a raised priority")
+            || log.contains("the journal thread keeps the process's priority"),
         "{log}"
     );
 }
