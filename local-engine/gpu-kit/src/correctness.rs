@@ -208,6 +208,9 @@ fn roomy_check(
     (check, Some(completions))
 }
 
+/// Runs of the small-pool check before one without a preemption fails it.
+const PREEMPTION_ATTEMPTS: usize = 3;
+
 /// Small-pool run of the prompts that fit it, against the reference and the roomy run.
 fn preemption_check(
     model: &Path,
@@ -225,10 +228,19 @@ fn preemption_check(
         Ok(e) => e,
         Err(why) => return (failed(&name, why), None),
     };
-    let completions = match run_together(&engine, &prompts) {
-        Ok(c) => c,
-        Err(why) => return (failed(&name, why), Some(engine)),
-    };
+    // The prompts overflow the pool only while they run together; a
+    // submitting thread descheduled long enough (a loaded host) lets the
+    // first ones finish alone. Such a run proves nothing, so it is run again.
+    let mut completions = Vec::new();
+    for _ in 0..PREEMPTION_ATTEMPTS {
+        completions = match run_together(&engine, &prompts) {
+            Ok(c) => c,
+            Err(why) => return (failed(&name, why), Some(engine)),
+        };
+        if engine.stats().preemptions > 0 {
+            break;
+        }
+    }
     let stats = engine.stats();
     let agreements = agreements(&prompts, &completions);
     let (mut passed, mut detail) = judge(&tolerance_of(precision), &prompts, &agreements);
@@ -245,7 +257,9 @@ fn preemption_check(
     }
     if passed && stats.preemptions == 0 {
         passed = false;
-        detail = "no request was preempted: the check proved nothing".into();
+        detail = format!(
+            "no request was preempted in {PREEMPTION_ATTEMPTS} runs: the check proved nothing"
+        );
     }
     if passed && stats.free_pages != stats.total_pages {
         passed = false;
