@@ -1,7 +1,7 @@
 //! How long the journal writer waits, after a batch, before taking the next.
 //!
-//! The journal thread runs at a raised priority ([`crate::priority`]), so
-//! it takes a record as soon as one arrives. Under heavy load that makes
+//! When the journal thread runs at a raised priority (`journal_nice`,
+//! [`crate::priority`]), it takes a record as soon as one arrives. Under heavy load that makes
 //! many small batches, each with its own `fdatasync`: at saturation the
 //! bench's whole answers cost 1.095× the CPU per request (bench/README.md,
 //! "The journal thread's priority"). When a batch held more than one
@@ -33,7 +33,7 @@ const POLL: Duration = Duration::from_micros(100);
 pub(crate) enum Waited {
     /// Not at all: the batch was a lone record, or no sync is known yet.
     No,
-    /// Until as many records were queued as the batch held.
+    /// Until as many operations were queued as the batch held.
     Gathered,
     /// For the whole wait.
     Full,
@@ -146,7 +146,7 @@ mod tests {
     }
 
     #[test]
-    fn a_wait_ends_once_as_many_records_as_the_batch_are_queued() {
+    fn a_wait_ends_once_as_many_operations_as_the_batch_are_queued() {
         let mut linger = Linger::new(true);
         linger.observe_sync(Duration::from_millis(5));
         let looks = std::cell::Cell::new(0);
