@@ -41,6 +41,31 @@ pub fn sync_latencies_us(dir: &Path, samples: usize) -> std::io::Result<Vec<f64>
     measured
 }
 
+/// Sync latencies summed up.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SyncSummary {
+    /// Syncs timed.
+    pub samples: usize,
+    /// Their p50 and p99, µs.
+    pub p50_us: f64,
+    pub p99_us: f64,
+}
+
+impl SyncSummary {
+    /// The summary of `latencies_us`, in any order; None when empty.
+    pub fn of(mut latencies_us: Vec<f64>) -> Option<Self> {
+        if latencies_us.is_empty() {
+            return None;
+        }
+        latencies_us.sort_by(f64::total_cmp);
+        Some(Self {
+            samples: latencies_us.len(),
+            p50_us: crate::load::percentile(&latencies_us, 0.5),
+            p99_us: crate::load::percentile(&latencies_us, 0.99),
+        })
+    }
+}
+
 /// Size of the zero-filled file a [`LoadedSyncProbe`] writes over, cycling.
 const LOADED_PROBE_FILE_BYTES: u64 = 8 << 20;
 
@@ -181,6 +206,15 @@ mod tests {
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
         std::fs::remove_dir(&dir).unwrap();
         assert!(LoadedSyncProbe::start(&dir, 0.0).is_err());
+    }
+
+    #[test]
+    fn a_summary_takes_percentiles_of_the_sorted_latencies() {
+        assert_eq!(SyncSummary::of(Vec::new()), None);
+        let latencies: Vec<f64> = (1..=100).rev().map(f64::from).collect();
+        let summary = SyncSummary::of(latencies).unwrap();
+        assert_eq!(summary.samples, 100);
+        assert_eq!((summary.p50_us, summary.p99_us), (50.0, 99.0));
     }
 
     #[test]

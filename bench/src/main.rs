@@ -261,9 +261,9 @@ impl Measurement {
                     "journal_syncs": o.journal_syncs,
                     "journal_sync_p99_at_most_us": finite(o.journal_sync_p99_us),
                     "record_wait_p99_at_most_us": finite(o.record_wait_p99_us),
-                    "loaded_syncs": o.loaded_syncs,
-                    "loaded_sync_p50_us": finite(o.loaded_sync_p50_us),
-                    "loaded_sync_p99_us": finite(o.loaded_sync_p99_us),
+                    "loaded_syncs": o.loaded_sync.map_or(0, |s| s.samples),
+                    "loaded_sync_p50_us": o.loaded_sync.map(|s| s.p50_us),
+                    "loaded_sync_p99_us": o.loaded_sync.map(|s| s.p99_us),
                 })),
             })
         };
@@ -336,18 +336,11 @@ impl ModeRuns {
     }
 }
 
-/// One round's timing of the disk's sync (`--sync-probe-dir`).
-#[derive(Debug, Clone, Copy)]
-struct SyncProbe {
-    p50_us: f64,
-    p99_us: f64,
-}
-
 /// Everything measured: each mode's rounds, and the disk's sync per round
 /// (empty without `--sync-probe-dir`).
 struct Runs {
     modes: Vec<ModeRuns>,
-    syncs: Vec<SyncProbe>,
+    syncs: Vec<disk::SyncSummary>,
 }
 
 fn fmt(value: f64, decimals: usize) -> String {
@@ -459,14 +452,12 @@ impl Bench {
             _ => None,
         };
         let latency = load::fixed_rate(endpoints, rate, Duration::from_secs_f64(seconds)).await;
-        let loaded_syncs = match probe {
-            Some(probe) => {
-                let mut latencies = probe
+        let loaded_sync = match probe {
+            Some(probe) => disk::SyncSummary::of(
+                probe
                     .finish()
-                    .map_err(|e| format!("sync probe under load: {e}"))?;
-                latencies.sort_by(f64::total_cmp);
-                Some(latencies)
-            }
+                    .map_err(|e| format!("sync probe under load: {e}"))?,
+            ),
             None => None,
         };
         let mut overhead = match before {
@@ -476,12 +467,8 @@ impl Bench {
                 .and_then(|after| Overhead::of_phase(&before, &after)),
             None => None,
         };
-        if let (Some(overhead), Some(latencies)) = (&mut overhead, loaded_syncs)
-            && !latencies.is_empty()
-        {
-            overhead.loaded_syncs = latencies.len();
-            overhead.loaded_sync_p50_us = load::percentile(&latencies, 0.5);
-            overhead.loaded_sync_p99_us = load::percentile(&latencies, 0.99);
+        if let Some(overhead) = &mut overhead {
+            overhead.loaded_sync = loaded_sync;
         }
         Ok((latency, overhead))
     }
@@ -503,10 +490,10 @@ impl Bench {
                 if o.record_wait_p99_us.is_finite() {
                     audit += &format!(", record wait p99 ≤ {:.0} µs", o.record_wait_p99_us);
                 }
-                if o.loaded_syncs > 0 {
+                if let Some(s) = o.loaded_sync {
                     audit += &format!(
                         ", disk sync under load p50 {:.0} µs p99 {:.0} µs ({} probes)",
-                        o.loaded_sync_p50_us, o.loaded_sync_p99_us, o.loaded_syncs
+                        s.p50_us, s.p99_us, s.samples
                     );
                 }
                 format!(
@@ -666,13 +653,14 @@ impl Bench {
                 .collect();
             println!("round {} (order: {})", round + 1, names.join(", "));
             if let Some(dir) = &args.sync_probe_dir {
-                let mut latencies = disk::sync_latencies_us(dir, args.sync_samples)
+                let latencies = disk::sync_latencies_us(dir, args.sync_samples)
                     .map_err(|e| format!("sync probe in {}: {e}", dir.display()))?;
-                latencies.sort_by(f64::total_cmp);
-                let probe = SyncProbe {
-                    p50_us: load::percentile(&latencies, 0.5),
-                    p99_us: load::percentile(&latencies, 0.99),
-                };
+                // `--sync-samples 0` times nothing: its percentiles are NaN.
+                let probe = disk::SyncSummary::of(latencies).unwrap_or(disk::SyncSummary {
+                    samples: 0,
+                    p50_us: f64::NAN,
+                    p99_us: f64::NAN,
+                });
                 println!(
                     "  disk: {} × {} B append + fdatasync, p50 {:.0} µs p99 {:.0} µs",
                     args.sync_samples,
@@ -797,7 +785,8 @@ impl Bench {
                     let less_journal = run.med(i, |m| own(m) - journal(m));
                     let loaded = |m: &Measurement| {
                         m.overhead_at(fast)
-                            .map_or(f64::NAN, |o| o.loaded_sync_p99_us)
+                            .and_then(|o| o.loaded_sync)
+                            .map_or(f64::NAN, |s| s.p99_us)
                     };
                     let loaded_p99 = run.med(i, loaded);
                     let less_loaded = run.med(i, |m| own(m) - loaded(m));

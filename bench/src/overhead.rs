@@ -23,6 +23,8 @@
 
 use std::net::SocketAddr;
 
+use crate::disk::SyncSummary;
+
 /// canarygate's own time per request.
 const OVERHEAD: &str = "canarygate_proxy_overhead_seconds";
 /// Each audit journal write and its sync (durable audit only).
@@ -187,11 +189,8 @@ pub struct Overhead {
     /// their audit records, µs; NaN where canarygate does not report them.
     pub record_wait_p99_us: f64,
     /// The disk's sync under the phase's load, timed by the load generator
-    /// beside it ([`crate::disk::LoadedSyncProbe`]): probes, and their p50
-    /// and p99 in µs (0 and NaN without a probe).
-    pub loaded_syncs: usize,
-    pub loaded_sync_p50_us: f64,
-    pub loaded_sync_p99_us: f64,
+    /// beside it ([`crate::disk::LoadedSyncProbe`]); None without a probe.
+    pub loaded_sync: Option<SyncSummary>,
 }
 
 impl Overhead {
@@ -206,9 +205,7 @@ impl Overhead {
             journal_syncs: 0,
             journal_sync_p99_us: f64::NAN,
             record_wait_p99_us: f64::NAN,
-            loaded_syncs: 0,
-            loaded_sync_p50_us: f64::NAN,
-            loaded_sync_p99_us: f64::NAN,
+            loaded_sync: None,
         })
     }
 
@@ -302,12 +299,15 @@ mod tests {
         assert!(empty.quantile_bound_us(0.99).is_nan());
     }
 
+    /// A scrape holding the overhead histogram and the histogram `name`.
+    fn scrape_with(name: &str, overhead: [u64; 4], other: [u64; 4]) -> Scrape {
+        let other = exposition(other).replace(OVERHEAD, name);
+        Scrape::parse(&format!("{}{other}", exposition(overhead))).unwrap()
+    }
+
     #[test]
     fn the_journal_syncs_of_a_phase_come_from_the_same_scrapes() {
-        let with_journal = |overhead: [u64; 4], journal: [u64; 4]| {
-            let journal = exposition(journal).replace(OVERHEAD, JOURNAL_SYNC);
-            Scrape::parse(&format!("{}{journal}", exposition(overhead))).unwrap()
-        };
+        let with_journal = |overhead, journal| scrape_with(JOURNAL_SYNC, overhead, journal);
         let before = with_journal([5, 5, 5, 5], [0, 4, 5, 5]);
         // The phase: 100 syncs, 98 ≤ 1 ms, 2 in (1, 10] ms.
         let after = with_journal([55, 104, 105, 105], [0, 102, 105, 105]);
@@ -334,10 +334,7 @@ mod tests {
 
     #[test]
     fn the_record_waits_of_a_phase_come_from_the_same_scrapes() {
-        let with_waits = |overhead: [u64; 4], waits: [u64; 4]| {
-            let waits = exposition(waits).replace(OVERHEAD, RECORD_WAIT);
-            Scrape::parse(&format!("{}{waits}", exposition(overhead))).unwrap()
-        };
+        let with_waits = |overhead, waits| scrape_with(RECORD_WAIT, overhead, waits);
         let before = with_waits([5, 5, 5, 5], [0, 5, 5, 5]);
         // The phase: 100 waits, 99 ≤ 1 ms, 1 in (1, 10] ms; then 2 of them.
         let after = with_waits([55, 104, 105, 105], [0, 104, 105, 105]);
