@@ -210,9 +210,10 @@ impl AuditLog {
                 options.sample_rate
             )));
         }
-        if !(-20..=0).contains(&options.journal_nice) {
+        let nice_range = canarygate_policies::config::AUDIT_JOURNAL_NICE_RANGE;
+        if !nice_range.contains(&options.journal_nice) {
             return Err(AuditError::InvalidArgument(format!(
-                "journal nice change {} is outside -20..=0",
+                "journal nice change {} is outside {nice_range:?}",
                 options.journal_nice
             )));
         }

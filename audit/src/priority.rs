@@ -60,8 +60,11 @@ mod imp {
             *libc::__errno_location() = 0;
             libc::getpriority(libc::PRIO_PROCESS, who)
         };
-        if current == -1 && std::io::Error::last_os_error().raw_os_error() != Some(0) {
-            return JournalPriority::Refused(std::io::Error::last_os_error().to_string());
+        if current == -1 {
+            let error = std::io::Error::last_os_error();
+            if error.raw_os_error() != Some(0) {
+                return JournalPriority::Refused(error.to_string());
+            }
         }
         let nice = (current + change).clamp(-20, 19);
         // SAFETY: changes this thread's scheduling only.

@@ -118,6 +118,9 @@ pub const DEFAULT_AUDIT_SAMPLE_RATE: f64 = 0.02;
 /// priority").
 pub const DEFAULT_AUDIT_JOURNAL_NICE: i32 = 0;
 
+/// The changes `[audit] journal_nice` accepts: ones that raise the priority.
+pub const AUDIT_JOURNAL_NICE_RANGE: std::ops::RangeInclusive<i32> = -20..=0;
+
 /// `[audit]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -646,7 +649,7 @@ impl Policy {
         if let Some(var) = &audit.encryption_key_env {
             check_env_name("audit.encryption_key_env", var)?;
         }
-        if !(-20..=0).contains(audit.journal_nice.get_ref()) {
+        if !AUDIT_JOURNAL_NICE_RANGE.contains(audit.journal_nice.get_ref()) {
             return Err((
                 Some(audit.journal_nice.span()),
                 format!(
