@@ -1,12 +1,16 @@
 //! The audit log handle used by `serve`: group-committed, durable appends.
 //!
-//! Two threads write. The journal writer takes what callers queued, appends
-//! the request records among it to the journal ([`crate::journal`]) with one
-//! sync, answers those callers, and hands everything on in order. The index
-//! writer applies what it is handed to the redb store in one transaction per
-//! batch: the records it chains, the canaries, the sweeps. Under
-//! `durability = "before_answer"` an answer waits for the journal's sync
-//! only; the index commit's two syncs happen beside the next batches.
+//! Two threads write, each behind a queue. Under `durability =
+//! "before_answer"` a request record goes to the journal writer, which
+//! appends the records it finds queued to the journal ([`crate::journal`])
+//! with one sync, answers their callers, and hands them on in order to the
+//! index writer. Everything else (canary registrations, sweeps, topic
+//! scores, records under the background audit) needs no journal and goes
+//! straight to the index writer's queue, so it never wakes the journal
+//! thread. The index writer applies what it is handed to the redb store in
+//! one transaction per batch, and the chain takes that order. An answer
+//! waits for the journal's sync only; the index commit's two syncs happen
+//! beside the next batches.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -132,15 +136,13 @@ pub(super) const BACKGROUND_COMMIT_INTERVAL: Duration = Duration::from_millis(50
 /// runs.
 pub(super) const JOURNALED_INDEX_INTERVAL: Duration = Duration::from_millis(50);
 
-struct Pending {
+/// A request record for the journal writer (`durability = "before_answer"`).
+struct ToJournal {
     op: WriteOp,
-    /// `None`: nobody waits (canary registrations).
-    reply: Option<oneshot::Sender<Result<WriteOutcome, AuditError>>>,
-    /// Acknowledged before it is durable (`durability = "background"`):
-    /// a failed commit is counted in [`AuditLog::background_failures`].
-    background: bool,
-    /// Set for a request record to journal first: answered once it is on disk.
-    journaled: Option<oneshot::Sender<Result<(), AuditError>>>,
+    /// Answered with the record's id once it is indexed.
+    reply: oneshot::Sender<Result<WriteOutcome, AuditError>>,
+    /// Answered once the record is on disk in the journal.
+    on_disk: oneshot::Sender<Result<(), AuditError>>,
 }
 
 /// A request record handed to the log by [`AuditLog::record`]: on disk in
@@ -166,7 +168,10 @@ pub struct AuditLog {
 }
 
 struct Inner {
-    sender: mpsc::Sender<Pending>,
+    /// Request records to journal.
+    journal: mpsc::Sender<ToJournal>,
+    /// Everything else, straight to the index writer.
+    index: mpsc::Sender<Indexable>,
     store: Arc<dyn Store>,
     secrets: Secrets,
     options: AuditOptions,
@@ -222,8 +227,9 @@ impl AuditLog {
         let journal = Journal::open(dir, &redb)?;
         let store: Arc<dyn Store> = Arc::new(redb);
         let secrets = Secrets::load_or_create(dir)?;
-        let (sender, receiver) = mpsc::channel(QUEUE);
-        let (index_sender, index_receiver) = std_mpsc::sync_channel(QUEUE);
+        let (journal_sender, journal_receiver) = mpsc::channel(QUEUE);
+        let (index_sender, mut index_receiver) = mpsc::channel(QUEUE);
+        let journal_index_sender = index_sender.clone();
         let indexed = Arc::new(AtomicU64::new(store.read()?.journal_indexed()?));
         let journal_indexed = Arc::clone(&indexed);
         let writer_store = Arc::clone(&store);
@@ -245,7 +251,7 @@ impl AuditLog {
             .spawn(move || {
                 run_index_writer(
                     writer_store.as_ref(),
-                    &index_receiver,
+                    &mut index_receiver,
                     limit,
                     pace,
                     &indexed,
@@ -268,8 +274,8 @@ impl AuditLog {
                 let _ = priority_sender.send(priority);
                 run_journal_writer(
                     journal,
-                    receiver,
-                    &index_sender,
+                    journal_receiver,
+                    &journal_index_sender,
                     limit,
                     &journal_indexed,
                     &observer,
@@ -283,7 +289,8 @@ impl AuditLog {
             .map_err(|_| AuditError::Io("the audit journal did not start".into()))?;
         Ok(Self {
             inner: Arc::new(Inner {
-                sender,
+                journal: journal_sender,
+                index: index_sender,
                 store,
                 secrets,
                 options,
@@ -301,26 +308,34 @@ impl AuditLog {
     pub async fn record(&self, new: NewRecord) -> Result<Recorded, AuditError> {
         let op = self.append_op(new)?;
         let (reply, answer) = oneshot::channel();
-        let journaled = self.inner.options.durability == Durability::BeforeAnswer;
-        let (on_disk_reply, on_disk) = oneshot::channel();
-        self.enqueue(Pending {
-            op,
-            reply: Some(reply),
-            background: !journaled,
-            journaled: journaled.then_some(on_disk_reply),
-        })
-        .await?;
-        if journaled {
-            on_disk.await.map_err(|_| AuditError::Closed)??;
+        if self.inner.options.durability == Durability::Background {
+            self.enqueue(Indexable {
+                op,
+                reply: Some(reply),
+                background: true,
+            })
+            .await?;
+            return Ok(Recorded(answer));
         }
+        let (on_disk_reply, on_disk) = oneshot::channel();
+        self.inner
+            .journal
+            .send(ToJournal {
+                op,
+                reply,
+                on_disk: on_disk_reply,
+            })
+            .await
+            .map_err(|_| AuditError::Closed)?;
+        on_disk.await.map_err(|_| AuditError::Closed)??;
         Ok(Recorded(answer))
     }
 
-    /// Queues `pending` for the writer threads, waiting for room.
-    async fn enqueue(&self, pending: Pending) -> Result<(), AuditError> {
+    /// Queues `indexable` for the index writer, waiting for room.
+    async fn enqueue(&self, indexable: Indexable) -> Result<(), AuditError> {
         self.inner
-            .sender
-            .send(pending)
+            .index
+            .send(indexable)
             .await
             .map_err(|_| AuditError::Closed)
     }
@@ -411,12 +426,11 @@ impl AuditLog {
     /// Errors only when the queue is full or the writer has stopped.
     pub fn register_canaries_soon(&self, entries: Vec<CanaryEntry>) -> Result<(), AuditError> {
         self.inner
-            .sender
-            .try_send(Pending {
+            .index
+            .try_send(Indexable {
                 op: WriteOp::Register(entries),
                 reply: None,
                 background: true,
-                journaled: None,
             })
             .map_err(|error| match error {
                 mpsc::error::TrySendError::Full(_) => {
@@ -494,11 +508,10 @@ impl AuditLog {
 
     async fn submit(&self, op: WriteOp) -> Result<WriteOutcome, AuditError> {
         let (reply, answer) = oneshot::channel();
-        self.enqueue(Pending {
+        self.enqueue(Indexable {
             op,
             reply: Some(reply),
             background: false,
-            journaled: None,
         })
         .await?;
         answer.await.map_err(|_| AuditError::Closed)?
@@ -516,11 +529,14 @@ fn unexpected(outcome: WriteOutcome) -> AuditError {
     AuditError::Storage(format!("unexpected write outcome {outcome:?}"))
 }
 
-/// What the journal writer hands the index writer: an operation and whoever
-/// waits for its outcome.
+/// What the index writer applies: an operation and whoever waits for its
+/// outcome.
 struct Indexable {
     op: WriteOp,
+    /// `None`: nobody waits (canary registrations).
     reply: Option<oneshot::Sender<Result<WriteOutcome, AuditError>>>,
+    /// Acknowledged before it is durable (`durability = "background"`):
+    /// a failed commit is counted in [`AuditLog::background_failures`].
     background: bool,
 }
 
@@ -530,8 +546,8 @@ struct Indexable {
 /// ([`Linger`]). Stops when every [`AuditLog`] handle is gone.
 fn run_journal_writer(
     mut journal: Journal,
-    mut receiver: mpsc::Receiver<Pending>,
-    index: &std_mpsc::SyncSender<Indexable>,
+    mut receiver: mpsc::Receiver<ToJournal>,
+    index: &mpsc::Sender<Indexable>,
     limit: usize,
     indexed: &AtomicU64,
     observer: &OnceLock<JournalSyncObserver>,
@@ -547,19 +563,14 @@ fn run_journal_writer(
                 Err(_) => break,
             }
         }
-        let gathered = batch.len();
+        let records = batch.len();
         let at_ms = now_ms();
-        let mut journaled_records = 0;
-        for pending in &mut batch {
-            if pending.journaled.is_none() {
-                continue;
-            }
-            journaled_records += 1;
+        for record in &mut batch {
             if let WriteOp::Append {
                 entry,
                 sample,
                 journal: position,
-            } = &mut pending.op
+            } = &mut record.op
             {
                 let seq = journal.take_seq();
                 journal::encode(seq, at_ms, entry.json(), sample.as_deref(), &mut frames);
@@ -579,20 +590,18 @@ fn run_journal_writer(
             written
         };
         frames.clear();
-        for mut pending in batch.drain(..) {
-            if let Some(journaled) = pending.journaled.take() {
-                if let Err(error) = &written {
-                    // Not on disk: the caller answers with an error, and the
-                    // record is not indexed either.
-                    let _ = journaled.send(Err(error.clone()));
-                    continue;
-                }
-                let _ = journaled.send(Ok(()));
+        for record in batch.drain(..) {
+            if let Err(error) = &written {
+                // Not on disk: the caller answers with an error, and the
+                // record is not indexed either.
+                let _ = record.on_disk.send(Err(error.clone()));
+                continue;
             }
-            let handed = index.send(Indexable {
-                op: pending.op,
-                reply: pending.reply,
-                background: pending.background,
+            let _ = record.on_disk.send(Ok(()));
+            let handed = index.blocking_send(Indexable {
+                op: record.op,
+                reply: Some(record.reply),
+                background: false,
             });
             if handed.is_err() {
                 return;
@@ -604,17 +613,18 @@ fn run_journal_writer(
         if let Err(error) = journal.maintain(indexed.load(Ordering::Acquire)) {
             tracing::warn!(%error, "audit journal upkeep failed");
         }
-        linger.wait(journaled_records, gathered, || receiver.len());
+        linger.wait(records, records, || receiver.len());
     }
 }
 
-/// The index writer: applies what the journal writer hands it to the store,
-/// one transaction per batch. A batch holding journaled records that fails
-/// to commit is retried: those records are on disk and acknowledged, and
-/// the journal position the store keeps must not pass them.
+/// The index writer: applies what it is handed (by the journal writer, or
+/// straight from the log's callers) to the store, one transaction per batch.
+/// A batch holding journaled records that fails to commit is retried: those
+/// records are on disk and acknowledged, and the journal position the store
+/// keeps must not pass them.
 fn run_index_writer(
     store: &dyn Store,
-    receiver: &std_mpsc::Receiver<Indexable>,
+    receiver: &mut mpsc::Receiver<Indexable>,
     limit: usize,
     pace: Duration,
     indexed: &AtomicU64,
@@ -627,7 +637,9 @@ fn run_index_writer(
     let mut failures_in_a_row = 0u32;
     loop {
         if ops.is_empty() {
-            let Ok(first) = receiver.recv() else { return };
+            let Some(first) = receiver.blocking_recv() else {
+                return;
+            };
             ops.push(first.op);
             replies.push((first.reply, first.background));
         }
