@@ -97,11 +97,9 @@ pub fn should_sample(chance: f64) -> bool {
     if chance <= 0.0 || chance.is_nan() {
         return false;
     }
-    let mut bytes = [0; 8];
-    if getrandom::fill(&mut bytes).is_err() {
-        return false;
-    }
-    // 53 random bits give a uniform float in [0, 1).
-    let unit = (u64::from_le_bytes(bytes) >> 11) as f64 / (1u64 << 53) as f64;
+    // 53 random bits give a uniform float in [0, 1). The thread's CSPRNG
+    // costs no system call per request.
+    let bits = rand::Rng::next_u64(&mut rand::rng());
+    let unit = (bits >> 11) as f64 / (1u64 << 53) as f64;
     unit < chance
 }

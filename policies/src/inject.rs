@@ -60,13 +60,13 @@ pub struct RequestCanaries {
 }
 
 impl RequestCanaries {
-    /// Two fresh canaries from the OS CSPRNG, not registered anywhere (see
+    /// Two fresh canaries ([`Canary::mint`]), not registered anywhere (see
     /// [`RequestCanaries::mint_registered`]).
-    pub fn mint() -> Result<Self, getrandom::Error> {
-        Ok(Self {
-            head: Canary::mint()?,
-            tail: Canary::mint()?,
-        })
+    pub fn mint() -> Self {
+        Self {
+            head: Canary::mint(),
+            tail: Canary::mint(),
+        }
     }
 
     /// Two fresh canaries, both registered in `registry` to `registration`
@@ -76,10 +76,10 @@ impl RequestCanaries {
     pub fn mint_registered(
         registry: &MemoryRegistry,
         registration: &Registration,
-    ) -> Result<(Self, [CanaryKey; 2]), getrandom::Error> {
-        let (head, head_key) = registry.mint(registration)?;
-        let (tail, tail_key) = registry.mint(registration)?;
-        Ok((Self { head, tail }, [head_key, tail_key]))
+    ) -> (Self, [CanaryKey; 2]) {
+        let (head, head_key) = registry.mint(registration);
+        let (tail, tail_key) = registry.mint(registration);
+        (Self { head, tail }, [head_key, tail_key])
     }
 }
 
@@ -598,7 +598,7 @@ mod tests {
                 {"role": "user", "content": question},
             ]})
         };
-        let fresh = || RequestCanaries::mint().unwrap();
+        let fresh = || RequestCanaries::mint();
         let mut first = request("What is rule 1?", &long_system);
         let mut second = request("And rule two, in detail, please?", &long_system);
         let a = inject(&mut first, EchoMode::HeadTail, fresh()).unwrap();
@@ -834,7 +834,7 @@ mod tests {
             request: "r".into(),
             expires_at_ms: 1,
         };
-        let (canaries, keys) = RequestCanaries::mint_registered(&registry, &registration).unwrap();
+        let (canaries, keys) = RequestCanaries::mint_registered(&registry, &registration);
         assert_ne!(canaries.head, canaries.tail);
         assert_eq!(
             keys,

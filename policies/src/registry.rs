@@ -117,26 +117,23 @@ impl MemoryRegistry {
         Some(key)
     }
 
-    /// A fresh canary from the OS CSPRNG, registered to `registration`. A
+    /// A fresh canary ([`Canary::mint`]), registered to `registration`. A
     /// value that is already live is refused and another one drawn, so no two
     /// live canaries are ever equal.
-    pub fn mint(
-        &self,
-        registration: &Registration,
-    ) -> Result<(Canary, CanaryKey), getrandom::Error> {
+    pub fn mint(&self, registration: &Registration) -> (Canary, CanaryKey) {
         self.mint_from(registration, Canary::mint)
     }
 
     /// [`MemoryRegistry::mint`] with canaries drawn from `draw`.
-    fn mint_from<E>(
+    fn mint_from(
         &self,
         registration: &Registration,
-        mut draw: impl FnMut() -> Result<Canary, E>,
-    ) -> Result<(Canary, CanaryKey), E> {
+        mut draw: impl FnMut() -> Canary,
+    ) -> (Canary, CanaryKey) {
         loop {
-            let canary = draw()?;
+            let canary = draw();
             if let Some(key) = self.insert_new(&canary, registration.clone()) {
-                return Ok((canary, key));
+                return (canary, key);
             }
         }
     }
@@ -277,18 +274,16 @@ mod tests {
                 .is_some()
         );
 
-        let (minted, key) = registry.mint(&registration("minted", 40)).unwrap();
+        let (minted, key) = registry.mint(&registration("minted", 40));
         assert_eq!(registry.key(&minted), key);
         assert_eq!(registry.owner(&minted).unwrap().request, "minted");
         assert_eq!(registry.len(), 2);
 
         // A draw that hits a live value is thrown away and drawn again.
         let mut draws = [canary, minted, Canary::from_random([4; 10])].into_iter();
-        let (fresh, _) = registry
-            .mint_from(&registration("fresh", 50), || {
-                draws.next().ok_or("no more draws")
-            })
-            .unwrap();
+        let (fresh, _) = registry.mint_from(&registration("fresh", 50), || {
+            draws.next().expect("no more draws")
+        });
         assert_eq!(fresh, Canary::from_random([4; 10]));
         assert_eq!(draws.next(), None);
         assert_eq!(registry.owner(&canary).unwrap().request, "third");

@@ -377,7 +377,7 @@ impl<W: WireFormat> Prober<'_, W> {
     /// probe past the window with its completion allowance).
     fn prompt(&self, length: u64, max_tokens: u64) -> Result<Prompt, ProbeError> {
         let needles = Needle::mint(NEEDLES_PER_PROMPT)?;
-        let canaries = RequestCanaries::mint()?;
+        let canaries = RequestCanaries::mint();
         let mut text_target = length;
         loop {
             let mut body = json!({

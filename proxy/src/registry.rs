@@ -146,23 +146,23 @@ impl CanaryBook {
         }))
     }
 
-    /// Draws a request's two canaries from the OS CSPRNG, live as `owner`'s
+    /// Draws a request's two canaries ([`Canary::mint`]), live as `owner`'s
     /// until `ttl_secs` from now. Values already live here are refused and
     /// drawn again, so they are unique among this instance's live canaries
     /// and differ from each other ([`CanaryBook::register`] checks the
     /// shared registry).
-    pub fn mint(&self, owner: Owner<'_>, ttl_secs: u64) -> Result<Minted, getrandom::Error> {
+    pub fn mint(&self, owner: Owner<'_>, ttl_secs: u64) -> Minted {
         let registration = Registration {
             session: owner.session.to_owned(),
             request: owner.request_id.to_owned(),
             expires_at_ms: now_ms().saturating_add(ttl_secs.saturating_mul(1000)),
         };
-        let (canaries, keys) = RequestCanaries::mint_registered(&self.memory, &registration)?;
-        Ok(Minted {
+        let (canaries, keys) = RequestCanaries::mint_registered(&self.memory, &registration);
+        Minted {
             canaries,
             keys,
             registration,
-        })
+        }
     }
 
     /// Registers `minted` for the request it was placed in: claims both

@@ -125,7 +125,7 @@ impl Injected {
 
     fn with_messages(messages: Vec<Value>, stream: bool) -> Self {
         let mut body = json!({"model": "sim-model", "stream": stream, "messages": messages});
-        let canaries = RequestCanaries::mint().expect("mint canaries");
+        let canaries = RequestCanaries::mint();
         inject(&mut body, EchoMode::HeadTail, canaries).expect("inject");
         Self { body, canaries }
     }

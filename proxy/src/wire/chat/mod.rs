@@ -344,7 +344,7 @@ mod tests {
 
     #[test]
     fn canaries_that_cannot_be_placed_are_a_400_about_the_field() {
-        let canaries = RequestCanaries::mint().unwrap();
+        let canaries = RequestCanaries::mint();
         for (mut body, param) in [
             (
                 json!({"messages": [{"role": "user", "content": 5}]}),

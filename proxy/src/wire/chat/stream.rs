@@ -349,7 +349,7 @@ mod tests {
         let mut body = Chat::parse_request(request.to_string().as_bytes())
             .unwrap()
             .body;
-        let canaries = RequestCanaries::mint().unwrap();
+        let canaries = RequestCanaries::mint();
         let injection = Chat::place_canaries(&mut body, EchoMode::HeadTail, canaries).unwrap();
         (injection, obedient_echo(&body).unwrap())
     }

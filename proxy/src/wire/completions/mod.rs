@@ -167,7 +167,7 @@ mod tests {
     /// A request placed, its verifier and delivery.
     fn placed(body: Value) -> (Injection, Verifier, Delivery) {
         let mut body = body;
-        let canaries = RequestCanaries::mint().unwrap();
+        let canaries = RequestCanaries::mint();
         let injection =
             Completions::place_canaries(&mut body, EchoMode::HeadTail, canaries).unwrap();
         let verifier = Verifier::new(&injection, &VerifyConfig::default(), "sim", None);

@@ -160,7 +160,7 @@ mod tests {
         let mut body = Messages::parse_request(body.to_string().as_bytes())
             .unwrap()
             .body;
-        let canaries = RequestCanaries::mint().unwrap();
+        let canaries = RequestCanaries::mint();
         let injection = Messages::place_canaries(&mut body, EchoMode::HeadTail, canaries).unwrap();
         let opening = obedient_echo(&json!({"messages": request::chat_messages(&body)})).unwrap();
         (body, injection, opening)

@@ -363,7 +363,7 @@ mod tests {
 
     #[test]
     fn blocks_go_after_the_clients_text_and_the_limit_is_raised() {
-        let canaries = RequestCanaries::mint().unwrap();
+        let canaries = RequestCanaries::mint();
         let cached =
             json!({"type": "text", "text": "long policy", "cache_control": {"type": "ephemeral"}});
         let mut body = json!({
@@ -401,7 +401,7 @@ mod tests {
 
     #[test]
     fn a_request_without_system_gets_the_head_as_its_system() {
-        let canaries = RequestCanaries::mint().unwrap();
+        let canaries = RequestCanaries::mint();
         let mut body = minimal();
         place(&mut body, EchoMode::HeadTail, canaries).unwrap();
         let system = body["system"].as_str().unwrap();
@@ -431,7 +431,7 @@ mod tests {
 
     #[test]
     fn tools_and_structured_output_are_passive_and_keep_the_limit() {
-        let canaries = RequestCanaries::mint().unwrap();
+        let canaries = RequestCanaries::mint();
         for (key, value) in [
             (
                 "tools",

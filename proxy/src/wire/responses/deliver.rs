@@ -273,7 +273,7 @@ mod tests {
 
     #[test]
     fn a_whole_answer_is_edited_in_place() {
-        let canaries = RequestCanaries::mint().unwrap();
+        let canaries = RequestCanaries::mint();
         let mut body = json!({"model": "m", "instructions": "Be brief.", "input": "hi",
                               "max_output_tokens": 3});
         let injection = place(&mut body, EchoMode::HeadTail, canaries).unwrap();

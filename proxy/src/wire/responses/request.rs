@@ -372,7 +372,7 @@ mod tests {
 
     #[test]
     fn head_goes_after_the_instructions_and_tail_after_the_last_user_text() {
-        let canaries = RequestCanaries::mint().unwrap();
+        let canaries = RequestCanaries::mint();
         let mut body = parsed(json!({"model": "m", "instructions": "Be brief.",
         "max_output_tokens": 100,
         "input": [
@@ -410,7 +410,7 @@ mod tests {
 
     #[test]
     fn a_string_input_gets_the_tail_and_no_user_item_puts_it_in_the_instructions() {
-        let canaries = RequestCanaries::mint().unwrap();
+        let canaries = RequestCanaries::mint();
         let mut body = parsed(json!({"model": "m", "input": "hello"}));
         place(&mut body, EchoMode::HeadTail, canaries).unwrap();
         let input = body["input"].as_str().unwrap();
@@ -429,7 +429,7 @@ mod tests {
 
     #[test]
     fn json_mode_and_tools_are_passive_and_a_stored_conversation_echoes_the_head() {
-        let canaries = RequestCanaries::mint().unwrap();
+        let canaries = RequestCanaries::mint();
         for extra in [
             json!({"text": {"format": {"type": "json_schema", "name": "x", "schema": {}}}}),
             json!({"text": {"format": {"type": "json_object"}}}),

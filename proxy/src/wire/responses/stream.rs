@@ -457,7 +457,7 @@ mod tests {
     }
 
     fn setup(max_output_tokens: Option<u64>) -> (Injection, Value, RequestCanaries) {
-        let canaries = RequestCanaries::mint().unwrap();
+        let canaries = RequestCanaries::mint();
         let mut body = json!({"model": "m", "instructions": "Be brief.", "input": "Name the planets",
                               "stream": true});
         if let Some(limit) = max_output_tokens {
