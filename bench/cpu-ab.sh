@@ -8,7 +8,10 @@
 # so a change that moves when canarygate reads can move CPU between it and
 # the provider without saving any (bench/README.md, 12-05): this prints both
 # and their total, per request, from `perf stat -e task-clock` on each
-# process, then the medians and AFTER / BEFORE. Both builds serve the
+# process, then the medians and AFTER / BEFORE. The provider does the same
+# work for every request, so canarygate's CPU over the provider's in the same
+# round ("canarygate / provider") cancels the host's own slowdowns, which
+# move both by the same factor (seen here: 10 % between rounds). Both builds serve the
 # `default` preset (echo-first, durable audit), each with its own data
 # directory; the provider is AFTER's `sim-provider`.
 #
@@ -66,11 +69,11 @@ for line in sys.stdin:
     round_, name, requests, target_ms, sim_ms = line.split()
     n = int(requests)
     target, sim = float(target_ms) * 1000 / n, float(sim_ms) * 1000 / n
-    rows[name].append((target, sim, target + sim))
-    print(f"round {round_} {name:6}: {n} requests, canarygate {target:.0f} µs, provider {sim:.0f} µs, total {target + sim:.0f} µs per request")
+    rows[name].append((target, sim, target + sim, target / sim))
+    print(f"round {round_} {name:6}: {n} requests, canarygate {target:.0f} µs, provider {sim:.0f} µs, total {target + sim:.0f} µs per request, canarygate / provider {target / sim:.3f}")
 medians = {name: [statistics.median(column) for column in zip(*values)] for name, values in rows.items()}
-for name, (target, sim, total) in medians.items():
-    print(f"median {name:6}: canarygate {target:.0f} µs, provider {sim:.0f} µs, total {total:.0f} µs per request")
+for name, (target, sim, total, relative) in medians.items():
+    print(f"median {name:6}: canarygate {target:.0f} µs, provider {sim:.0f} µs, total {total:.0f} µs per request, canarygate / provider {relative:.3f}")
 ratios = [a / b for a, b in zip(medians["after"], medians["before"])]
-print("after / before: canarygate {:.3f}, provider {:.3f}, total {:.3f}".format(*ratios))
+print("after / before: canarygate {:.3f}, provider {:.3f}, total {:.3f}, canarygate / provider {:.3f}".format(*ratios))
 '
