@@ -59,11 +59,12 @@ pub async fn next_ready<S: Stream + Unpin>(
     upstream: &mut S,
     clock: &mut RequestClock,
 ) -> Option<Option<S::Item>> {
+    // What is ready now costs no wait (and no read of the clock).
+    if let Some(item) = upstream.next().now_or_never() {
+        return Some(item);
+    }
     clock
         .wait(async {
-            if let Some(item) = upstream.next().now_or_never() {
-                return Some(item);
-            }
             for _ in 0..READY_ROUNDS {
                 tokio::task::yield_now().await;
                 if let Some(item) = upstream.next().now_or_never() {
@@ -83,6 +84,10 @@ pub async fn next_within<S: Stream + Unpin>(
     clock: &mut RequestClock,
     idle_timeout: Duration,
 ) -> Result<Option<S::Item>, String> {
+    // What is ready now needs no timer (and no read of the clock).
+    if let Some(item) = upstream.next().now_or_never() {
+        return Ok(item);
+    }
     clock
         .wait(tokio::time::timeout(idle_timeout, upstream.next()))
         .await

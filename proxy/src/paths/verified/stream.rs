@@ -276,9 +276,10 @@ impl<W: WireFormat> VerifiedStream<W> {
         if chunk.usage.is_some() {
             self.usage = chunk.usage;
         }
-        // When the event arrived: a registry lookup before it is pushed is
-        // canarygate's time, not the provider's.
-        let arrived_ms = elapsed_ms(self.attempt.sent_at);
+        // When the event arrived, until the first text was seen (the clock
+        // is read only while it can matter): a registry lookup before it is
+        // pushed is canarygate's time, not the provider's.
+        let arrived_ms = (!self.ttft_seen).then(|| elapsed_ms(self.attempt.sent_at));
         let ttft_seen = &mut self.ttft_seen;
         let (spans, stop) = self
             .attempt
@@ -290,7 +291,8 @@ impl<W: WireFormat> VerifiedStream<W> {
                 |verifier| {
                     // The first generated text of any kind: reasoning models
                     // think before they answer.
-                    !std::mem::replace(ttft_seen, true) && verifier.observe_ttft(arrived_ms)
+                    !std::mem::replace(ttft_seen, true)
+                        && arrived_ms.is_some_and(|arrived_ms| verifier.observe_ttft(arrived_ms))
                 },
             )
             .await;
