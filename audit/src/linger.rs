@@ -8,7 +8,7 @@
 //! record, records are arriving faster than the disk syncs them; the writer
 //! then waits up to two syncs' time (the recent mean, at most 1 ms) before
 //! it takes the next batch, so that records gather. The wait ends as soon
-//! as as many operations are queued as the batch held, so writers that hand
+//! as as many records are queued as the batch held, so writers that hand
 //! over their next records at once (a closed loop, where the disk is the
 //! bottleneck) are not held back: without that end, 64 such writers made
 //! 0.76× the appends/s (`cargo bench -p canarygate-audit --bench
@@ -33,7 +33,7 @@ const POLL: Duration = Duration::from_micros(100);
 pub(crate) enum Waited {
     /// Not at all: the batch was a lone record, or no sync is known yet.
     No,
-    /// Until as many operations were queued as the batch held.
+    /// Until as many records were queued as the batch held.
     Gathered,
     /// For the whole wait.
     Full,
@@ -81,17 +81,17 @@ impl Linger {
         Duration::from_secs_f64(SYNCS_OF_LINGER * self.mean_sync_us / 1e6).min(MAX_LINGER)
     }
 
-    /// Waits, after a batch of `taken` operations that journaled `records`,
-    /// until `queued()` (the operations waiting now) reaches `taken` or
-    /// [`Self::after_batch`] has passed.
-    pub(crate) fn wait(&self, records: usize, taken: usize, queued: impl Fn() -> usize) -> Waited {
+    /// Waits, after a batch that journaled `records`, until `queued()` (the
+    /// records waiting now) reaches `records` or [`Self::after_batch`] has
+    /// passed.
+    pub(crate) fn wait(&self, records: usize, queued: impl Fn() -> usize) -> Waited {
         let wait = self.after_batch(records);
         if wait.is_zero() {
             return Waited::No;
         }
         let until = Instant::now() + wait;
         loop {
-            if queued() >= taken {
+            if queued() >= records {
                 return Waited::Gathered;
             }
             let left = until.saturating_duration_since(Instant::now());
@@ -119,12 +119,12 @@ mod tests {
         assert_eq!(linger.after_batch(0), Duration::ZERO);
         assert_eq!(linger.after_batch(1), Duration::ZERO);
         assert_eq!(linger.after_batch(2), us(600));
-        assert_eq!(linger.wait(1, 3, || 0), Waited::No);
+        assert_eq!(linger.wait(1, || 0), Waited::No);
 
         let mut disabled = Linger::new(false);
         disabled.observe_sync(us(300));
         assert_eq!(disabled.after_batch(10), Duration::ZERO);
-        assert_eq!(disabled.wait(10, 10, || 0), Waited::No);
+        assert_eq!(disabled.wait(10, || 0), Waited::No);
     }
 
     #[test]
@@ -154,7 +154,7 @@ mod tests {
             looks.set(looks.get() + 1);
             4
         };
-        assert_eq!(linger.wait(4, 4, already), Waited::Gathered);
+        assert_eq!(linger.wait(4, already), Waited::Gathered);
         assert_eq!(looks.get(), 1, "no sleep when they are there already");
 
         // Records arriving one per look.
@@ -163,12 +163,11 @@ mod tests {
             looks.set(looks.get() + 1);
             looks.get()
         };
-        // A batch of 2 records and 3 other operations (canary registrations).
-        assert_eq!(linger.wait(2, 5, arriving), Waited::Gathered);
+        assert_eq!(linger.wait(5, arriving), Waited::Gathered);
         assert_eq!(looks.get(), 5);
 
         let started = Instant::now();
-        assert_eq!(linger.wait(3, 3, || 2), Waited::Full);
+        assert_eq!(linger.wait(3, || 2), Waited::Full);
         assert!(started.elapsed() >= MAX_LINGER);
     }
 }

@@ -613,7 +613,7 @@ fn run_journal_writer(
         if let Err(error) = journal.maintain(indexed.load(Ordering::Acquire)) {
             tracing::warn!(%error, "audit journal upkeep failed");
         }
-        linger.wait(records, records, || receiver.len());
+        linger.wait(records, || receiver.len());
     }
 }
 
