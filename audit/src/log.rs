@@ -15,7 +15,7 @@
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use canarygate_policies::config::{DataReaders, Durability};
@@ -160,18 +160,17 @@ impl Recorded {
     }
 }
 
-/// Handle on the audit store of one data directory. Cheap to clone; the
-/// writer thread stops when the last clone is dropped.
+/// Handle on the audit store of one data directory. Cheap to clone.
+/// Dropping the last clone waits until the writer threads have written
+/// what was queued and stopped (at most 10 s), so the directory can be
+/// opened again as soon as it returns.
 #[derive(Clone)]
 pub struct AuditLog {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    /// Request records to journal.
-    journal: mpsc::Sender<ToJournal>,
-    /// Everything else, straight to the index writer.
-    index: mpsc::Sender<Indexable>,
+    writers: Writers,
     store: Arc<dyn Store>,
     secrets: Secrets,
     options: AuditOptions,
@@ -179,6 +178,37 @@ struct Inner {
     background_failures: Arc<AtomicU64>,
     journal_syncs: Arc<OnceLock<JournalSyncObserver>>,
     journal_priority: JournalPriority,
+}
+
+/// The queues of the two writer threads. Dropped with the last
+/// [`AuditLog`] handle: it closes both queues and waits until both threads
+/// have written what was queued and let go of the directory (the journal's
+/// lock, the store), so that the directory can be opened again at once. A
+/// writer stuck on a failing disk is waited for at most
+/// [`WRITERS_EXIT_WAIT`].
+struct Writers {
+    /// Request records to journal.
+    journal: mpsc::Sender<ToJournal>,
+    /// Everything else, straight to the index writer.
+    index: mpsc::Sender<Indexable>,
+    /// Disconnected once both threads have ended (each holds a sender); in
+    /// a mutex only because a receiver is not `Sync`.
+    ended: Mutex<std_mpsc::Receiver<()>>,
+}
+
+/// Longest wait, when the last handle is dropped, for the writer threads.
+const WRITERS_EXIT_WAIT: Duration = Duration::from_secs(10);
+
+impl Drop for Writers {
+    fn drop(&mut self) {
+        // Ours are the last senders but the journal writer's own to the
+        // index writer: swapping in senders of dead channels drops them.
+        self.journal = mpsc::channel(1).0;
+        self.index = mpsc::channel(1).0;
+        if let Ok(ended) = self.ended.get_mut() {
+            let _ = ended.recv_timeout(WRITERS_EXIT_WAIT);
+        }
+    }
 }
 
 /// Told how long each journal write took, its `fdatasync` included: the
@@ -230,6 +260,8 @@ impl AuditLog {
         let (journal_sender, journal_receiver) = mpsc::channel(QUEUE);
         let (index_sender, mut index_receiver) = mpsc::channel(QUEUE);
         let journal_index_sender = index_sender.clone();
+        let (index_ended, ended) = std_mpsc::channel::<()>();
+        let journal_ended = index_ended.clone();
         let indexed = Arc::new(AtomicU64::new(store.read()?.journal_indexed()?));
         let journal_indexed = Arc::clone(&indexed);
         let writer_store = Arc::clone(&store);
@@ -249,6 +281,7 @@ impl AuditLog {
         std::thread::Builder::new()
             .name("audit-index".into())
             .spawn(move || {
+                let _ended = index_ended;
                 run_index_writer(
                     writer_store.as_ref(),
                     &mut index_receiver,
@@ -267,6 +300,7 @@ impl AuditLog {
         std::thread::Builder::new()
             .name("audit-journal".into())
             .spawn(move || {
+                let _ended = journal_ended;
                 let priority = priority::raise_current_thread(journal_nice);
                 // The wait after a batch balances the raised priority's
                 // small batches; at the process's priority it is not needed.
@@ -289,8 +323,11 @@ impl AuditLog {
             .map_err(|_| AuditError::Io("the audit journal did not start".into()))?;
         Ok(Self {
             inner: Arc::new(Inner {
-                journal: journal_sender,
-                index: index_sender,
+                writers: Writers {
+                    journal: journal_sender,
+                    index: index_sender,
+                    ended: Mutex::new(ended),
+                },
                 store,
                 secrets,
                 options,
@@ -319,6 +356,7 @@ impl AuditLog {
         }
         let (on_disk_reply, on_disk) = oneshot::channel();
         self.inner
+            .writers
             .journal
             .send(ToJournal {
                 op,
@@ -334,6 +372,7 @@ impl AuditLog {
     /// Queues `indexable` for the index writer, waiting for room.
     async fn enqueue(&self, indexable: Indexable) -> Result<(), AuditError> {
         self.inner
+            .writers
             .index
             .send(indexable)
             .await
@@ -426,6 +465,7 @@ impl AuditLog {
     /// Errors only when the queue is full or the writer has stopped.
     pub fn register_canaries_soon(&self, entries: Vec<CanaryEntry>) -> Result<(), AuditError> {
         self.inner
+            .writers
             .index
             .try_send(Indexable {
                 op: WriteOp::Register(entries),

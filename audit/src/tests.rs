@@ -581,6 +581,26 @@ fn prune_refuses_a_broken_chain() {
 }
 
 #[test]
+fn dropping_the_last_handle_writes_what_was_queued_and_frees_the_directory() {
+    let dir = private_tempdir();
+    let now = now_ms();
+    for round in 0..20u8 {
+        let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap_or_else(|error| {
+            panic!("round {round}: reopening right after the drop: {error}")
+        });
+        assert_eq!(log.live_canaries(now).unwrap().len(), usize::from(round));
+        // Queued for the next commit, nobody waiting for it.
+        log.register_canaries_soon(vec![CanaryEntry {
+            key: CanaryKey([round; 16]),
+            session: "ab".repeat(32),
+            request_id: format!("r{round}"),
+            expires_at_ms: now + 60_000,
+        }])
+        .unwrap();
+    }
+}
+
+#[test]
 fn canary_registry_persists_and_expires() {
     let dir = private_tempdir();
     let now = now_ms();
