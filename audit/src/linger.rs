@@ -85,7 +85,11 @@ impl Linger {
     /// records waiting now) reaches `records` or [`Self::after_batch`] has
     /// passed.
     pub(crate) fn wait(&self, records: usize, queued: impl Fn() -> usize) -> Waited {
-        let wait = self.after_batch(records);
+        Self::wait_up_to(self.after_batch(records), records, queued)
+    }
+
+    /// Waits until `queued()` reaches `records` or `wait` has passed.
+    fn wait_up_to(wait: Duration, records: usize, queued: impl Fn() -> usize) -> Waited {
         if wait.is_zero() {
             return Waited::No;
         }
@@ -157,13 +161,16 @@ mod tests {
         assert_eq!(linger.wait(4, already), Waited::Gathered);
         assert_eq!(looks.get(), 1, "no sleep when they are there already");
 
-        // Records arriving one per look.
+        // Records arriving one per look. The wait is long here so that a
+        // loaded machine's oversleeping (four 100 µs sleeps can take more
+        // than the 1 ms cap) cannot end it first.
         looks.set(0);
         let arriving = || {
             looks.set(looks.get() + 1);
             looks.get()
         };
-        assert_eq!(linger.wait(5, arriving), Waited::Gathered);
+        let long = Duration::from_secs(60);
+        assert_eq!(Linger::wait_up_to(long, 5, arriving), Waited::Gathered);
         assert_eq!(looks.get(), 5);
 
         let started = Instant::now();
