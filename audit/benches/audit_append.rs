@@ -43,7 +43,7 @@ fn record(n: u64) -> RequestRecord {
             .map(|name| CheckRecord {
                 name: (*name).into(),
                 result: Status::Pass,
-                evidence: serde_json::json!({"observed": 1230, "expected": 1234}),
+                evidence: serde_json::json!({"observed": 1230, "expected": 1234}).into(),
             })
             .collect(),
         verdict: VerdictSummary::Pass,

@@ -45,7 +45,7 @@ pub use log::{
 };
 pub use priority::JournalPriority;
 pub use record::{
-    Action, CheckRecord, CheckpointEntry, Entry, GENESIS_HASH, Latency, NewRecord, Outcome, Record,
+    Action, CheckEvidence, CheckRecord, CheckpointEntry, Entry, GENESIS_HASH, Latency, NewRecord, Outcome, Record,
     RecordId, RequestEntry, RequestRecord, ReviewEntry, ReviewVerdict, Route, Sample, SampleRef,
     TokenOverhead, TopicEntry, TopicScore, VerdictSummary, chain_hash, sha256_hex,
 };

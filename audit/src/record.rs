@@ -7,8 +7,10 @@
 //! canonical serialisation: nothing is re-serialised to verify, so the chain
 //! does not depend on JSON key order or number formatting.
 
-use canarygate_policies::verify::{CheckResult, Status, Verdict};
+use canarygate_policies::verify::{CheckResult, Evidence, Status, Verdict};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 
 use crate::AuditError;
@@ -98,18 +100,83 @@ pub struct CheckRecord {
     /// What it concluded: pass, fail or skip.
     pub result: Status,
     /// What it saw (numbers, canary ids, offsets). Never canary values.
-    pub evidence: serde_json::Value,
+    pub evidence: CheckEvidence,
 }
 
 impl From<&CheckResult> for CheckRecord {
     /// The verifier's result of one check, as recorded: its reason and
     /// evidence under `reason` and `seen`.
     fn from(check: &CheckResult) -> Self {
+        #[derive(Serialize)]
+        struct Seen<'a> {
+            reason: &'a Option<String>,
+            seen: &'a Evidence,
+        }
         Self {
             name: check.check.name().to_owned(),
             result: check.status,
-            evidence: serde_json::json!({"reason": check.reason, "seen": check.evidence}),
+            evidence: CheckEvidence::of(&Seen {
+                reason: &check.reason,
+                seen: &check.evidence,
+            }),
         }
+    }
+}
+
+/// A check's evidence: any JSON value, kept as its serialised text, so
+/// that a record made on the request path serialises the verifier's
+/// evidence once, straight into the record's bytes, without building a
+/// tree of it ([`Self::value`] builds one for a reader).
+#[derive(Debug, Clone)]
+pub struct CheckEvidence(Box<RawValue>);
+
+impl CheckEvidence {
+    /// The evidence `seen` serialises to (`null` for a value JSON cannot
+    /// hold, such as a map with non-string keys).
+    pub fn of(seen: &impl Serialize) -> Self {
+        Self(serde_json::value::to_raw_value(seen).unwrap_or_else(|_| RawValue::NULL.to_owned()))
+    }
+
+    /// The evidence as a JSON tree.
+    pub fn value(&self) -> Value {
+        serde_json::from_str(self.0.get()).unwrap_or(Value::Null)
+    }
+
+    /// The evidence as JSON text.
+    pub fn json(&self) -> &str {
+        self.0.get()
+    }
+}
+
+impl From<Value> for CheckEvidence {
+    fn from(value: Value) -> Self {
+        Self::of(&value)
+    }
+}
+
+impl PartialEq for CheckEvidence {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.get() == other.0.get()
+    }
+}
+
+impl std::fmt::Display for CheckEvidence {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        formatter.write_str(self.0.get())
+    }
+}
+
+impl Serialize for CheckEvidence {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for CheckEvidence {
+    /// Through a tree: a record's body is read through its flattened entry,
+    /// which hands its members over as buffered values, never as raw text.
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Value::deserialize(deserializer).map(Self::from)
     }
 }
 

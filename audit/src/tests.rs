@@ -57,12 +57,12 @@ pub(crate) fn request(log: &AuditLog, n: u64, failed: bool) -> RequestRecord {
             CheckRecord {
                 name: "echo".into(),
                 result: Status::Pass,
-                evidence: serde_json::json!({"offset": 0}),
+                evidence: serde_json::json!({"offset": 0}).into(),
             },
             CheckRecord {
                 name: "prompt_tokens".into(),
                 result: if failed { Status::Fail } else { Status::Pass },
-                evidence: serde_json::json!({"ours": 100 + n, "provider": 1}),
+                evidence: serde_json::json!({"ours": 100 + n, "provider": 1}).into(),
             },
         ],
         verdict: if failed {
@@ -1280,4 +1280,55 @@ fn the_journal_thread_runs_at_the_asked_priority_where_the_os_allows() {
             "{error}"
         );
     }
+}
+
+#[test]
+fn a_verifier_check_is_recorded_as_its_reason_and_evidence_and_reads_back_equal() {
+    use canarygate_policies::verify::{Check, CheckResult, Evidence};
+    let check = CheckResult {
+        check: Check::PromptTokens,
+        status: Status::Fail,
+        reason: Some("reported 1 prompt token, counted 117".into()),
+        evidence: Evidence::PromptTokens {
+            reported: Some(1),
+            counted: 117,
+            exact: false,
+            min_allowed: 29,
+            max_allowed: None,
+        },
+    };
+    let recorded = CheckRecord::from(&check);
+    let expected = serde_json::json!({"reason": check.reason, "seen": check.evidence});
+    assert_eq!(recorded.evidence.value(), expected);
+    assert_eq!(recorded.evidence.json(), expected.to_string());
+    let skipped = CheckRecord::from(&CheckResult {
+        status: Status::Skip,
+        reason: None,
+        ..check.clone()
+    });
+    assert_eq!(skipped.evidence.value()["reason"], serde_json::Value::Null);
+
+    let dir = private_tempdir();
+    let log = AuditLog::open(dir.path(), AuditOptions::default()).unwrap();
+    let mut record = request(&log, 1, true);
+    record.checks = vec![recorded.clone(), skipped];
+    let id = runtime()
+        .block_on(log.append(NewRecord {
+            record: record.clone(),
+            sample: None,
+        }))
+        .unwrap();
+    drop(log);
+    let stored = Archive::open_read_only(dir.path())
+        .unwrap()
+        .snapshot()
+        .unwrap()
+        .get(id)
+        .unwrap()
+        .unwrap();
+    let Entry::Request(entry) = stored.record.entry else {
+        panic!("a request entry");
+    };
+    assert_eq!(entry.record.checks, record.checks);
+    assert_eq!(entry.record.checks[0].evidence.value(), expected);
 }

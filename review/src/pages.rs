@@ -518,6 +518,7 @@ pub fn record(detail: &Detail, csrf: &str) -> String {
     }
     body.markup("<h2>Checks</h2><table id=\"checks\"><thead><tr><th>check</th><th>result</th><th>reason</th><th>evidence</th></tr></thead><tbody>");
     for check in &r.checks {
+        let evidence = check.evidence.value();
         let result = match check.result {
             Status::Pass => "pass",
             Status::Fail => "fail",
@@ -534,9 +535,9 @@ pub fn record(detail: &Detail, csrf: &str) -> String {
             .markup("\">")
             .markup(result)
             .markup("</span></td><td>")
-            .text(check.evidence["reason"].as_str().unwrap_or(""))
+            .text(evidence["reason"].as_str().unwrap_or(""))
             .markup("</td><td><pre class=\"evidence\">")
-            .text(&serde_json::to_string_pretty(&check.evidence["seen"]).unwrap_or_default())
+            .text(&serde_json::to_string_pretty(&evidence["seen"]).unwrap_or_default())
             .markup("</pre></td></tr>");
     }
     body.markup("</tbody></table>");
@@ -637,7 +638,7 @@ fn exposed(body: &mut Page, detail: &Detail) {
         .iter()
         .filter(|check| check.name == "foreign_canary" && check.result == Status::Fail)
         .flat_map(|check| {
-            check.evidence["seen"]["hits"]
+            check.evidence.value()["seen"]["hits"]
                 .as_array()
                 .cloned()
                 .unwrap_or_default()

@@ -92,7 +92,7 @@ fn fixture() -> Fixture {
     let pass = |name: &str| CheckRecord {
         name: name.into(),
         result: Status::Pass,
-        evidence: serde_json::json!({"reason": "ok", "seen": {}}),
+        evidence: serde_json::json!({"reason": "ok", "seen": {}}).into(),
     };
     let first_session = request(1, VerdictSummary::Pass, vec![]).session;
     runtime.block_on(async {
@@ -117,7 +117,8 @@ fn fixture() -> Fixture {
                         "reason": "1 canary of another request",
                         "seen": {"foreign": 1, "lookalikes": 0,
                                  "hits": [{"choice": 0, "session": first_session, "request": "req-1"}]}
-                    }),
+                    })
+                    .into(),
                 }],
             ),
             sample: Some(Sample {

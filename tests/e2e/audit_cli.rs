@@ -73,7 +73,7 @@ fn varied(n: u64) -> NewRecord {
     let check = |name: &str, result| CheckRecord {
         name: name.into(),
         result,
-        evidence: serde_json::json!({"n": n}),
+        evidence: serde_json::json!({"n": n}).into(),
     };
     let record = RequestRecord {
         route: if n.is_multiple_of(5) {

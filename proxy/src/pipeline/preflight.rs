@@ -57,7 +57,8 @@ pub fn check<W: WireFormat>(
             "reason": "prompt plus max_tokens exceed the provider's trusted context",
             "seen": {"demand": demand, "limit": limit, "advertised": route.context_window,
                      "probed": probed, "cap": route.max_context_tokens},
-        }),
+        })
+        .into(),
     });
     Some(OverLimit { demand, limit })
 }
