@@ -227,8 +227,9 @@ pub fn inject(
         .and_then(Value::as_array_mut)
         .ok_or(InjectError::NoMessages)?;
     let prompt_tokens_before = count_chat_messages(messages);
-    placement.apply(messages, head_block, tail_block);
-    let estimate = PromptEstimate::of(prompt_tokens_before, messages, canaries.head);
+    let added = placement.apply(messages, head_block, tail_block);
+    let estimate =
+        PromptEstimate::counted(prompt_tokens_before + added, added, messages, canaries.head);
 
     Ok(Injection {
         canaries,
@@ -317,6 +318,12 @@ impl PromptEstimate {
     /// `before` tokens without canarygate's blocks, `head` its head canary.
     pub fn of(before: u64, messages: &[Value], head: Canary) -> Self {
         let total = count_chat_messages(messages);
+        Self::counted(total, total.saturating_sub(before), messages, head)
+    }
+
+    /// The estimates for `messages` (after the placement), known to count
+    /// `total` tokens of which canarygate added `added`.
+    fn counted(total: u64, added: u64, messages: &[Value], head: Canary) -> Self {
         let canary = head.to_string();
         let holds_head = messages.iter().position(|message| {
             message
@@ -332,7 +339,7 @@ impl PromptEstimate {
         };
         Self {
             total,
-            added: total.saturating_sub(before),
+            added,
             cacheable,
         }
     }
@@ -402,7 +409,16 @@ impl Placement {
         })
     }
 
-    fn apply(&self, messages: &mut Vec<Value>, head_block: String, tail_block: String) {
+    /// Places the blocks; returns the tokens that adds to the prompt's
+    /// [`count_chat_messages`]. Counted from the blocks alone, not by
+    /// counting the prompt again: a block joins a text after
+    /// [`BLOCK_SEPARATOR`] (or a newline, between parts), whitespace that
+    /// ends the text's last piece, so a text's count grows by exactly the
+    /// block's; a content that was not a string or parts counted nothing
+    /// ([`Self::of`] refused any other shape), and a new system message
+    /// adds its framing and role.
+    fn apply(&self, messages: &mut Vec<Value>, head_block: String, tail_block: String) -> u64 {
+        let mut added = count_text(&head_block) + count_text(&tail_block);
         let mut system_blocks = vec![head_block];
         match self.last_user {
             Some(index) => append_block(&mut messages[index], tail_block),
@@ -415,7 +431,9 @@ impl Placement {
         } else {
             let content = system_blocks.join(BLOCK_SEPARATOR);
             messages.insert(0, json!({"role": "system", "content": content}));
+            added += TOKENS_PER_MESSAGE + count_text("system");
         }
+        added
     }
 }
 
@@ -587,6 +605,60 @@ mod tests {
         assert_eq!(client_text(&system), "Be brief.");
         assert_eq!(client_text(&last), "Tell me a joke");
         assert_eq!(client_text("no block here"), "no block here");
+    }
+
+    /// A message's content as clients send it: text (ASCII, other scripts,
+    /// edge whitespace), parts with and without text, null, or missing.
+    fn any_content() -> impl proptest::strategy::Strategy<Value = Option<Value>> {
+        use proptest::prelude::*;
+        let text = "[a-zA-Z0-9 ,.!?\n\t]{0,40}|[ \u{e9}\u{4e2d}\u{1f600}a-z\n]{0,12}";
+        prop_oneof![
+            text.prop_map(|text| Some(Value::String(text))),
+            proptest::collection::vec(
+                prop_oneof![
+                    text.prop_map(|text| json!({"type": "text", "text": text})),
+                    Just(json!({"type": "image_url", "image_url": {"url": "x"}})),
+                ],
+                0..3
+            )
+            .prop_map(|parts| Some(Value::Array(parts))),
+            Just(Some(Value::Null)),
+            Just(None),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The estimate is counted from the blocks placed, not by counting
+        /// the prompt again: it must equal a count of the placed prompt.
+        #[test]
+        fn the_estimate_is_the_count_of_the_placed_prompt(
+            messages in proptest::collection::vec(
+                (
+                    proptest::sample::select(vec!["system", "developer", "user", "assistant", "tool"]),
+                    any_content(),
+                ),
+                1..5,
+            ),
+            echo in proptest::sample::select(vec![EchoMode::HeadTail, EchoMode::Head, EchoMode::Off]),
+            json_mode: bool,
+        ) {
+            let messages: Vec<Value> = messages
+                .into_iter()
+                .map(|(role, content)| match content {
+                    Some(content) => json!({"role": role, "content": content}),
+                    None => json!({"role": role}),
+                })
+                .collect();
+            let before = count_chat_messages(&messages);
+            let mut body = json!({"messages": messages});
+            if json_mode {
+                body["response_format"] = json!({"type": "json_object"});
+            }
+            let injection = inject(&mut body, echo, canaries()).unwrap();
+            let after = count_chat_messages(body["messages"].as_array().unwrap());
+            proptest::prop_assert_eq!(injection.prompt_tokens_estimate, after);
+            proptest::prop_assert_eq!(injection.prompt_tokens_added, after - before);
+        }
     }
 
     #[test]
