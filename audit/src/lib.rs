@@ -45,9 +45,10 @@ pub use log::{
 };
 pub use priority::JournalPriority;
 pub use record::{
-    Action, CheckEvidence, CheckRecord, CheckpointEntry, Entry, GENESIS_HASH, Latency, NewRecord, Outcome, Record,
-    RecordId, RequestEntry, RequestRecord, ReviewEntry, ReviewVerdict, Route, Sample, SampleRef,
-    TokenOverhead, TopicEntry, TopicScore, VerdictSummary, chain_hash, sha256_hex,
+    Action, CheckEvidence, CheckRecord, CheckpointEntry, Entry, GENESIS_HASH, Latency, NewRecord,
+    Outcome, Record, RecordId, RequestEntry, RequestRecord, ReviewEntry, ReviewVerdict, Route,
+    Sample, SampleRef, TokenOverhead, TopicEntry, TopicScore, VerdictSummary, chain_hash,
+    sha256_hex,
 };
 pub use secret::{SampleKey, Secrets, hmac_sha256, parse_key};
 pub use store::{CanaryEntry, Retire, STORE_FILE};

@@ -73,11 +73,15 @@ pub async fn serve<W: WireFormat>(
             let delivery = &mut attempt.delivery;
             W::deliver_answer(&mut answer, &view, &spans, &attempt.verifier, delivery);
             trail.overhead_tokens(delivery.overhead_prompt(), delivery.overhead_completion());
-            let mut response = context.json_response(
-                status,
-                Body::from(answer.to_string()),
-                Some(&verdict.header_value()),
-            );
+            // Written straight into bytes (a `Value`'s `to_string` goes
+            // through the formatter a few bytes at a time), sized by the
+            // provider's answer: the edits mostly shorten it.
+            let mut body = Vec::with_capacity(bytes.len());
+            serde_json::to_writer(&mut body, &answer).map_err(|error| {
+                ApiError::internal(format!("encoding the answer failed: {error}"))
+            })?;
+            let mut response =
+                context.json_response(status, Body::from(body), Some(&verdict.header_value()));
             if let Ok(value) = HeaderValue::from_str(&delivery.overhead_header()) {
                 response.headers_mut().insert(OVERHEAD_HEADER, value);
             }
