@@ -17,66 +17,77 @@
 //! canary-shaped span anywhere in a light chunk's delta is read as text,
 //! as the tree's residual scan would find it.
 
-use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 
 use canarygate_policies::verify::Part;
-use serde::de::{Deserializer, Error as _, SeqAccess, Visitor};
-use serde::{Deserialize, de::IgnoredAny};
+use serde::Deserialize;
+use serde::de::{
+    DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
+};
 
 use crate::wire::format::{ChoiceView, Choices, Chunk, TextField, TextFields};
 use crate::wire::json_str::JsonStr;
-use crate::wire::location::{Key, Location, Step};
+use crate::wire::location::{Key, Location};
 
-/// A chunk: `choices`, and members that must not be there (anything else
-/// is skipped).
+/// The members of a chunk: `choices`, and those that must not be there
+/// (anything else is skipped).
 #[derive(Deserialize)]
-struct LightChunk<'a> {
-    #[serde(borrow, default)]
-    choices: LightChoices<'a>,
+#[serde(field_identifier, rename_all = "snake_case")]
+enum ChunkMember {
+    Choices,
     /// Usage is read from the tree; `null` (OpenAI's chunks before the
     /// last under `include_usage`) is no usage.
-    #[serde(rename = "usage", default)]
-    _usage: Option<Refused>,
+    Usage,
     /// Any `error`, even `null`, is the tree's to judge.
-    #[serde(rename = "error", default)]
-    _error: Absent,
+    Error,
+    #[serde(other)]
+    Other,
 }
 
-/// One choice of a light chunk.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LightChoice<'a> {
-    #[serde(default)]
-    index: Option<u64>,
-    #[serde(borrow, default)]
-    delta: Option<LightDelta<'a>>,
-    #[serde(borrow, default)]
-    finish_reason: Option<Cow<'a, str>>,
-    #[serde(rename = "logprobs", default)]
-    _logprobs: Option<Refused>,
+/// The members a light choice may have.
+#[derive(Clone, Copy, Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum ChoiceMember {
+    Index,
+    Delta,
+    FinishReason,
+    Logprobs,
 }
 
-/// A choice's delta: its role and its texts, nothing else.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LightDelta<'a> {
+/// The members a light delta may have: its role and its texts, nothing
+/// else.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum DeltaMember {
     /// Never read as text (as in the tree's reading).
-    #[serde(default)]
-    role: Option<IgnoredAny>,
-    #[serde(borrow, default)]
-    reasoning_content: Option<JsonStr<'a>>,
-    #[serde(borrow, default)]
-    reasoning: Option<JsonStr<'a>>,
-    #[serde(borrow, default)]
-    content: Option<JsonStr<'a>>,
-    #[serde(borrow, default)]
-    refusal: Option<JsonStr<'a>>,
-    #[serde(borrow, default)]
-    tool_calls: Option<LightCalls<'a>>,
-    #[serde(rename = "function_call", default)]
-    _function_call: Option<Refused>,
+    Role,
+    ReasoningContent,
+    Reasoning,
+    Content,
+    Refusal,
+    ToolCalls,
+    FunctionCall,
+}
+
+/// A delta, as a light chunk may hold it: at most one text, or one piece
+/// of one call's arguments.
+#[derive(Default)]
+struct LightDelta<'a> {
+    /// It has a role, or a call: something besides its text.
+    keeps_other_fields: bool,
+    /// Its one text, with the member it sits under, or its call's index
+    /// and arguments.
+    text: Option<(DeltaText, JsonStr<'a>)>,
+}
+
+/// Where a light delta's one text sits.
+#[derive(Clone, Copy)]
+enum DeltaText {
+    /// Under this member of the delta.
+    Member(Key),
+    /// In the arguments of the one call, with this `index`.
+    Call(Option<u64>),
 }
 
 /// A delta's `tool_calls` that continues one call's arguments: one call,
@@ -136,6 +147,87 @@ impl<'de: 'a, 'a> Deserialize<'de> for LightCalls<'a> {
     }
 }
 
+impl<'de: 'a, 'a> Deserialize<'de> for LightDelta<'a> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// Reads the members one by one, keeping the one text.
+        struct DeltaVisitor<'a>(PhantomData<LightDelta<'a>>);
+
+        impl<'de: 'a, 'a> Visitor<'de> for DeltaVisitor<'a> {
+            type Value = LightDelta<'a>;
+
+            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+                formatter.write_str("a chunk's delta")
+            }
+
+            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+                let mut delta = LightDelta::default();
+                let mut seen = Members::default();
+                while let Some(member) = map.next_key::<DeltaMember>()? {
+                    seen.first(member as u8)?;
+                    let text = match member {
+                        DeltaMember::Role => {
+                            let role = map.next_value::<Option<IgnoredAny>>()?;
+                            delta.keeps_other_fields |= role.is_some();
+                            None
+                        }
+                        DeltaMember::ReasoningContent => {
+                            text_under(&mut map, Key::ReasoningContent)?
+                        }
+                        DeltaMember::Reasoning => text_under(&mut map, Key::Reasoning)?,
+                        DeltaMember::Content => text_under(&mut map, Key::Content)?,
+                        DeltaMember::Refusal => text_under(&mut map, Key::Refusal)?,
+                        DeltaMember::ToolCalls => {
+                            let call = map.next_value::<Option<LightCalls<'de>>>()?;
+                            delta.keeps_other_fields |= call.is_some();
+                            call.map(|LightCalls { index, arguments }| {
+                                (DeltaText::Call(index), arguments)
+                            })
+                        }
+                        DeltaMember::FunctionCall => {
+                            map.next_value::<Option<Refused>>()?;
+                            None
+                        }
+                    };
+                    if text.is_some() && delta.text.is_some() {
+                        return Err(M::Error::custom("more than one text"));
+                    }
+                    delta.text = delta.text.or(text);
+                }
+                Ok(delta)
+            }
+        }
+
+        /// The text under member `key`, when it is a string.
+        fn text_under<'de, M: MapAccess<'de>>(
+            map: &mut M,
+            key: Key,
+        ) -> Result<Option<(DeltaText, JsonStr<'de>)>, M::Error> {
+            Ok(map
+                .next_value::<Option<JsonStr<'de>>>()?
+                .map(|text| (DeltaText::Member(key), text)))
+        }
+
+        deserializer.deserialize_map(DeltaVisitor(PhantomData))
+    }
+}
+
+/// The members of an object read so far, to refuse one that comes twice
+/// (the tree keeps the last; a light reading would have to undo the first).
+#[derive(Default)]
+struct Members(u32);
+
+impl Members {
+    /// Notes member `code`; an error when it came before.
+    fn first<E: serde::de::Error>(&mut self, code: u8) -> Result<(), E> {
+        let bit = 1 << code;
+        if self.0 & bit != 0 {
+            return Err(E::custom("a member twice"));
+        }
+        self.0 |= bit;
+        Ok(())
+    }
+}
+
 /// A member a light chunk may have only as `null` (inside an `Option`):
 /// any value makes the chunk not light.
 struct Refused;
@@ -146,17 +238,9 @@ impl<'de> Deserialize<'de> for Refused {
     }
 }
 
-/// A member a light chunk must not have at all, whatever its value.
-#[derive(Default)]
-struct Absent;
-
-impl<'de> Deserialize<'de> for Absent {
-    fn deserialize<D: Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
-        Err(D::Error::custom("not read lightly"))
-    }
-}
-
-/// A light chunk's choices, each read into its view as it is parsed.
+/// A light chunk's choices, each read into its view as it is parsed: the
+/// parser fills these in place (through [`ChunkSeed`], [`ChoicesSeed`] and
+/// [`ChoiceSeed`]), so no choice is built and then moved into them.
 #[derive(Default)]
 struct LightChoices<'a> {
     views: Choices,
@@ -168,65 +252,53 @@ struct LightChoices<'a> {
 }
 
 impl<'a> LightChoices<'a> {
-    /// Adds the next choice; an error when the chunk now has a second text
-    /// (it is not light).
-    fn add(&mut self, choice: LightChoice<'a>) -> Result<(), &'static str> {
+    /// Adds the next choice, at index `index` (its position when `None`),
+    /// with its `delta` and `finish_reason`; an error when the chunk now has
+    /// a second text (it is not light).
+    fn add(
+        &mut self,
+        index: Option<u64>,
+        delta: Option<LightDelta<'a>>,
+        finish_reason: Option<String>,
+    ) -> Result<(), &'static str> {
         let position = self.views.len();
-        let index = choice
-            .index
-            .unwrap_or(position as u64)
-            .min(u64::from(u32::MAX)) as u32;
-        let mut fields = TextFields::new();
-        if let Some(delta) = choice.delta {
-            self.keeps_other_fields |= delta.role.is_some() || delta.tool_calls.is_some();
-            // The order and parts of the tree's reading (`TEXT_FIELDS`).
-            let reasoning_kind = match delta.reasoning_content {
-                Some(_) => Part::ReasoningAlias,
-                None => Part::Reasoning,
-            };
-            // Where each text sits, as steps below the delta: only the
-            // `Location` of a text that is there is built.
-            let candidates = [
-                (
-                    &[Step::Key(Key::ReasoningContent)][..],
-                    Part::Reasoning,
-                    delta.reasoning_content,
-                ),
-                (
-                    &[Step::Key(Key::Reasoning)][..],
-                    reasoning_kind,
-                    delta.reasoning,
-                ),
-                (&[Step::Key(Key::Content)][..], Part::Content, delta.content),
-                (&[Step::Key(Key::Refusal)][..], Part::Refusal, delta.refusal),
-            ];
-            // Then the call's arguments (the tree reads them after the texts).
-            let call = delta.tool_calls.map(|LightCalls { index, arguments }| {
-                let call_index = index.unwrap_or(0).min(u64::from(u32::MAX)) as u32;
-                (
-                    &[
-                        Step::Key(Key::ToolCalls),
-                        Step::Index(0),
-                        Step::Key(Key::Function),
-                        Step::Key(Key::Arguments),
-                    ][..],
-                    Part::ToolArguments(call_index),
-                    Some(arguments),
-                )
-            });
-            for (steps, kind, text) in candidates.into_iter().chain(call) {
-                let Some(text) = text else { continue };
+        let index = index.unwrap_or(position as u64).min(u64::from(u32::MAX)) as u32;
+        let mut texts = TextFields::new();
+        if let Some(LightDelta {
+            keeps_other_fields,
+            text,
+        }) = delta
+        {
+            self.keeps_other_fields |= keeps_other_fields;
+            if let Some((place, text)) = text {
                 if self.text.is_some() {
                     return Err("more than one text");
                 }
-                let at = steps.iter().fold(
-                    Location::ROOT
-                        .key(Key::Choices)
-                        .index(position)
-                        .key(Key::Delta),
-                    |at, step| at.then(*step),
-                );
-                fields.push(TextField {
+                let delta = Location::ROOT
+                    .key(Key::Choices)
+                    .index(position)
+                    .key(Key::Delta);
+                // The parts of the tree's reading (`TEXT_FIELDS`); with one
+                // text there is no reasoning alias.
+                let (kind, at) = match place {
+                    DeltaText::Member(key) => {
+                        let kind = match key {
+                            Key::Content => Part::Content,
+                            Key::Refusal => Part::Refusal,
+                            _ => Part::Reasoning,
+                        };
+                        (kind, delta.key(key))
+                    }
+                    DeltaText::Call(call_index) => (
+                        Part::ToolArguments(call_index.unwrap_or(0).min(u64::from(u32::MAX)) as u32),
+                        delta
+                            .key(Key::ToolCalls)
+                            .index(0)
+                            .key(Key::Function)
+                            .key(Key::Arguments),
+                    ),
+                };
+                texts.push(TextField {
                     choice: index,
                     kind,
                     at,
@@ -237,41 +309,123 @@ impl<'a> LightChoices<'a> {
         self.views.push(ChoiceView {
             index,
             position,
-            texts: fields,
-            finish_reason: choice.finish_reason.map(Cow::into_owned),
+            texts,
+            finish_reason,
         });
         Ok(())
     }
 }
 
-impl<'de: 'a, 'a> Deserialize<'de> for LightChoices<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        /// Reads the array without a list of its own.
-        struct ChoiceSeq<'a>(PhantomData<LightChoices<'a>>);
+/// Reads a chunk into [`LightChoices`].
+struct ChunkSeed<'s, 'a>(&'s mut LightChoices<'a>);
 
-        impl<'de: 'a, 'a> Visitor<'de> for ChoiceSeq<'a> {
-            type Value = LightChoices<'a>;
+impl<'de: 'a, 'a> DeserializeSeed<'de> for ChunkSeed<'_, 'a> {
+    type Value = ();
 
-            fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-                formatter.write_str("an array of choices")
-            }
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
 
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-                let mut choices = LightChoices::default();
-                while let Some(choice) = seq.next_element::<LightChoice<'de>>()? {
-                    choices.add(choice).map_err(A::Error::custom)?;
+impl<'de: 'a, 'a> Visitor<'de> for ChunkSeed<'_, 'a> {
+    type Value = ();
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a chunk")
+    }
+
+    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
+        let mut seen = Members::default();
+        while let Some(member) = map.next_key::<ChunkMember>()? {
+            match member {
+                ChunkMember::Choices => {
+                    seen.first(0)?;
+                    map.next_value_seed(ChoicesSeed(&mut *self.0))?;
                 }
-                Ok(choices)
+                ChunkMember::Usage => {
+                    seen.first(1)?;
+                    map.next_value::<Option<Refused>>()?;
+                }
+                ChunkMember::Error => return Err(M::Error::custom("not read lightly")),
+                ChunkMember::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
             }
         }
+        Ok(())
+    }
+}
 
-        deserializer.deserialize_seq(ChoiceSeq(PhantomData))
+/// Reads a chunk's `choices` into [`LightChoices`].
+struct ChoicesSeed<'s, 'a>(&'s mut LightChoices<'a>);
+
+impl<'de: 'a, 'a> DeserializeSeed<'de> for ChoicesSeed<'_, 'a> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de: 'a, 'a> Visitor<'de> for ChoicesSeed<'_, 'a> {
+    type Value = ();
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("an array of choices")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(ChoiceSeed(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+}
+
+/// Reads one choice into [`LightChoices`].
+struct ChoiceSeed<'s, 'a>(&'s mut LightChoices<'a>);
+
+impl<'de: 'a, 'a> DeserializeSeed<'de> for ChoiceSeed<'_, 'a> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de: 'a, 'a> Visitor<'de> for ChoiceSeed<'_, 'a> {
+    type Value = ();
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a chunk's choice")
+    }
+
+    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
+        let (mut index, mut delta, mut finish_reason) = (None, None, None);
+        let mut seen = Members::default();
+        while let Some(member) = map.next_key::<ChoiceMember>()? {
+            seen.first(member as u8)?;
+            match member {
+                ChoiceMember::Index => index = map.next_value::<Option<u64>>()?,
+                ChoiceMember::Delta => delta = map.next_value::<Option<LightDelta<'de>>>()?,
+                ChoiceMember::FinishReason => {
+                    finish_reason = map.next_value::<Option<String>>()?;
+                }
+                ChoiceMember::Logprobs => {
+                    map.next_value::<Option<Refused>>()?;
+                }
+            }
+        }
+        self.0
+            .add(index, delta, finish_reason)
+            .map_err(M::Error::custom)
     }
 }
 
 /// The chunk in `data`, when it is light (see the module docs).
 pub fn read(data: &str) -> Option<Chunk> {
-    let LightChunk { choices, .. } = serde_json::from_str(data).ok()?;
+    let mut choices = LightChoices::default();
+    let mut parser = serde_json::Deserializer::from_str(data);
+    ChunkSeed(&mut choices).deserialize(&mut parser).ok()?;
+    parser.end().ok()?;
     let text = choices.text.map(|text| text.in_data(data));
     Some(Chunk::light(
         choices.views,
@@ -353,6 +507,8 @@ mod tests {
             r#"{"id":"c1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]},"logprobs":null,"finish_reason":null}]}"#,
             r#"{"choices":[{"index":0,"delta":{"content":null,"tool_calls":[{"index":2,"function":{"arguments":" \"Paris\"}"}}]}}]}"#,
             r#"{"choices":[{"index":1,"delta":{"tool_calls":[{"function":{"arguments":""}}]}}]}"#,
+            // An escaped member name, a null role, whitespace around.
+            r#" {"choices":[{"index":0,"delta":{"role":null,"cont\u0065nt":"a b"},"finish_reason":"length"}]} "#,
         ] {
             same_as_tree(data);
         }
@@ -389,6 +545,13 @@ mod tests {
             r#"{"choices":null}"#,
             r#"[1,2]"#,
             "not json",
+            // A member twice (the tree keeps the last), something after the
+            // chunk.
+            r#"{"choices":[{"index":0,"index":1,"delta":{"content":"a"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"a","content":"b"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","role":"assistant"}}]}"#,
+            r#"{"choices":[],"choices":[{"index":0,"delta":{"content":"a"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"a"}}]} {}"#,
         ] {
             assert!(read(data).is_none(), "light: {data}");
         }
