@@ -12,7 +12,7 @@ use std::sync::{PoisonError, RwLock};
 
 use serde::{Deserialize, Serialize};
 
-use crate::canary::{Canary, CanaryKey};
+use crate::canary::{BuildKeyHasher, Canary, CanaryKey, CanaryKeyer};
 
 /// Who minted a canary, and until when it is live.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,7 +41,7 @@ const SHARDS: usize = 16;
 /// purge touches only what expired instead of every entry under the lock.
 #[derive(Default)]
 struct Shard {
-    entries: HashMap<CanaryKey, Registration>,
+    entries: HashMap<CanaryKey, Registration, BuildKeyHasher>,
     by_expiry: BTreeSet<(u64, CanaryKey)>,
 }
 
@@ -80,7 +80,7 @@ impl Shard {
 
 /// Concurrent in-memory registry, sharded to keep lock contention low.
 pub struct MemoryRegistry {
-    secret: Vec<u8>,
+    keyer: CanaryKeyer,
     shards: [RwLock<Shard>; SHARDS],
 }
 
@@ -88,14 +88,14 @@ impl MemoryRegistry {
     /// An empty registry keying entries with HMAC under `secret`.
     pub fn new(secret: &[u8]) -> Self {
         Self {
-            secret: secret.to_vec(),
+            keyer: CanaryKeyer::new(secret),
             shards: std::array::from_fn(|_| RwLock::new(Shard::default())),
         }
     }
 
     /// The key `canary` is stored under.
     pub fn key(&self, canary: &Canary) -> CanaryKey {
-        canary.key(&self.secret)
+        self.keyer.key(canary)
     }
 
     /// Registers `canary`; returns its key (for the persistent store).
