@@ -4,18 +4,23 @@
 //! and at most one text (`content`, or reasoning while a model thinks),
 //! passed on to the client exactly as the provider sent it, or, while a
 //! model calls a tool, one piece of the call's arguments. Such a chunk is
-//! deserialised into borrowed views: the members canarygate never reads
-//! (`id`, `model`, `created`, `system_fingerprint`, ...) are skipped
-//! without being allocated, and nothing else is built but the text itself.
+//! read in place: the parser's visitors fill the chunk's choice views as
+//! they meet its members, the members canarygate never reads (`id`,
+//! `model`, `created`, `system_fingerprint`, ...) are skipped without being
+//! allocated, and nothing else is built but the text itself.
 //!
 //! Any other shape is not light and [`read`] says so; the caller reads it
 //! from its tree ([`super::answer::read_choice`]), which gives what this
 //! reading gives for a light chunk. Not light: a tool call's first delta
-//! (its id and name), more than one call, function calls, logprobs, usage, an `error` member, a member of a choice or delta that
-//! is not listed below, a member of the wrong type, or more than one text
-//! in the chunk. What is listed covers every string of a delta, so a
-//! canary-shaped span anywhere in a light chunk's delta is read as text,
-//! as the tree's residual scan would find it.
+//! (its id and name), more than one call, function calls, logprobs, usage,
+//! an `error` member, a member of a choice or delta that is not listed
+//! below, a member twice, a member of the wrong type, anything after the
+//! chunk, or more than one text in the chunk. What is listed covers every
+//! string of a delta, so a canary-shaped span anywhere in a light chunk's
+//! delta is read as text, as the tree's residual scan would find it.
+//!
+//! Longer than 500 lines: about 150 of them are the unit tests, which hold
+//! every light reading to the tree's reading of the same chunk.
 
 use std::fmt;
 use std::marker::PhantomData;
