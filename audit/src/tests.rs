@@ -1301,6 +1301,11 @@ fn a_verifier_check_is_recorded_as_its_reason_and_evidence_and_reads_back_equal(
     let expected = serde_json::json!({"reason": check.reason, "seen": check.evidence});
     assert_eq!(recorded.evidence.value(), expected);
     assert_eq!(recorded.evidence.json(), expected.to_string());
+    assert_eq!(
+        serde_json::to_value(&recorded).unwrap()["evidence"],
+        expected,
+        "a tree of the record holds the evidence as a tree, not as text"
+    );
     let skipped = CheckRecord::from(&CheckResult {
         status: Status::Skip,
         reason: None,
