@@ -17,22 +17,12 @@ use sha2::{Digest, Sha256};
 
 mod sample;
 
-use sample::{SampleTexts, ScoreLater};
+use sample::{KeptBytes, SampleTexts, ScoreLater};
 
 use crate::clock::{RequestClock, now_ms};
 use crate::identity::Caller;
 use crate::metrics::Metrics;
 use crate::topic::TopicCheck;
-
-/// Most response bytes kept for a spot-check sample, and most bytes of
-/// what the provider sent kept as a failed verdict's evidence.
-const MAX_SAMPLE_BYTES: usize = 256 * 1024;
-
-/// The room the kept response bytes start with. They come in pieces (a
-/// stream's events, a few hundred bytes each) and grow fourfold from here:
-/// a 17 KB stream is kept in three allocations, where Vec's doubling from
-/// the first event's size took seven.
-const KEPT_START_BYTES: usize = 2 * 1024;
 
 /// How the exchange with the client ended, as the path that served it saw it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +71,7 @@ pub struct Trail {
     request_bytes: Vec<u8>,
     response_hash: Sha256,
     response_len: u64,
-    response_kept: Vec<u8>,
+    response_kept: KeptBytes,
     /// The texts the provider sent in the attempt whose verdict is
     /// recorded, labelled by part.
     provider_text: Option<String>,
@@ -125,7 +115,7 @@ impl Trail {
             request_bytes: Vec::new(),
             response_hash: Sha256::new(),
             response_len: 0,
-            response_kept: Vec::new(),
+            response_kept: KeptBytes::default(),
             provider_text: None,
             topic: None,
             question: None,
@@ -279,17 +269,7 @@ impl Trail {
     pub fn sent(&mut self, bytes: &[u8]) {
         self.response_hash.update(bytes);
         self.response_len += bytes.len() as u64;
-        let room = MAX_SAMPLE_BYTES.saturating_sub(self.response_kept.len());
-        let kept = &bytes[..bytes.len().min(room)];
-        let needed = self.response_kept.len() + kept.len();
-        let capacity = self.response_kept.capacity();
-        if needed > capacity {
-            // A fourfold step, not Vec's twofold: a stream's pieces are small.
-            let grown = (capacity * 4).clamp(KEPT_START_BYTES, MAX_SAMPLE_BYTES);
-            self.response_kept
-                .reserve_exact(grown.max(needed) - self.response_kept.len());
-        }
-        self.response_kept.extend_from_slice(kept);
+        self.response_kept.push(bytes);
     }
 
     fn failed(&self) -> bool {
@@ -360,7 +340,7 @@ impl Trail {
         let sampled = should_sample(sample_chance(rate, failed, similarity, min_similarity));
         let texts = SampleTexts {
             request: std::mem::take(&mut self.request_bytes),
-            response: std::mem::take(&mut self.response_kept),
+            response: self.response_kept.take(),
             provider: self.provider_text.take().filter(|_| failed),
         };
         let scored_later = self

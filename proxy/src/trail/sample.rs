@@ -13,6 +13,41 @@ use crate::topic::{HeldBytes, TopicCheck};
 /// Placeholder for a canary in sampled text.
 const REDACTED: &str = "[canary]";
 
+/// Most response bytes kept for a spot-check sample.
+const MAX_SAMPLE_BYTES: usize = 256 * 1024;
+
+/// The room [`KeptBytes`] start with. They come in pieces (a stream's
+/// events, a few hundred bytes each) and grow fourfold from here: a 17 KB
+/// stream is kept in three allocations, where Vec's doubling from the first
+/// event's size took seven.
+const KEPT_START_BYTES: usize = 2 * 1024;
+
+/// The first [`MAX_SAMPLE_BYTES`] of what the client was sent, kept until
+/// the record decides whether a sample is drawn.
+#[derive(Debug, Default)]
+pub(crate) struct KeptBytes(Vec<u8>);
+
+impl KeptBytes {
+    /// Keeps what of `bytes` fits.
+    pub fn push(&mut self, bytes: &[u8]) {
+        let room = MAX_SAMPLE_BYTES.saturating_sub(self.0.len());
+        let kept = &bytes[..bytes.len().min(room)];
+        let needed = self.0.len() + kept.len();
+        let capacity = self.0.capacity();
+        if needed > capacity {
+            // A fourfold step, not Vec's twofold: the pieces are small.
+            let grown = (capacity * 4).clamp(KEPT_START_BYTES, MAX_SAMPLE_BYTES);
+            self.0.reserve_exact(grown.max(needed) - self.0.len());
+        }
+        self.0.extend_from_slice(kept);
+    }
+
+    /// The bytes kept, leaving none.
+    pub fn take(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.0)
+    }
+}
+
 /// The texts a sample is made of, before redaction.
 pub(crate) struct SampleTexts {
     pub request: Vec<u8>,
@@ -94,4 +129,34 @@ fn redaction_removes_canaries_and_keeps_the_rest() {
     let text = "before CG482937105662831 mid cg 482 937 105 662 831 after";
     assert_eq!(redact(text), "before [canary] mid [canary] after");
     assert_eq!(redact("no canary here"), "no canary here");
+}
+
+#[cfg(test)]
+#[test]
+fn kept_bytes_are_the_first_of_what_was_sent_in_few_allocations() {
+    let piece: Vec<u8> = (0..300u32).map(|n| (n % 251) as u8).collect();
+    let mut kept = KeptBytes::default();
+    let mut sent = Vec::new();
+    let mut capacities = Vec::new();
+    // A 17 KB stream.
+    for _ in 0..58 {
+        kept.push(&piece);
+        sent.extend_from_slice(&piece);
+        if capacities.last() != Some(&kept.0.capacity()) {
+            capacities.push(kept.0.capacity());
+        }
+    }
+    assert_eq!(kept.0, sent);
+    assert_eq!(capacities, [2 * 1024, 8 * 1024, 32 * 1024]);
+    // A long one is cut at the limit, and never holds more than it.
+    for _ in 0..1_000 {
+        kept.push(&piece);
+        sent.extend_from_slice(&piece);
+    }
+    assert!(kept.0.capacity() <= MAX_SAMPLE_BYTES);
+    assert_eq!(kept.take(), sent[..MAX_SAMPLE_BYTES]);
+    // A whole answer is kept in one allocation of its size (or the start).
+    let mut whole = KeptBytes::default();
+    whole.push(&[7; 5_000]);
+    assert_eq!((whole.0.len(), whole.0.capacity()), (5_000, 5_000));
 }
