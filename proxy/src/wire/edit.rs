@@ -201,6 +201,12 @@ impl Delivery {
         self.usage.client_wants_usage
     }
 
+    /// Whether usage is reported without canarygate's tokens: an edit of
+    /// the provider's `usage` ([`Self::report_usage`]).
+    pub fn rewrites_usage(&self) -> bool {
+        self.usage.without_canarygate
+    }
+
     /// Prompt tokens canarygate added (its estimate).
     pub fn overhead_prompt(&self) -> u64 {
         self.usage.overhead_prompt

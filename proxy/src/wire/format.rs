@@ -15,6 +15,7 @@ use smallvec::SmallVec;
 
 use crate::error::ApiError;
 use crate::wire::edit::Delivery;
+use crate::wire::light_answer::LightAnswer;
 use crate::wire::location::Location;
 
 /// What the pipeline needs of a client request, whatever its format.
@@ -347,6 +348,14 @@ pub trait WireFormat: Send + Sync + 'static {
 
     /// Usage as reported in a whole answer's bytes (without reading the rest).
     fn usage_in(answer: &[u8]) -> Option<ProviderUsage>;
+
+    /// A whole answer read without its tree, when it has a shape this
+    /// format reads that way ([`LightAnswer`]); `None` (the default) when
+    /// it is to be read from its tree ([`Self::read_answer`]) and edited
+    /// there ([`Self::deliver_answer`]).
+    fn read_answer_light(_answer: &str) -> Option<LightAnswer> {
+        None
+    }
 
     /// One event of the provider's stream.
     fn read_event(event: &SseEvent) -> EventView;

@@ -64,7 +64,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for JsonStr<'a> {
 }
 
 /// Where `part` sits in `whole`, when it is a slice of it.
-fn range_in(whole: &str, part: &str) -> Option<Range<usize>> {
+pub(super) fn range_in(whole: &str, part: &str) -> Option<Range<usize>> {
     let start = (part.as_ptr() as usize).checked_sub(whole.as_ptr() as usize)?;
     let end = start.checked_add(part.len())?;
     (end <= whole.len()).then_some(start..end)

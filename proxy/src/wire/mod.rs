@@ -42,10 +42,13 @@ pub mod completions;
 pub mod edit;
 mod format;
 mod json_str;
+mod light_answer;
 mod location;
 pub mod messages;
 pub mod responses;
 
 pub use format::{
-    ChoiceView, ClientRequest, EventView, LocalStream, Spans, StreamWriter, TextSource, WireFormat,
+    AnswerView, ChoiceView, ClientRequest, EventView, LocalStream, Spans, StreamWriter, TextSource,
+    WireFormat,
 };
+pub use light_answer::LightAnswer;

@@ -1,5 +1,7 @@
 //! A non-streamed answer: read whole, verify, and deliver the provider's
-//! own answer edited (the wire format's [`WireFormat::deliver_answer`]).
+//! own answer edited: in place when the wire format reads its shape so
+//! ([`WireFormat::read_answer_light`], [`LightAnswer::deliver`]), else in
+//! its tree ([`WireFormat::deliver_answer`]).
 
 use axum::body::Body;
 use axum::http::HeaderValue;
@@ -12,7 +14,7 @@ use crate::context::{OVERHEAD_HEADER, RequestContext};
 use crate::error::{ApiError, ErrorCode};
 use crate::trail::Trail;
 use crate::upstream_client::UpstreamResponse;
-use crate::wire::WireFormat;
+use crate::wire::{AnswerView, LightAnswer, WireFormat};
 
 /// Verifies the whole answer in `response` and decides.
 pub async fn serve<W: WireFormat>(
@@ -28,31 +30,60 @@ pub async fn serve<W: WireFormat>(
         .upstream
         .read_whole(trail.clock(), response, context.idle_timeout())
         .await?;
-    let mut answer: Value = serde_json::from_slice(&bytes).map_err(|error| {
-        ApiError::new(
-            ErrorCode::UpstreamInvalidJson,
-            format!(
-                "Provider `{}` answered with invalid JSON: {error}",
-                context.upstream.name
-            ),
-        )
-    })?;
-    let view = W::read_answer(&answer);
+    // Read in place when the format knows the answer's shape and nothing
+    // but its texts and finish reasons may change; else from its tree.
+    let light = std::str::from_utf8(&bytes)
+        .ok()
+        .filter(|_| !attempt.delivery.rewrites_usage())
+        .and_then(|answer| Some((answer, W::read_answer_light(answer)?)));
+    let mut read = match light {
+        Some((answer, light)) => Read::Light { answer, light },
+        None => {
+            let answer: Value = serde_json::from_slice(&bytes).map_err(|error| {
+                ApiError::new(
+                    ErrorCode::UpstreamInvalidJson,
+                    format!(
+                        "Provider `{}` answered with invalid JSON: {error}",
+                        context.upstream.name
+                    ),
+                )
+            })?;
+            let view = W::read_answer(&answer);
+            Read::Tree { answer, view }
+        }
+    };
     let mut finish_reasons = Vec::new();
     // Each field's span of its part, in the order of the view's fields. A
     // stop here (ttft) withholds the answer, so nothing is read.
     let spans = if stop {
         Default::default()
     } else {
-        let (spans, _) = attempt
-            .feed(book, &view.choices, &answer, &mut finish_reasons, |_| false)
-            .await;
+        let (spans, _) = match &read {
+            Read::Light { answer, light } => {
+                let texts = light.texts(answer);
+                attempt
+                    .feed(
+                        book,
+                        &light.view.choices,
+                        &texts,
+                        &mut finish_reasons,
+                        |_| false,
+                    )
+                    .await
+            }
+            Read::Tree { answer, view } => {
+                attempt
+                    .feed(book, &view.choices, answer, &mut finish_reasons, |_| false)
+                    .await
+            }
+        };
         spans
     };
+    let usage = read.view().usage;
     let mut finished = attempt.verifier.finish(
         &Facts {
             finish_reasons,
-            usage: view.usage,
+            usage,
             done_marker: None,
         },
         &book.lookup(&attempt.fetched),
@@ -62,7 +93,7 @@ pub async fn serve<W: WireFormat>(
     }
     let verdict = &finished.verdict;
     trail.verdict(verdict);
-    trail.prompt_tokens_provider(view.usage.map(|usage| usage.prompt_tokens));
+    trail.prompt_tokens_provider(usage.map(|usage| usage.prompt_tokens));
     attempt.record_answer(trail, Some(verdict), stop);
     let action = context.state.policy.verify.action();
     Ok(match attempt.decide(verdict, action, false) {
@@ -71,15 +102,23 @@ pub async fn serve<W: WireFormat>(
         Decision::Block => Decided::Served(Served::Whole(blocked(context, verdict))),
         Decision::Deliver | Decision::Flag => {
             let delivery = &mut attempt.delivery;
-            W::deliver_answer(&mut answer, &view, &spans, &attempt.verifier, delivery);
+            let verifier = &attempt.verifier;
+            let body = match &mut read {
+                Read::Light { answer, light } => light.deliver(answer, &spans, verifier, delivery),
+                Read::Tree { answer, view } => {
+                    W::deliver_answer(answer, view, &spans, verifier, delivery);
+                    // Written straight into bytes (a `Value`'s `to_string`
+                    // goes through the formatter a few bytes at a time),
+                    // sized by the provider's answer: the edits mostly
+                    // shorten it.
+                    let mut body = Vec::with_capacity(bytes.len());
+                    serde_json::to_writer(&mut body, &*answer).map_err(|error| {
+                        ApiError::internal(format!("encoding the answer failed: {error}"))
+                    })?;
+                    body
+                }
+            };
             trail.overhead_tokens(delivery.overhead_prompt(), delivery.overhead_completion());
-            // Written straight into bytes (a `Value`'s `to_string` goes
-            // through the formatter a few bytes at a time), sized by the
-            // provider's answer: the edits mostly shorten it.
-            let mut body = Vec::with_capacity(bytes.len());
-            serde_json::to_writer(&mut body, &answer).map_err(|error| {
-                ApiError::internal(format!("encoding the answer failed: {error}"))
-            })?;
             let mut response =
                 context.json_response(status, Body::from(body), Some(&verdict.header_value()));
             if let Ok(value) = HeaderValue::from_str(&delivery.overhead_header()) {
@@ -88,4 +127,22 @@ pub async fn serve<W: WireFormat>(
             Decided::Served(Served::Whole(response))
         }
     })
+}
+
+/// A provider's whole answer, as it was read.
+enum Read<'a> {
+    /// In place, from its bytes ([`WireFormat::read_answer_light`]).
+    Light { answer: &'a str, light: LightAnswer },
+    /// As its tree.
+    Tree { answer: Value, view: AnswerView },
+}
+
+impl Read<'_> {
+    /// What the verifier reads of it.
+    fn view(&self) -> &AnswerView {
+        match self {
+            Read::Light { light, .. } => &light.view,
+            Read::Tree { view, .. } => view,
+        }
+    }
 }

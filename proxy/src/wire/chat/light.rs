@@ -219,11 +219,11 @@ impl<'de: 'a, 'a> Deserialize<'de> for LightDelta<'a> {
 /// The members of an object read so far, to refuse one that comes twice
 /// (the tree keeps the last; a light reading would have to undo the first).
 #[derive(Default)]
-struct Members(u32);
+pub(super) struct Members(u32);
 
 impl Members {
     /// Notes member `code`; an error when it came before.
-    fn first<E: serde::de::Error>(&mut self, code: u8) -> Result<(), E> {
+    pub(super) fn first<E: serde::de::Error>(&mut self, code: u8) -> Result<(), E> {
         let bit = 1 << code;
         if self.0 & bit != 0 {
             return Err(E::custom("a member twice"));
@@ -234,8 +234,8 @@ impl Members {
 }
 
 /// A member a light chunk may have only as `null` (inside an `Option`):
-/// any value makes the chunk not light.
-struct Refused;
+/// any value makes the chunk (or answer) not light.
+pub(super) struct Refused;
 
 impl<'de> Deserialize<'de> for Refused {
     fn deserialize<D: Deserializer<'de>>(_: D) -> Result<Self, D::Error> {

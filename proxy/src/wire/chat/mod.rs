@@ -16,6 +16,7 @@
 mod answer;
 mod deliver;
 mod light;
+mod light_answer;
 mod logprobs;
 mod request;
 mod stream;
@@ -41,6 +42,7 @@ pub use self::stream::{ChatStream, ChunkEditor};
 use crate::error::{ApiError, ErrorCode};
 use crate::wire::edit::Delivery;
 use crate::wire::format::{AnswerView, Chunk, ClientRequest, EventView, LocalStream, WireFormat};
+use crate::wire::light_answer::LightAnswer;
 use crate::wire::location::Key;
 
 /// OpenAI Chat Completions.
@@ -118,6 +120,10 @@ impl WireFormat for Chat {
             usage: Option<Value>,
         }
         ProviderUsage::from_usage(&serde_json::from_slice::<UsageOnly>(answer).ok()?.usage?)
+    }
+
+    fn read_answer_light(answer: &str) -> Option<LightAnswer> {
+        light_answer::read(answer)
     }
 
     fn read_event(event: &SseEvent) -> EventView {

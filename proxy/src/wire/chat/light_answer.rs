@@ -1,0 +1,521 @@
+//! Reading the common Chat Completions answer without building its JSON
+//! tree ([`LightAnswer`]).
+//!
+//! Light: an object whose `choices` each have a `message` holding a role
+//! and text fields (`content`, `refusal`, `reasoning_content`,
+//! `reasoning`, each a string or null), optionally an empty `annotations`
+//! list and null `tool_calls`, `function_call` or `audio`; a string or
+//! null `finish_reason`; no logprobs. A choice's other members and the
+//! answer's other members are skipped, as the tree's reading skips them;
+//! `usage` is read as the tree reads it. Not light: any other member of a
+//! message (a string there may hold a canary: the tree's residual scan
+//! reads it), a member of the wrong type, a member twice, an `error`,
+//! anything after the answer. Those are read from the tree
+//! ([`super::answer::read_choice`]), which gives what this reading gives
+//! for a light answer.
+//!
+//! Longer than 500 lines: over 200 of them are the unit tests, which hold
+//! the reading and the delivery to the tree's.
+
+use std::fmt;
+use std::ops::Range;
+
+use canarygate_policies::verify::{Part, ProviderUsage};
+use serde::Deserialize;
+use serde::de::{
+    DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
+};
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use super::light::{Members, Refused};
+use crate::wire::format::{AnswerView, ChoiceView, TextField, TextFields};
+use crate::wire::light_answer::{LightAnswer, LightField};
+use crate::wire::location::{Key, Location};
+
+/// A choice's finish reason when the client's limit cut it.
+const CUT_REASON: &str = "length";
+
+/// The members of an answer that are read.
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum AnswerMember {
+    Choices,
+    Usage,
+    /// The tree's to judge.
+    Error,
+    #[serde(other)]
+    Other,
+}
+
+/// The members of a choice that are read.
+#[derive(Clone, Copy, Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum ChoiceMember {
+    Index,
+    Message,
+    FinishReason,
+    Logprobs,
+    #[serde(other)]
+    Other,
+}
+
+/// The members a light message may have.
+#[derive(Clone, Copy, Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum MessageMember {
+    Role,
+    ReasoningContent,
+    Reasoning,
+    Content,
+    Refusal,
+    Annotations,
+    ToolCalls,
+    FunctionCall,
+    Audio,
+}
+
+/// The answer read so far.
+struct Reading<'de> {
+    answer: &'de str,
+    view: AnswerView,
+    fields: Vec<(TextField, LightField)>,
+    finish_reasons: Vec<Option<Range<usize>>>,
+}
+
+/// Reads the answer into its [`Reading`].
+struct AnswerSeed<'r, 'de>(&'r mut Reading<'de>);
+
+impl<'de> DeserializeSeed<'de> for AnswerSeed<'_, 'de> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for AnswerSeed<'_, 'de> {
+    type Value = ();
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("an answer")
+    }
+
+    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
+        let mut seen = Members::default();
+        while let Some(member) = map.next_key::<AnswerMember>()? {
+            match member {
+                AnswerMember::Choices => {
+                    seen.first(0)?;
+                    map.next_value_seed(ChoicesSeed(&mut *self.0))?;
+                }
+                AnswerMember::Usage => {
+                    seen.first(1)?;
+                    let usage = map.next_value::<Option<Value>>()?;
+                    self.0.view.usage = usage.as_ref().and_then(ProviderUsage::from_usage);
+                }
+                AnswerMember::Error => return Err(M::Error::custom("not read lightly")),
+                AnswerMember::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads the answer's `choices`.
+struct ChoicesSeed<'r, 'de>(&'r mut Reading<'de>);
+
+impl<'de> DeserializeSeed<'de> for ChoicesSeed<'_, 'de> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ChoicesSeed<'_, 'de> {
+    type Value = ();
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("an array of choices")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        while seq.next_element_seed(ChoiceSeed(&mut *self.0))?.is_some() {}
+        Ok(())
+    }
+}
+
+/// Reads one choice.
+struct ChoiceSeed<'r, 'de>(&'r mut Reading<'de>);
+
+impl<'de> DeserializeSeed<'de> for ChoiceSeed<'_, 'de> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ChoiceSeed<'_, 'de> {
+    type Value = ();
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a choice")
+    }
+
+    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
+        let reading = self.0;
+        let position = reading.view.choices.len();
+        let mut index = None;
+        let mut message = Message::default();
+        let mut finish: Option<LightField> = None;
+        let mut seen = Members::default();
+        while let Some(member) = map.next_key::<ChoiceMember>()? {
+            if !matches!(member, ChoiceMember::Other) {
+                seen.first(member as u8)?;
+            }
+            match member {
+                ChoiceMember::Index => index = map.next_value::<Option<u64>>()?,
+                ChoiceMember::Message => {
+                    map.next_value_seed(MessageSeed {
+                        answer: reading.answer,
+                        message: &mut message,
+                    })?;
+                }
+                ChoiceMember::FinishReason => {
+                    finish = match map.next_value::<Option<&'de RawValue>>()? {
+                        None => None,
+                        Some(raw) => Some(
+                            LightField::of(reading.answer, raw)
+                                .ok_or_else(|| M::Error::custom("not read lightly"))?,
+                        ),
+                    };
+                }
+                ChoiceMember::Logprobs => {
+                    map.next_value::<Option<Refused>>()?;
+                }
+                ChoiceMember::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        let index = index.unwrap_or(position as u64).min(u64::from(u32::MAX)) as u32;
+        let at = Location::ROOT
+            .key(Key::Choices)
+            .index(position)
+            .key(Key::Message);
+        // The order and parts of the tree's reading (`TEXT_FIELDS`).
+        let both_reasonings = message.reasoning_content.is_some();
+        let slots = [
+            (
+                Key::ReasoningContent,
+                Part::Reasoning,
+                message.reasoning_content,
+            ),
+            (
+                Key::Reasoning,
+                if both_reasonings {
+                    Part::ReasoningAlias
+                } else {
+                    Part::Reasoning
+                },
+                message.reasoning,
+            ),
+            (Key::Content, Part::Content, message.content),
+            (Key::Refusal, Part::Refusal, message.refusal),
+        ];
+        let mut texts = TextFields::new();
+        for (key, kind, light) in slots {
+            let Some(light) = light else { continue };
+            let field = TextField {
+                choice: index,
+                kind,
+                at: at.key(key),
+            };
+            texts.push(field);
+            reading.fields.push((field, light));
+        }
+        let finish_reason = finish
+            .as_ref()
+            .map(|light| light.text(reading.answer).to_owned());
+        reading
+            .finish_reasons
+            .push(finish.map(|light| light.literal()));
+        reading.view.choices.push(ChoiceView {
+            index,
+            position,
+            texts,
+            finish_reason,
+        });
+        Ok(())
+    }
+}
+
+/// A light message's text fields, each with its literal.
+#[derive(Default)]
+struct Message {
+    reasoning_content: Option<LightField>,
+    reasoning: Option<LightField>,
+    content: Option<LightField>,
+    refusal: Option<LightField>,
+}
+
+/// Reads a choice's message into a [`Message`].
+struct MessageSeed<'m, 'de> {
+    answer: &'de str,
+    message: &'m mut Message,
+}
+
+impl<'de> DeserializeSeed<'de> for MessageSeed<'_, 'de> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de> Visitor<'de> for MessageSeed<'_, 'de> {
+    type Value = ();
+
+    fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("a message")
+    }
+
+    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
+        let answer = self.answer;
+        // A text member: a string (its literal), or null (none).
+        let text = |map: &mut M| -> Result<Option<LightField>, M::Error> {
+            match map.next_value::<Option<&'de RawValue>>()? {
+                None => Ok(None),
+                Some(raw) => LightField::of(answer, raw)
+                    .map(Some)
+                    .ok_or_else(|| M::Error::custom("not read lightly")),
+            }
+        };
+        let mut seen = Members::default();
+        while let Some(member) = map.next_key::<MessageMember>()? {
+            seen.first(member as u8)?;
+            match member {
+                // Never read as text (as in the tree's reading).
+                MessageMember::Role => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+                MessageMember::ReasoningContent => self.message.reasoning_content = text(&mut map)?,
+                MessageMember::Reasoning => self.message.reasoning = text(&mut map)?,
+                MessageMember::Content => self.message.content = text(&mut map)?,
+                MessageMember::Refusal => self.message.refusal = text(&mut map)?,
+                MessageMember::Annotations => {
+                    if !map.next_value::<Vec<Refused>>()?.is_empty() {
+                        return Err(M::Error::custom("not read lightly"));
+                    }
+                }
+                MessageMember::ToolCalls | MessageMember::FunctionCall | MessageMember::Audio => {
+                    map.next_value::<Option<Refused>>()?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The answer in `answer`, when it is light (see the module docs).
+pub fn read(answer: &str) -> Option<LightAnswer> {
+    let mut reading = Reading {
+        answer,
+        view: AnswerView::default(),
+        fields: Vec::new(),
+        finish_reasons: Vec::new(),
+    };
+    let mut parser = serde_json::Deserializer::from_str(answer);
+    AnswerSeed(&mut reading).deserialize(&mut parser).ok()?;
+    parser.end().ok()?;
+    Some(LightAnswer::new(
+        reading.view,
+        reading.fields,
+        reading.finish_reasons,
+        CUT_REASON,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use canarygate_policies::inject::{Injection, RequestCanaries, obedient_echo};
+    use canarygate_policies::registry::MemoryRegistry;
+    use canarygate_policies::verify::{Facts, Verifier};
+    use canarygate_policies::verify_config::{EchoMode, VerifyConfig};
+    use serde_json::json;
+
+    use super::*;
+    use crate::wire::TextSource;
+    use crate::wire::chat::Chat;
+    use crate::wire::edit::{Delivery, TokenCounter, UsageOptions};
+    use crate::wire::format::WireFormat;
+
+    /// Asserts that `answer` is light and read as the tree reads it.
+    fn same_as_tree(answer: &str) {
+        let light = read(answer).unwrap_or_else(|| panic!("not light: {answer}"));
+        let tree: Value = serde_json::from_str(answer).unwrap();
+        let view = Chat::read_answer(&tree);
+        assert_eq!(light.view.choices.len(), view.choices.len(), "{answer}");
+        for (ours, theirs) in light.view.choices.iter().zip(&view.choices) {
+            assert_eq!(ours.index, theirs.index, "{answer}");
+            assert_eq!(ours.position, theirs.position, "{answer}");
+            assert_eq!(ours.texts, theirs.texts, "{answer}");
+            assert_eq!(ours.finish_reason, theirs.finish_reason, "{answer}");
+            for field in &theirs.texts {
+                assert_eq!(
+                    light.texts(answer).text_of(field),
+                    tree.text_of(field),
+                    "{answer}"
+                );
+            }
+        }
+        assert_eq!(light.view.usage, view.usage, "{answer}");
+    }
+
+    #[test]
+    fn common_answers_are_light_and_read_as_the_tree_reads_them() {
+        for answer in [
+            r#"{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hello there","refusal":null,"annotations":[]},"logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":2,"total_tokens":11,"prompt_tokens_details":{"cached_tokens":0}},"service_tier":"default","system_fingerprint":"fp"}"#,
+            // Escapes, reasoning (both names: the second is an alias),
+            // members in another order, a choice's own extra members.
+            r#"{"choices":[{"finish_reason":"length","message":{"content":"line\none \"q\" \u00e9","reasoning":"r","reasoning_content":"rc","role":"assistant"},"index":0,"content_filter_results":{"hate":{"filtered":false}}}]}"#,
+            r#"{"choices":[{"index":0,"message":{"role":"assistant","content":null,"refusal":"I can't","tool_calls":null,"function_call":null,"audio":null},"finish_reason":"stop"}]}"#,
+            // Two choices, one without an index, no finish reason, no usage.
+            r#"{"choices":[{"message":{"content":"a"}},{"index":1,"message":{"content":"b"},"finish_reason":null}],"usage":null}"#,
+            r#"{"choices":[]}"#,
+            r#" {"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"stop"}]} "#,
+        ] {
+            same_as_tree(answer);
+        }
+    }
+
+    #[test]
+    fn anything_else_is_read_from_the_tree() {
+        for answer in [
+            // Tool calls, function calls, audio, annotations: strings the
+            // tree's residual scan reads.
+            r#"{"choices":[{"index":0,"message":{"content":null,"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"message":{"function_call":{"name":"f","arguments":"{}"}}}]}"#,
+            r#"{"choices":[{"index":0,"message":{"audio":{"transcript":"t"}}}]}"#,
+            r#"{"choices":[{"index":0,"message":{"content":"a","annotations":[{"type":"url_citation","url_citation":{"title":"t"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"message":{"content":"a","custom":"b"}}]}"#,
+            // Logprobs (edited with the text), an error.
+            r#"{"choices":[{"index":0,"message":{"content":"a"},"logprobs":{"content":[]}}]}"#,
+            r#"{"error":{"message":"overloaded"}}"#,
+            // Wrong types, a member twice, anything after the answer.
+            r#"{"choices":[{"index":0,"message":{"content":["a"]}}]}"#,
+            r#"{"choices":[{"index":0,"message":{"content":"a"},"finish_reason":7}]}"#,
+            r#"{"choices":[{"index":-1,"message":{"content":"a"}}]}"#,
+            r#"{"choices":[{"index":0,"message":null}]}"#,
+            r#"{"choices":[{"index":0,"message":{"content":"a","content":"b"}}]}"#,
+            r#"{"choices":[],"choices":[]}"#,
+            r#"{"choices":[]} {}"#,
+            "[1]",
+            "not json",
+        ] {
+            assert!(read(answer).is_none(), "light: {answer}");
+        }
+    }
+
+    /// A request of `max_tokens` with canaries placed, and the opening an
+    /// obedient model writes.
+    fn placed(max_tokens: u64) -> (Injection, String) {
+        let request = json!({"model": "m", "max_tokens": max_tokens,
+                             "messages": [{"role": "user", "content": "Name the planets"}]});
+        let mut body = Chat::parse_request(request.to_string().as_bytes())
+            .unwrap()
+            .body;
+        let injection =
+            Chat::place_canaries(&mut body, EchoMode::HeadTail, RequestCanaries::mint()).unwrap();
+        (injection, obedient_echo(&body).unwrap())
+    }
+
+    /// What the client gets of `answer` after verification under
+    /// `injection`: read in place (`light`) or from the tree.
+    fn deliver(injection: &Injection, answer: &str, light: bool) -> Vec<u8> {
+        let registry = MemoryRegistry::new(b"test");
+        let mut verifier = Verifier::new(injection, &VerifyConfig::default(), "p", None);
+        let usage = UsageOptions {
+            client_wants_usage: false,
+            without_canarygate: false,
+            overhead_prompt: injection.prompt_tokens_added,
+        };
+        let mut delivery = Delivery::new(
+            TokenCounter::default(),
+            injection.client_max_tokens,
+            usage,
+            2,
+        );
+        let mut tree: Value = serde_json::from_str(answer).unwrap();
+        let tree_view = Chat::read_answer(&tree);
+        let in_place = read(answer).unwrap();
+        let view = if light { &in_place.view } else { &tree_view };
+        let mut spans = Vec::new();
+        for field in view.choices.iter().flat_map(|choice| &choice.texts) {
+            let text = if light {
+                in_place.texts(answer).text_of(field).to_owned()
+            } else {
+                tree.text_of(field).to_owned()
+            };
+            let start = verifier.received(field.choice, field.kind);
+            spans.push(start..start + text.len());
+            if !text.is_empty() {
+                verifier.push_part_positions(field.choice, field.kind, &text, &registry);
+            }
+        }
+        let facts = Facts {
+            finish_reasons: view
+                .choices
+                .iter()
+                .map(|choice| choice.finish_reason.clone())
+                .collect(),
+            usage: view.usage,
+            done_marker: None,
+        };
+        verifier.finish(&facts, &registry);
+        if light {
+            return in_place.deliver(answer, &spans, &verifier, &mut delivery);
+        }
+        Chat::deliver_answer(&mut tree, &tree_view, &spans, &verifier, &mut delivery);
+        serde_json::to_vec(&tree).unwrap()
+    }
+
+    #[test]
+    fn a_light_answer_is_delivered_as_its_tree_would_be() {
+        for max_tokens in [3, 6, 200] {
+            let (injection, opening) = placed(max_tokens);
+            let text = format!("{opening}\nMercury, Venus, \"Earth\"\nand Mars.");
+            let answer = json!({"id": "c1", "object": "chat.completion", "created": 1,
+                "model": "m", "choices": [
+                    {"index": 0, "message": {"role": "assistant", "content": text,
+                     "refusal": null, "annotations": []}, "logprobs": null,
+                     "finish_reason": "stop"},
+                    {"index": 1, "message": {"role": "assistant", "reasoning_content": "hmm",
+                     "content": format!("{opening} Pluto")}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 90, "completion_tokens": 40, "total_tokens": 130}})
+            .to_string();
+            let light = deliver(&injection, &answer, true);
+            let tree = deliver(&injection, &answer, false);
+            assert_eq!(
+                String::from_utf8_lossy(&light),
+                String::from_utf8_lossy(&tree),
+                "{max_tokens}"
+            );
+            let delivered: Value = serde_json::from_slice(&light).unwrap();
+            let content = delivered["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap();
+            assert!(
+                !content.contains(&opening),
+                "the echo is removed: {content}"
+            );
+            if max_tokens == 3 {
+                assert_eq!(delivered["choices"][0]["finish_reason"], "length");
+            }
+        }
+    }
+}
