@@ -399,14 +399,26 @@ impl ProviderUsage {
     /// the tokens after the last cache breakpoint, so the prompt is the sum of
     /// the three input figures. `None` when no prompt-token count is a number.
     pub fn from_usage(usage: &serde_json::Value) -> Option<Self> {
-        let number = |value: &serde_json::Value| value.as_u64();
-        let field = |name: &str| usage.get(name).and_then(number);
+        let details_cached = usage
+            .get("prompt_tokens_details")
+            .and_then(|details| details.get("cached_tokens"))
+            .and_then(serde_json::Value::as_u64);
+        Self::from_counts(
+            |name| usage.get(name).and_then(serde_json::Value::as_u64),
+            details_cached,
+        )
+    }
+
+    /// [`Self::from_usage`] of a usage object whose member `name` holds the
+    /// count `field(name)` (`None` when it is missing or not a count), and
+    /// whose `prompt_tokens_details.cached_tokens` is `details_cached`: for
+    /// a reader that does not build the object's tree.
+    pub fn from_counts(
+        field: impl Fn(&str) -> Option<u64>,
+        details_cached: Option<u64>,
+    ) -> Option<Self> {
         if let Some(prompt_tokens) = field("prompt_tokens") {
-            let cached_prompt_tokens = usage
-                .get("prompt_tokens_details")
-                .and_then(|details| details.get("cached_tokens"))
-                .and_then(number)
-                .or_else(|| field("prompt_cache_hit_tokens"));
+            let cached_prompt_tokens = details_cached.or_else(|| field("prompt_cache_hit_tokens"));
             return Some(Self {
                 prompt_tokens,
                 completion_tokens: field("completion_tokens"),

@@ -25,7 +25,6 @@ use serde::Deserialize;
 use serde::de::{
     DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
 };
-use serde_json::Value;
 use serde_json::value::RawValue;
 
 use super::light::{Members, Refused};
@@ -83,6 +82,48 @@ struct Reading<'de> {
     finish_reasons: Vec<Option<Range<usize>>>,
 }
 
+/// The counts of a `usage` object that [`ProviderUsage::from_usage`] reads,
+/// without its tree. A count of another type (a string, a float) is an
+/// error, and the answer is read from its tree, as the tree's reading reads
+/// it.
+#[derive(Deserialize)]
+struct UsageCounts {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    prompt_tokens_details: Option<UsageDetails>,
+    prompt_cache_hit_tokens: Option<u64>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    cache_read_input_tokens: Option<u64>,
+    cache_creation_input_tokens: Option<u64>,
+}
+
+/// `usage.prompt_tokens_details`: its cached tokens.
+#[derive(Deserialize)]
+struct UsageDetails {
+    cached_tokens: Option<u64>,
+}
+
+impl UsageCounts {
+    fn usage(self) -> Option<ProviderUsage> {
+        let field = |name: &str| match name {
+            "prompt_tokens" => self.prompt_tokens,
+            "completion_tokens" => self.completion_tokens,
+            "prompt_cache_hit_tokens" => self.prompt_cache_hit_tokens,
+            "input_tokens" => self.input_tokens,
+            "output_tokens" => self.output_tokens,
+            "cache_read_input_tokens" => self.cache_read_input_tokens,
+            "cache_creation_input_tokens" => self.cache_creation_input_tokens,
+            _ => None,
+        };
+        let details_cached = self
+            .prompt_tokens_details
+            .as_ref()
+            .and_then(|details| details.cached_tokens);
+        ProviderUsage::from_counts(field, details_cached)
+    }
+}
+
 /// Reads the answer into its [`Reading`].
 struct AnswerSeed<'r, 'de>(&'r mut Reading<'de>);
 
@@ -111,8 +152,8 @@ impl<'de> Visitor<'de> for AnswerSeed<'_, 'de> {
                 }
                 AnswerMember::Usage => {
                     seen.first(1)?;
-                    let usage = map.next_value::<Option<Value>>()?;
-                    self.0.view.usage = usage.as_ref().and_then(ProviderUsage::from_usage);
+                    let usage = map.next_value::<Option<UsageCounts>>()?;
+                    self.0.view.usage = usage.and_then(UsageCounts::usage);
                 }
                 AnswerMember::Error => return Err(M::Error::custom("not read lightly")),
                 AnswerMember::Other => {
@@ -346,7 +387,7 @@ mod tests {
     use canarygate_policies::registry::MemoryRegistry;
     use canarygate_policies::verify::{Facts, Verifier};
     use canarygate_policies::verify_config::{EchoMode, VerifyConfig};
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     use super::*;
     use crate::wire::TextSource;
@@ -388,6 +429,10 @@ mod tests {
             r#"{"choices":[{"message":{"content":"a"}},{"index":1,"message":{"content":"b"},"finish_reason":null}],"usage":null}"#,
             r#"{"choices":[]}"#,
             r#" {"choices":[{"index":0,"message":{"role":"assistant","content":""},"finish_reason":"stop"}]} "#,
+            // Usage as DeepSeek and Anthropic-compatible servers report it.
+            r#"{"choices":[],"usage":{"prompt_tokens":20,"completion_tokens":5,"prompt_cache_hit_tokens":16,"prompt_tokens_details":null}}"#,
+            r#"{"choices":[],"usage":{"input_tokens":4,"output_tokens":5,"cache_read_input_tokens":16,"cache_creation_input_tokens":2,"server_tool_use":{"web_search_requests":0}}}"#,
+            r#"{"choices":[],"usage":{"completion_tokens":5}}"#,
         ] {
             same_as_tree(answer);
         }
@@ -411,6 +456,8 @@ mod tests {
             r#"{"choices":[{"index":0,"message":{"content":"a"},"finish_reason":7}]}"#,
             r#"{"choices":[{"index":-1,"message":{"content":"a"}}]}"#,
             r#"{"choices":[{"index":0,"message":null}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":1.5}}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":1,"prompt_tokens":2}}"#,
             r#"{"choices":[{"index":0,"message":{"content":"a","content":"b"}}]}"#,
             r#"{"choices":[],"choices":[]}"#,
             r#"{"choices":[]} {}"#,
