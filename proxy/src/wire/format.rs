@@ -15,7 +15,6 @@ use smallvec::SmallVec;
 
 use crate::error::ApiError;
 use crate::wire::edit::Delivery;
-use crate::wire::light_answer::LightAnswer;
 use crate::wire::location::Location;
 
 /// What the pipeline needs of a client request, whatever its format.
@@ -82,6 +81,30 @@ pub struct AnswerView {
     pub choices: Choices,
     /// The provider's usage, if reported.
     pub usage: Option<ProviderUsage>,
+}
+
+/// A whole answer read in place, without its tree: its reading and its
+/// delivery are in [`crate::wire::light_answer`].
+#[derive(Debug)]
+pub struct LightAnswer {
+    /// The answer as the verifier reads it.
+    pub view: AnswerView,
+    /// Each text field of `view`, in the view's order, with its literal.
+    pub(super) fields: Vec<(TextField, LightField)>,
+    /// Per choice of `view`: its finish reason's literal, when it is a
+    /// string.
+    pub(super) finish_reasons: Vec<Option<Range<usize>>>,
+    /// The finish reason of a choice that the client's limit cut.
+    pub(super) cut_reason: &'static str,
+}
+
+/// A text field's JSON string literal in the answer, and its text.
+#[derive(Debug)]
+pub struct LightField {
+    /// The literal's bytes in the answer, quotes included.
+    pub(super) literal: Range<usize>,
+    /// Its text.
+    pub(super) text: LightText,
 }
 
 /// One event of a provider's stream, as the verifier reads it.

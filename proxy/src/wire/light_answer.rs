@@ -17,17 +17,8 @@ use canarygate_policies::verify::Verifier;
 use serde_json::value::RawValue;
 
 use super::edit::{Delivery, apply};
-use super::format::{AnswerView, LightText, TextField, TextSource};
+use super::format::{AnswerView, LightAnswer, LightField, LightText, TextField, TextSource};
 use super::json_str::range_in;
-
-/// A text field's JSON string literal in the answer, and its text.
-#[derive(Debug)]
-pub struct LightField {
-    /// The literal's bytes in the answer, quotes included.
-    literal: Range<usize>,
-    /// Its text.
-    text: LightText,
-}
 
 impl LightField {
     /// The field whose literal `raw` is (borrowed from `answer`); `None`
@@ -61,20 +52,6 @@ impl LightField {
             LightText::Unescaped(text) => text,
         }
     }
-}
-
-/// A whole answer read in place (see the module docs).
-#[derive(Debug)]
-pub struct LightAnswer {
-    /// The answer as the verifier reads it.
-    pub view: AnswerView,
-    /// Each text field of `view`, in the view's order, with its literal.
-    fields: Vec<(TextField, LightField)>,
-    /// Per choice of `view`: its finish reason's literal, when it is a
-    /// string.
-    finish_reasons: Vec<Option<Range<usize>>>,
-    /// The finish reason of a choice that the client's limit cut.
-    cut_reason: &'static str,
 }
 
 impl LightAnswer {

@@ -48,7 +48,6 @@ pub mod messages;
 pub mod responses;
 
 pub use format::{
-    AnswerView, ChoiceView, ClientRequest, EventView, LocalStream, Spans, StreamWriter, TextSource,
-    WireFormat,
+    AnswerView, ChoiceView, ClientRequest, EventView, LightAnswer, LocalStream, Spans,
+    StreamWriter, TextSource, WireFormat,
 };
-pub use light_answer::LightAnswer;

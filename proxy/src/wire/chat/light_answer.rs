@@ -28,8 +28,7 @@ use serde::de::{
 use serde_json::value::RawValue;
 
 use super::light::{Members, Refused};
-use crate::wire::format::{AnswerView, ChoiceView, TextField, TextFields};
-use crate::wire::light_answer::{LightAnswer, LightField};
+use crate::wire::format::{AnswerView, ChoiceView, LightAnswer, LightField, TextField, TextFields};
 use crate::wire::location::{Key, Location};
 
 /// A choice's finish reason when the client's limit cut it.

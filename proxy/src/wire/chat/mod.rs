@@ -41,8 +41,9 @@ pub use self::request::{json_object, model_of, stream_of};
 pub use self::stream::{ChatStream, ChunkEditor};
 use crate::error::{ApiError, ErrorCode};
 use crate::wire::edit::Delivery;
-use crate::wire::format::{AnswerView, Chunk, ClientRequest, EventView, LocalStream, WireFormat};
-use crate::wire::light_answer::LightAnswer;
+use crate::wire::format::{
+    AnswerView, Chunk, ClientRequest, EventView, LightAnswer, LocalStream, WireFormat,
+};
 use crate::wire::location::Key;
 
 /// OpenAI Chat Completions.
