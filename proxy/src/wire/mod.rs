@@ -26,13 +26,18 @@
 //!    chunk, Messages' text and thinking deltas, the Responses API's
 //!    deltas): its text is read in place from the event's data
 //!    ([`Chunk::with_data`](format::Chunk::with_data), a [`TextSource`]),
-//!    and the tree is built only if an edit needs it.
+//!    and the tree is built only if an edit needs it. Likewise a whole
+//!    answer of a shape it knows ([`WireFormat::read_answer_light`], Chat's
+//!    common answer): its text fields' string literals are located in the
+//!    provider's bytes ([`LightAnswer`]) and no tree is built at all.
 //! 4. [`WireFormat::deliver_answer`] and [`WireFormat::StreamWriter`]: the
 //!    client gets the provider's own answer and events, edited, not rebuilt:
 //!    each text field becomes what the verifier's release leaves of it
 //!    ([`edit`]: the echo and canaries removed, the client's token limit
 //!    applied), and what follows the text (logprobs, finish reasons, usage)
 //!    is edited to match; every other field passes as the provider sent it.
+//!    A whole answer read in place is delivered as the provider's bytes
+//!    with the edited literals spliced in ([`LightAnswer::deliver`]).
 //!    A stream's events are held until the verifier lets their text out,
 //!    and an event nothing changed goes out as the provider's own bytes.
 //! 5. [`WireFormat::error_body`]: every error in the format's shape.
