@@ -12,6 +12,7 @@
 //! Anything else is read from its tree, which gives what this reading gives.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use canarygate_policies::verify::Verifier;
 use serde_json::value::RawValue;
@@ -85,6 +86,7 @@ impl LightAnswer {
         LightAnswerTexts {
             light: self,
             answer,
+            next: AtomicUsize::new(0),
         }
     }
 
@@ -140,14 +142,23 @@ impl LightAnswer {
 pub struct LightAnswerTexts<'a> {
     light: &'a LightAnswer,
     answer: &'a str,
+    /// The field after the one asked for last: fields are asked for in the
+    /// view's order, so each is found at once (a provider's answer may hold
+    /// any number of choices).
+    next: AtomicUsize,
 }
 
 impl TextSource for LightAnswerTexts<'_> {
     fn text_of(&self, field: &TextField) -> &str {
-        self.light
-            .fields
-            .iter()
-            .find(|(known, _)| known.at == field.at)
-            .map_or("", |(_, light)| light.text(self.answer))
+        let fields = &self.light.fields;
+        let next = self.next.load(Ordering::Relaxed);
+        let at = fields
+            .get(next)
+            .filter(|(known, _)| known.at == field.at)
+            .map(|_| next)
+            .or_else(|| fields.iter().position(|(known, _)| known.at == field.at));
+        let Some(at) = at else { return "" };
+        self.next.store(at + 1, Ordering::Relaxed);
+        fields[at].1.text(self.answer)
     }
 }

@@ -467,6 +467,38 @@ mod tests {
         }
     }
 
+    #[test]
+    fn texts_are_found_in_any_order_and_many_choices_read_in_order() {
+        let choices: Vec<Value> = (0..2_000)
+            .map(|n| {
+                json!({"index": n, "message": {"content": format!("text {n}"),
+                            "reasoning_content": format!("thought {n}")}})
+            })
+            .collect();
+        let answer = json!({"choices": choices}).to_string();
+        let light = read(&answer).unwrap();
+        let texts = light.texts(&answer);
+        let fields: Vec<&TextField> = light
+            .view
+            .choices
+            .iter()
+            .flat_map(|choice| &choice.texts)
+            .collect();
+        assert_eq!(fields.len(), 4_000);
+        for (n, pair) in fields.chunks(2).enumerate() {
+            assert_eq!(texts.text_of(pair[0]), format!("thought {n}"));
+            assert_eq!(texts.text_of(pair[1]), format!("text {n}"));
+        }
+        // Out of order, and a field of another answer.
+        assert_eq!(texts.text_of(fields[7]), "text 3");
+        assert_eq!(texts.text_of(fields[0]), "thought 0");
+        let elsewhere = TextField {
+            at: Location::ROOT.key(Key::Output),
+            ..*fields[0]
+        };
+        assert_eq!(texts.text_of(&elsewhere), "");
+    }
+
     /// A request of `max_tokens` with canaries placed, and the opening an
     /// obedient model writes.
     fn placed(max_tokens: u64) -> (Injection, String) {
