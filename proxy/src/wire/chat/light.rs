@@ -35,14 +35,16 @@ use crate::wire::format::{ChoiceView, Choices, Chunk, TextField, TextFields};
 use crate::wire::json_str::JsonStr;
 use crate::wire::location::{Key, Location};
 
-/// The members of a chunk: `choices`, and those that must not be there
-/// (anything else is skipped).
+/// The members of a chunk (or a whole answer, [`super::light_answer`])
+/// that a light reading looks at: `choices`, `usage`, and `error`, which
+/// must not be there; anything else is skipped.
 #[derive(Deserialize)]
 #[serde(field_identifier, rename_all = "snake_case")]
-enum ChunkMember {
+pub(super) enum TopMember {
     Choices,
-    /// Usage is read from the tree; `null` (OpenAI's chunks before the
-    /// last under `include_usage`) is no usage.
+    /// A chunk's usage is read from the tree (`null`, OpenAI's chunks
+    /// before the last under `include_usage`, is no usage); an answer's is
+    /// read as counts.
     Usage,
     /// Any `error`, even `null`, is the tree's to judge.
     Error,
@@ -341,18 +343,18 @@ impl<'de: 'a, 'a> Visitor<'de> for ChunkSeed<'_, 'a> {
 
     fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
         let mut seen = Members::default();
-        while let Some(member) = map.next_key::<ChunkMember>()? {
+        while let Some(member) = map.next_key::<TopMember>()? {
             match member {
-                ChunkMember::Choices => {
+                TopMember::Choices => {
                     seen.first(0)?;
                     map.next_value_seed(ChoicesSeed(&mut *self.0))?;
                 }
-                ChunkMember::Usage => {
+                TopMember::Usage => {
                     seen.first(1)?;
                     map.next_value::<Option<Refused>>()?;
                 }
-                ChunkMember::Error => return Err(M::Error::custom("not read lightly")),
-                ChunkMember::Other => {
+                TopMember::Error => return Err(M::Error::custom("not read lightly")),
+                TopMember::Other => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }

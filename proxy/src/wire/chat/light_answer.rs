@@ -27,24 +27,12 @@ use serde::de::{
 };
 use serde_json::value::RawValue;
 
-use super::light::{Members, Refused};
+use super::light::{Members, Refused, TopMember};
 use crate::wire::format::{AnswerView, ChoiceView, LightAnswer, LightField, TextField, TextFields};
 use crate::wire::location::{Key, Location};
 
 /// A choice's finish reason when the client's limit cut it.
 const CUT_REASON: &str = "length";
-
-/// The members of an answer that are read.
-#[derive(Deserialize)]
-#[serde(field_identifier, rename_all = "snake_case")]
-enum AnswerMember {
-    Choices,
-    Usage,
-    /// The tree's to judge.
-    Error,
-    #[serde(other)]
-    Other,
-}
 
 /// The members of a choice that are read.
 #[derive(Clone, Copy, Deserialize)]
@@ -143,19 +131,19 @@ impl<'de> Visitor<'de> for AnswerSeed<'_, 'de> {
 
     fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
         let mut seen = Members::default();
-        while let Some(member) = map.next_key::<AnswerMember>()? {
+        while let Some(member) = map.next_key::<TopMember>()? {
             match member {
-                AnswerMember::Choices => {
+                TopMember::Choices => {
                     seen.first(0)?;
                     map.next_value_seed(ChoicesSeed(&mut *self.0))?;
                 }
-                AnswerMember::Usage => {
+                TopMember::Usage => {
                     seen.first(1)?;
                     let usage = map.next_value::<Option<UsageCounts>>()?;
                     self.0.view.usage = usage.and_then(UsageCounts::usage);
                 }
-                AnswerMember::Error => return Err(M::Error::custom("not read lightly")),
-                AnswerMember::Other => {
+                TopMember::Error => return Err(M::Error::custom("not read lightly")),
+                TopMember::Other => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
