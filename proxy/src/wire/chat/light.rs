@@ -19,8 +19,10 @@
 //! string of a delta, so a canary-shaped span anywhere in a light chunk's
 //! delta is read as text, as the tree's residual scan would find it.
 //!
-//! Longer than 500 lines: about 150 of them are the unit tests, which hold
-//! every light reading to the tree's reading of the same chunk.
+//! Longer than 500 lines: about 300 of them are the unit tests, which hold
+//! every light reading to the tree's reading of the same chunk, for listed
+//! chunks and for generated ones (a property test over the shapes and
+//! spellings providers use, `json_text.rs`).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -443,8 +445,10 @@ pub fn read(data: &str) -> Option<Chunk> {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
     use serde_json::Value;
 
+    use super::super::json_text::{Node, Style, arrange, skipped_members, text, usage};
     use super::*;
 
     /// The tree's reading of `data`, as Chat's `read_event` does it.
@@ -468,6 +472,12 @@ mod tests {
     /// Asserts that `data` is light and read as the tree reads it.
     fn same_as_tree(data: &str) {
         let light = read(data).unwrap_or_else(|| panic!("not light: {data}"));
+        reads_as_tree(&light, data);
+    }
+
+    /// Asserts that `light`, the in-place reading of `data`, is what the
+    /// tree's reading gives.
+    fn reads_as_tree(light: &Chunk, data: &str) {
         let tree = tree(data);
         assert_eq!(light.choices.len(), tree.choices.len(), "{data}");
         for (ours, theirs) in light.choices.iter().zip(&tree.choices) {
@@ -561,6 +571,146 @@ mod tests {
             r#"{"choices":[{"index":0,"delta":{"content":"a"}}]} {}"#,
         ] {
             assert!(read(data).is_none(), "light: {data}");
+        }
+    }
+
+    /// A delta, and whether an in-place reading takes it.
+    fn delta() -> impl Strategy<Value = (Node, bool)> {
+        const TEXTS: [&str; 4] = ["content", "refusal", "reasoning_content", "reasoning"];
+        // Mostly one text, as streams carry them; now and then none, or two
+        // (not light: a light chunk carries at most one).
+        let texts = prop_oneof![
+            6 => (0..4usize, text()).prop_map(|(n, text)| vec![(TEXTS[n], Node::Str(text))]),
+            1 => Just(vec![]),
+            1 => (text(), text()).prop_map(|(a, b)| vec![(TEXTS[0], Node::Str(a)), (TEXTS[2], Node::Str(b))]),
+        ];
+        let nulls = proptest::sample::subsequence(TEXTS.to_vec(), 0..=2);
+        let role =
+            proptest::option::of(prop_oneof![Just(Node::str("assistant")), Just(Node::Null)]);
+        let arguments = |arguments: Node| {
+            Node::Array(vec![Node::Object(vec![
+                ("index", Node::number("0")),
+                ("function", Node::Object(vec![("arguments", arguments)])),
+            ])])
+        };
+        let call = prop_oneof![
+            8 => Just((None, true)),
+            1 => Just((Some(("tool_calls", Node::Null)), true)),
+            1 => Just((Some(("function_call", Node::Null)), true)),
+            2 => text().prop_map(move |piece| (Some(("tool_calls", arguments(Node::Str(piece)))), true)),
+            1 => Just((Some(("tool_calls", Node::Array(vec![Node::Object(vec![
+                ("index", Node::number("0")),
+                ("id", Node::str("call_1")),
+                ("function", Node::Object(vec![("name", Node::str("f"))])),
+            ])]))), false)),
+            1 => Just((Some(("audio", Node::Object(vec![("transcript", Node::str("t"))]))), false)),
+        ];
+        (texts, nulls, role, call).prop_flat_map(|(texts, nulls, role, (call, call_takes))| {
+            let strings =
+                texts.len() + usize::from(matches!(&call, Some(("tool_calls", Node::Array(_)))));
+            let mut members = texts;
+            for name in nulls {
+                if members.iter().all(|(taken, _)| *taken != name) {
+                    members.push((name, Node::Null));
+                }
+            }
+            members.extend(role.map(|role| ("role", role)));
+            members.extend(call);
+            // A light chunk carries at most one text.
+            let takes = call_takes && strings <= 1;
+            arrange(members)
+                .prop_map(move |(members, twice)| (Node::Object(members), takes && !twice))
+        })
+    }
+
+    /// A choice of a chunk, and whether an in-place reading takes it.
+    fn chunk_choice() -> impl Strategy<Value = (Node, bool)> {
+        let index = prop_oneof![
+            8 => Just((Some(Node::number("0")), true)),
+            2 => Just((None, true)),
+            1 => Just((Some(Node::number("-1")), false)),
+        ];
+        let finish_reason = prop_oneof![
+            6 => Just((Some(Node::Null), true)),
+            2 => Just((Some(Node::str("stop")), true)),
+            2 => Just((None, true)),
+            1 => Just((Some(Node::number("7")), false)),
+        ];
+        let logprobs = prop_oneof![
+            5 => Just((None, true)),
+            5 => Just((Some(Node::Null), true)),
+            1 => Just((Some(Node::Object(vec![("content", Node::Array(vec![]))])), false)),
+        ];
+        (index, delta(), finish_reason, logprobs).prop_flat_map(
+            |(index, delta, finish_reason, logprobs)| {
+                let takes = index.1 && delta.1 && finish_reason.1 && logprobs.1;
+                let members: Vec<(&'static str, Node)> = [
+                    ("index", index.0),
+                    ("delta", Some(delta.0)),
+                    ("finish_reason", finish_reason.0),
+                    ("logprobs", logprobs.0),
+                ]
+                .into_iter()
+                .filter_map(|(name, value)| Some((name, value?)))
+                .collect();
+                arrange(members)
+                    .prop_map(move |(members, twice)| (Node::Object(members), takes && !twice))
+            },
+        )
+    }
+
+    /// A chunk's data as JSON text, and whether an in-place reading takes it.
+    fn chunk_text() -> impl Strategy<Value = (String, bool)> {
+        let choices = prop_oneof![
+            1 => Just(vec![]),
+            6 => chunk_choice().prop_map(|choice| vec![choice]),
+            // Two choices: light when at most one carries text.
+            1 => proptest::collection::vec(chunk_choice(), 2..3)
+                .prop_map(|choices| choices.into_iter().map(|(choice, _)| (choice, false)).collect()),
+        ];
+        // Usage comes in a chunk of its own, without choices (not light);
+        // null or absent on the others.
+        let usage = prop_oneof![
+            6 => Just(None),
+            2 => Just(Some((Node::Null, true))),
+            1 => usage().prop_map(|usage| usage.map(|(usage, _)| { let null = matches!(usage, Node::Null); (usage, null) })),
+        ];
+        (
+            skipped_members(),
+            choices,
+            usage,
+            0..12usize,
+            any::<(bool, bool)>(),
+        )
+            .prop_flat_map(|(mut members, choices, usage, after, (spaced, escaped))| {
+                let takes = choices.iter().all(|choice| choice.1)
+                    && usage.as_ref().is_none_or(|usage| usage.1)
+                    && after > 0;
+                members.push((
+                    "choices",
+                    Node::Array(choices.into_iter().map(|c| c.0).collect()),
+                ));
+                members.extend(usage.map(|usage| ("usage", usage.0)));
+                arrange(members).prop_map(move |(members, twice)| {
+                    let mut text = Node::Object(members).render(Style { spaced, escaped });
+                    if after == 0 {
+                        text.push_str(" {}");
+                    }
+                    (text, takes && !twice)
+                })
+            })
+    }
+
+    proptest! {
+        /// Whatever the provider writes, a chunk read in place reads as its
+        /// tree reads it, and every chunk of the shapes the reading takes
+        /// is read in place.
+        #[test]
+        fn any_chunk_read_in_place_reads_as_its_tree((data, takes) in chunk_text()) {
+            match read(&data) {
+                Some(light) => reads_as_tree(&light, &data),
+                None => prop_assert!(!takes, "not read in place: {data}"),
+            }
         }
     }
 }

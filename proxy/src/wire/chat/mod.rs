@@ -15,6 +15,8 @@
 
 mod answer;
 mod deliver;
+#[cfg(test)]
+mod json_text;
 mod light;
 mod light_answer;
 mod logprobs;
