@@ -160,6 +160,23 @@ struct Light {
     keeps_other_fields: bool,
 }
 
+/// What the earlier events of one stream tell the reading of the next
+/// ([`WireFormat::read_stream_event`]); each stream's reader keeps one.
+#[derive(Debug, Default)]
+pub struct StreamMemo {
+    /// The bytes the stream's last event read in place began with, up to
+    /// the first member that is read, when they hold only members the
+    /// reading skips (Chat: `{"id":…,"object":…,"model":…,` before
+    /// `"choices"`): a later event that begins with the same bytes is read
+    /// from where they end.
+    pub(crate) skipped_prefix: String,
+    /// Times a prefix was looked for; the search stops after a few, for a
+    /// provider whose events never begin alike.
+    pub(crate) prefix_searches: u8,
+    /// An event without that prefix, kept for its capacity.
+    pub(crate) scratch: String,
+}
+
 /// The string of a light chunk's one text field.
 #[derive(Debug)]
 pub enum LightText {
@@ -382,6 +399,14 @@ pub trait WireFormat: Send + Sync + 'static {
 
     /// One event of the provider's stream.
     fn read_event(event: &SseEvent) -> EventView;
+
+    /// One event of the provider's stream, as [`Self::read_event`] reads
+    /// it, with what the stream's earlier events taught (`memo`, which this
+    /// may update) to read it sooner. The default forgets the memo.
+    fn read_stream_event(event: &SseEvent, memo: &mut StreamMemo) -> EventView {
+        let _ = memo;
+        Self::read_event(event)
+    }
 
     /// Whether `event` is the format's end-of-stream marker (a stream that
     /// ends without it was cut off).

@@ -53,6 +53,6 @@ pub mod messages;
 pub mod responses;
 
 pub use format::{
-    AnswerView, ChoiceView, ClientRequest, EventView, LightAnswer, LocalStream, Spans,
+    AnswerView, ChoiceView, ClientRequest, EventView, LightAnswer, LocalStream, Spans, StreamMemo,
     StreamWriter, TextSource, WireFormat,
 };

@@ -32,7 +32,7 @@ use crate::registry::CanaryBook;
 use crate::relay::{COALESCE_BYTES, early_end, interrupted, next_ready, next_within};
 use crate::trail::{Ending, Trail};
 use crate::upstream_client::UpstreamResponse;
-use crate::wire::{EventView, StreamWriter, WireFormat};
+use crate::wire::{EventView, StreamMemo, StreamWriter, WireFormat};
 
 /// `x-canarygate-verdict` of a stream whose verdict comes after the head;
 /// the final verdict then goes in the stream's end marker where the format
@@ -109,6 +109,8 @@ struct VerifiedStream<W: WireFormat> {
     parser: SseParser,
     /// The events of one read, kept empty between reads for its buffer.
     events: Vec<SseEvent>,
+    /// What the stream's events so far tell the reading of the next.
+    memo: StreamMemo,
     attempt: Attempt,
     release: ReleasePolicy,
     action: FailureAction,
@@ -146,6 +148,7 @@ impl<W: WireFormat> VerifiedStream<W> {
             upstream: response.into_body().into_data_stream(),
             parser: SseParser::new(),
             events: Vec::new(),
+            memo: StreamMemo::default(),
             attempt,
             release: config.release,
             action: config.action(),
@@ -264,7 +267,7 @@ impl<W: WireFormat> VerifiedStream<W> {
     }
 
     async fn on_event(&mut self, event: SseEvent) {
-        let (chunk, last) = match W::read_event(&event) {
+        let (chunk, last) = match W::read_stream_event(&event, &mut self.memo) {
             EventView::Done => return self.finalize(Some(true)).await,
             EventView::Final(chunk) => (chunk, true),
             EventView::Malformed => return self.interrupt("sent an event that is not JSON".into()),

@@ -33,7 +33,9 @@ use serde::de::{
     DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
 };
 
-use crate::wire::format::{ChoiceView, Choices, Chunk, TextField, TextFields};
+use crate::wire::format::{
+    ChoiceView, Choices, Chunk, LightText, StreamMemo, TextField, TextFields,
+};
 use crate::wire::json_str::JsonStr;
 use crate::wire::location::{Key, Location};
 
@@ -431,11 +433,119 @@ impl<'de: 'a, 'a> Visitor<'de> for ChoiceSeed<'_, 'a> {
 
 /// The chunk in `data`, when it is light (see the module docs).
 pub fn read(data: &str) -> Option<Chunk> {
+    read_shifted(data, 0)
+}
+
+/// The key of a chunk's `choices`, as compact JSON writes it.
+const CHOICES_KEY: &str = "\"choices\":";
+
+/// Times a stream's reading looks for the prefix its chunks share
+/// ([`StreamMemo`]) before it gives up on that stream.
+const PREFIX_SEARCHES: u8 = 4;
+
+/// [`read`], for the next chunk of a stream. A provider begins every chunk
+/// of one answer with the same members (`{"id":…,"object":…,"created":…,
+/// "model":…,…,` before `"choices"`), which the reading skips: `memo` keeps
+/// those bytes once a chunk that was read in place had them
+/// ([`skipped_prefix`]), and a chunk that begins with exactly them, then
+/// `"choices":`, is read as `{` and what follows them.
+///
+/// That is the same reading. The prefix's bytes were parsed as JSON when
+/// they were learnt, so the same bytes are valid again; they are `{` and
+/// whole members, each followed by a comma, at the chunk's top level, none
+/// of them a member the reading looks at (`choices`, `usage`, `error`), so
+/// they leave the reading as it was; after them the parser expects a key,
+/// as it does after `{`, and the key that comes is `choices` in both. The
+/// text's place is mapped back into `data`.
+pub fn read_in_stream(data: &str, memo: &mut StreamMemo) -> Option<Chunk> {
+    let prefix = memo.skipped_prefix.as_str();
+    if let Some(rest) = data
+        .strip_prefix(prefix)
+        .filter(|rest| !prefix.is_empty() && rest.starts_with(CHOICES_KEY))
+    {
+        let shift = prefix.len() - 1;
+        memo.scratch.clear();
+        memo.scratch.push('{');
+        memo.scratch.push_str(rest);
+        return read_shifted(&memo.scratch, shift);
+    }
+    let chunk = read(data)?;
+    if memo.prefix_searches < PREFIX_SEARCHES {
+        memo.prefix_searches += 1;
+        memo.skipped_prefix.clear();
+        if let Some(end) = skipped_prefix(data) {
+            memo.skipped_prefix.push_str(&data[..end]);
+        }
+    }
+    Some(chunk)
+}
+
+/// Where the top-level `choices` member of `chunk` (valid JSON) begins,
+/// when everything before it is `{` and whole members that the reading
+/// skips, each followed by a comma, with nothing between the first `{` and
+/// the first member nor between the last comma and `"choices"`: a prefix
+/// [`read_in_stream`] may leave out. A member name with an escape is not
+/// looked into: there is no prefix then.
+fn skipped_prefix(chunk: &str) -> Option<usize> {
+    let end = chunk.find(CHOICES_KEY)?;
+    let head = &chunk.as_bytes()[..end];
+    if head.first() != Some(&b'{') || head.last() != Some(&b',') {
+        return None;
+    }
+    // Depth below the chunk's own object, and whether a top-level member
+    // name comes next.
+    let (mut depth, mut name_next, mut at) = (0usize, true, 1);
+    while at < head.len() {
+        match head[at] {
+            b'"' => {
+                let start = at + 1;
+                let mut close = start;
+                loop {
+                    match head.get(close)? {
+                        b'\\' => close += 2,
+                        b'"' => break,
+                        _ => close += 1,
+                    }
+                }
+                if depth == 0 && name_next {
+                    let name = &head[start..close];
+                    if name.contains(&b'\\') || matches!(name, b"choices" | b"usage" | b"error") {
+                        return None;
+                    }
+                    name_next = false;
+                }
+                at = close + 1;
+            }
+            b'{' | b'[' => {
+                depth += 1;
+                at += 1;
+            }
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                at += 1;
+            }
+            b',' if depth == 0 => {
+                name_next = true;
+                at += 1;
+            }
+            _ => at += 1,
+        }
+    }
+    (depth == 0 && name_next).then_some(end)
+}
+
+/// The chunk in `json`, when it is light, its text's place counted
+/// `shift` bytes further on: `json` is the event's data with that many
+/// bytes after its `{` left out ([`read_in_stream`]).
+fn read_shifted(json: &str, shift: usize) -> Option<Chunk> {
     let mut choices = LightChoices::default();
-    let mut parser = serde_json::Deserializer::from_str(data);
+    let mut parser = serde_json::Deserializer::from_str(json);
     ChunkSeed(&mut choices).deserialize(&mut parser).ok()?;
     parser.end().ok()?;
-    let text = choices.text.map(|text| text.in_data(data));
+    let text = choices.text.map(|text| match text.in_data(json) {
+        LightText::InData(range) => LightText::InData(range.start + shift..range.end + shift),
+        unescaped => unescaped,
+    });
     Some(Chunk::light(
         choices.views,
         text,
@@ -701,6 +811,134 @@ mod tests {
             })
     }
 
+    /// Asserts that `data`, read after the chunks `before` of its stream,
+    /// reads as it does on its own; returns what the memo kept.
+    fn read_after(before: &[&str], data: &str) -> String {
+        let mut memo = StreamMemo::default();
+        for earlier in before {
+            read_in_stream(earlier, &mut memo);
+        }
+        let kept = memo.skipped_prefix.clone();
+        match read_in_stream(data, &mut memo) {
+            Some(light) => {
+                assert!(read(data).is_some(), "read in place only after: {data}");
+                reads_as_tree(&light, data);
+            }
+            None => assert!(read(data).is_none(), "not read in place after: {data}"),
+        }
+        kept
+    }
+
+    #[test]
+    fn a_stream_s_chunks_are_read_from_after_the_prefix_they_share() {
+        let prefix = r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","service_tier":"default","system_fingerprint":"fp",""#;
+        let first = format!(
+            r#"{prefix}choices":[{{"index":0,"delta":{{"role":"assistant","content":""}},"finish_reason":null}}]}}"#
+        );
+        let kept = read_after(&[], &first);
+        assert_eq!(kept, "");
+        for next in [
+            r#"choices":[{"index":0,"delta":{"content":" Hello \"you\""},"finish_reason":null}],"usage":null,"obfuscation":"ab"}"#,
+            r#"choices":[{"index":0,"delta":{"content":"caf\u00e9"},"finish_reason":null}]}"#,
+            r#"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#,
+            // What is not read in place after it is not read in place.
+            r#"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"f"}}]}}]}"#,
+            r#"choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}"#,
+            r#"choices":[],"choices":[]}"#,
+            r#"choices":[]} {}"#,
+            r#"choices":[}"#,
+            r#"choices":"#,
+        ] {
+            let data = format!("{prefix}{next}");
+            let kept = read_after(&[&first], &data);
+            assert_eq!(kept, &prefix[..prefix.len() - 1], "{data}");
+        }
+        // Another answer's chunk, or one whose prefix differs anywhere, is
+        // read whole.
+        let other = first.replace("chatcmpl-1", "chatcmpl-2");
+        assert_eq!(read_after(&[&first], &other), &prefix[..prefix.len() - 1]);
+        let text = r#"{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":"a"}}]}"#;
+        read_after(&[&first], text);
+    }
+
+    #[test]
+    fn a_prefix_is_kept_only_when_it_holds_whole_members_that_are_skipped() {
+        let choices = r#""choices":[{"index":0,"delta":{"content":"a"}}]}"#;
+        for (head, kept) in [
+            (r#"{"id":"a","#, true),
+            // Strings with escapes, `"choices":` in a string, nesting.
+            (r#"{"x":"a\"b\\","id":"c","#, true),
+            (r#"{"x":"\"choices\":","#, true),
+            (r#"{"x":[{"y":"}"}],"z":null,"#, true),
+            // A member the reading looks at, or one whose name it cannot
+            // tell without unescaping it.
+            (r#"{"usage":null,"#, false),
+            (r#"{"\u0075sage":null,"#, false),
+            (r#"{"\u0069d":"a","#, false),
+            // `"choices":` inside a skipped member comes first.
+            (r#"{"x":{"choices":1},"#, false),
+            // Whitespace before the member, or around its comma.
+            (r#"{"id":"a" ,"#, true),
+            (r#"{"id":"a", "#, false),
+            (r#" {"id":"a","#, false),
+        ] {
+            let data = format!("{head}{choices}");
+            assert!(read(&data).is_some(), "{data}");
+            let mut memo = StreamMemo::default();
+            read_in_stream(&data, &mut memo);
+            let expected = if kept { head } else { "" };
+            assert_eq!(memo.skipped_prefix, expected, "{data}");
+            read_after(&[&data], &data);
+        }
+    }
+
+    #[test]
+    fn a_provider_whose_chunks_never_begin_alike_is_searched_a_few_times() {
+        let mut memo = StreamMemo::default();
+        for n in 0..10 {
+            let data =
+                format!(r#"{{"id":"{n}","choices":[{{"index":0,"delta":{{"content":"a"}}}}]}}"#);
+            assert!(read_in_stream(&data, &mut memo).is_some());
+        }
+        assert_eq!(memo.prefix_searches, PREFIX_SEARCHES);
+    }
+
+    /// Two chunks of one stream: the members the reading skips, written
+    /// alike before `choices` in both, then each chunk's own choices and
+    /// usage; and whether the first one's prefix can be kept.
+    fn chunk_pair() -> impl Strategy<Value = (String, String, bool)> {
+        let rest = || {
+            let choices = prop_oneof![
+                1 => Just(vec![]),
+                6 => chunk_choice().prop_map(|(choice, _)| vec![choice]),
+                1 => proptest::collection::vec(chunk_choice(), 2..3)
+                    .prop_map(|choices| choices.into_iter().map(|(choice, _)| choice).collect()),
+            ];
+            let usage = prop_oneof![
+                3 => Just(None),
+                1 => Just(Some(Node::Null)),
+                1 => usage().prop_map(|usage| usage.map(|(usage, _)| usage)),
+            ];
+            (choices, usage)
+        };
+        (
+            skipped_members().prop_shuffle(),
+            rest(),
+            rest(),
+            any::<(bool, bool)>(),
+        )
+            .prop_map(|(skipped, first, second, (spaced, escaped))| {
+                let render = |(choices, usage): (Vec<Node>, Option<Node>)| {
+                    let mut members = skipped.clone();
+                    members.push(("choices", Node::Array(choices)));
+                    members.extend(usage.map(|usage| ("usage", usage)));
+                    Node::Object(members).render(Style { spaced, escaped })
+                };
+                let keeps = !skipped.is_empty() && !spaced && !escaped;
+                (render(first), render(second), keeps)
+            })
+    }
+
     proptest! {
         /// Whatever the provider writes, a chunk read in place reads as its
         /// tree reads it, and every chunk of the shapes the reading takes
@@ -711,6 +949,19 @@ mod tests {
                 Some(light) => reads_as_tree(&light, &data),
                 None => prop_assert!(!takes, "not read in place: {data}"),
             }
+        }
+
+        /// A chunk read after another of its stream, from after the prefix
+        /// they share, reads as it does alone, and as its tree reads it.
+        #[test]
+        fn a_chunk_read_after_the_prefix_it_shares_reads_as_it_does_alone(
+            (first, second, keeps) in chunk_pair()
+        ) {
+            let kept = read_after(&[&first], &second);
+            if keeps && read(&first).is_some() {
+                prop_assert!(!kept.is_empty(), "no prefix kept of {}", first);
+            }
+            read_after(&[&second], &second);
         }
     }
 }

@@ -44,7 +44,7 @@ pub use self::stream::{ChatStream, ChunkEditor};
 use crate::error::{ApiError, ErrorCode};
 use crate::wire::edit::Delivery;
 use crate::wire::format::{
-    AnswerView, Chunk, ClientRequest, EventView, LightAnswer, LocalStream, WireFormat,
+    AnswerView, Chunk, ClientRequest, EventView, LightAnswer, LocalStream, StreamMemo, WireFormat,
 };
 use crate::wire::location::Key;
 
@@ -130,10 +130,14 @@ impl WireFormat for Chat {
     }
 
     fn read_event(event: &SseEvent) -> EventView {
+        Self::read_stream_event(event, &mut StreamMemo::default())
+    }
+
+    fn read_stream_event(event: &SseEvent, memo: &mut StreamMemo) -> EventView {
         if event.is_done() {
             return EventView::Done;
         }
-        if let Some(chunk) = light::read(&event.data) {
+        if let Some(chunk) = light::read_in_stream(&event.data, memo) {
             return EventView::Chunk(chunk);
         }
         let Ok(chunk) = serde_json::from_str::<Value>(&event.data) else {
