@@ -26,7 +26,10 @@
 //!    chunk, Messages' text and thinking deltas, the Responses API's
 //!    deltas): its text is read in place from the event's data
 //!    ([`Chunk::with_data`](format::Chunk::with_data), a [`TextSource`]),
-//!    and the tree is built only if an edit needs it. Likewise a whole
+//!    and the tree is built only if an edit needs it. A stream's reader
+//!    keeps a [`StreamMemo`] across its events
+//!    ([`WireFormat::read_stream_event`]): Chat reads a chunk from after
+//!    the prefix the stream's chunks share. Likewise a whole
 //!    answer of a shape it knows ([`WireFormat::read_answer_light`], Chat's
 //!    common answer): its text fields' string literals are located in the
 //!    provider's bytes ([`LightAnswer`]) and no tree is built at all.
