@@ -130,39 +130,11 @@ impl WireFormat for Chat {
     }
 
     fn read_event(event: &SseEvent) -> EventView {
-        Self::read_stream_event(event, &mut StreamMemo::default())
+        read_chunk(event, None)
     }
 
     fn read_stream_event(event: &SseEvent, memo: &mut StreamMemo) -> EventView {
-        if event.is_done() {
-            return EventView::Done;
-        }
-        if let Some(chunk) = light::read_in_stream(&event.data, memo) {
-            return EventView::Chunk(chunk);
-        }
-        let Ok(chunk) = serde_json::from_str::<Value>(&event.data) else {
-            return EventView::Malformed;
-        };
-        if let Some(error) = chunk.get("error") {
-            let message = error
-                .get("message")
-                .and_then(Value::as_str)
-                .unwrap_or("no message");
-            return EventView::Error(message.to_owned());
-        }
-        let choices = chunk
-            .get("choices")
-            .and_then(Value::as_array)
-            .map(|choices| {
-                choices
-                    .iter()
-                    .enumerate()
-                    .map(|(position, choice)| read_choice(choice, position, Key::Delta))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let usage = usage_of(&chunk);
-        EventView::Chunk(Chunk::parsed(chunk, choices, usage))
+        read_chunk(event, Some(memo))
     }
 
     fn is_end_marker(event: &SseEvent) -> bool {
@@ -248,6 +220,44 @@ pub fn error_json(error: &ApiError) -> Value {
         body["error"]["failed_checks"] = json!(error.failed_checks);
     }
     body
+}
+
+/// One event of a Chat stream: read in place when it is light (after the
+/// prefix the stream's chunks share, with a `memo`), else from its tree.
+fn read_chunk(event: &SseEvent, memo: Option<&mut StreamMemo>) -> EventView {
+    if event.is_done() {
+        return EventView::Done;
+    }
+    let light = match memo {
+        Some(memo) => light::read_in_stream(&event.data, memo),
+        None => light::read(&event.data),
+    };
+    if let Some(chunk) = light {
+        return EventView::Chunk(chunk);
+    }
+    let Ok(chunk) = serde_json::from_str::<Value>(&event.data) else {
+        return EventView::Malformed;
+    };
+    if let Some(error) = chunk.get("error") {
+        let message = error
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("no message");
+        return EventView::Error(message.to_owned());
+    }
+    let choices = chunk
+        .get("choices")
+        .and_then(Value::as_array)
+        .map(|choices| {
+            choices
+                .iter()
+                .enumerate()
+                .map(|(position, choice)| read_choice(choice, position, Key::Delta))
+                .collect()
+        })
+        .unwrap_or_default();
+    let usage = usage_of(&chunk);
+    EventView::Chunk(Chunk::parsed(chunk, choices, usage))
 }
 
 #[cfg(test)]

@@ -338,7 +338,7 @@ mod tests {
     use crate::wire::chat::Chat;
     use crate::wire::chat::answer::read_choice;
     use crate::wire::edit::{TokenCounter, UsageOptions};
-    use crate::wire::format::{EventView, WireFormat};
+    use crate::wire::format::{EventView, StreamMemo, WireFormat};
     use crate::wire::location::Key;
 
     /// A streamed request of `max_tokens` with canaries placed, and the
@@ -539,9 +539,11 @@ mod tests {
     /// as `paths::verified::stream` does it (less hyper and the client's
     /// write), allocates once, no more bytes than it forwards: the event's
     /// data, as the SSE parser hands it out. The light reading borrows the
-    /// text from it, the choice, its text field and its span are kept
-    /// inline, and the verifier scans the text in buffers it keeps. The output buffer is the client's write and is
-    /// not counted (it is reused here).
+    /// text from it (or, after the prefix the stream's chunks share, from
+    /// the memo's buffer, which it reuses), the choice, its text field and
+    /// its span are kept inline, and the verifier scans the text in buffers
+    /// it keeps. The output buffer is the client's write and is not counted
+    /// (it is reused here).
     #[test]
     fn a_relayed_chunk_allocates_within_its_budget() {
         const BUDGET: u64 = 1;
@@ -568,13 +570,14 @@ mod tests {
             .collect();
         let mut parser = SseParser::new();
         let mut events = Vec::new();
+        let mut memo = StreamMemo::default();
         let mut tally = crate::allocations::Tally::default();
         let mut out = Vec::new();
         for (read, bytes) in reads.iter().enumerate() {
             let before = crate::allocations::on_this_thread();
             parser.feed(bytes, &mut events);
             for event in events.drain(..) {
-                let EventView::Chunk(chunk) = Chat::read_event(&event) else {
+                let EventView::Chunk(chunk) = Chat::read_stream_event(&event, &mut memo) else {
                     panic!("not a chunk: {event:?}");
                 };
                 assert!(chunk.is_light());
