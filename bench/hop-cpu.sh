@@ -11,7 +11,8 @@
 # goes"): the script prints each part, the sum, the throughput ratio the
 # sums predict against the one measured, and the ratio canarygate would get
 # if its own CPU per request were nginx's (what the provider's extra work
-# for canarygate's requests, the echo's tokens, leaves). canarygate serves
+# for canarygate's requests leaves: the output tokens a request gets for its
+# echo, which answers that run to their limit use up). canarygate serves
 # the `default` preset (echo-first, durable audit).
 #
 # Needs perf (Debian: linux-perf), nginx, and the load generator (built here).
@@ -26,7 +27,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 # shellcheck source=bench/common.sh
 . bench/common.sh
-[ $# -eq 0 ] || { sed -n '2,15p' "$0" >&2; exit 2; }
+[ $# -eq 0 ] || { sed -n '2,16p' "$0" >&2; exit 2; }
 command -v perf >/dev/null || { echo "perf is missing (Debian: apt-get install linux-perf)" >&2; exit 1; }
 install_missing nginx nginx
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
