@@ -152,7 +152,10 @@ cmd_build() {
         use_toolkit
         nvcc --version | tail -n 2 >&2
         # Its own target dir: the `cuda` feature changes candle, so nothing is shared anyway.
+        # Without the release profile's whole-program optimisation: it is for the proxy's
+        # hot path, and would cost the GPU machine minutes of build.
         CARGO_PROFILE_RELEASE_DEBUG=false CARGO_PROFILE_RELEASE_STRIP=symbols \
+            CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
             cargo build --release --target-dir target/gpu-kit-cuda \
             -p canarygate-gpu-kit --features cuda --bin "$bin_name"
         binary="target/gpu-kit-cuda/release/$bin_name"
