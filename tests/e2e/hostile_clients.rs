@@ -72,6 +72,44 @@ async fn slow_uploader(url: &str) -> TcpStream {
     stream
 }
 
+/// A [`slow_uploader`] whose request is known to be in flight: its head
+/// asks `Expect: 100-continue`, and its 18 body bytes go only after the
+/// server's `100 Continue`, which it sends once the handler reads the body.
+/// (A fixed wait for the server to read the head is not enough on a loaded
+/// machine: a connection whose head was not read yet is idle, and may be
+/// evicted.)
+async fn uploader_in_flight(url: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(address(url)).await.expect("connect");
+    let head = chat_head(400).replace("\r\n\r\n", "\r\nExpect: 100-continue\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.expect("write head");
+    let mut interim = Vec::new();
+    let mut byte = [0u8; 1];
+    tokio::time::timeout(PROMPTLY, async {
+        while !interim.ends_with(b"\r\n\r\n") {
+            let read = stream.read(&mut byte).await.expect("read 100 Continue");
+            assert_eq!(
+                read,
+                1,
+                "closed before 100 Continue: {:?}",
+                String::from_utf8_lossy(&interim)
+            );
+            interim.push(byte[0]);
+        }
+    })
+    .await
+    .expect("100 Continue in time");
+    assert!(
+        interim.starts_with(b"HTTP/1.1 100"),
+        "not 100 Continue: {:?}",
+        String::from_utf8_lossy(&interim)
+    );
+    stream
+        .write_all(b"{\"model\": \"sim-mo")
+        .await
+        .expect("write body");
+    stream
+}
+
 /// One HTTP/1.1 response read off a raw socket.
 #[derive(Debug)]
 struct RawResponse {
@@ -226,12 +264,11 @@ async fn slow_uploaders_cannot_pin_the_concurrency_slots() {
         "[limits]\nmax_concurrent_requests = 2\n\
              client_body_timeout_ms = 120000\nclient_body_idle_timeout_ms = 120000\n",
     );
+    // Each is in flight, its body awaited, before the normal requests.
     let mut uploaders = Vec::new();
     for _ in 0..4 {
-        uploaders.push(slow_uploader(&proxy.url).await);
+        uploaders.push(uploader_in_flight(&proxy.url).await);
     }
-    // Let the server read their heads and start waiting for their bodies.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     for round in 0..3 {
         let took = normal_request(&proxy.url).await;
         eprintln!("normal request {round} with 4 slow uploaders: {took:?}");
@@ -471,9 +508,8 @@ async fn connections_beyond_max_connections_neither_starve_nor_evict_requests() 
     // connection waits, and is served once one of them ends with its 408.
     let mut uploaders = Vec::new();
     for _ in 0..8 {
-        uploaders.push(slow_uploader(&url).await);
+        uploaders.push(uploader_in_flight(&url).await);
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let took = normal_request(&url).await;
     eprintln!("normal request queued behind 8 stalled uploads: {took:?}");
     for (index, uploader) in uploaders.iter_mut().enumerate() {
