@@ -164,9 +164,9 @@ struct Light {
 /// ([`WireFormat::read_stream_event`]); each stream's reader keeps one.
 #[derive(Debug, Default)]
 pub struct StreamMemo {
-    /// The bytes the stream's last event read in place began with, up to
-    /// the first member that is read, when they hold only members the
-    /// reading skips (Chat: `{"id":…,"object":…,"model":…,` before
+    /// The bytes an earlier event of the stream, read in place, began
+    /// with, up to the first member that is read, when they hold only
+    /// members the reading skips (Chat: `{"id":…,"object":…,"model":…,` before
     /// `"choices"`): a later event that begins with the same bytes is read
     /// from where they end.
     pub(crate) skipped_prefix: String,
