@@ -44,7 +44,8 @@ pub use self::stream::{ChatStream, ChunkEditor};
 use crate::error::{ApiError, ErrorCode};
 use crate::wire::edit::Delivery;
 use crate::wire::format::{
-    AnswerView, Chunk, ClientRequest, EventView, LightAnswer, LocalStream, StreamMemo, WireFormat,
+    AnswerView, Choices, Chunk, ClientRequest, EventView, LightAnswer, LocalStream, StreamMemo,
+    WireFormat,
 };
 use crate::wire::location::Key;
 
@@ -235,7 +236,26 @@ fn read_chunk(event: &SseEvent, memo: Option<&mut StreamMemo>) -> EventView {
     if let Some(chunk) = light {
         return EventView::Chunk(chunk);
     }
-    let Ok(chunk) = serde_json::from_str::<Value>(&event.data) else {
+    read_chunk_tree(&event.data, |chunk| {
+        chunk
+            .get("choices")
+            .and_then(Value::as_array)
+            .map(|choices| {
+                choices
+                    .iter()
+                    .enumerate()
+                    .map(|(position, choice)| read_choice(choice, position, Key::Delta))
+                    .collect()
+            })
+            .unwrap_or_default()
+    })
+}
+
+/// A chunk of an OpenAI-shaped stream (Chat Completions, legacy
+/// completions) read from its tree: an `{"error": …}` event, or a chunk
+/// whose choices `choices_of` reads, with its usage.
+pub fn read_chunk_tree(data: &str, choices_of: impl FnOnce(&Value) -> Choices) -> EventView {
+    let Ok(chunk) = serde_json::from_str::<Value>(data) else {
         return EventView::Malformed;
     };
     if let Some(error) = chunk.get("error") {
@@ -245,17 +265,7 @@ fn read_chunk(event: &SseEvent, memo: Option<&mut StreamMemo>) -> EventView {
             .unwrap_or("no message");
         return EventView::Error(message.to_owned());
     }
-    let choices = chunk
-        .get("choices")
-        .and_then(Value::as_array)
-        .map(|choices| {
-            choices
-                .iter()
-                .enumerate()
-                .map(|(position, choice)| read_choice(choice, position, Key::Delta))
-                .collect()
-        })
-        .unwrap_or_default();
+    let choices = choices_of(&chunk);
     let usage = usage_of(&chunk);
     EventView::Chunk(Chunk::parsed(chunk, choices, usage))
 }

@@ -6,10 +6,8 @@ use canarygate_policies::sse::SseEvent;
 use canarygate_policies::verify::Part;
 use serde_json::Value;
 
-use crate::wire::chat::{index_of, residual_members, usage_of};
-use crate::wire::format::{
-    AnswerView, ChoiceView, Choices, Chunk, EventView, TextField, TextFields,
-};
+use crate::wire::chat::{index_of, read_chunk_tree, residual_members, usage_of};
+use crate::wire::format::{AnswerView, ChoiceView, Choices, EventView, TextField, TextFields};
 use crate::wire::location::{Key, Location};
 
 /// Members of a choice read on their own: the text, and what is not model
@@ -71,18 +69,7 @@ pub fn read_event(event: &SseEvent) -> EventView {
     if event.is_done() {
         return EventView::Done;
     }
-    let Ok(chunk) = serde_json::from_str::<Value>(&event.data) else {
-        return EventView::Malformed;
-    };
-    if let Some(error) = chunk.get("error") {
-        let message = error
-            .get("message")
-            .and_then(Value::as_str)
-            .unwrap_or("no message");
-        return EventView::Error(message.to_owned());
-    }
-    let (choices, usage) = (choices_of(&chunk), usage_of(&chunk));
-    EventView::Chunk(Chunk::parsed(chunk, choices, usage))
+    read_chunk_tree(&event.data, choices_of)
 }
 
 #[cfg(test)]
