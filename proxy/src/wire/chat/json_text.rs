@@ -199,33 +199,25 @@ pub fn count() -> impl Strategy<Value = (Node, bool)> {
 /// servers, null, or absent (`None`). The flag: whether every count is one
 /// an in-place reader takes.
 pub fn usage() -> impl Strategy<Value = Option<(Node, bool)>> {
+    /// The three counts' names, as OpenAI, DeepSeek and Anthropic-style
+    /// servers write them.
+    const SHAPES: [[&str; 3]; 3] = [
+        ["prompt_tokens", "completion_tokens", "total_tokens"],
+        [
+            "prompt_tokens",
+            "completion_tokens",
+            "prompt_cache_hit_tokens",
+        ],
+        ["input_tokens", "output_tokens", "cache_read_input_tokens"],
+    ];
     let counts = (count(), count(), count(), 0..4usize).prop_map(|(a, b, c, shape)| {
-        let (mut members, takes) = match shape {
-            0 => (
-                vec![
-                    ("prompt_tokens", a.0),
-                    ("completion_tokens", b.0),
-                    ("total_tokens", c.0),
-                ],
+        let (mut members, takes): (Vec<(&'static str, Node)>, bool) = match SHAPES.get(shape) {
+            Some(names) => (
+                names.iter().copied().zip([a.0, b.0, c.0]).collect(),
                 a.1 && b.1 && c.1,
             ),
-            1 => (
-                vec![
-                    ("prompt_tokens", a.0),
-                    ("completion_tokens", b.0),
-                    ("prompt_cache_hit_tokens", c.0),
-                ],
-                a.1 && b.1 && c.1,
-            ),
-            2 => (
-                vec![
-                    ("input_tokens", a.0),
-                    ("output_tokens", b.0),
-                    ("cache_read_input_tokens", c.0),
-                ],
-                a.1 && b.1 && c.1,
-            ),
-            _ => (vec![("completion_tokens", b.0)], b.1),
+            // Only the completion's count.
+            None => (vec![("completion_tokens", b.0)], b.1),
         };
         members.push((
             "prompt_tokens_details",
