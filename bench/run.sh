@@ -162,9 +162,9 @@ if wants litellm; then
 # One model, the simulated provider as an OpenAI-compatible upstream. No
 # database, no callbacks, no telemetry, no message logging.
 model_list:
-  - model_name: bench-model
+  - model_name: gpt-4o-mini
     litellm_params:
-      model: openai/bench-model
+      model: openai/gpt-4o-mini
       api_base: $sim_url/v1
       api_key: sk-bench-upstream
 litellm_settings:

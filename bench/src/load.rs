@@ -61,6 +61,12 @@ pub fn prompt_text(words: usize, word_tokens: usize, bytes: usize) -> String {
     text
 }
 
+/// The `model` the bench asks for unless told otherwise: an OpenAI model's
+/// name, as most traffic through canarygate names one. The simulated
+/// provider serves any name the same way; canarygate sizes the output
+/// tokens it adds for the echo by the name's tokenizer family.
+pub const DEFAULT_MODEL: &str = "gpt-4o-mini";
+
 /// The request body: one user message `prompt` (see [`prompt_text`]).
 pub fn chat_body(model: &str, stream: bool, max_tokens: u64, prompt: &str) -> Bytes {
     let mut body = serde_json::json!({

@@ -164,7 +164,7 @@ struct Args {
     no_latency: bool,
 
     /// `model` of every request.
-    #[arg(long, default_value = "bench-model")]
+    #[arg(long, env = "CANARYGATE_BENCH_MODEL", default_value = load::DEFAULT_MODEL)]
     model: String,
 
     /// Bearer token sent to every target.

@@ -18,6 +18,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use canarygate_policies::EchoCost;
 use canarygate_policies::inject::RequestCanaries;
 use canarygate_policies::verify::Facts;
 use canarygate_policies::{
@@ -87,7 +88,13 @@ fn scan(text: &str, registry: &MemoryRegistry, config: &VerifyConfig) -> usize {
         head: canary(1),
         tail: canary(2),
     };
-    let injection = inject(&mut request, EchoMode::Off, canaries).unwrap_or_else(|e| panic!("{e}"));
+    let injection = inject(
+        &mut request,
+        EchoMode::Off,
+        EchoCost::DIGIT_BY_DIGIT,
+        canaries,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     let mut verifier = Verifier::new(&injection, config, "bench", None);
     let mut released = 0;
     let mut start = 0;

@@ -9,6 +9,7 @@
 //!
 //! `cargo run -q -p canarygate-policies --example token_cost_cases`
 
+use canarygate_policies::EchoCost;
 use canarygate_policies::inject::{RequestCanaries, inject, obedient_echo};
 use canarygate_policies::{Canary, EchoMode};
 use serde_json::{Value, json};
@@ -119,8 +120,13 @@ fn main() {
                     head: Canary::from_random(random_bytes(2 * seed)),
                     tail: Canary::from_random(random_bytes(2 * seed + 1)),
                 };
-                inject(&mut request, EchoMode::HeadTail, canaries)
-                    .unwrap_or_else(|error| panic!("{error}"));
+                inject(
+                    &mut request,
+                    EchoMode::HeadTail,
+                    EchoCost::DIGIT_BY_DIGIT,
+                    canaries,
+                )
+                .unwrap_or_else(|error| panic!("{error}"));
                 let after_echo = obedient_echo(&request).unwrap_or_default();
                 let answer = ANSWERS[(index + draw as usize) % ANSWERS.len()];
                 println!(

@@ -8,7 +8,7 @@
 
 use serde::Serialize;
 
-use crate::inject::ECHO_TOKEN_ALLOWANCE;
+use crate::echo_cost::EchoCost;
 
 /// Upper bound on the prompt tokens [`crate::inject::inject`] adds to a
 /// request (instructions and two canaries), by our count. A unit test holds
@@ -74,12 +74,13 @@ pub struct ContextDemand {
 
 impl ContextDemand {
     /// The demand of a request of `prompt_tokens` (the client's messages,
-    /// our count) and `max_tokens`, when `verified` adds canaries and an echo.
-    pub fn new(prompt_tokens: u64, max_tokens: Option<u64>, verified: bool) -> Self {
-        let (injected, allowance) = if verified {
-            (INJECTION_TOKENS_MAX, ECHO_TOKEN_ALLOWANCE)
-        } else {
-            (0, 0)
+    /// our count) and `max_tokens`; `verified` is the cost of an echo to the
+    /// provider when the request gets canaries and an echo (both canaries
+    /// echoed, the most an echo asks), `None` when it is not verified.
+    pub fn new(prompt_tokens: u64, max_tokens: Option<u64>, verified: Option<EchoCost>) -> Self {
+        let (injected, allowance) = match verified {
+            Some(cost) => (INJECTION_TOKENS_MAX, cost.allowance(2)),
+            None => (0, 0),
         };
         Self {
             prompt_tokens: prompt_tokens.saturating_add(injected),
@@ -130,16 +131,22 @@ mod tests {
     #[test]
     fn demand_counts_injection_and_echo_allowance() {
         let limit = trusted_limit(1000, None, None);
-        let plain = ContextDemand::new(900, Some(100), false);
+        let plain = ContextDemand::new(900, Some(100), None);
         assert_eq!(plain.total(), 1000);
         assert!(plain.fits(limit));
-        let verified = ContextDemand::new(900, Some(100), true);
+        let cost = EchoCost::DIGIT_BY_DIGIT;
+        let verified = ContextDemand::new(900, Some(100), Some(cost));
         assert_eq!(
             verified.total(),
-            900 + INJECTION_TOKENS_MAX + 100 + ECHO_TOKEN_ALLOWANCE
+            900 + INJECTION_TOKENS_MAX + 100 + cost.allowance(2)
         );
         assert!(!verified.fits(limit));
-        assert_eq!(ContextDemand::new(10, None, true).completion_tokens, 0);
+        let cheaper = ContextDemand::new(900, Some(100), Some(EchoCost::DIGITS_IN_THREES));
+        assert!(cheaper.total() < verified.total());
+        assert_eq!(
+            ContextDemand::new(10, None, Some(cost)).completion_tokens,
+            0
+        );
     }
 
     #[test]
@@ -155,7 +162,13 @@ mod tests {
                 head: Canary::from_random([7; 10]),
                 tail: Canary::from_random([9; 10]),
             };
-            inject(&mut body, EchoMode::HeadTail, canaries).unwrap();
+            inject(
+                &mut body,
+                EchoMode::HeadTail,
+                EchoCost::DIGIT_BY_DIGIT,
+                canaries,
+            )
+            .unwrap();
             let after = count_chat_messages(body["messages"].as_array().unwrap());
             assert!(
                 after - before <= INJECTION_TOKENS_MAX,

@@ -30,6 +30,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::canary::{CANONICAL_LEN, Canary, CanaryKey, find_canaries};
+use crate::echo_cost::EchoCost;
 use crate::registry::{MemoryRegistry, Registration};
 use crate::tokens::{
     TOKENS_PER_MESSAGE, TOKENS_REPLY_PRIMING, content_text, count_chat_messages, count_text,
@@ -42,10 +43,6 @@ pub const ECHO_PHRASE: &str = "Begin your reply with \"";
 
 /// What separates a block of ours from the client's text in the same string.
 pub const BLOCK_SEPARATOR: &str = "\n\n";
-
-/// Output tokens added to a client's `max_tokens` when an echo is asked, so
-/// the echo does not eat the client's budget.
-pub const ECHO_TOKEN_ALLOWANCE: u64 = 32;
 
 /// Most choices (`n`) a verified request may ask for.
 pub const MAX_CHOICES: u64 = 128;
@@ -110,6 +107,9 @@ pub struct Injection {
     pub choices: u32,
     /// The client's own `max_tokens` / `max_completion_tokens`, if any.
     pub client_max_tokens: Option<u64>,
+    /// Output tokens added to the client's limit for the echo
+    /// ([`EchoCost::allowance`]); 0 when the limit was not raised.
+    pub echo_allowance: u64,
     /// The client asked for the usage chunk of a stream itself; when false the
     /// proxy added `stream_options.include_usage` and should not forward it.
     pub client_wants_usage: bool,
@@ -159,11 +159,13 @@ pub enum InjectError {
     BadMessage(usize),
 }
 
-/// Places `canaries` into `request` (a chat completion body) per `echo`. On
-/// error the request is left as it was.
+/// Places `canaries` into `request` (a chat completion body) per `echo`,
+/// raising the client's limit by what the echo costs (`cost`). On error the
+/// request is left as it was.
 pub fn inject(
     request: &mut Value,
     echo: EchoMode,
+    cost: EchoCost,
     canaries: RequestCanaries,
 ) -> Result<Injection, InjectError> {
     let body = request.as_object_mut().ok_or(InjectError::NotAnObject)?;
@@ -211,13 +213,14 @@ pub fn inject(
         options["include_usage"] = Value::Bool(true);
     }
     let mut client_max_tokens = None;
+    let allowance = cost.allowance(expected.len());
     for field in ["max_tokens", "max_completion_tokens"] {
         if let Some(limit) = body.get_mut(field)
             && let Some(value) = limit.as_u64()
         {
             client_max_tokens = Some(value);
-            if !expected.is_empty() {
-                *limit = Value::from(value.saturating_add(ECHO_TOKEN_ALLOWANCE));
+            if allowance > 0 {
+                *limit = Value::from(value.saturating_add(allowance));
             }
         }
     }
@@ -238,6 +241,11 @@ pub fn inject(
         stream,
         choices: choices as u32,
         client_max_tokens,
+        echo_allowance: if client_max_tokens.is_some() {
+            allowance
+        } else {
+            0
+        },
         client_wants_usage,
         prompt_tokens_estimate: estimate.total,
         prompt_tokens_added: estimate.added,
@@ -557,6 +565,9 @@ fn last_quoted_after<'a>(text: &'a str, phrase: &str) -> Option<&'a str> {
 mod tests {
     use super::*;
 
+    /// What an echo is costed at in these tests: a token per digit.
+    const COST: EchoCost = EchoCost::DIGIT_BY_DIGIT;
+
     fn canaries() -> RequestCanaries {
         RequestCanaries {
             head: Canary::from_random([1; 10]),
@@ -585,7 +596,7 @@ mod tests {
     fn head_joins_the_system_message_and_tail_ends_the_last_user_message() {
         let original = request();
         let mut body = original.clone();
-        let injection = inject(&mut body, EchoMode::HeadTail, canaries()).unwrap();
+        let injection = inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
         let messages = body["messages"].as_array().unwrap();
         assert_eq!(messages.len(), 4, "no message added");
         let (head, tail) = (canaries().head.to_string(), canaries().tail.to_string());
@@ -600,11 +611,47 @@ mod tests {
         assert_eq!(injection.echo, [canaries().head, canaries().tail]);
         assert_eq!(injection.passive, None);
         assert_eq!(injection.client_max_tokens, Some(100));
-        assert_eq!(body["max_tokens"], 100 + ECHO_TOKEN_ALLOWANCE);
+        let allowance = COST.allowance(2);
+        assert_eq!(injection.echo_allowance, allowance);
+        assert_eq!(body["max_tokens"], 100 + allowance);
         assert_eq!(obedient_echo(&body).unwrap(), format!("{head} {tail}"));
         assert_eq!(client_text(&system), "Be brief.");
         assert_eq!(client_text(&last), "Tell me a joke");
         assert_eq!(client_text("no block here"), "no block here");
+    }
+
+    #[test]
+    fn the_limit_grows_by_what_the_echo_costs_and_only_when_one_is_asked() {
+        let cases = [
+            (EchoMode::HeadTail, EchoCost::DIGITS_IN_THREES, 2),
+            (EchoMode::HeadTail, COST, 2),
+            (EchoMode::Head, EchoCost::DIGITS_IN_THREES, 1),
+            (EchoMode::Off, COST, 0),
+        ];
+        for (echo, cost, echoed) in cases {
+            for field in ["max_tokens", "max_completion_tokens"] {
+                let mut body = request();
+                body.as_object_mut().unwrap().remove("max_tokens");
+                body[field] = json!(100);
+                let injection = inject(&mut body, echo, cost, canaries()).unwrap();
+                assert_eq!(injection.echo.len(), echoed);
+                assert_eq!(injection.echo_allowance, cost.allowance(echoed));
+                assert_eq!(
+                    body[field],
+                    100 + cost.allowance(echoed),
+                    "{echo:?} {field}"
+                );
+                assert_eq!(injection.client_max_tokens, Some(100));
+            }
+        }
+        let mut body = request();
+        body.as_object_mut().unwrap().remove("max_tokens");
+        let injection = inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
+        assert_eq!(
+            injection.echo_allowance, 0,
+            "no limit of the client's, none raised"
+        );
+        assert!(body.get("max_tokens").is_none());
     }
 
     /// A message's content as clients send it: text (ASCII, other scripts,
@@ -654,7 +701,7 @@ mod tests {
             if json_mode {
                 body["response_format"] = json!({"type": "json_object"});
             }
-            let injection = inject(&mut body, echo, canaries()).unwrap();
+            let injection = inject(&mut body, echo, COST, canaries()).unwrap();
             let after = count_chat_messages(body["messages"].as_array().unwrap());
             proptest::prop_assert_eq!(injection.prompt_tokens_estimate, after);
             proptest::prop_assert_eq!(injection.prompt_tokens_added, after - before);
@@ -673,8 +720,8 @@ mod tests {
         let fresh = || RequestCanaries::mint();
         let mut first = request("What is rule 1?", &long_system);
         let mut second = request("And rule two, in detail, please?", &long_system);
-        let a = inject(&mut first, EchoMode::HeadTail, fresh()).unwrap();
-        let b = inject(&mut second, EchoMode::HeadTail, fresh()).unwrap();
+        let a = inject(&mut first, EchoMode::HeadTail, COST, fresh()).unwrap();
+        let b = inject(&mut second, EchoMode::HeadTail, COST, fresh()).unwrap();
         let before_head = format!("{long_system}{BLOCK_SEPARATOR}{ECHO_PHRASE}");
         let expected = TOKENS_PER_MESSAGE + count_text("system") + count_text(&before_head);
         assert_eq!(a.cacheable_prompt_tokens, expected);
@@ -688,14 +735,14 @@ mod tests {
         // passive markers start with the canary.
         let mut body = request("Hi", "");
         body["messages"].as_array_mut().unwrap().remove(0);
-        let injection = inject(&mut body, EchoMode::HeadTail, fresh()).unwrap();
+        let injection = inject(&mut body, EchoMode::HeadTail, COST, fresh()).unwrap();
         assert_eq!(
             injection.cacheable_prompt_tokens,
             TOKENS_PER_MESSAGE + count_text("system") + count_text(ECHO_PHRASE)
         );
         let mut body = request("Hi", "Be brief.");
         body["response_format"] = json!({"type": "json_object"});
-        let injection = inject(&mut body, EchoMode::HeadTail, fresh()).unwrap();
+        let injection = inject(&mut body, EchoMode::HeadTail, COST, fresh()).unwrap();
         assert_eq!(
             injection.cacheable_prompt_tokens,
             TOKENS_PER_MESSAGE
@@ -707,7 +754,7 @@ mod tests {
     #[test]
     fn a_system_message_is_added_first_only_when_there_is_none() {
         let mut body = json!({"messages": [{"role": "user", "content": "Hi"}]});
-        inject(&mut body, EchoMode::HeadTail, canaries()).unwrap();
+        inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
         let messages = body["messages"].as_array().unwrap();
         assert_eq!(messages.len(), 2);
         assert_eq!(messages[0]["role"], "system");
@@ -719,7 +766,7 @@ mod tests {
             {"role": "developer", "content": "Be terse."},
             {"role": "user", "content": "Hi"}
         ]});
-        inject(&mut body, EchoMode::HeadTail, canaries()).unwrap();
+        inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
         let messages = body["messages"].as_array().unwrap();
         assert_eq!(messages.len(), 2);
         assert_eq!(messages[0]["role"], "developer");
@@ -736,7 +783,7 @@ mod tests {
             ]}
         ]});
         let original = body.clone();
-        inject(&mut body, EchoMode::HeadTail, canaries()).unwrap();
+        inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
         let system = body["messages"][0]["content"].as_array().unwrap();
         assert_eq!(system.len(), 2);
         assert_eq!(system[0], original["messages"][0]["content"][0]);
@@ -760,7 +807,7 @@ mod tests {
     #[test]
     fn without_a_user_message_the_tail_follows_the_head() {
         let mut body = json!({"messages": [{"role": "system", "content": "Say hello."}]});
-        inject(&mut body, EchoMode::HeadTail, canaries()).unwrap();
+        inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
         let messages = body["messages"].as_array().unwrap();
         assert_eq!(messages.len(), 1);
         let system = text(&messages[0]);
@@ -775,7 +822,7 @@ mod tests {
     #[test]
     fn a_prompt_that_lost_a_message_loses_one_canary() {
         let mut body = request();
-        inject(&mut body, EchoMode::HeadTail, canaries()).unwrap();
+        inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
         let mut head_cut = body.clone();
         head_cut["messages"].as_array_mut().unwrap().remove(0);
         assert_eq!(
@@ -798,7 +845,7 @@ mod tests {
             {"role": "system", "content": "Begin your reply with \"Hello\" always."},
             {"role": "user", "content": "Begin your reply with \"Sure\" then list fruits"}
         ]});
-        inject(&mut body, EchoMode::HeadTail, canaries()).unwrap();
+        inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
         assert_eq!(
             obedient_echo(&body).unwrap(),
             format!("{} {}", canaries().head, canaries().tail)
@@ -817,7 +864,7 @@ mod tests {
     #[test]
     fn head_mode_asks_for_the_head_only() {
         let mut body = request();
-        let injection = inject(&mut body, EchoMode::Head, canaries()).unwrap();
+        let injection = inject(&mut body, EchoMode::Head, COST, canaries()).unwrap();
         assert_eq!(injection.echo, [canaries().head]);
         assert_eq!(obedient_echo(&body).unwrap(), canaries().head.to_string());
         let last = text(&body["messages"][3]);
@@ -837,7 +884,7 @@ mod tests {
         ] {
             let mut body = request();
             body[field] = value;
-            let injection = inject(&mut body, EchoMode::HeadTail, canaries()).unwrap();
+            let injection = inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
             assert_eq!(injection.passive, Some(reason));
             assert!(injection.echo.is_empty());
             assert_eq!(body["max_tokens"], 100);
@@ -856,7 +903,7 @@ mod tests {
     fn stream_usage_is_requested() {
         let mut body = request();
         body["stream"] = json!(true);
-        let injection = inject(&mut body, EchoMode::Head, canaries()).unwrap();
+        let injection = inject(&mut body, EchoMode::Head, COST, canaries()).unwrap();
         assert!(injection.stream);
         assert!(!injection.client_wants_usage);
         assert_eq!(body["stream_options"]["include_usage"], true);
@@ -866,17 +913,22 @@ mod tests {
     #[test]
     fn malformed_requests_are_errors_and_left_unchanged() {
         assert_eq!(
-            inject(&mut json!([]), EchoMode::Head, canaries()),
+            inject(&mut json!([]), EchoMode::Head, COST, canaries()),
             Err(InjectError::NotAnObject)
         );
         assert_eq!(
-            inject(&mut json!({"messages": []}), EchoMode::Head, canaries()),
+            inject(
+                &mut json!({"messages": []}),
+                EchoMode::Head,
+                COST,
+                canaries()
+            ),
             Err(InjectError::NoMessages)
         );
         let mut body = request();
         body["n"] = json!(0);
         assert_eq!(
-            inject(&mut body, EchoMode::Head, canaries()),
+            inject(&mut body, EchoMode::Head, COST, canaries()),
             Err(InjectError::BadChoiceCount)
         );
         for (index, bad) in [
@@ -891,7 +943,7 @@ mod tests {
         ] {
             let mut body = bad.clone();
             assert_eq!(
-                inject(&mut body, EchoMode::HeadTail, canaries()),
+                inject(&mut body, EchoMode::HeadTail, COST, canaries()),
                 Err(InjectError::BadMessage(index))
             );
             assert_eq!(body, bad);

@@ -15,7 +15,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::canary::Canary;
-use crate::inject::ECHO_TOKEN_ALLOWANCE;
+use crate::echo_cost::ECHO_TOKEN_ALLOWANCE_MAX;
 use crate::tokens::count_text;
 
 /// Start of every needle.
@@ -30,9 +30,9 @@ pub const NEEDLE_DEPTHS: [f64; 3] = [0.1, 0.5, 0.9];
 /// `max_tokens` of each probe request (echo and needles fit easily).
 pub const PROBE_MAX_TOKENS: u64 = 96;
 
-/// Completion tokens a probe request asks the provider for: its `max_tokens`
-/// plus the echo allowance injection adds.
-pub const PROBE_COMPLETION_TOKENS: u64 = PROBE_MAX_TOKENS + ECHO_TOKEN_ALLOWANCE;
+/// Completion tokens a probe request asks the provider for, at most: its
+/// `max_tokens` plus the largest echo allowance injection adds.
+pub const PROBE_COMPLETION_TOKENS: u64 = PROBE_MAX_TOKENS + ECHO_TOKEN_ALLOWANCE_MAX;
 
 /// How far past the advertised window the over-window request goes, in tokens.
 pub const OVER_WINDOW_TOKENS: u64 = 64;

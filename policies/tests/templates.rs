@@ -8,6 +8,7 @@
 
 mod common;
 
+use canarygate_policies::EchoCost;
 use canarygate_policies::inject::{RequestCanaries, client_text, inject, obedient_echo};
 use canarygate_policies::tokens::content_text;
 use canarygate_policies::{EchoMode, Injection};
@@ -125,7 +126,7 @@ fn check_injection(name: &str, request: &Value, echo: EchoMode, n: u64) -> (Valu
     let client = request["messages"].as_array().unwrap().clone();
     render(&request["messages"]).unwrap_or_else(|e| panic!("{name}: the client's own: {e}"));
     let mut injected = request.clone();
-    let injection = inject(&mut injected, echo, canaries(n)).unwrap();
+    let injection = inject(&mut injected, echo, EchoCost::DIGIT_BY_DIGIT, canaries(n)).unwrap();
     render(&injected["messages"]).unwrap_or_else(|e| panic!("{name}: injected: {e}\n{injected}"));
     let messages = injected["messages"].as_array().unwrap();
     let added = messages.len() - client.len();
@@ -283,8 +284,13 @@ fn everything_before_the_head_canary_is_the_same_for_every_request() {
         let renders: Vec<(String, Injection)> = (0..3)
             .map(|n| {
                 let mut injected = request.clone();
-                let injection =
-                    inject(&mut injected, EchoMode::HeadTail, canaries(100 + n)).unwrap();
+                let injection = inject(
+                    &mut injected,
+                    EchoMode::HeadTail,
+                    EchoCost::DIGIT_BY_DIGIT,
+                    canaries(100 + n),
+                )
+                .unwrap();
                 let question = injected["messages"].as_array().unwrap().len() - 1;
                 assert!(
                     injected["messages"][question]["content"]

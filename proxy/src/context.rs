@@ -9,6 +9,7 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::Response;
+use canarygate_policies::EchoCost;
 use canarygate_policies::config::ResolvedRoute;
 
 use crate::clock::RequestClock;
@@ -97,6 +98,11 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
             W::set_model(&mut request.body, self.upstream_model);
         }
         Ok(request)
+    }
+
+    /// What an echo costs the provider for the model this request goes to.
+    pub fn echo_cost(&self) -> EchoCost {
+        self.upstream.echo_cost(self.upstream_model)
     }
 
     /// The policy's idle timeout between upstream chunks.

@@ -387,7 +387,8 @@ impl<W: WireFormat> Prober<'_, W> {
                 "temperature": 0,
                 "stream": false,
             });
-            let injection = W::place_canaries(&mut body, EchoMode::HeadTail, canaries)
+            let cost = self.upstream.echo_cost(&self.target.model);
+            let injection = W::place_canaries(&mut body, EchoMode::HeadTail, cost, canaries)
                 .map_err(|error| ProbeError::Request(error.message))?;
             let messages = W::prompt_messages(&body);
             let exact_tokens = self.upstream.count_prompt_tokens(&messages);

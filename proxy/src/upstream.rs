@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use canarygate_policies::EchoCost;
 use canarygate_policies::config::{AuthMode, Policy, ProviderApi, ProviderConfig};
 use http_body_util::Full;
 use rustls_pki_types::CertificateDer;
@@ -88,6 +89,8 @@ pub struct Upstream {
     /// The provider's tokenizer (`tokenizer_file`), for exact prompt counts
     /// and completion cuts.
     tokenizer: Option<Arc<tokenizers::Tokenizer>>,
+    /// What an echo costs by that tokenizer, measured once.
+    measured_echo_cost: Option<EchoCost>,
 }
 
 impl Upstream {
@@ -162,8 +165,13 @@ impl Upstream {
             )?)),
             None => None,
         };
+        let measured_echo_cost = tokenizer.as_ref().map(|tokenizer| {
+            let counter = TokenCounter::new(Some(tokenizer.clone()));
+            EchoCost::measured(|text| counter.count(text))
+        });
         Ok(Self {
             tokenizer,
+            measured_echo_cost,
             api: provider.api,
             base_url,
             chat_completions_url,
@@ -210,6 +218,13 @@ impl Upstream {
     /// estimate.
     pub fn token_counter(&self) -> TokenCounter {
         TokenCounter::new(self.tokenizer.clone())
+    }
+
+    /// What an echo costs `model` (the name sent upstream): measured by the
+    /// provider's tokenizer when it has one, else by the model's family.
+    pub fn echo_cost(&self, model: &str) -> EchoCost {
+        self.measured_echo_cost
+            .unwrap_or_else(|| EchoCost::for_model(model))
     }
 
     /// The provider's key for managed auth, if configured.

@@ -245,6 +245,7 @@ mod tests {
 
     #[test]
     fn echoes_head_and_tail_of_injected_request() {
+        use canarygate_policies::EchoCost;
         use canarygate_policies::canary::Canary;
         use canarygate_policies::inject::{RequestCanaries, inject};
         use canarygate_policies::verify_config::EchoMode;
@@ -256,7 +257,13 @@ mod tests {
         let mut body = serde_json::json!({"model": "m", "messages": [
             {"role": "user", "content": "Plan the harbour survey"}
         ]});
-        inject(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        inject(
+            &mut body,
+            EchoMode::HeadTail,
+            EchoCost::DIGIT_BY_DIGIT,
+            canaries,
+        )
+        .unwrap();
         let context: Vec<Segment> = body["messages"]
             .as_array()
             .unwrap()

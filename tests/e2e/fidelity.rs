@@ -10,6 +10,7 @@
 
 use std::process::Command;
 
+use canarygate_policies::EchoCost;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
 
@@ -478,37 +479,52 @@ async fn provider_fields_and_headers_pass(proxy: &Running, dir: &ProxyDir) {
     );
 }
 
+/// The client's limit holds for what it gets, and the provider is asked
+/// for that limit plus what the echo costs its model's tokenizer: a
+/// digit-by-digit allowance for a model canarygate does not know
+/// (`reporter`, sent upstream as `sim-model`), a smaller one for an OpenAI
+/// model, whose tokenizer groups digits by three.
 async fn limits_are_honoured(proxy: &Running) {
-    for stream in [false, true] {
-        for field in ["max_tokens", "max_completion_tokens"] {
-            let mut body = user("reporter", "Tell me about the history of maps", stream);
-            body[field] = json!(5);
-            let (status, _, text) = post(proxy, &body, &[]).await;
-            assert_eq!(status, 200, "{text}");
-            assert_clean(&text);
-            let (content, finish) = if stream {
-                let chunks = chunks(&text);
-                let finish = chunks
-                    .iter()
-                    .find_map(|chunk| chunk["choices"][0]["finish_reason"].as_str())
-                    .unwrap()
-                    .to_owned();
-                (joined(&chunks, 0, "content"), finish)
-            } else {
-                let answer: Value = serde_json::from_str(&text).unwrap();
-                let choice = &answer["choices"][0];
-                (
-                    choice["message"]["content"].as_str().unwrap().to_owned(),
-                    choice["finish_reason"].as_str().unwrap().to_owned(),
-                )
-            };
-            // The simulator's tokens are canarygate's estimate pieces.
-            let tokens = canarygate_policies::tokens::count_text(&content);
-            assert!(
-                (1..=5).contains(&tokens),
-                "{field}=5 stream={stream}: {tokens} tokens in {content:?}"
-            );
-            assert_eq!(finish, "length", "{text}");
+    for (model, upstream_model) in [("reporter", "sim-model"), ("gpt-4o-mini", "gpt-4o-mini")] {
+        let allowance = EchoCost::for_model(upstream_model).allowance(2);
+        for stream in [false, true] {
+            for field in ["max_tokens", "max_completion_tokens"] {
+                let mut body = user(model, "Tell me about the history of maps", stream);
+                body[field] = json!(5);
+                let (status, _, text) = post(proxy, &body, &[]).await;
+                assert_eq!(status, 200, "{text}");
+                assert_clean(&text);
+                let (content, finish) = if stream {
+                    let chunks = chunks(&text);
+                    let finish = chunks
+                        .iter()
+                        .find_map(|chunk| chunk["choices"][0]["finish_reason"].as_str())
+                        .unwrap()
+                        .to_owned();
+                    (joined(&chunks, 0, "content"), finish)
+                } else {
+                    let answer: Value = serde_json::from_str(&text).unwrap();
+                    // The provider's billed count: the simulator writes to
+                    // the limit it was given when its reply is longer.
+                    let billed = answer["usage"]["completion_tokens"].as_u64().unwrap();
+                    assert!(billed <= 5 + allowance, "{model}: {text}");
+                    if upstream_model.starts_with("gpt-") {
+                        assert_eq!(billed, 5 + allowance, "{model}: {text}");
+                    }
+                    let choice = &answer["choices"][0];
+                    (
+                        choice["message"]["content"].as_str().unwrap().to_owned(),
+                        choice["finish_reason"].as_str().unwrap().to_owned(),
+                    )
+                };
+                // The simulator's tokens are canarygate's estimate pieces.
+                let tokens = canarygate_policies::tokens::count_text(&content);
+                assert!(
+                    (1..=5).contains(&tokens),
+                    "{model} {field}=5 stream={stream}: {tokens} tokens in {content:?}"
+                );
+                assert_eq!(finish, "length", "{text}");
+            }
         }
     }
 }

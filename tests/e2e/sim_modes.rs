@@ -4,6 +4,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
+use canarygate_policies::EchoCost;
 use canarygate_policies::canary::Canary;
 use canarygate_policies::inject::{RequestCanaries, inject};
 use canarygate_policies::tokens::count_chat_messages;
@@ -126,7 +127,13 @@ impl Injected {
     fn with_messages(messages: Vec<Value>, stream: bool) -> Self {
         let mut body = json!({"model": "sim-model", "stream": stream, "messages": messages});
         let canaries = RequestCanaries::mint();
-        inject(&mut body, EchoMode::HeadTail, canaries).expect("inject");
+        inject(
+            &mut body,
+            EchoMode::HeadTail,
+            EchoCost::DIGIT_BY_DIGIT,
+            canaries,
+        )
+        .expect("inject");
         Self { body, canaries }
     }
 

@@ -4,6 +4,8 @@
 
 use std::collections::HashSet;
 
+use canarygate_policies::EchoCost;
+use canarygate_policies::tokens::count_text;
 use serde_json::{Value, json};
 
 use crate::common::*;
@@ -581,6 +583,34 @@ provider = "sim"
             assert_eq!(check["result"], "pass", "{check}");
             assert_eq!(seen["exact"], true, "{check}");
             assert_eq!(seen["counted"], seen["reported"], "{check}");
+
+            // The echo's allowance is measured by the same tokenizer: the
+            // provider is asked for the client's 5 tokens and the echo's
+            // cost, and the client gets its 5 exactly.
+            let answer: Value = client
+                .post(format!("{}/v1/chat/completions", proxy.url))
+                .bearer_auth("sk-e2e")
+                .json(&json!({"model": "sim-model", "max_tokens": 5, "messages": [
+                    {"role": "user", "content": prompt(41, 60)}]}))
+                .send()
+                .await
+                .expect("request")
+                .json()
+                .await
+                .expect("an answer");
+            let allowance = EchoCost::measured(count_text).allowance(2);
+            assert!(
+                allowance < EchoCost::DIGIT_BY_DIGIT.allowance(2),
+                "{allowance}"
+            );
+            assert_eq!(
+                answer["usage"]["completion_tokens"],
+                5 + allowance,
+                "{answer}"
+            );
+            let content = answer["choices"][0]["message"]["content"].as_str().unwrap();
+            assert_eq!(count_text(content), 5, "{answer}");
+            assert_eq!(answer["choices"][0]["finish_reason"], "length", "{answer}");
         }
     }
 }

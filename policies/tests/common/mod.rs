@@ -4,6 +4,7 @@
 
 pub mod strict;
 
+use canarygate_policies::EchoCost;
 use canarygate_policies::inject::RequestCanaries;
 use canarygate_policies::verify::Finished;
 use canarygate_policies::{
@@ -69,7 +70,13 @@ pub fn prepare(
         tail: canary(2 * id + 1),
     };
     strict::assert_renders(&request);
-    let injection = inject(&mut request, policy.verify.echo, canaries).expect("valid request");
+    let injection = inject(
+        &mut request,
+        policy.verify.echo,
+        EchoCost::DIGIT_BY_DIGIT,
+        canaries,
+    )
+    .expect("valid request");
     strict::assert_renders(&request);
     for own in [canaries.head, canaries.tail] {
         registry.insert(

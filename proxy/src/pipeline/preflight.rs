@@ -30,7 +30,11 @@ pub fn check<W: WireFormat>(
     trail: &mut Trail,
 ) -> Option<OverLimit> {
     let state = context.state;
-    let verify = state.policy.verify.enabled;
+    let verify = state
+        .policy
+        .verify
+        .enabled
+        .then(|| context.upstream.echo_cost(route.upstream_model));
     let probed = state
         .probes
         .get(route.provider, route.upstream_model)

@@ -196,6 +196,12 @@ impl Delivery {
         }
     }
 
+    /// The tokens each choice may deliver (the client's own limit, where
+    /// canarygate raised the provider's), if there is a limit of ours.
+    pub fn limit(&self) -> Option<u64> {
+        self.limit
+    }
+
     /// Whether the client asked for a stream's usage itself.
     pub fn client_wants_usage(&self) -> bool {
         self.usage.client_wants_usage

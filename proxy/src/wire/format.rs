@@ -5,6 +5,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
+use canarygate_policies::EchoCost;
 use canarygate_policies::config::ProviderApi;
 use canarygate_policies::inject::{Injection, RequestCanaries};
 use canarygate_policies::sse::SseEvent;
@@ -376,10 +377,12 @@ pub trait WireFormat: Send + Sync + 'static {
         false
     }
 
-    /// Places `canaries` in `body` per `echo`.
+    /// Places `canaries` in `body` per `echo`, raising the client's output
+    /// limit by what the echo costs the provider (`cost`).
     fn place_canaries(
         body: &mut Value,
         echo: EchoMode,
+        cost: EchoCost,
         canaries: RequestCanaries,
     ) -> Result<Injection, ApiError>;
 

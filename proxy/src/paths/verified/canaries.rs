@@ -57,7 +57,9 @@ pub async fn prepare<W: WireFormat>(
             request_id: &context.request_id,
         };
         let minted = registry.mint(owner, config.canary_ttl_secs);
-        let injection = match W::place_canaries(&mut body, config.echo, minted.canaries) {
+        let placed =
+            W::place_canaries(&mut body, config.echo, context.echo_cost(), minted.canaries);
+        let injection = match placed {
             Ok(injection) => injection,
             Err(error) => {
                 registry.withdraw(minted);

@@ -371,6 +371,7 @@ pub fn read(answer: &str) -> Option<LightAnswer> {
 
 #[cfg(test)]
 mod tests {
+    use canarygate_policies::EchoCost;
     use canarygate_policies::inject::{Injection, RequestCanaries, obedient_echo};
     use canarygate_policies::registry::MemoryRegistry;
     use canarygate_policies::verify::{Facts, Verifier};
@@ -508,8 +509,13 @@ mod tests {
         let mut body = Chat::parse_request(request.to_string().as_bytes())
             .unwrap()
             .body;
-        let injection =
-            Chat::place_canaries(&mut body, EchoMode::HeadTail, RequestCanaries::mint()).unwrap();
+        let injection = Chat::place_canaries(
+            &mut body,
+            EchoMode::HeadTail,
+            EchoCost::DIGIT_BY_DIGIT,
+            RequestCanaries::mint(),
+        )
+        .unwrap();
         (injection, obedient_echo(&body).unwrap())
     }
 

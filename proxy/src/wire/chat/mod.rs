@@ -27,6 +27,7 @@ use std::ops::Range;
 
 use std::borrow::Cow;
 
+use canarygate_policies::EchoCost;
 use canarygate_policies::config::ProviderApi;
 use canarygate_policies::inject::{InjectError, Injection, RequestCanaries, inject};
 use canarygate_policies::sse::{SseEvent, encode_data};
@@ -76,6 +77,7 @@ impl WireFormat for Chat {
     fn place_canaries(
         body: &mut Value,
         echo: EchoMode,
+        cost: EchoCost,
         canaries: RequestCanaries,
     ) -> Result<Injection, ApiError> {
         // vLLM's prompt logprobs and token ids spell the prompt back, and
@@ -94,7 +96,7 @@ impl WireFormat for Chat {
                 ));
             }
         }
-        inject(body, echo, canaries).map_err(|error| match error {
+        inject(body, echo, cost, canaries).map_err(|error| match error {
             InjectError::BadChoiceCount => ApiError::invalid_param("n", error.to_string()),
             InjectError::NotAnObject | InjectError::NoMessages | InjectError::BadMessage(_) => {
                 ApiError::invalid_param("messages", error.to_string())
@@ -394,7 +396,13 @@ mod tests {
             ),
         ] {
             let before = body.clone();
-            let error = Chat::place_canaries(&mut body, EchoMode::HeadTail, canaries).unwrap_err();
+            let error = Chat::place_canaries(
+                &mut body,
+                EchoMode::HeadTail,
+                EchoCost::DIGIT_BY_DIGIT,
+                canaries,
+            )
+            .unwrap_err();
             assert_eq!(body, before, "nothing placed on failure");
             assert_eq!(error.code, ErrorCode::InvalidValue, "{error}");
             assert_eq!(error.status(), StatusCode::BAD_REQUEST);

@@ -327,6 +327,7 @@ impl<E: ChunkEditor> StreamWriter for ChatStream<E> {
 
 #[cfg(test)]
 mod tests {
+    use canarygate_policies::EchoCost;
     use canarygate_policies::inject::{Injection, RequestCanaries, obedient_echo};
     use canarygate_policies::registry::MemoryRegistry;
     use canarygate_policies::sse::SseParser;
@@ -350,7 +351,13 @@ mod tests {
             .unwrap()
             .body;
         let canaries = RequestCanaries::mint();
-        let injection = Chat::place_canaries(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        let injection = Chat::place_canaries(
+            &mut body,
+            EchoMode::HeadTail,
+            EchoCost::DIGIT_BY_DIGIT,
+            canaries,
+        )
+        .unwrap();
         (injection, obedient_echo(&body).unwrap())
     }
 

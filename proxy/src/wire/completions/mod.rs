@@ -43,6 +43,7 @@ mod request;
 use std::borrow::Cow;
 use std::ops::Range;
 
+use canarygate_policies::EchoCost;
 use canarygate_policies::config::ProviderApi;
 use canarygate_policies::inject::{Injection, RequestCanaries};
 use canarygate_policies::sse::SseEvent;
@@ -84,9 +85,10 @@ impl WireFormat for Completions {
     fn place_canaries(
         body: &mut Value,
         echo: EchoMode,
+        cost: EchoCost,
         canaries: RequestCanaries,
     ) -> Result<Injection, ApiError> {
-        request::place(body, echo, canaries)
+        request::place(body, echo, cost, canaries)
     }
 
     fn read_answer(answer: &Value) -> AnswerView {
@@ -168,8 +170,13 @@ mod tests {
     fn placed(body: Value) -> (Injection, Verifier, Delivery) {
         let mut body = body;
         let canaries = RequestCanaries::mint();
-        let injection =
-            Completions::place_canaries(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        let injection = Completions::place_canaries(
+            &mut body,
+            EchoMode::HeadTail,
+            EchoCost::DIGIT_BY_DIGIT,
+            canaries,
+        )
+        .unwrap();
         let verifier = Verifier::new(&injection, &VerifyConfig::default(), "sim", None);
         let usage = UsageOptions {
             client_wants_usage: injection.client_wants_usage,

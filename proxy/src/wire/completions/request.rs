@@ -1,9 +1,10 @@
 //! Parsing a legacy completions request, its prompt as chat messages for
 //! the token counts, and where the canaries go in its prompt text.
 
+use canarygate_policies::EchoCost;
 use canarygate_policies::inject::{
-    BLOCK_SEPARATOR, Blocks, ECHO_TOKEN_ALLOWANCE, Injection, MAX_CHOICES, PromptEstimate,
-    RequestCanaries, passive_reason,
+    BLOCK_SEPARATOR, Blocks, Injection, MAX_CHOICES, PromptEstimate, RequestCanaries,
+    passive_reason,
 };
 use canarygate_policies::tokens::count_chat_messages;
 use canarygate_policies::verify_config::EchoMode;
@@ -144,6 +145,7 @@ pub fn messages(body: &Value) -> Vec<Value> {
 pub fn place(
     body: &mut Value,
     echo: EchoMode,
+    cost: EchoCost,
     canaries: RequestCanaries,
 ) -> Result<Injection, ApiError> {
     if body.get("echo").and_then(Value::as_bool) == Some(true) {
@@ -218,10 +220,11 @@ pub fn place(
         .get("max_tokens")
         .and_then(Value::as_u64)
         .unwrap_or(DEFAULT_MAX_TOKENS);
-    if !blocks.echo.is_empty() {
+    let echo_allowance = cost.allowance(blocks.echo.len());
+    if echo_allowance > 0 {
         object.insert(
             "max_tokens".into(),
-            Value::from(client_limit.saturating_add(ECHO_TOKEN_ALLOWANCE)),
+            Value::from(client_limit.saturating_add(echo_allowance)),
         );
     }
     let estimate = PromptEstimate::of(before, &messages(body), canaries.head);
@@ -232,6 +235,7 @@ pub fn place(
         stream,
         choices: choices as u32,
         client_max_tokens: Some(client_limit),
+        echo_allowance,
         client_wants_usage,
         prompt_tokens_estimate: estimate.total,
         prompt_tokens_added: estimate.added,
@@ -268,6 +272,9 @@ mod tests {
     use canarygate_policies::canary::Canary;
     use canarygate_policies::inject::{ECHO_PHRASE, client_text, obedient_opening};
     use canarygate_policies::tokens::count_text;
+
+    /// What an echo is costed at in these tests: a token per digit.
+    const COST: EchoCost = EchoCost::DIGIT_BY_DIGIT;
 
     fn canaries() -> RequestCanaries {
         RequestCanaries {
@@ -336,7 +343,7 @@ mod tests {
     fn the_blocks_follow_each_prompt_which_stays_a_byte_identical_prefix() {
         let mut body = json!({"model": "m", "prompt": ["Once upon a time", ""], "n": 3,
                               "max_tokens": 50});
-        let injection = place(&mut body, EchoMode::HeadTail, canaries()).unwrap();
+        let injection = place(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
         let texts: Vec<&str> = body["prompt"]
             .as_array()
             .unwrap()
@@ -359,7 +366,7 @@ mod tests {
         assert_eq!(injection.choices, 6, "prompts × n");
         assert_eq!(injection.echo, [canaries().head, canaries().tail]);
         assert_eq!(injection.client_max_tokens, Some(50));
-        assert_eq!(body["max_tokens"], 50 + ECHO_TOKEN_ALLOWANCE);
+        assert_eq!(body["max_tokens"], 50 + COST.allowance(2));
         assert!(injection.prompt_tokens_added > 0);
         assert!(injection.cacheable_prompt_tokens < injection.prompt_tokens_estimate);
         assert!(
@@ -371,12 +378,10 @@ mod tests {
     #[test]
     fn the_default_limit_is_raised_for_the_echo_and_kept_for_the_client() {
         let mut body = json!({"model": "m", "prompt": "Say hi", "stream": true});
-        let injection = place(&mut body, EchoMode::Head, canaries()).unwrap();
+        let injection = place(&mut body, EchoMode::Head, COST, canaries()).unwrap();
         assert_eq!(injection.client_max_tokens, Some(DEFAULT_MAX_TOKENS));
-        assert_eq!(
-            body["max_tokens"],
-            DEFAULT_MAX_TOKENS + ECHO_TOKEN_ALLOWANCE
-        );
+        assert_eq!(body["max_tokens"], DEFAULT_MAX_TOKENS + COST.allowance(1));
+        assert_eq!(injection.echo_allowance, COST.allowance(1));
         assert_eq!(injection.echo, [canaries().head]);
         assert!(injection.stream);
         assert!(!injection.client_wants_usage);
@@ -385,7 +390,7 @@ mod tests {
         // No echo asked: the limit passes as the client set it (or not).
         let mut body = json!({"model": "m", "prompt": "Say hi", "stream": true,
                               "stream_options": {"include_usage": true}});
-        let injection = place(&mut body, EchoMode::Off, canaries()).unwrap();
+        let injection = place(&mut body, EchoMode::Off, COST, canaries()).unwrap();
         assert!(injection.echo.is_empty() && injection.passive.is_some());
         assert!(body.get("max_tokens").is_none());
         assert!(injection.client_wants_usage);
@@ -404,13 +409,13 @@ mod tests {
             (json!({"model": "m", "prompt": vec!["x"; 65], "n": 2}), "n"),
         ] {
             let mut placed = body.clone();
-            let error = place(&mut placed, EchoMode::HeadTail, canaries()).unwrap_err();
+            let error = place(&mut placed, EchoMode::HeadTail, COST, canaries()).unwrap_err();
             assert_eq!(error.param, Some(field), "{body}");
             assert_eq!(error.code, ErrorCode::InvalidValue);
             assert_eq!(placed, body, "nothing placed on failure");
         }
         let mut fine = json!({"model": "m", "prompt": "x", "echo": false});
-        assert!(place(&mut fine, EchoMode::HeadTail, canaries()).is_ok());
+        assert!(place(&mut fine, EchoMode::HeadTail, COST, canaries()).is_ok());
     }
 
     #[test]

@@ -30,6 +30,7 @@ mod stream;
 use std::borrow::Cow;
 use std::ops::Range;
 
+use canarygate_policies::EchoCost;
 use canarygate_policies::config::ProviderApi;
 use canarygate_policies::inject::{Injection, RequestCanaries};
 use canarygate_policies::sse::SseEvent;
@@ -71,9 +72,10 @@ impl WireFormat for Messages {
     fn place_canaries(
         body: &mut Value,
         echo: EchoMode,
+        cost: EchoCost,
         canaries: RequestCanaries,
     ) -> Result<Injection, ApiError> {
-        request::place(body, echo, canaries)
+        request::place(body, echo, cost, canaries)
     }
 
     fn read_answer(answer: &Value) -> AnswerView {
@@ -154,6 +156,9 @@ mod tests {
     use crate::wire::edit::{TokenCounter, UsageOptions};
     use crate::wire::format::{ChoiceView, Chunk, Spans, TextSource};
 
+    /// What an echo is costed at in these tests: a token per digit.
+    const COST: EchoCost = EchoCost::DIGIT_BY_DIGIT;
+
     /// A request with canaries placed, its injection, and the opening an
     /// obedient model writes.
     fn placed(body: Value) -> (Value, Injection, String) {
@@ -161,7 +166,8 @@ mod tests {
             .unwrap()
             .body;
         let canaries = RequestCanaries::mint();
-        let injection = Messages::place_canaries(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        let injection =
+            Messages::place_canaries(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
         let opening = obedient_echo(&json!({"messages": request::chat_messages(&body)})).unwrap();
         (body, injection, opening)
     }
@@ -251,7 +257,8 @@ mod tests {
     #[test]
     fn an_answer_past_the_clients_limit_is_cut_and_stops_for_max_tokens() {
         let (body, injection, opening) = placed(request(3, false));
-        assert_eq!(body["max_tokens"], 3 + 32);
+        assert_eq!(body["max_tokens"], 3 + injection.echo_allowance);
+        assert_eq!(injection.echo_allowance, COST.allowance(2));
         let mut answer = json!({"type": "message", "content": [
             {"type": "text", "text": format!("{opening} one two six ten and more words")}],
             "stop_reason": "end_turn",

@@ -8,13 +8,14 @@
 //! `system`. The tail block goes at the end of the last user turn: appended
 //! to its string, or as a new text block after its blocks (`tool_result`
 //! blocks stay first in the turn, as Anthropic requires). `max_tokens` is
-//! raised by [`ECHO_TOKEN_ALLOWANCE`] when an echo is asked, which keeps a
-//! thinking budget below it. Tools or a structured output format leave the
-//! checks passive, as in Chat Completions.
+//! raised by the echo's allowance ([`EchoCost::allowance`]) when an echo is
+//! asked, which keeps a thinking budget below it. Tools or a structured
+//! output format leave the checks passive, as in Chat Completions.
 
+use canarygate_policies::EchoCost;
 use canarygate_policies::inject::{
-    BLOCK_SEPARATOR, Blocks, ECHO_TOKEN_ALLOWANCE, Injection, PromptEstimate, RequestCanaries,
-    append_to_content, passive_reason,
+    BLOCK_SEPARATOR, Blocks, Injection, PromptEstimate, RequestCanaries, append_to_content,
+    passive_reason,
 };
 use canarygate_policies::tokens::count_chat_messages;
 use canarygate_policies::verify_config::EchoMode;
@@ -206,6 +207,7 @@ pub fn chat_messages(body: &Value) -> Vec<Value> {
 pub fn place(
     body: &mut Value,
     echo: EchoMode,
+    cost: EchoCost,
     canaries: RequestCanaries,
 ) -> Result<Injection, ApiError> {
     let prompt_tokens_before = count_chat_messages(&chat_messages(body));
@@ -224,13 +226,15 @@ pub fn place(
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let client_max_tokens = object.get("max_tokens").and_then(Value::as_u64);
+    let mut echo_allowance = 0;
     if let Some(limit) = client_max_tokens
         && !blocks.echo.is_empty()
     {
         // A thinking budget below the client's limit stays below the raised one.
+        echo_allowance = cost.allowance(blocks.echo.len());
         object.insert(
             "max_tokens".into(),
-            Value::from(limit.saturating_add(ECHO_TOKEN_ALLOWANCE)),
+            Value::from(limit.saturating_add(echo_allowance)),
         );
     }
     let mut system_text = blocks.head;
@@ -259,6 +263,7 @@ pub fn place(
         stream,
         choices: 1,
         client_max_tokens,
+        echo_allowance,
         // Anthropic always reports usage; nothing is asked on the client's behalf.
         client_wants_usage: true,
         prompt_tokens_estimate: estimate.total,
@@ -304,6 +309,9 @@ fn json_mode(object: &Map<String, Value>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What an echo is costed at in these tests: a token per digit.
+    const COST: EchoCost = EchoCost::DIGIT_BY_DIGIT;
 
     fn param(body: Value) -> Option<&'static str> {
         parse(body.to_string().as_bytes()).unwrap_err().param
@@ -376,11 +384,11 @@ mod tests {
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": "42"}]},
             ],
         });
-        let injection = place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        let injection = place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
         assert_eq!(injection.echo.len(), 2);
         assert_eq!(injection.client_max_tokens, Some(100));
-        assert_eq!(body["max_tokens"], 100 + ECHO_TOKEN_ALLOWANCE);
-        assert!(body["thinking"]["budget_tokens"].as_u64().unwrap() < 100 + ECHO_TOKEN_ALLOWANCE);
+        assert_eq!(body["max_tokens"], 100 + COST.allowance(2));
+        assert!(body["thinking"]["budget_tokens"].as_u64().unwrap() < 100 + COST.allowance(2));
         // The client's cached block is untouched; ours follows it.
         assert_eq!(body["system"][0], cached);
         let head = body["system"][1]["text"].as_str().unwrap();
@@ -403,7 +411,7 @@ mod tests {
     fn a_request_without_system_gets_the_head_as_its_system() {
         let canaries = RequestCanaries::mint();
         let mut body = minimal();
-        place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
         let system = body["system"].as_str().unwrap();
         assert!(system.contains(&canaries.head.to_string()), "{system}");
         let user = body["messages"][0]["content"].as_str().unwrap();
@@ -412,7 +420,7 @@ mod tests {
         // A string system keeps its text first.
         let mut body = minimal();
         body["system"] = json!("Be brief.");
-        place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
         assert!(
             body["system"]
                 .as_str()
@@ -423,7 +431,7 @@ mod tests {
         // Only an assistant prefill: both blocks go with the system prompt.
         let mut body = minimal();
         body["messages"] = json!([{"role": "assistant", "content": "Sure"}]);
-        place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
         let system = body["system"].as_str().unwrap();
         assert!(system.contains(&canaries.tail.to_string()), "{system}");
         assert_eq!(body["messages"][0]["content"], "Sure");
@@ -444,7 +452,7 @@ mod tests {
         ] {
             let mut body = minimal();
             body[key] = value;
-            let injection = place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+            let injection = place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
             assert!(injection.echo.is_empty() && injection.passive.is_some());
             assert_eq!(body["max_tokens"], 64);
         }

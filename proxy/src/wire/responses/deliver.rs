@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use canarygate_policies::inject::{ECHO_PHRASE, ECHO_TOKEN_ALLOWANCE, client_text};
+use canarygate_policies::inject::{ECHO_PHRASE, client_text};
 use canarygate_policies::verify::{Part, Verifier};
 use serde_json::{Value, json};
 
@@ -61,9 +61,10 @@ pub fn follow_logprobs(entries: &[Value], text: &str, kept: &[Range<usize>]) -> 
 
 /// Makes the request fields a response repeats the client's own again:
 /// `instructions` without canarygate's blocks (`null` when only ours were
-/// there) and `max_output_tokens` without the echo's allowance. Returns
-/// whether anything changed.
-pub fn restore_request_fields(response: &mut Value) -> bool {
+/// there) and, when an echo was asked, `max_output_tokens` the client's
+/// limit (`client_limit`: the delivery's cut) instead of the raised one.
+/// Returns whether anything changed.
+pub fn restore_request_fields(response: &mut Value, client_limit: Option<u64>) -> bool {
     let Some(instructions) = response.get("instructions").and_then(Value::as_str) else {
         return false;
     };
@@ -77,8 +78,11 @@ pub fn restore_request_fields(response: &mut Value) -> bool {
     } else {
         json!(client)
     };
-    if asked_echo && let Some(limit) = response["max_output_tokens"].as_u64() {
-        response["max_output_tokens"] = json!(limit.saturating_sub(ECHO_TOKEN_ALLOWANCE));
+    if asked_echo
+        && response["max_output_tokens"].is_u64()
+        && let Some(limit) = client_limit
+    {
+        response["max_output_tokens"] = json!(limit);
     }
     true
 }
@@ -251,7 +255,7 @@ pub fn deliver_answer(
     // Canarygate's blocks, not the verifier's edit, decide what the
     // repeated instructions become.
     let mut restored = original;
-    if restore_request_fields(&mut restored) {
+    if restore_request_fields(&mut restored, delivery.limit()) {
         answer["instructions"] = restored["instructions"].clone();
         answer["max_output_tokens"] = restored["max_output_tokens"].clone();
     }
@@ -260,6 +264,7 @@ pub fn deliver_answer(
 
 #[cfg(test)]
 mod tests {
+    use canarygate_policies::EchoCost;
     use canarygate_policies::inject::RequestCanaries;
     use canarygate_policies::registry::MemoryRegistry;
     use canarygate_policies::verify::Facts;
@@ -276,7 +281,13 @@ mod tests {
         let canaries = RequestCanaries::mint();
         let mut body = json!({"model": "m", "instructions": "Be brief.", "input": "hi",
                               "max_output_tokens": 3});
-        let injection = place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        let injection = place(
+            &mut body,
+            EchoMode::HeadTail,
+            EchoCost::DIGIT_BY_DIGIT,
+            canaries,
+        )
+        .unwrap();
         let echo = format!("{} {}\n", canaries.head, canaries.tail);
         let text = format!("{echo}one two six ten");
         let tokens: Vec<Value> = [echo.as_str(), "one ", "two ", "six ", "ten"]
@@ -344,13 +355,21 @@ mod tests {
     #[test]
     fn only_canarygates_instructions_are_removed() {
         let mut response = json!({"instructions": "Mine.", "max_output_tokens": 40});
-        assert!(!restore_request_fields(&mut response));
-        let mut response = json!({"instructions": "Begin your reply with \"CG123456789012345\" \
-            on its own line; then answer normally.", "max_output_tokens": 72});
-        assert!(restore_request_fields(&mut response));
+        assert!(!restore_request_fields(&mut response, Some(40)));
+        let ours = "Begin your reply with \"CG123456789012345\" on its own line; then answer \
+            normally.";
+        let mut response = json!({"instructions": ours, "max_output_tokens": 59});
+        assert!(restore_request_fields(&mut response, Some(40)));
         assert_eq!(
             response,
             json!({"instructions": null, "max_output_tokens": 40})
+        );
+        // No limit of the client's: none was raised, and none is made up.
+        let mut response = json!({"instructions": ours, "max_output_tokens": null});
+        assert!(restore_request_fields(&mut response, None));
+        assert_eq!(
+            response,
+            json!({"instructions": null, "max_output_tokens": null})
         );
     }
 }

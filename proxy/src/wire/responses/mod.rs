@@ -33,6 +33,7 @@ mod stream;
 use std::borrow::Cow;
 use std::ops::Range;
 
+use canarygate_policies::EchoCost;
 use canarygate_policies::config::ProviderApi;
 use canarygate_policies::inject::{Injection, RequestCanaries};
 use canarygate_policies::sse::{SseEvent, encode_data};
@@ -81,9 +82,10 @@ impl WireFormat for Responses {
     fn place_canaries(
         body: &mut Value,
         echo: EchoMode,
+        cost: EchoCost,
         canaries: RequestCanaries,
     ) -> Result<Injection, ApiError> {
-        request::place(body, echo, canaries)
+        request::place(body, echo, cost, canaries)
     }
 
     fn read_answer(answer: &Value) -> AnswerView {

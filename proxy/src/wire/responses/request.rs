@@ -8,9 +8,9 @@
 //! conversation does not carry earlier instructions, so each request's head
 //! is fresh); the tail block at the end of the last user item's text.
 
+use canarygate_policies::EchoCost;
 use canarygate_policies::inject::{
-    Blocks, ECHO_TOKEN_ALLOWANCE, Injection, PromptEstimate, RequestCanaries, append_to_content,
-    passive_reason,
+    Blocks, Injection, PromptEstimate, RequestCanaries, append_to_content, passive_reason,
 };
 use canarygate_policies::tokens::count_chat_messages;
 use canarygate_policies::verify_config::EchoMode;
@@ -213,6 +213,7 @@ fn item_message(item: &Value) -> Option<Value> {
 pub fn place(
     body: &mut Value,
     echo: EchoMode,
+    cost: EchoCost,
     canaries: RequestCanaries,
 ) -> Result<Injection, ApiError> {
     if body
@@ -273,10 +274,12 @@ pub fn place(
         append_to_content(instructions, &blocks.tail, "input_text");
     }
     let client_max_tokens = object.get("max_output_tokens").and_then(Value::as_u64);
+    let mut echo_allowance = 0;
     if let Some(limit) = client_max_tokens
         && !blocks.echo.is_empty()
     {
-        object["max_output_tokens"] = json!(limit.saturating_add(ECHO_TOKEN_ALLOWANCE));
+        echo_allowance = cost.allowance(blocks.echo.len());
+        object["max_output_tokens"] = json!(limit.saturating_add(echo_allowance));
     }
     let stream = object
         .get("stream")
@@ -290,6 +293,7 @@ pub fn place(
         stream,
         choices: 1,
         client_max_tokens,
+        echo_allowance,
         // Usage always comes with `response.completed`.
         client_wants_usage: true,
         prompt_tokens_estimate: estimate.total,
@@ -326,6 +330,9 @@ fn last_user_text(body: &Value) -> Option<TailSlot> {
 mod tests {
     use super::*;
     use canarygate_policies::inject::client_text;
+
+    /// What an echo is costed at in these tests: a token per digit.
+    const COST: EchoCost = EchoCost::DIGIT_BY_DIGIT;
 
     fn parsed(body: Value) -> Value {
         parse(body.to_string().as_bytes()).unwrap().body
@@ -383,7 +390,7 @@ mod tests {
              "content": [{"type": "input_text", "text": "second"}]},
             {"type": "function_call_output", "call_id": "c1", "output": "42"},
         ]}));
-        let injection = place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        let injection = place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
         let instructions = body["instructions"].as_str().unwrap();
         assert!(instructions.starts_with("Be brief.\n\n"), "{instructions}");
         assert!(instructions.contains(&canaries.head.to_string()));
@@ -403,7 +410,7 @@ mod tests {
         );
         assert_eq!(injection.echo, vec![canaries.head, canaries.tail]);
         assert_eq!(injection.client_max_tokens, Some(100));
-        assert_eq!(body["max_output_tokens"], 100 + ECHO_TOKEN_ALLOWANCE);
+        assert_eq!(body["max_output_tokens"], 100 + COST.allowance(2));
         assert!(injection.prompt_tokens_added > 0);
         assert!(injection.cacheable_prompt_tokens < injection.prompt_tokens_estimate);
     }
@@ -412,7 +419,7 @@ mod tests {
     fn a_string_input_gets_the_tail_and_no_user_item_puts_it_in_the_instructions() {
         let canaries = RequestCanaries::mint();
         let mut body = parsed(json!({"model": "m", "input": "hello"}));
-        place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
         let input = body["input"].as_str().unwrap();
         assert!(input.starts_with("hello\n\n") && input.contains(&canaries.tail.to_string()));
         let instructions = body["instructions"].as_str().unwrap();
@@ -421,7 +428,7 @@ mod tests {
 
         let mut body = parsed(json!({"model": "m", "input": [
             {"type": "function_call_output", "call_id": "c1", "output": "42"}]}));
-        place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
         let instructions = body["instructions"].as_str().unwrap();
         let (head, tail) = (canaries.head.to_string(), canaries.tail.to_string());
         assert!(instructions.find(&head).unwrap() < instructions.find(&tail).unwrap());
@@ -439,16 +446,16 @@ mod tests {
             body.as_object_mut()
                 .unwrap()
                 .extend(extra.as_object().unwrap().clone());
-            let injection = place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+            let injection = place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
             assert!(injection.echo.is_empty() && injection.passive.is_some());
             assert_eq!(body["max_output_tokens"], 50, "no echo, no allowance");
         }
         let mut body = json!({"model": "m", "input": "x", "previous_response_id": "resp_1"});
         assert!(continues_stored_conversation(&body));
-        let injection = place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        let injection = place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
         assert_eq!(injection.echo, vec![canaries.head]);
         let mut body = json!({"model": "m", "input": "x", "background": true});
-        let error = place(&mut body, EchoMode::HeadTail, canaries).unwrap_err();
+        let error = place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap_err();
         assert_eq!(error.param, Some("background"));
     }
 }

@@ -232,7 +232,7 @@ impl ResponsesStream {
             | "response.incomplete" => {
                 let mut restored = original.get("response").cloned().unwrap_or(Value::Null);
                 if let Some(response) = data.get_mut("response").filter(|value| value.is_object()) {
-                    if restore_request_fields(&mut restored) {
+                    if restore_request_fields(&mut restored, self.delivery.limit()) {
                         response["instructions"] = restored["instructions"].clone();
                         response["max_output_tokens"] = restored["max_output_tokens"].clone();
                     }
@@ -313,6 +313,7 @@ impl StreamWriter for ResponsesStream {
 
 #[cfg(test)]
 mod tests {
+    use canarygate_policies::EchoCost;
     use canarygate_policies::inject::{Injection, RequestCanaries};
     use canarygate_policies::registry::MemoryRegistry;
     use canarygate_policies::sse::SseParser;
@@ -322,6 +323,9 @@ mod tests {
     use super::*;
     use crate::wire::edit::{TokenCounter, UsageOptions};
     use crate::wire::responses::request::place;
+
+    /// What an echo is costed at in these tests: a token per digit.
+    const COST: EchoCost = EchoCost::DIGIT_BY_DIGIT;
 
     /// A provider's stream of `deltas` (one message), as the real API
     /// orders it, numbered from 0, with the request's instructions.
@@ -463,7 +467,7 @@ mod tests {
         if let Some(limit) = max_output_tokens {
             body["max_output_tokens"] = json!(limit);
         }
-        let injection = place(&mut body, EchoMode::HeadTail, canaries).unwrap();
+        let injection = place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
         (injection, body, canaries)
     }
 
@@ -593,7 +597,7 @@ mod tests {
         let mut deltas = vec![format!("{} {}\n", canaries.head, canaries.tail)];
         deltas.extend(["one ", "two ", "six ", "ten ", "nine "].map(str::to_owned));
         let limit = body["max_output_tokens"].clone();
-        assert_eq!(limit, 3 + canarygate_policies::inject::ECHO_TOKEN_ALLOWANCE);
+        assert_eq!(limit, 3 + COST.allowance(2));
         let events = provider_events(&deltas, body["instructions"].as_str().unwrap(), limit);
         let (client, bytes) = relay(events, &injection, Some(3));
         let (name, last) = client.last().unwrap();

@@ -8,6 +8,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use canarygate_policies::EchoCost;
 use canarygate_policies::canary::Canary;
 use canarygate_policies::inject::{RequestCanaries, inject};
 use canarygate_policies::sse::{SseEvent, SseParser};
@@ -217,7 +218,13 @@ impl Canaried {
             tail: Canary::from_random([seed.wrapping_add(101); 10]),
         };
         let mut body = json!({"model": "m", "messages": [{"role": "user", "content": question}]});
-        inject(&mut body, EchoMode::HeadTail, canaries).expect("inject");
+        inject(
+            &mut body,
+            EchoMode::HeadTail,
+            EchoCost::DIGIT_BY_DIGIT,
+            canaries,
+        )
+        .expect("inject");
         let text = |index: usize| {
             body["messages"][index]["content"]
                 .as_str()

@@ -1,0 +1,225 @@
+//! What an echo costs the provider in output tokens, and so how many a
+//! request gets on top of the client's own limit ([`EchoCost::allowance`]).
+//!
+//! The echo is the canaries the reply opens with. Its tokens come out of the
+//! request's `max_tokens`, so canarygate raises the provider's limit by an
+//! allowance: too small, and the echo eats the client's budget (the client
+//! gets fewer tokens than it asked for); too large, and an answer that runs
+//! to its limit makes the provider write, and bill, tokens that canarygate
+//! reads, verifies and cuts at the client's limit.
+//!
+//! A canary is `CG` and fifteen digits, so its cost is set by how the
+//! provider's tokenizer splits a run of digits:
+//!
+//! - in groups of up to three: OpenAI's `cl100k_base` and `o200k_base`
+//!   (their split pattern's `\p{N}{1,3}`, in tiktoken's
+//!   `tiktoken_ext/openai_public.py`) and Llama 3's tokenizer. `CG` and five
+//!   groups, 6 tokens; the whole two-canary echo with its line break is 13
+//!   tokens in both o200k_base and Llama 3
+//!   (`policies/benches/token_cost/run.sh`);
+//! - one token per digit, as tokenizers without digit merges do: 16 tokens.
+//!
+//! [`EchoCost::for_model`] knows the first kind by model name and costs any
+//! other model as the second, so an echo never eats the client's budget
+//! unless a tokenizer spends more than a token per digit. A provider with a
+//! `tokenizer_file` is measured instead ([`EchoCost::measured`]).
+
+/// Output tokens one canary costs in a provider's tokenizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EchoCost {
+    tokens_per_canary: u64,
+}
+
+/// Tokens on top of the canaries an echo is allowed: a pair of quotes a
+/// model may write around it.
+pub const ECHO_SLACK_TOKENS: u64 = 2;
+
+/// Most tokens a canary is costed at, whatever a tokenizer measures: a
+/// token per digit and one for `CG`. It bounds [`ECHO_TOKEN_ALLOWANCE_MAX`];
+/// a tokenizer that spends more (`CG` in two tokens) finds its spare in the
+/// separators and [`ECHO_SLACK_TOKENS`].
+pub const MOST_TOKENS_PER_CANARY: u64 = 16;
+
+/// The most output tokens any request is allowed for its echo (two canaries
+/// at [`MOST_TOKENS_PER_CANARY`]): what a context check counts on before it
+/// knows the request's own.
+pub const ECHO_TOKEN_ALLOWANCE_MAX: u64 = EchoCost {
+    tokens_per_canary: MOST_TOKENS_PER_CANARY,
+}
+.allowance(2);
+
+/// Canaries, as a tokenizer would see them in an echo, measured by
+/// [`EchoCost::measured`]: digits of every kind (runs, repeats, zeros).
+const MEASURED_CANARIES: [&str; 4] = [
+    "CG482937105662831",
+    "CG000000000000000",
+    "CG123456789012345",
+    "CG999999999999999",
+];
+
+/// Model-name prefixes of OpenAI's models served with `cl100k_base` or
+/// `o200k_base` (after any `vendor/` path and a fine-tune's `ft:`).
+const OPENAI_PREFIXES: [&str; 7] = [
+    "gpt-3.5",
+    "gpt-4",
+    "gpt-5",
+    "gpt-oss",
+    "chatgpt-",
+    "davinci-002",
+    "babbage-002",
+];
+
+/// OpenAI's reasoning models, named alone or followed by `-`.
+const OPENAI_REASONING: [&str; 3] = ["o1", "o3", "o4"];
+
+/// How Llama 3 models are written in names (Meta's, Ollama's, Bedrock's).
+const LLAMA_3_MARKS: [&str; 3] = ["llama-3", "llama3", "llama_3"];
+
+impl EchoCost {
+    /// Tokenizers that split digit runs into groups of up to three: `CG` and
+    /// five groups.
+    pub const DIGITS_IN_THREES: Self = Self {
+        tokens_per_canary: 6,
+    };
+
+    /// Tokenizers that spend a token per digit: `CG` and fifteen. Any model
+    /// [`EchoCost::for_model`] does not know is costed this way.
+    pub const DIGIT_BY_DIGIT: Self = Self {
+        tokens_per_canary: MOST_TOKENS_PER_CANARY,
+    };
+
+    /// The cost of an echo to `model` (the name sent upstream), by the
+    /// tokenizer its family is known to use.
+    pub fn for_model(model: &str) -> Self {
+        let name = model
+            .rsplit('/')
+            .next()
+            .unwrap_or(model)
+            .to_ascii_lowercase();
+        let name = name.strip_prefix("ft:").unwrap_or(&name);
+        let openai = OPENAI_PREFIXES
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+            || OPENAI_REASONING.iter().any(|family| {
+                name.strip_prefix(family)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
+            });
+        let llama_3 = LLAMA_3_MARKS.iter().any(|mark| name.contains(mark));
+        if openai || llama_3 {
+            Self::DIGITS_IN_THREES
+        } else {
+            Self::DIGIT_BY_DIGIT
+        }
+    }
+
+    /// The cost counted by a provider's tokenizer (`count` gives the tokens
+    /// of a text): the most any of a few canaries takes, at least 1 and at
+    /// most [`MOST_TOKENS_PER_CANARY`].
+    pub fn measured(count: impl Fn(&str) -> u64) -> Self {
+        let most = MEASURED_CANARIES
+            .iter()
+            .map(|canary| count(canary))
+            .max()
+            .unwrap_or(0);
+        Self {
+            tokens_per_canary: most.clamp(1, MOST_TOKENS_PER_CANARY),
+        }
+    }
+
+    /// Tokens one canary costs.
+    pub fn tokens_per_canary(self) -> u64 {
+        self.tokens_per_canary
+    }
+
+    /// Output tokens added to the client's limit when `echoed` canaries are
+    /// asked back: each with the space or line break after it, and
+    /// [`ECHO_SLACK_TOKENS`]. None when nothing is echoed.
+    pub const fn allowance(self, echoed: usize) -> u64 {
+        if echoed == 0 {
+            return 0;
+        }
+        echoed as u64 * (self.tokens_per_canary + 1) + ECHO_SLACK_TOKENS
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn openai_and_llama_3_models_are_costed_by_groups_of_three() {
+        for model in [
+            "gpt-4o-mini",
+            "gpt-4.1",
+            "gpt-5-nano",
+            "gpt-3.5-turbo",
+            "GPT-4o",
+            "openai/gpt-4o",
+            "ft:gpt-4o-mini-2024-07-18:acme::abc123",
+            "o1",
+            "o3-mini",
+            "o4-mini-2025-04-16",
+            "gpt-oss-120b",
+            "chatgpt-4o-latest",
+            "meta-llama/Meta-Llama-3.1-8B-Instruct",
+            "llama-3.3-70b-versatile",
+            "llama3.1:8b",
+            "meta.llama3-1-70b-instruct-v1:0",
+        ] {
+            assert_eq!(
+                EchoCost::for_model(model),
+                EchoCost::DIGITS_IN_THREES,
+                "{model}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_models_are_costed_a_token_per_digit() {
+        for model in [
+            "claude-sonnet-4-5",
+            "qwen2.5-72b-instruct",
+            "gemma-2-9b-it",
+            "mistral-large-latest",
+            "o1x",
+            "go3",
+            "my-azure-deployment",
+            "llama-2-70b",
+            "",
+        ] {
+            assert_eq!(
+                EchoCost::for_model(model),
+                EchoCost::DIGIT_BY_DIGIT,
+                "{model}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_allowance_covers_each_canary_its_separator_and_the_slack() {
+        // o200k_base and Llama 3 spend 13 tokens on the two-canary echo and
+        // its line break (policies/benches/token_cost/run.sh).
+        let threes = EchoCost::DIGITS_IN_THREES.allowance(2);
+        assert!((13..=16).contains(&threes), "{threes}");
+        // A token per digit: `CG`, 15 digits, a space, `CG`, 15, a line break.
+        let by_digit = EchoCost::DIGIT_BY_DIGIT.allowance(2);
+        assert!(by_digit >= 2 * 16 + 2, "{by_digit}");
+        assert_eq!(EchoCost::DIGIT_BY_DIGIT.allowance(0), 0);
+        assert!(EchoCost::DIGITS_IN_THREES.allowance(1) < threes);
+        assert_eq!(by_digit, ECHO_TOKEN_ALLOWANCE_MAX);
+    }
+
+    #[test]
+    fn a_measured_cost_is_the_most_a_canary_took_within_bounds() {
+        let by_digit = EchoCost::measured(|text| text.len() as u64 - 1);
+        assert_eq!(by_digit, EchoCost::DIGIT_BY_DIGIT);
+        // Zeros merged into one token, every other digit run costing five.
+        let uneven = EchoCost::measured(|text| if text.contains("000") { 2 } else { 6 });
+        assert_eq!(uneven, EchoCost::DIGITS_IN_THREES);
+        assert_eq!(EchoCost::measured(|_| 0).tokens_per_canary(), 1);
+        assert_eq!(
+            EchoCost::measured(|_| 1_000).tokens_per_canary(),
+            MOST_TOKENS_PER_CANARY
+        );
+    }
+}
