@@ -4,8 +4,10 @@
 //! format canarygate used before issue 16 (`before`, rebuilt here as the
 //! baseline: a system message first with the head canary, a system message
 //! after the last user message with the tail, base32 canaries
-//! `CG-XXXX-XXXX-XXXX-XXXX`). `policies/benches/token_cost/run.sh` counts
-//! them with real tokenizers.
+//! `CG-XXXX-XXXX-XXXX-XXXX`). Each line also gives the output tokens
+//! canarygate adds to the client's limit for the echo of an OpenAI or Llama 3
+//! model (`allowance`). `policies/benches/token_cost/run.sh` counts them
+//! with real tokenizers.
 //!
 //! `cargo run -q -p canarygate-policies --example token_cost_cases`
 
@@ -56,6 +58,10 @@ fn random_bytes(seed: u64) -> [u8; 10] {
     }
     bytes
 }
+
+/// The model the requests name: OpenAI's, whose tokenizer family (digits in
+/// groups of three) Llama 3 shares.
+const MODEL: &str = "gpt-4o";
 
 /// A base32 canary as canarygate wrote them before: `CG-` and 16 Crockford
 /// symbols in groups of four.
@@ -115,18 +121,14 @@ fn main() {
                     &legacy_canary(random_bytes(2 * seed)),
                     &legacy_canary(random_bytes(2 * seed + 1)),
                 );
-                let mut request = json!({"model": "m", "messages": client});
+                let mut request = json!({"model": MODEL, "messages": client});
                 let canaries = RequestCanaries {
                     head: Canary::from_random(random_bytes(2 * seed)),
                     tail: Canary::from_random(random_bytes(2 * seed + 1)),
                 };
-                inject(
-                    &mut request,
-                    EchoMode::HeadTail,
-                    EchoCost::DIGIT_BY_DIGIT,
-                    canaries,
-                )
-                .unwrap_or_else(|error| panic!("{error}"));
+                let cost = EchoCost::for_model(MODEL);
+                let injection = inject(&mut request, EchoMode::HeadTail, cost, canaries)
+                    .unwrap_or_else(|error| panic!("{error}"));
                 let after_echo = obedient_echo(&request).unwrap_or_default();
                 let answer = ANSWERS[(index + draw as usize) % ANSWERS.len()];
                 println!(
@@ -139,6 +141,7 @@ fn main() {
                         "answer": answer,
                         "before": {"messages": before, "echo": before_echo},
                         "after": {"messages": request["messages"], "echo": after_echo},
+                        "allowance": cost.allowance(injection.echo.len()),
                     })
                 );
             }

@@ -9,7 +9,9 @@
 // Completion overhead: tokens of the echo, a line break and the answer minus
 // the answer's own. Prints medians (and maxima) before and after, and checks
 // the targets on short single-message prompts: median <= 64 prompt tokens,
-// <= 16 completion tokens, in both tokenizers.
+// <= 16 completion tokens, in both tokenizers; and that no echo costs more
+// than the output tokens canarygate adds for it to an OpenAI or Llama 3
+// model's limit (the cases' `allowance`).
 import { createInterface } from 'node:readline'
 import { encode as o200k, encodeChat } from 'gpt-tokenizer/model/gpt-4o'
 import llama3 from 'llama3-tokenizer-js'
@@ -42,6 +44,7 @@ const median = (values) => {
 }
 
 const rows = new Map()
+const allowance = { most: 0, given: 0, fits: true }
 const lines = createInterface({ input: process.stdin })
 for await (const line of lines) {
   if (!line.trim()) continue
@@ -57,6 +60,12 @@ for await (const line of lines) {
       row[format].prompt.push(tok.prompt(messages) - client)
       row[format].completion.push(tok.text(`${echo}\n${c.answer}`) - answer)
     }
+    // The output tokens canarygate adds to the client's limit for this echo:
+    // an echo that costs more eats the client's budget.
+    const echoCost = row.after.completion[row.after.completion.length - 1]
+    allowance.most = Math.max(allowance.most, echoCost)
+    allowance.given = c.allowance
+    allowance.fits &&= echoCost <= c.allowance
   }
 }
 
@@ -75,4 +84,5 @@ const count = [...rows.values()][0].after.prompt.length
 console.log()
 console.log(`medians over ${count} requests per row (max in brackets).`)
 console.log(`targets on single user messages (median <= ${PROMPT_TARGET} prompt, <= ${COMPLETION_TARGET} completion tokens, both tokenizers): ${met ? 'met' : 'NOT met'}`)
-process.exitCode = met ? 0 : 1
+console.log(`the echo's allowance for OpenAI and Llama 3 models: ${allowance.given} output tokens; the echo cost at most ${allowance.most}: ${allowance.fits ? 'fits' : 'does NOT fit'}`)
+process.exitCode = met && allowance.fits ? 0 : 1
