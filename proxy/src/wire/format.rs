@@ -63,7 +63,7 @@ pub type Choices = SmallVec<[ChoiceView; 1]>;
 pub type Spans = SmallVec<[Range<usize>; 2]>;
 
 /// One choice of an answer or of a stream event, as the verifier reads it.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct ChoiceView {
     /// Choice index.
     pub index: u32,
@@ -176,6 +176,28 @@ pub struct StreamMemo {
     pub(crate) prefix_searches: u8,
     /// An event without that prefix, kept for its capacity.
     pub(crate) scratch: String,
+    /// The last event read in place whose one text held no escape, framed
+    /// around that text: a later event with the same bytes around a text
+    /// without escapes reads as it did, with its own text.
+    pub(crate) text_frame: Option<TextFrame>,
+    /// Times a frame was learnt; the learning stops after a few, for a
+    /// provider whose events never repeat their frame.
+    pub(crate) frames_learnt: u8,
+}
+
+/// An event's bytes around its one text, and what the event read as
+/// ([`StreamMemo::text_frame`]).
+#[derive(Debug)]
+pub(crate) struct TextFrame {
+    /// The bytes up to the text's opening quote, included.
+    pub(crate) before: String,
+    /// From the text's closing quote, included, to the end of the member
+    /// that holds every text (Chat: `choices`).
+    pub(crate) after: String,
+    /// The event's choices, its one text field included.
+    pub(crate) choices: Choices,
+    /// [`Chunk::light_keeps_other_fields`] of the event.
+    pub(crate) keeps_other_fields: bool,
 }
 
 /// The string of a light chunk's one text field.
@@ -234,6 +256,15 @@ impl Chunk {
         self.light
             .as_ref()
             .is_some_and(|light| light.keeps_other_fields)
+    }
+
+    /// Where a light chunk's one text lies in the event's data, when its
+    /// string held no escape.
+    pub(crate) fn light_text_in_data(&self) -> Option<Range<usize>> {
+        match self.light.as_ref()?.text.as_ref()? {
+            LightText::InData(range) => Some(range.clone()),
+            LightText::Unescaped(_) => None,
+        }
     }
 
     /// Gives a light chunk its tree, parsed from `data` (the event's data).

@@ -19,10 +19,17 @@
 //! string of a delta, so a canary-shaped span anywhere in a light chunk's
 //! delta is read as text, as the tree's residual scan would find it.
 //!
-//! Longer than 500 lines: about 300 of them are the unit tests, which hold
+//! In a stream, [`read_in_stream`] reads less of each chunk: the bytes
+//! before `choices` that every chunk of an answer repeats are left out, and
+//! a chunk with the same bytes around its text as an earlier one (a
+//! [`TextFrame`]) is read as that one was, with its own text, parsing only
+//! what follows `choices`.
+//!
+//! Longer than 500 lines: about 650 of them are the unit tests, which hold
 //! every light reading to the tree's reading of the same chunk, for listed
-//! chunks and for generated ones (a property test over the shapes and
-//! spellings providers use, `json_text.rs`).
+//! chunks and for generated ones (property tests over the shapes and
+//! spellings providers use, `json_text.rs`, alone and after other chunks of
+//! their stream).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -34,7 +41,7 @@ use serde::de::{
 };
 
 use crate::wire::format::{
-    ChoiceView, Choices, Chunk, LightText, StreamMemo, TextField, TextFields,
+    ChoiceView, Choices, Chunk, LightText, StreamMemo, TextField, TextFields, TextFrame,
 };
 use crate::wire::json_str::JsonStr;
 use crate::wire::location::{Key, Location};
@@ -224,7 +231,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for LightDelta<'a> {
 
 /// The members of an object read so far, to refuse one that comes twice
 /// (the tree keeps the last; a light reading would have to undo the first).
-#[derive(Default)]
+#[derive(Default, Clone, Copy)]
 pub(super) struct Members(u32);
 
 impl Members {
@@ -327,8 +334,15 @@ impl<'a> LightChoices<'a> {
     }
 }
 
-/// Reads a chunk into [`LightChoices`].
-struct ChunkSeed<'s, 'a>(&'s mut LightChoices<'a>);
+/// Reads a chunk into [`LightChoices`], the top-level members in
+/// [`Members`] taken as read already.
+struct ChunkSeed<'s, 'a>(&'s mut LightChoices<'a>, Members);
+
+/// [`Members`] code of a chunk's `choices`.
+const CHOICES: u8 = 0;
+
+/// [`Members`] code of a chunk's `usage`.
+const USAGE: u8 = 1;
 
 impl<'de: 'a, 'a> DeserializeSeed<'de> for ChunkSeed<'_, 'a> {
     type Value = ();
@@ -346,15 +360,15 @@ impl<'de: 'a, 'a> Visitor<'de> for ChunkSeed<'_, 'a> {
     }
 
     fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
-        let mut seen = Members::default();
+        let mut seen = self.1;
         while let Some(member) = map.next_key::<TopMember>()? {
             match member {
                 TopMember::Choices => {
-                    seen.first(0)?;
+                    seen.first(CHOICES)?;
                     map.next_value_seed(ChoicesSeed(&mut *self.0))?;
                 }
                 TopMember::Usage => {
-                    seen.first(1)?;
+                    seen.first(USAGE)?;
                     map.next_value::<Option<Refused>>()?;
                 }
                 TopMember::Error => return Err(M::Error::custom("not read lightly")),
@@ -458,6 +472,25 @@ const PREFIX_SEARCHES: u8 = 4;
 /// as it does after `{`, and the key that comes is `choices` in both. The
 /// text's place is mapped back into `data`.
 pub fn read_in_stream(data: &str, memo: &mut StreamMemo) -> Option<Chunk> {
+    if let Some(frame) = &memo.text_frame
+        && let Some(chunk) = read_framed(frame, data, &mut memo.scratch)
+    {
+        return Some(chunk);
+    }
+    let chunk = read_after_prefix(data, memo)?;
+    if memo.frames_learnt < FRAME_LEARNS
+        && let Some(frame) = text_frame(data, &chunk)
+    {
+        memo.frames_learnt += 1;
+        memo.text_frame = Some(frame);
+    }
+    Some(chunk)
+}
+
+/// [`read`], from after the prefix the stream's chunks share when `data`
+/// begins with it (see [`read_in_stream`]), learning that prefix from the
+/// first chunks.
+fn read_after_prefix(data: &str, memo: &mut StreamMemo) -> Option<Chunk> {
     let prefix = memo.skipped_prefix.as_str();
     if let Some(rest) = data
         .strip_prefix(prefix)
@@ -480,6 +513,140 @@ pub fn read_in_stream(data: &str, memo: &mut StreamMemo) -> Option<Chunk> {
     Some(chunk)
 }
 
+/// Times a stream's reading learns the frame of a chunk ([`text_frame`])
+/// before it keeps the last one it learnt.
+const FRAME_LEARNS: u8 = 4;
+
+/// The frame of `chunk`, the light reading of `data`: the bytes around
+/// its one text, when that text's string held no escape and `choices` is
+/// the first member or comes after members the reading skips
+/// ([`skipped_prefix`]).
+fn text_frame(data: &str, chunk: &Chunk) -> Option<TextFrame> {
+    let text = chunk.light_text_in_data()?;
+    let choices_first = data
+        .strip_prefix('{')
+        .is_some_and(|rest| rest.starts_with(CHOICES_KEY));
+    if !choices_first {
+        skipped_prefix(data)?;
+    }
+    let bytes = data.as_bytes();
+    let opening = text.start.checked_sub(1)?;
+    if bytes[opening] != b'"' || bytes.get(text.end) != Some(&b'"') {
+        return None;
+    }
+    let end = choices_end(bytes, opening, text.end + 1)?;
+    Some(TextFrame {
+        before: data[..text.start].to_owned(),
+        after: data[text.end..end].to_owned(),
+        choices: chunk.choices.clone(),
+        keeps_other_fields: chunk.light_keeps_other_fields(),
+    })
+}
+
+/// Where the top-level `choices` of `chunk` ends (just past its `]`), for
+/// a string of it that opens at `opening` and ends just before `from`:
+/// the nesting is counted up to the string, then followed from its end
+/// until it is back at the chunk's own object.
+fn choices_end(chunk: &[u8], opening: usize, from: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut at = 0;
+    while at < opening {
+        match chunk[at] {
+            b'"' => at = string_end(chunk, at + 1)? + 1,
+            b'{' | b'[' => (depth, at) = (depth + 1, at + 1),
+            b'}' | b']' => (depth, at) = (depth.checked_sub(1)?, at + 1),
+            _ => at += 1,
+        }
+    }
+    if at != opening {
+        return None;
+    }
+    at = from;
+    while let Some(&byte) = chunk.get(at) {
+        match byte {
+            b'"' => at = string_end(chunk, at + 1)? + 1,
+            b'{' | b'[' => (depth, at) = (depth + 1, at + 1),
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                at += 1;
+                if depth == 1 {
+                    return (byte == b']').then_some(at);
+                }
+            }
+            _ => at += 1,
+        }
+    }
+    None
+}
+
+/// Where the JSON string whose contents begin at `start` in `json` ends:
+/// its closing quote.
+fn string_end(json: &[u8], start: usize) -> Option<usize> {
+    let mut at = start;
+    loop {
+        match json.get(at)? {
+            b'\\' => at += 2,
+            b'"' => return Some(at),
+            _ => at += 1,
+        }
+    }
+}
+
+/// `data` read through the stream's `frame`: when it has the frame's bytes
+/// around a text that holds no escape, no quote and no control character,
+/// and ends after `choices` as a light chunk may, it reads as the frame's
+/// chunk did, with this text. `scratch` holds what follows `choices`.
+///
+/// That is the same reading as [`read`]'s. The two chunks are the same
+/// bytes but for the text's string and what follows `choices`. A string of
+/// other such characters is a valid JSON string read without an escape, so
+/// the parser meets the same tokens in the same places up to the end of
+/// `choices`: the same choices, the text at the same place, its bytes
+/// now these. Before `choices` there are only members the reading skips
+/// (the frame is learnt only then), so after it the reading has seen
+/// `choices` and nothing else it reads, which is where
+/// [`after_choices`]'s reading begins.
+fn read_framed(frame: &TextFrame, data: &str, scratch: &mut String) -> Option<Chunk> {
+    let rest = data.strip_prefix(frame.before.as_str())?;
+    let len = rest
+        .bytes()
+        .position(|byte| matches!(byte, b'"' | b'\\') || byte < 0x20)?;
+    let tail = rest[len..].strip_prefix(frame.after.as_str())?;
+    after_choices(tail, scratch)?;
+    let start = frame.before.len();
+    Some(Chunk::light(
+        frame.choices.clone(),
+        Some(LightText::InData(start..start + len)),
+        frame.keeps_other_fields,
+    ))
+}
+
+/// Whether `tail`, what follows a chunk's `choices`, ends the chunk as a
+/// light reading takes it: `}` and whitespace, or `,` and members read as
+/// [`ChunkSeed`] reads them with `choices` read already (written into
+/// `scratch` as an object of their own).
+fn after_choices(tail: &str, scratch: &mut String) -> Option<()> {
+    const WHITESPACE: [char; 4] = [' ', '\n', '\t', '\r'];
+    if let Some(end) = tail.strip_prefix('}') {
+        return end.trim_start_matches(WHITESPACE).is_empty().then_some(());
+    }
+    let members = tail.strip_prefix(',')?;
+    // A member follows the comma (a trailing comma is no JSON).
+    if !members.trim_start_matches(WHITESPACE).starts_with('"') {
+        return None;
+    }
+    scratch.clear();
+    scratch.push('{');
+    scratch.push_str(members);
+    let mut parser = serde_json::Deserializer::from_str(scratch);
+    let mut read = Members::default();
+    read.first::<serde_json::Error>(CHOICES).ok()?;
+    ChunkSeed(&mut LightChoices::default(), read)
+        .deserialize(&mut parser)
+        .ok()?;
+    parser.end().ok()
+}
+
 /// Where the top-level `choices` member of `chunk` (valid JSON) begins,
 /// when everything before it is `{` and whole members that the reading
 /// skips, each followed by a comma, with nothing between the first `{` and
@@ -499,14 +666,7 @@ fn skipped_prefix(chunk: &str) -> Option<usize> {
         match head[at] {
             b'"' => {
                 let start = at + 1;
-                let mut close = start;
-                loop {
-                    match head.get(close)? {
-                        b'\\' => close += 2,
-                        b'"' => break,
-                        _ => close += 1,
-                    }
-                }
+                let close = string_end(head, start)?;
                 if depth == 0 && name_next {
                     let name = &head[start..close];
                     if name.contains(&b'\\') || matches!(name, b"choices" | b"usage" | b"error") {
@@ -540,7 +700,9 @@ fn skipped_prefix(chunk: &str) -> Option<usize> {
 fn read_shifted(json: &str, shift: usize) -> Option<Chunk> {
     let mut choices = LightChoices::default();
     let mut parser = serde_json::Deserializer::from_str(json);
-    ChunkSeed(&mut choices).deserialize(&mut parser).ok()?;
+    ChunkSeed(&mut choices, Members::default())
+        .deserialize(&mut parser)
+        .ok()?;
     parser.end().ok()?;
     let text = choices.text.map(|text| match text.in_data(json) {
         LightText::InData(range) => LightText::InData(range.start + shift..range.end + shift),
@@ -903,6 +1065,206 @@ mod tests {
         assert_eq!(memo.prefix_searches, PREFIX_SEARCHES);
     }
 
+    #[test]
+    fn a_stream_s_chunks_are_read_through_the_frame_around_their_text() {
+        let chunk = |delta: &str, tail: &str| {
+            format!(
+                r#"{{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","system_fingerprint":"fp","choices":[{{"index":0,"delta":{delta},"logprobs":null,"finish_reason":null}}]{tail}"#
+            )
+        };
+        let first = chunk(
+            r#"{"role":"assistant","content":""}"#,
+            r#","usage":null,"obfuscation":"a"}"#,
+        );
+        let second = chunk(
+            r#"{"content":"Hello"}"#,
+            r#","usage":null,"obfuscation":"xY3"}"#,
+        );
+        let mut memo = StreamMemo::default();
+        for data in [&first, &second] {
+            read_in_stream(data, &mut memo).unwrap();
+        }
+        let frame = memo.text_frame.as_ref().expect("a frame learnt");
+        assert!(
+            frame.before.ends_with(r#""delta":{"content":""#),
+            "{frame:?}"
+        );
+        assert_eq!(frame.after, r#""},"logprobs":null,"finish_reason":null}]"#);
+        // Read through the frame, and as the tree reads them.
+        for (delta, tail) in [
+            (
+                r#"{"content":" world, café"}"#,
+                r#","usage":null,"obfuscation":"q"}"#,
+            ),
+            (
+                r#"{"content":" again"}"#,
+                r#","obfuscation":"abcdefghijklmno","usage":null}"#,
+            ),
+            (r#"{"content":""}"#, "}"),
+            (r#"{"content":"é😀  /"}"#, "} \n"),
+            (
+                r#"{"content":"CG482937105662831"}"#,
+                r#","id":"again","usage":null}"#,
+            ),
+        ] {
+            let data = chunk(delta, tail);
+            let mut scratch = String::new();
+            let framed = read_framed(frame, &data, &mut scratch)
+                .unwrap_or_else(|| panic!("not read through the frame: {data}"));
+            reads_as_tree(&framed, &data);
+            read_after(&[&first, &second], &data);
+        }
+        // Not read through the frame; read as they are alone, in place or
+        // not.
+        for (delta, tail) in [
+            // An escape, or a control character no JSON string holds raw.
+            (r#"{"content":"say \"hi\""}"#, "}"),
+            (r#"{"content":"a\nb"}"#, "}"),
+            ("{\"content\":\"a\u{1}b\"}", "}"),
+            // Another member, or another delta.
+            (r#"{"refusal":"no"}"#, "}"),
+            (r#"{"content":"a","role":"assistant"}"#, "}"),
+            // After `choices`: usage, `choices` again, an error, a trailing
+            // comma, bytes after the chunk, an unclosed chunk.
+            (
+                r#"{"content":"a"}"#,
+                r#","usage":{"prompt_tokens":1,"completion_tokens":1}}"#,
+            ),
+            (r#"{"content":"a"}"#, r#","usage":null,"usage":null}"#),
+            (r#"{"content":"a"}"#, r#","choices":[]}"#),
+            (r#"{"content":"a"}"#, r#","error":null}"#),
+            (r#"{"content":"a"}"#, ",}"),
+            (r#"{"content":"a"}"#, "} {}"),
+            (r#"{"content":"a"}"#, ""),
+            (r#"{"content":"a"}"#, r#","usage":null"#),
+            (r#"{"content":"a"}"#, " }"),
+        ] {
+            let data = chunk(delta, tail);
+            let mut scratch = String::new();
+            assert!(
+                read_framed(frame, &data, &mut scratch).is_none(),
+                "read through the frame: {data}"
+            );
+            read_after(&[&first, &second], &data);
+        }
+    }
+
+    #[test]
+    fn a_frame_is_learnt_only_around_an_unescaped_text_after_skipped_members() {
+        for (data, learnt) in [
+            (
+                r#"{"id":"a","choices":[{"index":0,"delta":{"content":"a"}}]}"#,
+                true,
+            ),
+            (
+                r#"{"choices":[{"index":0,"delta":{"content":"a"}}],"usage":null}"#,
+                true,
+            ),
+            (
+                r#"{"x":[{"y":"]"}],"choices":[{"delta":{"content":"a"},"finish_reason":null}]}"#,
+                true,
+            ),
+            (
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#,
+                true,
+            ),
+            (
+                r#"{"id":"a","choices":[{"index":0,"delta":{"content":"a\"b"}}]}"#,
+                false,
+            ),
+            (
+                r#"{"usage":null,"choices":[{"index":0,"delta":{"content":"a"}}]}"#,
+                false,
+            ),
+            (r#"{"id":"a","choices":[{"index":0,"delta":{}}]}"#, false),
+            (
+                r#"{"id":"a" , "choices":[{"index":0,"delta":{"content":"a"}}]}"#,
+                false,
+            ),
+        ] {
+            let mut memo = StreamMemo::default();
+            read_in_stream(data, &mut memo).unwrap();
+            assert_eq!(memo.text_frame.is_some(), learnt, "{data}");
+            read_after(&[data], data);
+        }
+    }
+
+    #[test]
+    fn a_provider_whose_chunks_never_repeat_their_frame_is_learnt_from_a_few_times() {
+        let mut memo = StreamMemo::default();
+        for n in 0..10 {
+            let data =
+                format!(r#"{{"id":"a","choices":[{{"index":{n},"delta":{{"content":"a"}}}}]}}"#);
+            assert!(read_in_stream(&data, &mut memo).is_some());
+        }
+        assert_eq!(memo.frames_learnt, FRAME_LEARNS);
+    }
+
+    /// `node` with the string of every text member (content, refusal,
+    /// reasoning, a call's arguments) set to `text`.
+    fn retext(node: &Node, text: &str) -> Node {
+        const TEXTS: [&str; 5] = [
+            "content",
+            "refusal",
+            "reasoning_content",
+            "reasoning",
+            "arguments",
+        ];
+        match node {
+            Node::Object(members) => Node::Object(
+                members
+                    .iter()
+                    .map(|(name, value)| match value {
+                        Node::Str(_) if TEXTS.contains(name) => (*name, Node::str(text)),
+                        value => (*name, retext(value, text)),
+                    })
+                    .collect(),
+            ),
+            Node::Array(items) => {
+                Node::Array(items.iter().map(|item| retext(item, text)).collect())
+            }
+            other => other.clone(),
+        }
+    }
+
+    /// Two chunks of one stream alike but for their text and the members
+    /// after `choices` (`usage: null`, OpenAI's `obfuscation` padding, in
+    /// either order, or none): the second is read through the frame of the
+    /// first when the first's can be learnt.
+    fn framed_pair() -> impl Strategy<Value = (String, String)> {
+        let tail = || {
+            (
+                proptest::option::of(Just(Node::Null)),
+                proptest::option::of("[a-zA-Z0-9]{1,15}"),
+                any::<bool>(),
+            )
+        };
+        (
+            skipped_members().prop_shuffle(),
+            chunk_choice(),
+            text(),
+            tail(),
+            tail(),
+            any::<(bool, bool)>(),
+        )
+            .prop_map(|(skipped, (choice, _), text, first, second, (spaced, escaped))| {
+                let render = |choice: Node, (usage, padding, swap): (Option<Node>, Option<String>, bool)| {
+                    let mut members = skipped.clone();
+                    members.push(("choices", Node::Array(vec![choice])));
+                    let mut after: Vec<(&'static str, Node)> = Vec::new();
+                    after.extend(usage.map(|usage| ("usage", usage)));
+                    after.extend(padding.map(|padding| ("obfuscation", Node::Str(padding))));
+                    if swap {
+                        after.reverse();
+                    }
+                    members.extend(after);
+                    Node::Object(members).render(Style { spaced, escaped })
+                };
+                let other = retext(&choice, &text);
+                (render(choice, first), render(other, second))
+            })
+    }
+
     /// Two chunks of one stream: the members the reading skips, written
     /// alike before `choices` in both, then each chunk's own choices and
     /// usage; and whether the first one's prefix can be kept.
@@ -962,6 +1324,14 @@ mod tests {
                 prop_assert!(!kept.is_empty(), "no prefix kept of {}", first);
             }
             read_after(&[&second], &second);
+        }
+
+        /// A chunk read through the frame learnt from another of its
+        /// stream reads as it does alone, and as its tree reads it.
+        #[test]
+        fn a_chunk_read_through_a_frame_reads_as_it_does_alone((first, second) in framed_pair()) {
+            read_after(&[&first], &second);
+            read_after(&[&first, &second], &first);
         }
     }
 }
