@@ -25,7 +25,7 @@
 //! [`TextFrame`]) is read as that one was, with its own text, parsing only
 //! what follows `choices`.
 //!
-//! Longer than 500 lines: about 650 of them are the unit tests, which hold
+//! Longer than 500 lines: about 620 of them are the unit tests, which hold
 //! every light reading to the tree's reading of the same chunk, for listed
 //! chunks and for generated ones (property tests over the shapes and
 //! spellings providers use, `json_text.rs`, alone and after other chunks of
