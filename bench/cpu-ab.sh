@@ -12,8 +12,9 @@
 # work for every request, so canarygate's CPU over the provider's in the same
 # round ("canarygate / provider") cancels the host's own slowdowns, which
 # move both by the same factor (seen here: 10 % between rounds). Both builds serve the
-# `default` preset (echo-first, durable audit), each with its own data
-# directory; the provider is AFTER's `sim-provider`.
+# `default` preset (echo-first, durable audit, or the background audit with
+# AB_AUDIT), each with its own data directory; the provider is AFTER's
+# `sim-provider`.
 #
 # Needs perf (Debian: linux-perf) and the load generator (built here).
 # Environment knobs [defaults]:
@@ -21,6 +22,7 @@
 #   AB_SECONDS   seconds of saturation per build and round [6]
 #   AB_MODE      stream or non-stream [stream]
 #   AB_SIM_ARGS  further sim-provider arguments, e.g. `--decode-tps 1000` []
+#   AB_AUDIT     durable or background: the audit's durability [durable]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -38,11 +40,20 @@ start_work
 canarygate=$after_bin
 # shellcheck disable=SC2086 # AB_SIM_ARGS is a list of arguments
 start_sim ${AB_SIM_ARGS:-}
+config=preset:default
+case ${AB_AUDIT:-durable} in
+  durable) ;;
+  background)
+    config=$work/background.toml
+    { cat policies/presets/default.toml; printf '\n[audit]\ndurability = "background"\n'; } >"$config"
+    ;;
+  *) echo "AB_AUDIT must be durable or background" >&2; exit 2 ;;
+esac
 declare -A url pid
 for name in before after; do
   bin=${name}_bin
   canarygate=${!bin}
-  start_canarygate_server "$name" preset:default
+  start_canarygate_server "$name" "$config"
   pid[$name]=$started_pid
   url[$name]=$started_url
   "$load" --target "$name=${url[$name]}/v1" --modes "$mode" --rounds 1 --seconds 2 --no-latency >/dev/null

@@ -29,7 +29,9 @@
 //!    and the tree is built only if an edit needs it. A stream's reader
 //!    keeps a [`StreamMemo`] across its events
 //!    ([`WireFormat::read_stream_event`]): Chat reads a chunk from after
-//!    the prefix the stream's chunks share. Likewise a whole
+//!    the prefix the stream's chunks share, or, when the chunk has the
+//!    same bytes around its text as an earlier one, as that one was read
+//!    with its own text. Likewise a whole
 //!    answer of a shape it knows ([`WireFormat::read_answer_light`], Chat's
 //!    common answer): its text fields' string literals are located in the
 //!    provider's bytes ([`LightAnswer`]) and no tree is built at all.
