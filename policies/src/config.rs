@@ -14,6 +14,7 @@ use std::ops::Range;
 use serde::Deserialize;
 use toml::Spanned;
 
+use crate::echo_cost::TokenizerDigits;
 use crate::endpoints_config::EndpointsConfig;
 use crate::local_config::{LocalConfig, ProbeConfig};
 use crate::registry_config::{RegistryConfig, check_env_name};
@@ -339,6 +340,11 @@ pub struct ProviderConfig {
     /// `verify.exact_tolerance`; without it, to a conservative estimate.
     #[serde(default)]
     pub tokenizer_file: Option<String>,
+    /// How the provider's tokenizer splits digits, which sets the output
+    /// tokens a request gets for its echo ([`crate::echo_cost`]); without
+    /// it, measured with `tokenizer_file`, else guessed from the model name.
+    #[serde(default)]
+    pub tokenizer_digits: Option<TokenizerDigits>,
 }
 
 /// `[[routes]]`: which provider serves a client model name.
@@ -892,6 +898,31 @@ provider = "sim"
         assert_eq!(error.position.unwrap().0, 5);
         assert!(error.message.contains("context_windw"), "{error}");
         assert!(error.to_string().starts_with("test.toml:5:"), "{error}");
+    }
+
+    #[test]
+    fn a_providers_tokenizer_digits_are_one_of_two_kinds() {
+        let with = |value: &str| {
+            MINIMAL.replace(
+                "context_window = 1000",
+                &format!("context_window = 1000\ntokenizer_digits = {value}"),
+            )
+        };
+        let policy = Policy::from_toml_str(&with("\"groups-of-three\""), "test.toml").unwrap();
+        assert_eq!(
+            policy.providers[0].tokenizer_digits,
+            Some(TokenizerDigits::GroupsOfThree)
+        );
+        let policy = Policy::from_toml_str(&with("\"one-per-digit\""), "test.toml").unwrap();
+        assert_eq!(
+            policy.providers[0].tokenizer_digits,
+            Some(TokenizerDigits::OnePerDigit)
+        );
+        let policy = Policy::from_toml_str(MINIMAL, "test.toml").unwrap();
+        assert_eq!(policy.providers[0].tokenizer_digits, None);
+        let error = error_of(&with("\"threes\""));
+        assert_eq!(error.position.unwrap().0, 6, "{error}");
+        assert!(error.message.contains("groups-of-three"), "{error}");
     }
 
     #[test]

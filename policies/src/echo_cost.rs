@@ -22,7 +22,23 @@
 //! [`EchoCost::for_model`] knows the first kind by model name and costs any
 //! other model as the second, so an echo never eats the client's budget
 //! unless a tokenizer spends more than a token per digit. A provider with a
-//! `tokenizer_file` is measured instead ([`EchoCost::measured`]).
+//! `tokenizer_file` is measured instead ([`EchoCost::measured`]), and a
+//! provider's `tokenizer_digits` says which kind it is outright
+//! ([`TokenizerDigits`]: a deployment name such as Azure's says nothing of
+//! the model behind it).
+
+use serde::Deserialize;
+
+/// How a provider's tokenizer splits a run of digits, as a policy says it
+/// (`[[providers]] tokenizer_digits`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TokenizerDigits {
+    /// In groups of up to three: OpenAI's and Llama 3's tokenizers.
+    GroupsOfThree,
+    /// A token per digit.
+    OnePerDigit,
+}
 
 /// Output tokens one canary costs in a provider's tokenizer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +103,15 @@ impl EchoCost {
     pub const DIGIT_BY_DIGIT: Self = Self {
         tokens_per_canary: MOST_TOKENS_PER_CANARY,
     };
+
+    /// The cost of an echo to a tokenizer that splits digits as `digits`
+    /// says.
+    pub fn of_digits(digits: TokenizerDigits) -> Self {
+        match digits {
+            TokenizerDigits::GroupsOfThree => Self::DIGITS_IN_THREES,
+            TokenizerDigits::OnePerDigit => Self::DIGIT_BY_DIGIT,
+        }
+    }
 
     /// The cost of an echo to `model` (the name sent upstream), by the
     /// tokenizer its family is known to use.

@@ -89,8 +89,10 @@ pub struct Upstream {
     /// The provider's tokenizer (`tokenizer_file`), for exact prompt counts
     /// and completion cuts.
     tokenizer: Option<Arc<tokenizers::Tokenizer>>,
-    /// What an echo costs by that tokenizer, measured once.
-    measured_echo_cost: Option<EchoCost>,
+    /// What an echo costs this provider whatever the model, when the policy
+    /// says how its tokenizer splits digits (`tokenizer_digits`) or names
+    /// the tokenizer (measured once).
+    echo_cost: Option<EchoCost>,
 }
 
 impl Upstream {
@@ -165,13 +167,17 @@ impl Upstream {
             )?)),
             None => None,
         };
-        let measured_echo_cost = tokenizer.as_ref().map(|tokenizer| {
-            let counter = TokenCounter::new(Some(tokenizer.clone()));
-            EchoCost::measured(|text| counter.count(text))
-        });
+        let echo_cost = match (provider.tokenizer_digits, &tokenizer) {
+            (Some(digits), _) => Some(EchoCost::of_digits(digits)),
+            (None, Some(tokenizer)) => {
+                let counter = TokenCounter::new(Some(tokenizer.clone()));
+                Some(EchoCost::measured(|text| counter.count(text)))
+            }
+            (None, None) => None,
+        };
         Ok(Self {
             tokenizer,
-            measured_echo_cost,
+            echo_cost,
             api: provider.api,
             base_url,
             chat_completions_url,
@@ -220,11 +226,11 @@ impl Upstream {
         TokenCounter::new(self.tokenizer.clone())
     }
 
-    /// What an echo costs `model` (the name sent upstream): measured by the
-    /// provider's tokenizer when it has one, else by the model's family.
+    /// What an echo costs `model` (the name sent upstream): as the policy's
+    /// `tokenizer_digits` says, else measured by the provider's tokenizer
+    /// when it has one, else by the model's family.
     pub fn echo_cost(&self, model: &str) -> EchoCost {
-        self.measured_echo_cost
-            .unwrap_or_else(|| EchoCost::for_model(model))
+        self.echo_cost.unwrap_or_else(|| EchoCost::for_model(model))
     }
 
     /// The provider's key for managed auth, if configured.

@@ -42,6 +42,16 @@ model = "limited"
 provider = "limited"
 upstream_model = "sim-model"
 
+[[providers]]
+name = "deployment"
+base_url = "{sim}/v1"
+context_window = 32000
+tokenizer_digits = "groups-of-three"
+
+[[routes]]
+model = "my-deployment"
+provider = "deployment"
+
 [[routes]]
 model = "*"
 provider = "sim"
@@ -483,10 +493,15 @@ async fn provider_fields_and_headers_pass(proxy: &Running, dir: &ProxyDir) {
 /// for that limit plus what the echo costs its model's tokenizer: a
 /// digit-by-digit allowance for a model canarygate does not know
 /// (`reporter`, sent upstream as `sim-model`), a smaller one for an OpenAI
-/// model, whose tokenizer groups digits by three.
+/// model, whose tokenizer groups digits by three, and for a deployment
+/// whose provider says its tokenizer does.
 async fn limits_are_honoured(proxy: &Running) {
-    for (model, upstream_model) in [("reporter", "sim-model"), ("gpt-4o-mini", "gpt-4o-mini")] {
-        let allowance = EchoCost::for_model(upstream_model).allowance(2);
+    for (model, cost) in [
+        ("reporter", EchoCost::DIGIT_BY_DIGIT),
+        ("gpt-4o-mini", EchoCost::DIGITS_IN_THREES),
+        ("my-deployment", EchoCost::DIGITS_IN_THREES),
+    ] {
+        let allowance = cost.allowance(2);
         for stream in [false, true] {
             for field in ["max_tokens", "max_completion_tokens"] {
                 let mut body = user(model, "Tell me about the history of maps", stream);
@@ -508,7 +523,8 @@ async fn limits_are_honoured(proxy: &Running) {
                     // the limit it was given when its reply is longer.
                     let billed = answer["usage"]["completion_tokens"].as_u64().unwrap();
                     assert!(billed <= 5 + allowance, "{model}: {text}");
-                    if upstream_model.starts_with("gpt-") {
+                    if cost == EchoCost::DIGITS_IN_THREES {
+                        // The reply runs past the 21 tokens asked for.
                         assert_eq!(billed, 5 + allowance, "{model}: {text}");
                     }
                     let choice = &answer["choices"][0];
@@ -569,8 +585,8 @@ async fn models_of_the_wildcard_route_are_listed(proxy: &Running) {
         .map(|model| model["id"].as_str().unwrap())
         .collect();
     assert_eq!(
-        ids[..2],
-        ["reporter", "limited"],
+        ids[..3],
+        ["reporter", "limited", "my-deployment"],
         "named routes first: {list}"
     );
     for id in ["sim-model", "sim-reasoner"] {
@@ -584,5 +600,5 @@ async fn models_of_the_wildcard_route_are_listed(proxy: &Running) {
         .unwrap();
     assert_eq!(response.status(), 200);
     let list: Value = response.json().await.unwrap();
-    assert_eq!(list["data"].as_array().unwrap().len(), 2, "{list}");
+    assert_eq!(list["data"].as_array().unwrap().len(), 3, "{list}");
 }
