@@ -631,6 +631,9 @@ fn after_choices(tail: &str, scratch: &mut String) -> Option<()> {
         return end.trim_start_matches(WHITESPACE).is_empty().then_some(());
     }
     let members = tail.strip_prefix(',')?;
+    if let Some(light) = plain_members(members.as_bytes()) {
+        return light.then_some(());
+    }
     // A member follows the comma (a trailing comma is no JSON).
     if !members.trim_start_matches(WHITESPACE).starts_with('"') {
         return None;
@@ -645,6 +648,57 @@ fn after_choices(tail: &str, scratch: &mut String) -> Option<()> {
         .deserialize(&mut parser)
         .ok()?;
     parser.end().ok()
+}
+
+/// [`after_choices`]'s `members`, read without a parser when they are
+/// written as providers write them: `"name":null` or `"name":"text"`,
+/// names and texts without escapes or control characters, `,` between
+/// them and `}` last, no whitespace. Whether the chunk is light (`usage`
+/// at most once and null, no `choices` or `error`, as [`ChunkSeed`] reads
+/// them), or `None` for anything else, which the parser reads.
+fn plain_members(members: &[u8]) -> Option<bool> {
+    /// The end of the string whose contents begin at `start`: its closing
+    /// quote, when it holds no escape and no control character.
+    fn plain_string_end(json: &[u8], start: usize) -> Option<usize> {
+        let len = json
+            .get(start..)?
+            .iter()
+            .position(|&byte| matches!(byte, b'"' | b'\\') || byte < 0x20)?;
+        (json[start + len] == b'"').then_some(start + len)
+    }
+    let mut usage = false;
+    let mut at = 0;
+    loop {
+        if *members.get(at)? != b'"' {
+            return None;
+        }
+        let name_end = plain_string_end(members, at + 1)?;
+        let name = &members[at + 1..name_end];
+        at = name_end + 1;
+        if *members.get(at)? != b':' {
+            return None;
+        }
+        at += 1;
+        let null = members[at..].starts_with(b"null");
+        at = if null {
+            at + 4
+        } else if *members.get(at)? == b'"' {
+            plain_string_end(members, at + 1)? + 1
+        } else {
+            return None;
+        };
+        match name {
+            b"choices" | b"error" => return Some(false),
+            b"usage" if usage || !null => return Some(false),
+            b"usage" => usage = true,
+            _ => {}
+        }
+        match members.get(at)? {
+            b',' => at += 1,
+            b'}' => return (at + 1 == members.len()).then_some(true),
+            _ => return None,
+        }
+    }
 }
 
 /// Where the top-level `choices` member of `chunk` (valid JSON) begins,
@@ -1146,6 +1200,55 @@ mod tests {
                 "read through the frame: {data}"
             );
             read_after(&[&first, &second], &data);
+        }
+    }
+
+    #[test]
+    fn the_members_after_choices_are_read_without_a_parser_when_plainly_written() {
+        for (members, plain) in [
+            (r#""usage":null,"obfuscation":"xY3"}"#, Some(true)),
+            (r#""obfuscation":"","usage":null}"#, Some(true)),
+            (r#""id":"a","x":null}"#, Some(true)),
+            (r#""usage":null,"usage":null}"#, Some(false)),
+            (r#""usage":"a"}"#, Some(false)),
+            (r#""choices":null}"#, Some(false)),
+            (r#""error":null}"#, Some(false)),
+            // For the parser: numbers, objects, escapes, whitespace,
+            // anything after the chunk or nothing to close it.
+            (r#""x":1}"#, None),
+            (r#""usage":{"prompt_tokens":1}}"#, None),
+            (r#""\u0075sage":null}"#, None),
+            (r#""x":"a\"b"}"#, None),
+            (r#""x":nullx}"#, None),
+            (r#""x":null }"#, None),
+            (r#""x":null} "#, None),
+            (r#""x":null"#, None),
+            ("\"x\":\"a\u{1}\"}", None),
+            ("}", None),
+        ] {
+            assert_eq!(plain_members(members.as_bytes()), plain, "{members}");
+            let mut scratch = String::new();
+            let parsed = {
+                scratch.push('{');
+                scratch.push_str(members);
+                let mut parser = serde_json::Deserializer::from_str(&scratch);
+                let mut read = Members::default();
+                read.first::<serde_json::Error>(CHOICES).unwrap();
+                ChunkSeed(&mut LightChoices::default(), read)
+                    .deserialize(&mut parser)
+                    .is_ok()
+                    && parser.end().is_ok()
+            };
+            if let Some(light) = plain {
+                assert_eq!(light, parsed, "the parser reads {members} otherwise");
+            }
+            // A comma and then `}` is no JSON, though `{}` is.
+            let light = parsed && members.starts_with('"');
+            assert_eq!(
+                after_choices(&format!(",{members}"), &mut String::new()).is_some(),
+                light,
+                "{members}"
+            );
         }
     }
 
