@@ -89,9 +89,8 @@ pub struct Upstream {
     /// The provider's tokenizer (`tokenizer_file`), for exact prompt counts
     /// and completion cuts.
     tokenizer: Option<Arc<tokenizers::Tokenizer>>,
-    /// What an echo costs this provider whatever the model, when the policy
-    /// says how its tokenizer splits digits (`tokenizer_digits`) or names
-    /// the tokenizer (measured once).
+    /// What an echo costs this provider for any model: by its policy's
+    /// `tokenizer_digits`, else measured once by its tokenizer.
     echo_cost: Option<EchoCost>,
 }
 
@@ -167,14 +166,13 @@ impl Upstream {
             )?)),
             None => None,
         };
-        let echo_cost = match (provider.tokenizer_digits, &tokenizer) {
-            (Some(digits), _) => Some(EchoCost::of_digits(digits)),
-            (None, Some(tokenizer)) => {
-                let counter = TokenCounter::new(Some(tokenizer.clone()));
+        let echo_cost = provider
+            .tokenizer_digits
+            .map(EchoCost::of_digits)
+            .or_else(|| {
+                let counter = TokenCounter::new(Some(tokenizer.clone()?));
                 Some(EchoCost::measured(|text| counter.count(text)))
-            }
-            (None, None) => None,
-        };
+            });
         Ok(Self {
             tokenizer,
             echo_cost,
