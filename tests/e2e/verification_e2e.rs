@@ -544,9 +544,16 @@ fn sim_tokenizer(dir: &std::path::Path, per_char: bool) -> String {
 async fn with_the_providers_tokenizer_prompt_tokens_are_checked_exactly() {
     let sim = start_sim(&[]);
     let client = client();
-    for per_char in [false, true] {
+    // The per-character tokenizer, and the sim's own with and without a
+    // `tokenizer_digits` that overrides its measure of the echo.
+    for (per_char, digits) in [(false, ""), (true, ""), (false, "groups-of-three")] {
         let dir = ProxyDir::new();
         let tokenizer = sim_tokenizer(dir.dir.path(), per_char);
+        let digits_line = if digits.is_empty() {
+            String::new()
+        } else {
+            format!("tokenizer_digits = \"{digits}\"")
+        };
         let path = dir.policy(&format!(
             r#"
 [[providers]]
@@ -554,6 +561,7 @@ name = "sim"
 base_url = "{}/v1"
 context_window = 1048576
 tokenizer_file = "{tokenizer}"
+{digits_line}
 
 [[routes]]
 model = "*"
@@ -584,9 +592,10 @@ provider = "sim"
             assert_eq!(seen["exact"], true, "{check}");
             assert_eq!(seen["counted"], seen["reported"], "{check}");
 
-            // The echo's allowance is measured by the same tokenizer: the
-            // provider is asked for the client's 5 tokens and the echo's
-            // cost, and the client gets its 5 exactly.
+            // The echo's allowance is measured by the same tokenizer (or
+            // set by `tokenizer_digits`): the provider is asked for the
+            // client's 5 tokens and the echo's cost, and the client gets its
+            // 5 exactly.
             let answer: Value = client
                 .post(format!("{}/v1/chat/completions", proxy.url))
                 .bearer_auth("sk-e2e")
@@ -598,7 +607,13 @@ provider = "sim"
                 .json()
                 .await
                 .expect("an answer");
-            let allowance = EchoCost::measured(count_text).allowance(2);
+            let measured = EchoCost::measured(count_text);
+            assert_ne!(measured, EchoCost::DIGITS_IN_THREES, "an override shows");
+            let allowance = if digits.is_empty() {
+                measured.allowance(2)
+            } else {
+                EchoCost::DIGITS_IN_THREES.allowance(2)
+            };
             assert!(
                 allowance < EchoCost::DIGIT_BY_DIGIT.allowance(2),
                 "{allowance}"
