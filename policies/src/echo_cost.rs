@@ -74,9 +74,11 @@ const MEASURED_CANARIES: [&str; 4] = [
 ];
 
 /// Model-name prefixes of OpenAI's models served with `cl100k_base` or
-/// `o200k_base` (after any `vendor/` path and a fine-tune's `ft:`).
-const OPENAI_PREFIXES: [&str; 7] = [
+/// `o200k_base` (after any `vendor/` path and a fine-tune's `ft:`;
+/// `gpt-35` is Azure's name for GPT-3.5).
+const OPENAI_PREFIXES: [&str; 8] = [
     "gpt-3.5",
+    "gpt-35",
     "gpt-4",
     "gpt-5",
     "gpt-oss",
@@ -178,6 +180,7 @@ mod tests {
             "gpt-4.1",
             "gpt-5-nano",
             "gpt-3.5-turbo",
+            "gpt-35-turbo",
             "GPT-4o",
             "openai/gpt-4o",
             "ft:gpt-4o-mini-2024-07-18:acme::abc123",
