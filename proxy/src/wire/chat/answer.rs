@@ -6,7 +6,7 @@ use canarygate_policies::canary::find_canaries;
 use canarygate_policies::verify::{Part, ProviderUsage};
 use serde_json::Value;
 
-use crate::wire::format::{ChoiceView, TextField, TextFields};
+use crate::wire::format::{ChoiceView, Choices, TextField, TextFields};
 use crate::wire::location::{Key, Location};
 
 /// `usage` of an answer or chunk, when it reports prompt tokens (with the
@@ -82,6 +82,22 @@ pub fn residual_members(
             residual_strings(value, at.member(position), choice, key, texts);
         }
     }
+}
+
+/// Every choice of `value`'s `choices` (none when it is not an array),
+/// each read by [`read_choice`] with its text under `part`.
+pub fn read_choices(value: &Value, part: Key) -> Choices {
+    value
+        .get("choices")
+        .and_then(Value::as_array)
+        .map(|choices| {
+            choices
+                .iter()
+                .enumerate()
+                .map(|(position, choice)| read_choice(choice, position, part))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Choice `position` of an answer (`part` = `message`) or chunk (`delta`).

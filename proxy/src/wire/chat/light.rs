@@ -780,18 +780,7 @@ mod tests {
     /// The tree's reading of `data`, as Chat's `read_event` does it.
     fn tree(data: &str) -> Chunk {
         let value: Value = serde_json::from_str(data).unwrap();
-        let choices = value["choices"]
-            .as_array()
-            .map(|choices| {
-                choices
-                    .iter()
-                    .enumerate()
-                    .map(|(position, choice)| {
-                        super::super::answer::read_choice(choice, position, Key::Delta)
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
+        let choices = super::super::answer::read_choices(&value, Key::Delta);
         Chunk::parsed(value, choices, None)
     }
 

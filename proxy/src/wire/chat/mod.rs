@@ -36,7 +36,7 @@ use canarygate_policies::verify_config::EchoMode;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use self::answer::read_choice;
+use self::answer::read_choices;
 pub use self::answer::{index_of, residual_members, usage_of};
 pub use self::deliver::Edited;
 use self::deliver::edit_fields;
@@ -105,16 +105,8 @@ impl WireFormat for Chat {
     }
 
     fn read_answer(answer: &Value) -> AnswerView {
-        let choices = answer
-            .get("choices")
-            .and_then(Value::as_array)
-            .map_or(&[][..], Vec::as_slice);
         AnswerView {
-            choices: choices
-                .iter()
-                .enumerate()
-                .map(|(position, choice)| read_choice(choice, position, Key::Message))
-                .collect(),
+            choices: read_choices(answer, Key::Message),
             usage: usage_of(answer),
         }
     }
@@ -238,19 +230,7 @@ fn read_chunk(event: &SseEvent, memo: Option<&mut StreamMemo>) -> EventView {
     if let Some(chunk) = light {
         return EventView::Chunk(chunk);
     }
-    read_chunk_tree(&event.data, |chunk| {
-        chunk
-            .get("choices")
-            .and_then(Value::as_array)
-            .map(|choices| {
-                choices
-                    .iter()
-                    .enumerate()
-                    .map(|(position, choice)| read_choice(choice, position, Key::Delta))
-                    .collect()
-            })
-            .unwrap_or_default()
-    })
+    read_chunk_tree(&event.data, |chunk| read_choices(chunk, Key::Delta))
 }
 
 /// A chunk of an OpenAI-shaped stream (Chat Completions, legacy

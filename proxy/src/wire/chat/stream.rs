@@ -337,7 +337,7 @@ mod tests {
 
     use super::*;
     use crate::wire::chat::Chat;
-    use crate::wire::chat::answer::read_choice;
+    use crate::wire::chat::answer::read_choices;
     use crate::wire::edit::{TokenCounter, UsageOptions};
     use crate::wire::format::{EventView, StreamMemo, WireFormat};
     use crate::wire::location::Key;
@@ -398,13 +398,7 @@ mod tests {
     /// The chunk of `data` as read from its tree, never light.
     fn tree_chunk(data: &str) -> Chunk {
         let value: Value = serde_json::from_str(data).unwrap();
-        let choices = value["choices"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .enumerate()
-            .map(|(position, choice)| read_choice(choice, position, Key::Delta))
-            .collect();
+        let choices = read_choices(&value, Key::Delta);
         Chunk::parsed(value, choices, None)
     }
 
