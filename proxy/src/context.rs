@@ -60,6 +60,8 @@ pub struct RequestContext<'a, W> {
     session_header: HeaderValue,
     /// `model` sent upstream.
     upstream_model: &'a str,
+    /// What an echo costs the provider for that model.
+    echo_cost: EchoCost,
     /// What of the provider's last response head the client gets
     /// ([`relayed_headers`]): rate limits, retry hints, its request id.
     provider_headers: Mutex<HeaderMap>,
@@ -75,16 +77,18 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
         headers: &'a HeaderMap,
         route: &ResolvedRoute<'a>,
     ) -> Result<Self, ApiError> {
+        let upstream = state.upstreams.at(route.provider_index);
         Ok(Self {
             session_header: HeaderValue::from_str(&caller.session_id)
                 .map_err(|_| ApiError::internal("session id is not header text"))?,
             state,
-            upstream: state.upstreams.at(route.provider_index),
+            upstream,
             caller,
             request_id,
             local_model: route.local_model,
             client_headers: headers,
             upstream_model: route.upstream_model,
+            echo_cost: upstream.echo_cost(route.upstream_model),
             provider_headers: Mutex::new(HeaderMap::new()),
             wire: PhantomData,
         })
@@ -102,7 +106,7 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
 
     /// What an echo costs the provider for the model this request goes to.
     pub fn echo_cost(&self) -> EchoCost {
-        self.upstream.echo_cost(self.upstream_model)
+        self.echo_cost
     }
 
     /// The policy's idle timeout between upstream chunks.

@@ -30,11 +30,7 @@ pub fn check<W: WireFormat>(
     trail: &mut Trail,
 ) -> Option<OverLimit> {
     let state = context.state;
-    let verify = state
-        .policy
-        .verify
-        .enabled
-        .then(|| context.upstream.echo_cost(route.upstream_model));
+    let verify = state.policy.verify.enabled.then(|| context.echo_cost());
     let probed = state
         .probes
         .get(route.provider, route.upstream_model)
