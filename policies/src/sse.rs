@@ -39,7 +39,43 @@ pub struct SseParser {
     id: Option<String>,
     /// Comment lines seen since the last reset (keep-alives).
     comments: u64,
+    /// Buffers of events the caller is done with ([`SseParser::recycle`]),
+    /// each next event's data is read into one of them.
+    spares: Vec<String>,
 }
+
+/// The buffers of events a consumer is done with, held until they go back
+/// to the parser ([`SseParser::recycle`]).
+#[derive(Debug, Default)]
+pub struct SpentBuffers(Vec<String>);
+
+impl SpentBuffers {
+    /// Keeps `event`'s data and name buffers (a few at most).
+    pub fn keep(&mut self, event: SseEvent) {
+        self.keep_data(event.data);
+        if let Some(name) = event.event {
+            self.keep_data(name);
+        }
+    }
+
+    /// Keeps one buffer (a few at most).
+    pub fn keep_data(&mut self, data: String) {
+        if self.0.len() < SPARES {
+            self.0.push(data);
+        }
+    }
+
+    /// A buffer kept, if any.
+    pub fn pop(&mut self) -> Option<String> {
+        self.0.pop()
+    }
+}
+
+/// Most buffers [`SseParser::recycle`] keeps.
+const SPARES: usize = 8;
+/// Largest buffer [`SseParser::recycle`] keeps: an event's data is mostly
+/// one JSON chunk of a few hundred bytes.
+const SPARE_BYTES: usize = 4096;
 
 impl SseParser {
     /// A parser at the start of a stream.
@@ -55,6 +91,16 @@ impl SseParser {
     /// True when bytes of an unfinished line or event are buffered.
     pub fn has_partial(&self) -> bool {
         !self.line.is_empty() || self.has_data || self.event.is_some()
+    }
+
+    /// Takes back the data of an event the caller is done with, so a
+    /// later event is read into its buffer instead of a new one. Keeps a
+    /// few buffers, none over a few KiB.
+    pub fn recycle(&mut self, mut data: String) {
+        if self.spares.len() < SPARES && (1..=SPARE_BYTES).contains(&data.capacity()) {
+            data.clear();
+            self.spares.push(data);
+        }
     }
 
     /// Consumes `chunk` and appends every event it completes to `out`.
@@ -106,7 +152,8 @@ impl SseParser {
     fn process_line(&mut self, line: &[u8], out: &mut Vec<SseEvent>) {
         if line.is_empty() {
             if self.has_data {
-                let mut data = std::mem::take(&mut self.data);
+                let spare = self.spares.pop().unwrap_or_default();
+                let mut data = std::mem::replace(&mut self.data, spare);
                 if data.ends_with('\n') {
                     data.pop();
                 }
@@ -146,7 +193,11 @@ impl SseParser {
                 self.data.push('\n');
                 self.has_data = true;
             }
-            "event" => self.event = Some(value.to_owned()),
+            "event" => {
+                let mut name = self.spares.pop().unwrap_or_default();
+                name.push_str(value);
+                self.event = Some(name);
+            }
             "id" if !value.contains('\0') => self.id = Some(value.to_owned()),
             _ => {} // `retry` and unknown fields are ignored, as the spec says.
         }
@@ -239,6 +290,33 @@ mod tests {
         assert!(out.is_empty());
         assert!(parser.finish());
         assert!(!parser.finish());
+    }
+
+    #[test]
+    fn recycled_buffers_hold_the_next_events() {
+        let mut parser = SseParser::new();
+        let mut events = Vec::new();
+        parser.feed(b"data: first, a longer one\n\n", &mut events);
+        let first = events.pop().expect("one event");
+        let buffer = first.data.as_ptr();
+        parser.recycle(first.data);
+        parser.feed(b"data: second\n\ndata: third\n\n", &mut events);
+        assert_eq!(
+            events
+                .iter()
+                .map(|event| event.data.as_str())
+                .collect::<Vec<_>>(),
+            ["second", "third"],
+            "a recycled buffer carries nothing over"
+        );
+        assert_eq!(
+            events[1].data.as_ptr(),
+            buffer,
+            "the next event but one reuses it"
+        );
+        // Large buffers are not kept.
+        parser.recycle(String::with_capacity(SPARE_BYTES + 1));
+        assert!(parser.spares.is_empty());
     }
 
     #[test]

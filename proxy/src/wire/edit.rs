@@ -118,10 +118,17 @@ fn keeps_whole(span: Range<usize>, removed: &[Range<usize>], len: usize) -> bool
 /// `text` with only `ranges` kept.
 pub fn apply(text: &str, ranges: &[Range<usize>]) -> String {
     let mut shown = String::with_capacity(text.len());
-    for range in ranges {
-        shown.push_str(&text[range.clone()]);
-    }
+    join_kept(&mut shown, text, ranges);
     shown
+}
+
+/// [`apply`] into `into` (cleared first), for a caller that reuses it.
+fn join_kept<'s>(into: &'s mut String, text: &str, ranges: &[Range<usize>]) -> &'s str {
+    into.clear();
+    for range in ranges {
+        into.push_str(&text[range.clone()]);
+    }
+    into
 }
 
 /// Whether `ranges` keep all of a text of `len` bytes.
@@ -174,6 +181,8 @@ pub struct Delivery {
     usage: UsageOptions,
     /// Choices the request asked for: text of any other choice is dropped.
     choices: u32,
+    /// Reused for the text whose tokens are counted (removed or shown).
+    scratch: String,
 }
 
 impl Delivery {
@@ -193,6 +202,7 @@ impl Delivery {
             overhead_completion: 0,
             usage,
             choices,
+            scratch: String::new(),
         }
     }
 
@@ -278,12 +288,13 @@ impl Delivery {
         let mut ranges = kept(span, release.removed);
         let removed_len = text.len() - ranges.iter().map(Range::len).sum::<usize>();
         if removed_len > 0 {
-            let removed_text = removed_text(text, &ranges);
-            self.overhead_completion += self.counter.count(&removed_text);
+            let removed = join_removed(&mut self.scratch, text, &ranges);
+            self.overhead_completion += self.counter.count(removed);
         }
         if let Some(limit) = self.limit_of(part) {
             if self.cut[index] {
-                self.overhead_completion += self.counter.count(&apply(text, &ranges));
+                let shown = join_kept(&mut self.scratch, text, &ranges);
+                self.overhead_completion += self.counter.count(shown);
                 ranges.clear();
             } else {
                 ranges = self.within_budget(index, limit, text, ranges);
@@ -348,15 +359,15 @@ impl Delivery {
         text: &str,
         ranges: Vec<Range<usize>>,
     ) -> Vec<Range<usize>> {
-        let shown = apply(text, &ranges);
-        let tokens = self.counter.count(&shown);
+        let shown = join_kept(&mut self.scratch, text, &ranges);
+        let tokens = self.counter.count(shown);
         let left = limit.saturating_sub(self.used[index]);
         if tokens <= left {
             self.used[index] += tokens;
             return ranges;
         }
         // Over the limit: keep the prefix of the shown text that fits.
-        let keep = self.counter.prefix_within(&shown, left);
+        let keep = self.counter.prefix_within(shown, left);
         self.used[index] = limit;
         self.cut[index] = true;
         self.overhead_completion += self.counter.count(&shown[keep..]);
@@ -386,16 +397,16 @@ impl Delivery {
     }
 }
 
-/// The bytes of `text` outside `ranges`.
-fn removed_text(text: &str, ranges: &[Range<usize>]) -> String {
-    let mut removed = String::new();
+/// The bytes of `text` outside `ranges`, into `into` (cleared first).
+fn join_removed<'s>(into: &'s mut String, text: &str, ranges: &[Range<usize>]) -> &'s str {
+    into.clear();
     let mut at = 0;
     for range in ranges {
-        removed.push_str(&text[at..range.start]);
+        into.push_str(&text[at..range.start]);
         at = range.end;
     }
-    removed.push_str(&text[at..]);
-    removed
+    into.push_str(&text[at..]);
+    into
 }
 
 #[cfg(test)]

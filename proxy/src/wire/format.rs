@@ -356,6 +356,11 @@ pub trait StreamWriter: Send + 'static {
     fn failure(&self) -> Option<&str> {
         None
     }
+    /// A buffer of an event written out, for the parser to read a later
+    /// event into (`SseParser::recycle`); `None` when none is kept.
+    fn spent(&mut self) -> Option<String> {
+        None
+    }
     /// What was delivered so far: budgets, cuts, canarygate's own tokens.
     fn delivery(&self) -> &Delivery;
     /// The end marker, carrying the final verdict and canarygate's token

@@ -123,6 +123,8 @@ struct VerifiedStream<W: WireFormat> {
     ttft_seen: bool,
     /// Bytes ready for the client.
     out: Vec<u8>,
+    /// Bytes of the last write to the client (at most [`COALESCE_BYTES`]).
+    last_write: usize,
     /// Whether any byte was handed to the client.
     committed: bool,
     /// The last bytes of the stream (the end marker or an error event),
@@ -160,6 +162,7 @@ impl<W: WireFormat> VerifiedStream<W> {
             usage: None,
             ttft_seen: false,
             out: Vec::new(),
+            last_write: 0,
             committed: false,
             tail: None,
             end: None,
@@ -262,6 +265,9 @@ impl<W: WireFormat> VerifiedStream<W> {
                     self.on_event(event).await;
                 }
                 self.events = events;
+                while let Some(data) = self.writer.spent() {
+                    self.parser.recycle(data);
+                }
             }
         }
     }
@@ -306,6 +312,13 @@ impl<W: WireFormat> VerifiedStream<W> {
         if stop {
             self.stopped_reading = true;
             return self.finalize(None).await;
+        }
+        if self.out.capacity() == 0 {
+            // Room for twice the last write (it goes to the client whole,
+            // and is freed once written), so a burst's events are written
+            // without growing the buffer step by step.
+            self.out
+                .reserve((2 * self.last_write).clamp(1024, COALESCE_BYTES));
         }
         self.writer
             .flush(&self.attempt.verifier, false, &mut self.out);
@@ -388,6 +401,7 @@ impl<W: WireFormat> StreamSource for VerifiedStream<W> {
             if !self.out.is_empty() {
                 self.advance_ready(clock).await;
                 self.committed = true;
+                self.last_write = self.out.len().min(COALESCE_BYTES);
                 return Some(std::mem::take(&mut self.out));
             }
             if self.end.is_some() {

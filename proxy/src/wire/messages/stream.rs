@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use canarygate_policies::sse::{SseEvent, encode_data};
+use canarygate_policies::sse::{SpentBuffers, SseEvent, encode_data};
 use canarygate_policies::verify::{Part, ProviderUsage, Verdict, Verifier};
 use serde_json::Value;
 
@@ -176,6 +176,8 @@ pub struct MessagesStream {
     /// An event had to change and could not be edited
     /// ([`StreamWriter::failure`]).
     failure: Option<&'static str>,
+    /// Buffers of events written out ([`StreamWriter::spent`]).
+    spent: SpentBuffers,
 }
 
 impl MessagesStream {
@@ -185,6 +187,7 @@ impl MessagesStream {
             delivery,
             held: VecDeque::new(),
             failure: None,
+            spent: SpentBuffers::default(),
         }
     }
 
@@ -223,13 +226,27 @@ impl MessagesStream {
             })
     }
 
+    /// Writes `held` to `out` as the verifier and the delivery leave it,
+    /// and keeps its buffers for [`StreamWriter::spent`].
     fn write(&mut self, held: Held, verifier: &Verifier, out: &mut Vec<u8>) {
         let Held {
-            mut chunk,
+            chunk,
             event,
             spans,
             ..
         } = held;
+        self.write_event(chunk, &event, spans, verifier, out);
+        self.spent.keep(event);
+    }
+
+    fn write_event(
+        &mut self,
+        mut chunk: Chunk,
+        event: &SseEvent,
+        spans: Spans,
+        verifier: &Verifier,
+        out: &mut Vec<u8>,
+    ) {
         if chunk.is_light() {
             if self.passes_unchanged(&chunk, &event.data, &spans, verifier) {
                 out.extend_from_slice(b"event: ");
@@ -247,7 +264,7 @@ impl MessagesStream {
         let fields: Vec<_> = chunk.texts().copied().zip(spans).collect();
         let edited = edit_texts(&mut chunk.event, &fields, verifier, &mut self.delivery);
         let mut changed = edited.changed;
-        let kind = event_type(&event, &chunk.event).to_owned();
+        let kind = event_type(event, &chunk.event).to_owned();
         if edited.emptied && kind == "content_block_delta" {
             // All its text was canarygate's (or past the client's limit).
             return;
@@ -303,6 +320,10 @@ impl StreamWriter for MessagesStream {
 
     fn failure(&self) -> Option<&str> {
         self.failure
+    }
+
+    fn spent(&mut self) -> Option<String> {
+        self.spent.pop()
     }
 
     fn delivery(&self) -> &Delivery {
