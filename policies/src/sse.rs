@@ -39,8 +39,8 @@ pub struct SseParser {
     id: Option<String>,
     /// Comment lines seen since the last reset (keep-alives).
     comments: u64,
-    /// Buffers of events the caller is done with ([`SseParser::recycle`]),
-    /// each next event's data is read into one of them.
+    /// Buffers of events the caller is done with ([`SseParser::recycle`]):
+    /// the next events' data and names are read into them.
     spares: Vec<String>,
 }
 
