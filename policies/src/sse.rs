@@ -204,6 +204,20 @@ impl SseParser {
     }
 }
 
+/// Encodes `value` as one SSE event's data, serialized straight into `out`:
+/// compact JSON holds no line break, so it is one `data:` line.
+pub fn encode_json(value: &serde_json::Value, out: &mut Vec<u8>) {
+    let start = out.len();
+    out.extend_from_slice(b"data: ");
+    if serde_json::to_writer(&mut *out, value).is_err() {
+        // A `Value` always serializes; should it not, nothing half-written
+        // goes out.
+        out.truncate(start);
+        return;
+    }
+    out.extend_from_slice(b"\n\n");
+}
+
 /// Encodes `data` as one SSE event (`data: ...` lines and a blank line).
 /// SSE data cannot carry a carriage return: `\r\n`, `\r` and `\n` all end a
 /// line, so the event decodes with every line break as `\n`.
@@ -317,6 +331,16 @@ mod tests {
         // Large buffers are not kept.
         parser.recycle(String::with_capacity(SPARE_BYTES + 1));
         assert!(parser.spares.is_empty());
+    }
+
+    #[test]
+    fn json_is_encoded_as_its_text_is() {
+        let value = serde_json::json!({"text": "two\nlines\r", "n": [1, 2.5, null]});
+        let (mut direct, mut via_text) = (b"kept".to_vec(), b"kept".to_vec());
+        encode_json(&value, &mut direct);
+        encode_data(&value.to_string(), &mut via_text);
+        assert_eq!(direct, via_text);
+        assert_eq!(parse_all(&[&direct[4..]])[0].data, value.to_string());
     }
 
     #[test]

@@ -12,7 +12,7 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use canarygate_policies::sse::{SpentBuffers, SseEvent, encode_data};
+use canarygate_policies::sse::{SpentBuffers, SseEvent, encode_data, encode_json};
 use canarygate_policies::verify::{Verdict, Verifier};
 use serde_json::Value;
 
@@ -235,7 +235,7 @@ impl<E: ChunkEditor> ChatStream<E> {
                     match field {
                         Some(field) if chunk.build_tree(data) => {
                             put_text(&mut chunk.event, &field, text);
-                            encode_data(&chunk.event.to_string(), out);
+                            encode_json(&chunk.event, out);
                         }
                         _ => self.failure = Some(UNEDITABLE),
                     }
@@ -282,7 +282,7 @@ impl<E: ChunkEditor> ChatStream<E> {
             return;
         }
         if changed {
-            encode_data(&chunk.event.to_string(), out);
+            encode_json(&chunk.event, out);
         } else {
             encode_data(data, out);
         }

@@ -16,7 +16,7 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use canarygate_policies::sse::{SpentBuffers, SseEvent, encode_data};
+use canarygate_policies::sse::{SpentBuffers, SseEvent, encode_data, encode_json};
 use canarygate_policies::verify::{Part, ProviderUsage, Verdict, Verifier};
 use serde_json::Value;
 
@@ -289,7 +289,7 @@ impl MessagesStream {
         out.extend_from_slice(event.event.as_deref().unwrap_or(&kind).as_bytes());
         out.push(b'\n');
         if changed {
-            encode_data(&chunk.event.to_string(), out);
+            encode_json(&chunk.event, out);
         } else {
             encode_data(&event.data, out);
         }

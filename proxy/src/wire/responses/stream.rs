@@ -17,7 +17,7 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
-use canarygate_policies::sse::{SpentBuffers, SseEvent, encode_data};
+use canarygate_policies::sse::{SpentBuffers, SseEvent, encode_data, encode_json};
 use canarygate_policies::verify::{Verdict, Verifier};
 use serde_json::{Value, json};
 
@@ -278,7 +278,7 @@ impl ResponsesStream {
         if *data == original {
             encode_data(&event.data, out);
         } else {
-            encode_data(&data.to_string(), out);
+            encode_json(data, out);
         }
     }
 }
