@@ -204,17 +204,9 @@ impl<E: ChunkEditor> ChatStream<E> {
         })
     }
 
-    /// Writes `held` to `out` as the verifier and the delivery leave it,
-    /// and keeps its data's buffer for [`StreamWriter::spent`].
-    fn write(&mut self, held: Held, verifier: &Verifier, out: &mut Vec<u8>) {
-        let Held {
-            chunk, data, spans, ..
-        } = held;
-        self.write_chunk(chunk, &data, spans, verifier, out);
-        self.spent.keep_data(data);
-    }
-
-    fn write_chunk(
+    /// Writes one held chunk (its data as received) to `out` as the
+    /// verifier and the delivery leave it.
+    fn write(
         &mut self,
         mut chunk: Chunk,
         data: &str,
@@ -316,8 +308,11 @@ impl<E: ChunkEditor> StreamWriter for ChatStream<E> {
             if !at_end && !Self::ready(held, verifier) {
                 return;
             }
-            let held = self.held.pop_front().expect("just looked at it");
-            self.write(held, verifier, out);
+            let Held {
+                chunk, data, spans, ..
+            } = self.held.pop_front().expect("just looked at it");
+            self.write(chunk, &data, spans, verifier, out);
+            self.spent.keep_data(data);
         }
     }
 

@@ -134,20 +134,9 @@ impl ResponsesStream {
         true
     }
 
-    /// Writes `held` to `out` as the verifier and the delivery leave it,
-    /// and keeps its buffers for [`StreamWriter::spent`].
-    fn write(&mut self, held: Held, verifier: &Verifier, out: &mut Vec<u8>) {
-        let Held {
-            chunk,
-            event,
-            spans,
-            ..
-        } = held;
-        self.write_event(chunk, &event, spans, verifier, out);
-        self.spent.keep(event);
-    }
-
-    fn write_event(
+    /// Writes one held event to `out` as the verifier and the delivery
+    /// leave it.
+    fn write(
         &mut self,
         mut chunk: Chunk,
         event: &SseEvent,
@@ -302,8 +291,14 @@ impl StreamWriter for ResponsesStream {
             if self.failure.is_some() || (!at_end && !Self::ready(held, verifier)) {
                 return;
             }
-            let held = self.held.pop_front().expect("just looked at it");
-            self.write(held, verifier, out);
+            let Held {
+                chunk,
+                event,
+                spans,
+                ..
+            } = self.held.pop_front().expect("just looked at it");
+            self.write(chunk, &event, spans, verifier, out);
+            self.spent.keep(event);
         }
     }
 
