@@ -340,7 +340,7 @@ impl Trail {
         let sampled = should_sample(sample_chance(rate, failed, similarity, min_similarity));
         let texts = SampleTexts {
             request: std::mem::take(&mut self.request_bytes),
-            response: self.response_kept.take(),
+            response: std::mem::take(&mut self.response_kept),
             provider: self.provider_text.take().filter(|_| failed),
         };
         let scored_later = self

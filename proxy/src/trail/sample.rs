@@ -16,42 +16,61 @@ const REDACTED: &str = "[canary]";
 /// Most response bytes kept for a spot-check sample.
 const MAX_SAMPLE_BYTES: usize = 256 * 1024;
 
-/// The room [`KeptBytes`] start with. They come in pieces (a stream's
-/// events, a few hundred bytes each) and grow fourfold from here: a 17 KB
-/// stream is kept in three allocations, where Vec's doubling from the first
-/// event's size took seven.
+/// The first piece [`KeptBytes`] keep: room for a few events, so an open
+/// stream that has sent little holds little.
 const KEPT_START_BYTES: usize = 2 * 1024;
+
+/// Each later piece. Pieces are filled, never grown or copied, and joined
+/// only for a sample: a 17 KB stream is kept in three allocations (2 KiB
+/// and two of 8 KiB), each byte copied once.
+const KEPT_PIECE_BYTES: usize = 8 * 1024;
 
 /// The first [`MAX_SAMPLE_BYTES`] of what the client was sent, kept until
 /// the record decides whether a sample is drawn.
 #[derive(Debug, Default)]
-pub(crate) struct KeptBytes(Vec<u8>);
+pub(crate) struct KeptBytes {
+    pieces: Vec<Vec<u8>>,
+    len: usize,
+}
 
 impl KeptBytes {
     /// Keeps what of `bytes` fits.
     pub fn push(&mut self, bytes: &[u8]) {
-        let room = MAX_SAMPLE_BYTES.saturating_sub(self.0.len());
-        let kept = &bytes[..bytes.len().min(room)];
-        let needed = self.0.len() + kept.len();
-        let capacity = self.0.capacity();
-        if needed > capacity {
-            // A fourfold step, not Vec's twofold: the pieces are small.
-            let grown = (capacity * 4).clamp(KEPT_START_BYTES, MAX_SAMPLE_BYTES);
-            self.0.reserve_exact(grown.max(needed) - self.0.len());
+        let room = MAX_SAMPLE_BYTES.saturating_sub(self.len);
+        let mut rest = &bytes[..bytes.len().min(room)];
+        self.len += rest.len();
+        if let Some(last) = self.pieces.last_mut() {
+            let fits = rest.len().min(last.capacity() - last.len());
+            last.extend_from_slice(&rest[..fits]);
+            rest = &rest[fits..];
         }
-        self.0.extend_from_slice(kept);
+        if !rest.is_empty() {
+            let size = if self.pieces.is_empty() {
+                KEPT_START_BYTES
+            } else {
+                KEPT_PIECE_BYTES
+            };
+            let mut piece = Vec::with_capacity(rest.len().max(size));
+            piece.extend_from_slice(rest);
+            self.pieces.push(piece);
+        }
     }
 
-    /// The bytes kept, leaving none.
-    pub fn take(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.0)
+    /// Bytes kept.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The bytes kept, in one piece.
+    pub fn joined(&self) -> Vec<u8> {
+        self.pieces.concat()
     }
 }
 
 /// The texts a sample is made of, before redaction.
 pub(crate) struct SampleTexts {
     pub request: Vec<u8>,
-    pub response: Vec<u8>,
+    pub response: KeptBytes,
     /// What the provider sent, kept when the verdict failed.
     pub provider: Option<String>,
 }
@@ -66,7 +85,7 @@ impl SampleTexts {
     pub fn sample(&self) -> Sample {
         Sample {
             request_text: redact(&String::from_utf8_lossy(&self.request)),
-            response_text: redact(&String::from_utf8_lossy(&self.response)),
+            response_text: redact(&String::from_utf8_lossy(&self.response.joined())),
             provider_text: self.provider.as_ref().map(|sent| redact(sent)),
         }
     }
@@ -137,26 +156,31 @@ fn kept_bytes_are_the_first_of_what_was_sent_in_few_allocations() {
     let piece: Vec<u8> = (0..300u32).map(|n| (n % 251) as u8).collect();
     let mut kept = KeptBytes::default();
     let mut sent = Vec::new();
-    let mut capacities = Vec::new();
-    // A 17 KB stream.
+    let capacities =
+        |kept: &KeptBytes| -> Vec<usize> { kept.pieces.iter().map(Vec::capacity).collect() };
+    // A 17 KB stream: three pieces, none of them grown.
     for _ in 0..58 {
         kept.push(&piece);
         sent.extend_from_slice(&piece);
-        if capacities.last() != Some(&kept.0.capacity()) {
-            capacities.push(kept.0.capacity());
-        }
     }
-    assert_eq!(kept.0, sent);
-    assert_eq!(capacities, [2 * 1024, 8 * 1024, 32 * 1024]);
-    // A long one is cut at the limit, and never holds more than it.
+    assert_eq!((kept.len(), kept.joined()), (sent.len(), sent.clone()));
+    assert_eq!(capacities(&kept), [2 * 1024, 8 * 1024, 8 * 1024]);
+    // A long one is cut at the limit, and never holds much more than it.
     for _ in 0..1_000 {
         kept.push(&piece);
         sent.extend_from_slice(&piece);
     }
-    assert!(kept.0.capacity() <= MAX_SAMPLE_BYTES);
-    assert_eq!(kept.take(), sent[..MAX_SAMPLE_BYTES]);
-    // A whole answer is kept in one allocation of its size (or the start).
+    assert_eq!(kept.len(), MAX_SAMPLE_BYTES);
+    assert_eq!(kept.joined(), sent[..MAX_SAMPLE_BYTES]);
+    assert!(capacities(&kept).iter().sum::<usize>() < MAX_SAMPLE_BYTES + KEPT_PIECE_BYTES);
+    // A whole answer is kept in one allocation of its size.
     let mut whole = KeptBytes::default();
     whole.push(&[7; 5_000]);
-    assert_eq!((whole.0.len(), whole.0.capacity()), (5_000, 5_000));
+    assert_eq!(capacities(&whole), [5_000]);
+    // What does not fit the last piece starts the next one.
+    let mut split = KeptBytes::default();
+    split.push(&[1; 2_000]);
+    split.push(&[2; 100]);
+    assert_eq!(capacities(&split), [2 * 1024, 8 * 1024]);
+    assert_eq!(split.joined(), [[1; 2_000].as_slice(), &[2; 100]].concat());
 }
