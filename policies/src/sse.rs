@@ -5,6 +5,9 @@
 //! (including a `\r\n` split across two chunks), `data:` with and without the
 //! space, comment lines (`:keep-alive`), multi-line `data` joined with `\n`,
 //! `event:` and `id:` fields, and events split anywhere, even inside a UTF-8 character.
+//! A consumer done with an event hands its buffers back ([`SpentBuffers`],
+//! [`SseParser::recycle`]) and later events are read into them, so a
+//! stream's events cost no allocation once it runs.
 
 use std::borrow::Cow;
 
@@ -93,9 +96,9 @@ impl SseParser {
         !self.line.is_empty() || self.has_data || self.event.is_some()
     }
 
-    /// Takes back the data of an event the caller is done with, so a
-    /// later event is read into its buffer instead of a new one. Keeps a
-    /// few buffers, none over a few KiB.
+    /// Takes back a buffer (data or name) of an event the caller is done
+    /// with, so a later event is read into it instead of a new one. Keeps
+    /// a few buffers, none over a few KiB.
     pub fn recycle(&mut self, mut data: String) {
         if self.spares.len() < SPARES && (1..=SPARE_BYTES).contains(&data.capacity()) {
             data.clear();
