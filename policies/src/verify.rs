@@ -55,7 +55,7 @@ use crate::verify_config::{FailureAction, ReleasePolicy, VerifyConfig};
 /// canary-shaped span (`Sure! `, `Here are the codes:\n\n`, quotes, `**`).
 /// The echo passes when the reply opens with at most this many characters,
 /// then the expected canaries in order, each in any copy variation
-/// [`find_canaries`](crate::canary::find_canaries) accepts, each at most
+/// [`find_canaries`] accepts, each at most
 /// [`ECHO_GAP_CHARS`] characters after the previous one; then at most
 /// [`ECHO_CLOSING_CHARS`] closing characters (quotes, brackets, emphasis,
 /// `.,;:!`), spaces or tabs, and at most two line breaks (and the closing
