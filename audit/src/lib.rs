@@ -10,10 +10,10 @@
 //! commands that write (reviews, prune): snapshots of the records, their
 //! samples and reviews, [`Archive::verify`] of the chain.
 //!
-//! Records ([`record`]) form a SHA-256 chain ([`verify`]); sampled requests
+//! Records (`record`) form a SHA-256 chain (`verify`); sampled requests
 //! keep their (canary-redacted) text for spot-check review, encrypted at rest
-//! when a key is configured ([`secret`]). Everything is stored in one redb
-//! file, `DIR/canarygate.redb`, behind a two-method trait ([`store`]); the
+//! when a key is configured (`secret`). Everything is stored in one redb
+//! file, `DIR/canarygate.redb`, behind a two-method trait (`store`); the
 //! per-install secret is `DIR/secret.key`. The directory and every file in it
 //! are created owner-only ([`files`]). No I/O but files: no network, no
 //! command line (that lives in the `canarygate` binary).

@@ -415,7 +415,7 @@ impl Entry {
 /// A record body as stored and hashed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Record {
-    /// Schema version ([`SCHEMA_VERSION`]).
+    /// Schema version (`SCHEMA_VERSION`).
     pub v: u32,
     /// Position in the chain.
     pub id: RecordId,

@@ -4,7 +4,7 @@
 //!
 //! Code decides on variants, never on the wire strings. How an error is
 //! written on the wire is the wire format's business
-//! ([`crate::wire::WireFormat::error_body`]); the README's error table lists
+//! (`WireFormat::error_body`, in `wire`); the README's error table lists
 //! every code (a test holds it to [`ErrorCode::ALL`]).
 
 use axum::http::StatusCode;

@@ -2,7 +2,7 @@
 //!
 //! The search, the needles and the result format are pure logic in
 //! [`canarygate_policies::probe`]; this module sends the requests, through
-//! the same upstream client as proxied ones ([`Upstream::request`]). Each
+//! the same upstream client as proxied ones (`Upstream::request`). Each
 //! one carries needles and the usual canaries, is checked by the same
 //! [`Verifier`] as proxied answers (echo, foreign canaries, prompt tokens,
 //! ttft, finish), and must recall every needle. Results are stored with

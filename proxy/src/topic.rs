@@ -92,7 +92,7 @@ pub struct TopicCheck {
     held: Arc<AtomicUsize>,
 }
 
-/// Bytes counted against [`MAX_HELD_BYTES`] until dropped.
+/// Bytes counted against `MAX_HELD_BYTES` until dropped.
 pub struct HeldBytes {
     held: Arc<AtomicUsize>,
     bytes: usize,
@@ -116,7 +116,7 @@ impl TopicCheck {
     }
 
     /// Counts `bytes` held while an answer waits for its score; `None`
-    /// when that would pass [`MAX_HELD_BYTES`] (then hold nothing).
+    /// when that would pass `MAX_HELD_BYTES` (then hold nothing).
     pub fn hold(&self, bytes: usize) -> Option<HeldBytes> {
         let before = self.held.fetch_add(bytes, Ordering::Relaxed);
         let held = HeldBytes {
