@@ -30,7 +30,7 @@ use std::borrow::Cow;
 use canarygate_policies::EchoCost;
 use canarygate_policies::config::ProviderApi;
 use canarygate_policies::inject::{InjectError, Injection, RequestCanaries, inject};
-use canarygate_policies::sse::{SseEvent, encode_data};
+use canarygate_policies::sse::{SseEvent, encode_data, encode_json};
 use canarygate_policies::verify::{ProviderUsage, Verifier};
 use canarygate_policies::verify_config::EchoMode;
 use serde::Deserialize;
@@ -171,7 +171,7 @@ impl WireFormat for Chat {
 
     fn error_event(error: &ApiError) -> Vec<u8> {
         let mut event = Vec::new();
-        encode_data(&error_json(error).to_string(), &mut event);
+        encode_json(&error_json(error), &mut event);
         event
     }
 

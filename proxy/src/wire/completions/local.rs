@@ -10,7 +10,7 @@
 //! `echo` is served (the client's own prompt, without canaries, opens the
 //! text); `logprobs` come back `null`, as the engine computes none.
 
-use canarygate_policies::sse::{SseEvent, encode_data};
+use canarygate_policies::sse::{SseEvent, encode_data, encode_json};
 use serde_json::{Map, Value, json};
 
 use super::request::{DEFAULT_MAX_TOKENS, Prompts, prompts};
@@ -189,7 +189,7 @@ impl LocalStream for CompletionsLocal {
         if let Some(usage) = usage {
             translated["usage"] = usage.clone();
         }
-        encode_data(&translated.to_string(), out);
+        encode_json(&translated, out);
     }
 }
 

@@ -6,7 +6,7 @@
 //! provider's.
 
 use axum::http::StatusCode;
-use canarygate_policies::sse::encode_data;
+use canarygate_policies::sse::encode_json;
 use serde_json::{Value, json};
 
 use crate::error::{ApiError, ErrorCode};
@@ -59,7 +59,7 @@ pub fn error_json(error: &ApiError) -> Value {
 /// object (the anthropic SDK raises `APIStatusError` on it).
 pub fn error_event(error: &ApiError) -> Vec<u8> {
     let mut event = b"event: error\n".to_vec();
-    encode_data(&error_json(error).to_string(), &mut event);
+    encode_json(&error_json(error), &mut event);
     event
 }
 

@@ -4,7 +4,7 @@
 //! (`message_start`, one text block's start, deltas and stop,
 //! `message_delta` with the stop reason and usage, `message_stop`).
 
-use canarygate_policies::sse::{SseEvent, encode_data};
+use canarygate_policies::sse::{SseEvent, encode_json};
 use serde_json::{Value, json};
 
 use super::error::error_json;
@@ -89,7 +89,7 @@ fn event(name: &str, data: &Value, out: &mut Vec<u8>) {
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(name.as_bytes());
     out.push(b'\n');
-    encode_data(&data.to_string(), out);
+    encode_json(data, out);
 }
 
 impl MessagesLocal {

@@ -6,7 +6,7 @@
 //! `response.output_text.done`, `response.content_part.done`,
 //! `response.output_item.done`, `response.completed`), numbered from 0.
 
-use canarygate_policies::sse::{SseEvent, encode_data};
+use canarygate_policies::sse::{SseEvent, encode_json};
 use serde_json::{Value, json};
 
 use super::error::error_event_json;
@@ -191,7 +191,7 @@ impl ResponsesLocal {
         self.sequence += 1;
         let name = event["type"].as_str().unwrap_or("").to_owned();
         out.extend_from_slice(format!("event: {name}\n").as_bytes());
-        encode_data(&event.to_string(), out);
+        encode_json(&event, out);
     }
 
     fn open(&mut self, out: &mut Vec<u8>) {
@@ -275,7 +275,7 @@ impl LocalStream for ResponsesLocal {
             event["sequence_number"] = json!(self.sequence);
             self.sequence += 1;
             out.extend_from_slice(b"event: error\n");
-            encode_data(&event.to_string(), out);
+            encode_json(&event, out);
             self.ended = true;
             return;
         }

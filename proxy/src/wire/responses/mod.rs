@@ -36,7 +36,7 @@ use std::ops::Range;
 use canarygate_policies::EchoCost;
 use canarygate_policies::config::ProviderApi;
 use canarygate_policies::inject::{Injection, RequestCanaries};
-use canarygate_policies::sse::{SseEvent, encode_data};
+use canarygate_policies::sse::{SseEvent, encode_json};
 use canarygate_policies::verify::{ProviderUsage, Verifier};
 use canarygate_policies::verify_config::EchoMode;
 use serde::Deserialize;
@@ -143,7 +143,7 @@ impl WireFormat for Responses {
 
     fn error_event(error: &ApiError) -> Vec<u8> {
         let mut event = b"event: error\n".to_vec();
-        encode_data(&error_event_json(error).to_string(), &mut event);
+        encode_json(&error_event_json(error), &mut event);
         event
     }
 
