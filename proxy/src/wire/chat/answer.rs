@@ -87,6 +87,14 @@ pub fn residual_members(
 /// Every choice of `value`'s `choices` (none when it is not an array),
 /// each read by [`read_choice`] with its text under `part`.
 pub fn read_choices(value: &Value, part: Key) -> Choices {
+    map_choices(value, |choice, position| {
+        read_choice(choice, position, part)
+    })
+}
+
+/// Every choice of `value`'s `choices` (none when it is not an array), each
+/// read by `read` from the choice and its position in the array.
+pub fn map_choices(value: &Value, read: impl Fn(&Value, usize) -> ChoiceView) -> Choices {
     value
         .get("choices")
         .and_then(Value::as_array)
@@ -94,7 +102,7 @@ pub fn read_choices(value: &Value, part: Key) -> Choices {
             choices
                 .iter()
                 .enumerate()
-                .map(|(position, choice)| read_choice(choice, position, part))
+                .map(|(position, choice)| read(choice, position))
                 .collect()
         })
         .unwrap_or_default()

@@ -6,7 +6,7 @@ use canarygate_policies::sse::SseEvent;
 use canarygate_policies::verify::Part;
 use serde_json::Value;
 
-use crate::wire::chat::{index_of, read_chunk_tree, residual_members, usage_of};
+use crate::wire::chat::{index_of, map_choices, read_chunk_tree, residual_members, usage_of};
 use crate::wire::format::{AnswerView, ChoiceView, Choices, EventView, TextField, TextFields};
 use crate::wire::location::{Key, Location};
 
@@ -42,17 +42,7 @@ pub fn read_choice(choice: &Value, position: usize) -> ChoiceView {
 
 /// The choices of `value`'s `choices`.
 fn choices_of(value: &Value) -> Choices {
-    value
-        .get("choices")
-        .and_then(Value::as_array)
-        .map(|choices| {
-            choices
-                .iter()
-                .enumerate()
-                .map(|(position, choice)| read_choice(choice, position))
-                .collect()
-        })
-        .unwrap_or_default()
+    map_choices(value, read_choice)
 }
 
 /// A whole `text_completion` answer.
