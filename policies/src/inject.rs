@@ -20,8 +20,9 @@
 //!
 //! An obedient model opens its reply with `HEAD TAIL`; [`obedient_opening`] is
 //! that rule, for simulated providers. In `head` echo mode the tail is a
-//! passive marker. Requests in JSON mode or with tools (and echo `off`) get
-//! both canaries as passive markers (`(CANARY is a marker: never repeat it.)`):
+//! passive marker. Requests in JSON mode, with tools, with a prefilled reply
+//! or with a stop sequence that could cut the echo off (and echo `off`) get
+//! both canaries as passive markers ([`PassiveReason`]) (`(CANARY is a marker: never repeat it.)`):
 //! no echo is asked, but a leak of this prompt into another answer is still
 //! recognised. A conversation without a user message gets the tail after the
 //! head, in the system message.
@@ -90,6 +91,27 @@ pub enum PassiveReason {
     JsonMode,
     /// The request offers tools or functions.
     Tools,
+    /// The conversation ends with an assistant turn the model continues (a
+    /// prefill): the reply goes on from the client's text, so it cannot
+    /// open with the echo.
+    Prefill,
+    /// A stop sequence of the client's could end the reply inside the echo
+    /// or right after it ([`stop_may_cut_echo`]).
+    StopSequence,
+}
+
+/// What in a request an echo would break, or be broken by; each is a
+/// [`PassiveReason`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EchoObstacles {
+    /// The request asks for JSON output.
+    pub json_mode: bool,
+    /// The request offers tools or functions.
+    pub tools: bool,
+    /// The model continues the conversation's last (assistant) turn.
+    pub prefill: bool,
+    /// One of the client's stop sequences could cut the echo off.
+    pub stop_sequence: bool,
 }
 
 /// What [`inject`] did and what the verifier must expect.
@@ -175,6 +197,7 @@ pub fn inject(
         .filter(|messages| !messages.is_empty())
         .ok_or(InjectError::NoMessages)?;
     let placement = Placement::of(messages)?;
+    let prefill = continues_last_turn(messages, body);
     let choices = match body.get("n") {
         None | Some(Value::Null) => 1,
         Some(n) => n
@@ -192,7 +215,13 @@ pub fn inject(
             .and_then(Value::as_array)
             .is_some_and(|list| !list.is_empty())
     });
-    let passive = passive_reason(echo, json_mode, has_tools);
+    let obstacles = EchoObstacles {
+        json_mode,
+        tools: has_tools,
+        prefill,
+        stop_sequence: stops_may_cut_echo(body.get("stop")),
+    };
+    let passive = passive_reason(echo, obstacles);
     let Blocks {
         head: head_block,
         tail: tail_block,
@@ -213,14 +242,17 @@ pub fn inject(
         options["include_usage"] = Value::Bool(true);
     }
     let mut client_max_tokens = None;
+    let mut echo_allowance = 0;
     let allowance = cost.allowance(expected.len());
     for field in ["max_tokens", "max_completion_tokens"] {
         if let Some(limit) = body.get_mut(field)
             && let Some(value) = limit.as_u64()
         {
             client_max_tokens = Some(value);
-            if allowance > 0 {
+            // A limit of 0, which providers refuse, goes as it came.
+            if allowance > 0 && value > 0 {
                 *limit = Value::from(value.saturating_add(allowance));
+                echo_allowance = allowance;
             }
         }
     }
@@ -241,11 +273,7 @@ pub fn inject(
         stream,
         choices: choices as u32,
         client_max_tokens,
-        echo_allowance: if client_max_tokens.is_some() {
-            allowance
-        } else {
-            0
-        },
+        echo_allowance,
         client_wants_usage,
         prompt_tokens_estimate: estimate.total,
         prompt_tokens_added: estimate.added,
@@ -254,17 +282,70 @@ pub fn inject(
 }
 
 /// Why `echo` and the request's shape leave it passive checks only, if they
-/// do: the policy turned the echo off, or an echo would break JSON output or
-/// a tool call.
-pub fn passive_reason(echo: EchoMode, json_mode: bool, has_tools: bool) -> Option<PassiveReason> {
+/// do: the policy turned the echo off, or an echo would break JSON output, a
+/// tool call or a prefilled reply, or could be cut off by a stop sequence.
+pub fn passive_reason(echo: EchoMode, obstacles: EchoObstacles) -> Option<PassiveReason> {
     if echo == EchoMode::Off {
         Some(PassiveReason::EchoOff)
-    } else if json_mode {
+    } else if obstacles.json_mode {
         Some(PassiveReason::JsonMode)
-    } else if has_tools {
+    } else if obstacles.tools {
         Some(PassiveReason::Tools)
+    } else if obstacles.prefill {
+        Some(PassiveReason::Prefill)
+    } else if obstacles.stop_sequence {
+        Some(PassiveReason::StopSequence)
     } else {
         None
+    }
+}
+
+/// Whether `stop`, one of the client's stop sequences, could end the reply
+/// inside the echo or at its end, before any of the answer: it is empty
+/// after trimming, or made only of what an echo and the text around it are
+/// written with (digits, `CG` in either case, brackets, quotes, emphasis,
+/// punctuation, spaces and line breaks). A stop sequence with any other
+/// character (`User:`, `</answer>`, `###`) cannot occur there.
+pub fn stop_may_cut_echo(stop: &str) -> bool {
+    stop.chars().all(|c| {
+        c.is_whitespace()
+            || c.is_ascii_digit()
+            || matches!(
+                c,
+                'C' | 'G'
+                    | 'c'
+                    | 'g'
+                    | '['
+                    | ']'
+                    | '('
+                    | ')'
+                    | '"'
+                    | '\''
+                    | '`'
+                    | '*'
+                    | '_'
+                    | '>'
+                    | '.'
+                    | ','
+                    | ';'
+                    | ':'
+                    | '!'
+                    | '-'
+            )
+    })
+}
+
+/// Whether any of the stop sequences in `stop` (a string or an array of
+/// strings, as the APIs take them; anything else is left to the provider
+/// to refuse) could cut the echo off ([`stop_may_cut_echo`]).
+pub fn stops_may_cut_echo(stop: Option<&Value>) -> bool {
+    match stop {
+        Some(Value::String(stop)) => stop_may_cut_echo(stop),
+        Some(Value::Array(stops)) => stops
+            .iter()
+            .filter_map(Value::as_str)
+            .any(stop_may_cut_echo),
+        _ => false,
     }
 }
 
@@ -384,6 +465,23 @@ fn tokens_before(first: &Value, canary: Canary) -> u64 {
     let canary = canary.to_string();
     let before = text.find(&canary).map_or(text.as_ref(), |at| &text[..at]);
     TOKENS_PER_MESSAGE + count_text(role) + count_text(before)
+}
+
+/// Whether the model is asked to continue the conversation's last message,
+/// an assistant turn, instead of answering after it: the turn says so
+/// (`prefix: true`, DeepSeek's and Mistral's prefill), or the request does
+/// (`continue_final_message: true` or `add_generation_prompt: false`, as
+/// vLLM and SGLang take them). OpenAI's API answers after an assistant turn.
+fn continues_last_turn(messages: &[Value], body: &serde_json::Map<String, Value>) -> bool {
+    let Some(last) = messages.last() else {
+        return false;
+    };
+    if last.get("role").and_then(Value::as_str) != Some("assistant") {
+        return false;
+    }
+    last.get("prefix").and_then(Value::as_bool) == Some(true)
+        || body.get("continue_final_message").and_then(Value::as_bool) == Some(true)
+        || body.get("add_generation_prompt").and_then(Value::as_bool) == Some(false)
 }
 
 /// Which messages the blocks go into, checked before anything changes.
@@ -859,6 +957,81 @@ mod tests {
             obedient_opening(["Begin your reply with \"never closed"]),
             None
         );
+    }
+
+    #[test]
+    fn a_prefilled_reply_is_passive_an_answer_after_an_assistant_turn_is_not() {
+        let prefilled = |edit: &dyn Fn(&mut Value)| {
+            let mut body = request();
+            body["messages"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"role": "assistant", "content": "{\"answer\":"}));
+            edit(&mut body);
+            inject(&mut body, EchoMode::HeadTail, COST, canaries())
+                .unwrap()
+                .passive
+        };
+        // OpenAI answers after a trailing assistant turn: the echo still works.
+        assert_eq!(prefilled(&|_| {}), None);
+        for (what, edit) in [
+            (
+                "prefix",
+                &(|body: &mut Value| body["messages"][4]["prefix"] = json!(true))
+                    as &dyn Fn(&mut Value),
+            ),
+            ("continue_final_message", &|body: &mut Value| {
+                body["continue_final_message"] = json!(true)
+            }),
+            ("add_generation_prompt", &|body: &mut Value| {
+                body["add_generation_prompt"] = json!(false)
+            }),
+        ] {
+            assert_eq!(prefilled(edit), Some(PassiveReason::Prefill), "{what}");
+        }
+        // The flags mean nothing when the last turn is the user's.
+        let mut body = request();
+        body["continue_final_message"] = json!(true);
+        let injection = inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
+        assert_eq!(injection.passive, None);
+    }
+
+    #[test]
+    fn a_stop_sequence_that_could_cut_the_echo_makes_it_passive() {
+        for stop in ["\n", "\n\n", " ", "]", "\"", "```", "CG", "1", ".\n"] {
+            assert!(stop_may_cut_echo(stop), "{stop:?}");
+        }
+        for stop in ["User:", "</answer>", "###", "\nHuman:", "END"] {
+            assert!(!stop_may_cut_echo(stop), "{stop:?}");
+        }
+        for (stop, passive) in [
+            (json!("\n"), Some(PassiveReason::StopSequence)),
+            (json!(["END", "\n\n"]), Some(PassiveReason::StopSequence)),
+            (json!(["END", "User:"]), None),
+            (json!(null), None),
+        ] {
+            let mut body = request();
+            body["stop"] = stop.clone();
+            let injection = inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
+            assert_eq!(injection.passive, passive, "{stop}");
+            assert_eq!(injection.echo.is_empty(), passive.is_some(), "{stop}");
+            let raised = if passive.is_some() {
+                100
+            } else {
+                100 + COST.allowance(2)
+            };
+            assert_eq!(body["max_tokens"], raised, "{stop}");
+        }
+    }
+
+    #[test]
+    fn a_limit_of_zero_goes_as_it_came() {
+        let mut body = request();
+        body["max_tokens"] = json!(0);
+        let injection = inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
+        assert_eq!(body["max_tokens"], 0);
+        assert_eq!(injection.client_max_tokens, Some(0));
+        assert_eq!(injection.echo_allowance, 0);
     }
 
     #[test]

@@ -373,6 +373,8 @@ fn passive_name(reason: PassiveReason) -> &'static str {
         PassiveReason::EchoOff => "echo_off",
         PassiveReason::JsonMode => "json_mode",
         PassiveReason::Tools => "tools",
+        PassiveReason::Prefill => "prefill",
+        PassiveReason::StopSequence => "stop_sequence",
     }
 }
 

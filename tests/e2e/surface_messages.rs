@@ -172,6 +172,18 @@ fn the_anthropic_sdk_gets_every_guarantee_on_messages() {
     assert!(tools["inputs"][0]["city"].is_string(), "{tools}");
     assert_eq!(tools["stream_inputs"], tools["inputs"], "{tools}");
     assert_eq!(tools["stream_stop_reason"], "tool_use", "{tools}");
+    // A prefill and a stop sequence that could cut the echo: passive, served.
+    let passive = &result["passive"];
+    assert_eq!(
+        passive["prefill_verdict"], "pass; passive=prefill",
+        "{passive}"
+    );
+    assert!(!text(&passive["prefill_text"]).is_empty(), "{passive}");
+    assert!(!holds_canary(text(&passive["prefill_text"])), "{passive}");
+    assert_eq!(
+        passive["stop_verdict"], "pass; passive=stop_sequence",
+        "{passive}"
+    );
     // The client's max_tokens holds although canarygate raised the provider's.
     let limit = &result["limit"];
     assert_eq!(limit["plain"]["stop_reason"], "max_tokens", "{limit}");

@@ -190,6 +190,19 @@ result["tools"] = {
     "stream_inputs": [b.input for b in streamed_tool.content if b.type == "tool_use"],
     "stream_stop_reason": streamed_tool.stop_reason,
 }
+# A prefill (the last turn is the assistant's, which the model continues) and
+# a stop sequence that could end the reply at the echo's line break: passive
+# checks, no echo asked.
+prefill_request = ask("m-honest", "Name a planet as JSON")
+prefill_request["messages"].append({"role": "assistant", "content": '{"planet":'})
+raw = client().messages.with_raw_response.create(**prefill_request)
+stop_request = ask("m-honest") | {"stop_sequences": ["\n"]}
+raw_stop = client().messages.with_raw_response.create(**stop_request)
+result["passive"] = {
+    "prefill_verdict": raw.headers.get("x-canarygate-verdict"),
+    "prefill_text": "".join(b.text for b in raw.parse().content if b.type == "text"),
+    "stop_verdict": raw_stop.headers.get("x-canarygate-verdict"),
+}
 # The client's own limit, below what canarygate asked of the provider.
 result["limit"] = {
     "plain": client().messages.create(**ask("m-honest", max_tokens=4)).model_dump(),

@@ -3,8 +3,8 @@
 
 use canarygate_policies::EchoCost;
 use canarygate_policies::inject::{
-    BLOCK_SEPARATOR, Blocks, Injection, MAX_CHOICES, PromptEstimate, RequestCanaries,
-    passive_reason,
+    BLOCK_SEPARATOR, Blocks, EchoObstacles, Injection, MAX_CHOICES, PromptEstimate,
+    RequestCanaries, passive_reason, stops_may_cut_echo,
 };
 use canarygate_policies::tokens::count_chat_messages;
 use canarygate_policies::verify_config::EchoMode;
@@ -188,7 +188,11 @@ pub fn place(
         ));
     }
     let before = count_chat_messages(&messages(body));
-    let passive = passive_reason(echo, false, false);
+    let obstacles = EchoObstacles {
+        stop_sequence: stops_may_cut_echo(body.get("stop")),
+        ..EchoObstacles::default()
+    };
+    let passive = passive_reason(echo, obstacles);
     let blocks = Blocks::new(echo, passive, canaries);
     let ours = format!(
         "{}{BLOCK_SEPARATOR}{}{BLOCK_SEPARATOR}",

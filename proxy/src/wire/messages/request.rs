@@ -9,13 +9,17 @@
 //! to its string, or as a new text block after its blocks (`tool_result`
 //! blocks stay first in the turn, as Anthropic requires). `max_tokens` is
 //! raised by the echo's allowance ([`EchoCost::allowance`]) when an echo is
-//! asked, which keeps a thinking budget below it. Tools or a structured
-//! output format leave the checks passive, as in Chat Completions.
+//! asked, which keeps a thinking budget below it (a limit of 0, which
+//! Anthropic refuses, goes as it came). Tools, a structured output format,
+//! a prefill (the conversation ends with an assistant turn, which the model
+//! continues) or a stop sequence that could cut the echo off
+//! ([`stops_may_cut_echo`]) leave the checks passive, as in Chat
+//! Completions.
 
 use canarygate_policies::EchoCost;
 use canarygate_policies::inject::{
-    BLOCK_SEPARATOR, Blocks, Injection, PromptEstimate, RequestCanaries, append_to_content,
-    passive_reason,
+    BLOCK_SEPARATOR, Blocks, EchoObstacles, Injection, PromptEstimate, RequestCanaries,
+    append_to_content, passive_reason, stops_may_cut_echo,
 };
 use canarygate_policies::tokens::count_chat_messages;
 use canarygate_policies::verify_config::EchoMode;
@@ -219,7 +223,13 @@ pub fn place(
         .get("tools")
         .and_then(Value::as_array)
         .is_some_and(|tools| !tools.is_empty());
-    let passive = passive_reason(echo, json_mode(object), has_tools);
+    let obstacles = EchoObstacles {
+        json_mode: json_mode(object),
+        tools: has_tools,
+        prefill: ends_with_assistant_turn(object),
+        stop_sequence: stops_may_cut_echo(object.get("stop_sequences")),
+    };
+    let passive = passive_reason(echo, obstacles);
     let blocks = Blocks::new(echo, passive, canaries);
     let stream = object
         .get("stream")
@@ -228,6 +238,7 @@ pub fn place(
     let client_max_tokens = object.get("max_tokens").and_then(Value::as_u64);
     let mut echo_allowance = 0;
     if let Some(limit) = client_max_tokens
+        && limit > 0
         && !blocks.echo.is_empty()
     {
         // A thinking budget below the client's limit stays below the raised one.
@@ -296,6 +307,18 @@ fn last_user_turn(object: &Map<String, Value>) -> Result<Option<usize>, ApiError
     Ok(last)
 }
 
+/// Whether the conversation ends with an assistant turn: Anthropic's
+/// prefill, which the model continues, so its reply cannot open with an echo.
+fn ends_with_assistant_turn(object: &Map<String, Value>) -> bool {
+    object
+        .get("messages")
+        .and_then(Value::as_array)
+        .and_then(|messages| messages.last())
+        .and_then(|last| last.get("role"))
+        .and_then(Value::as_str)
+        == Some("assistant")
+}
+
 /// Whether the request asks for structured JSON output (`output_config.
 /// format`, or the beta's `output_format`): an echo would break it.
 fn json_mode(object: &Map<String, Value>) -> bool {
@@ -309,6 +332,7 @@ fn json_mode(object: &Map<String, Value>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use canarygate_policies::inject::PassiveReason;
 
     /// What an echo is costed at in these tests: a token per digit.
     const COST: EchoCost = EchoCost::DIGIT_BY_DIGIT;
@@ -438,24 +462,52 @@ mod tests {
     }
 
     #[test]
-    fn tools_and_structured_output_are_passive_and_keep_the_limit() {
+    fn tools_structured_output_prefill_and_stop_sequences_are_passive_and_keep_the_limit() {
         let canaries = RequestCanaries::mint();
-        for (key, value) in [
+        let prefilled = json!([
+            {"role": "user", "content": "Answer in JSON."},
+            {"role": "assistant", "content": "{"},
+        ]);
+        for (key, value, reason) in [
             (
                 "tools",
                 json!([{"name": "f", "input_schema": {"type": "object"}}]),
+                PassiveReason::Tools,
             ),
             (
                 "output_config",
                 json!({"format": {"type": "json_schema", "schema": {}}}),
+                PassiveReason::JsonMode,
+            ),
+            ("messages", prefilled, PassiveReason::Prefill),
+            (
+                "stop_sequences",
+                json!(["</answer>", "\n"]),
+                PassiveReason::StopSequence,
             ),
         ] {
             let mut body = minimal();
             body[key] = value;
             let injection = place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
-            assert!(injection.echo.is_empty() && injection.passive.is_some());
-            assert_eq!(body["max_tokens"], 64);
+            assert!(injection.echo.is_empty(), "{key}");
+            assert_eq!(injection.passive, Some(reason), "{key}");
+            assert_eq!(body["max_tokens"], 64, "{key}");
         }
+        // A stop sequence that cannot occur in an echo leaves it asked.
+        let mut body = minimal();
+        body["stop_sequences"] = json!(["</answer>"]);
+        let injection = place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
+        assert_eq!(injection.passive, None);
+    }
+
+    #[test]
+    fn a_limit_of_zero_goes_as_it_came() {
+        let mut body = minimal();
+        body["max_tokens"] = json!(0);
+        let injection =
+            place(&mut body, EchoMode::HeadTail, COST, RequestCanaries::mint()).unwrap();
+        assert_eq!(body["max_tokens"], 0);
+        assert_eq!(injection.echo_allowance, 0);
     }
 
     #[test]

@@ -10,7 +10,8 @@
 
 use canarygate_policies::EchoCost;
 use canarygate_policies::inject::{
-    Blocks, Injection, PromptEstimate, RequestCanaries, append_to_content, passive_reason,
+    Blocks, EchoObstacles, Injection, PromptEstimate, RequestCanaries, append_to_content,
+    passive_reason,
 };
 use canarygate_policies::tokens::count_chat_messages;
 use canarygate_policies::verify_config::EchoMode;
@@ -243,7 +244,12 @@ pub fn place(
         EchoMode::HeadTail if continues_stored_conversation(body) => EchoMode::Head,
         echo => echo,
     };
-    let passive = passive_reason(echo, json_mode, has_tools);
+    let obstacles = EchoObstacles {
+        json_mode,
+        tools: has_tools,
+        ..EchoObstacles::default()
+    };
+    let passive = passive_reason(echo, obstacles);
     let blocks = Blocks::new(echo, passive, canaries);
     let tail_slot = last_user_text(body);
     let object = body.as_object_mut().ok_or_else(|| {
