@@ -140,6 +140,8 @@ pub struct Answer {
     top_logprobs: Option<usize>,
     obfuscation: bool,
     include_usage: bool,
+    /// The content cites a source ([`citations`]).
+    cites: bool,
     pub usage: Value,
     /// Prompt tokens reported (all of them, cached ones included).
     pub prompt_tokens: u64,
@@ -299,6 +301,7 @@ impl Answer {
             top_logprobs: request.top_logprobs,
             obfuscation: request.include_obfuscation,
             include_usage: request.include_usage,
+            cites: request.web_search,
             usage,
             prompt_tokens: compose.prompt_tokens,
             cached_tokens: compose.cached_tokens,
@@ -343,7 +346,7 @@ impl Answer {
                     "role": "assistant",
                     "content": choice.content(),
                     "refusal": null,
-                    "annotations": [],
+                    "annotations": self.annotations(choice),
                 });
                 if let Some(field) = self.reasoning_field {
                     message[field.name()] = json!(choice.reasoning.concat());
@@ -440,7 +443,14 @@ impl Answer {
             .choices
             .iter()
             .enumerate()
-            .map(|(index, choice)| chunk(index, json!({}), Value::Null, Some(choice.finish_reason)))
+            .map(|(index, choice)| {
+                // A search model's citations come with the last chunk.
+                let delta = match self.annotations(choice) {
+                    annotations if annotations.is_empty() => json!({}),
+                    annotations => json!({"annotations": annotations}),
+                };
+                chunk(index, delta, Value::Null, Some(choice.finish_reason))
+            })
             .collect();
         let usage = self.include_usage.then(|| {
             let mut usage = self.chunk(json!([]), 0);
@@ -452,6 +462,15 @@ impl Answer {
             steps,
             closing,
             usage,
+        }
+    }
+
+    /// The annotations of `choice`'s content: its citations when the
+    /// answer cites, none otherwise.
+    fn annotations(&self, choice: &Choice) -> Vec<Value> {
+        match (self.cites, choice.content()) {
+            (true, Some(content)) => citations(&content),
+            _ => Vec::new(),
         }
     }
 
@@ -527,6 +546,35 @@ impl Answer {
             chunk["obfuscation"] = json!(hash::alphanumeric(seed, 1 + (seed % 15) as usize));
         }
         chunk
+    }
+}
+
+/// What a search model cites in `content`: its last word of three letters
+/// or more, as a `url_citation` whose `start_index` and `end_index` count
+/// characters of the whole content, as OpenAI's do.
+pub fn citations(content: &str) -> Vec<Value> {
+    let chars: Vec<char> = content.chars().collect();
+    let mut end = chars.len();
+    loop {
+        while end > 0 && !chars[end - 1].is_alphabetic() {
+            end -= 1;
+        }
+        let mut start = end;
+        while start > 0 && chars[start - 1].is_alphabetic() {
+            start -= 1;
+        }
+        if start == end {
+            return Vec::new();
+        }
+        if end - start >= 3 {
+            let word: String = chars[start..end].iter().collect();
+            return vec![json!({"type": "url_citation", "url_citation": {
+                "start_index": start, "end_index": end,
+                "url": format!("https://sources.example/{}", word.to_lowercase()),
+                "title": word,
+            }})];
+        }
+        end = start;
     }
 }
 

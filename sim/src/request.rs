@@ -38,6 +38,9 @@ pub struct Generation {
     /// `response_format` `json_object` or `json_schema`: the content is a
     /// JSON object, `{"answer": ...}`.
     pub json_mode: bool,
+    /// Chat's `web_search_options` (OpenAI's search models): the content
+    /// cites a source, a `url_citation` annotation on its last word.
+    pub web_search: bool,
 }
 
 impl Generation {
@@ -54,6 +57,7 @@ impl Generation {
             include_usage: false,
             include_obfuscation: false,
             json_mode: false,
+            web_search: false,
         }
     }
 }
@@ -96,6 +100,8 @@ struct ChatBody {
     function_call: Option<Value>,
     #[serde(default)]
     response_format: Option<Value>,
+    #[serde(default)]
+    web_search_options: Option<Value>,
 }
 
 /// `stream_options` (chat and legacy completions).
@@ -183,6 +189,7 @@ impl ChatRequest {
             include_usage: options.include_usage.unwrap_or(false),
             include_obfuscation: options.include_obfuscation.unwrap_or(true),
             json_mode,
+            web_search: request.web_search_options.is_some(),
         };
         Ok(Self {
             generation,

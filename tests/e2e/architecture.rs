@@ -80,7 +80,7 @@ const DEPENDENCIES: [(&str, &[&str], &[&str]); 9] = [
 /// The proxy's layers: a module may import from a lower layer; within
 /// layers 1 and 2 (the shared pieces) from the same layer too; never from a
 /// higher one, nor from another unit of layers 3 and up.
-const PROXY_LAYERS: [(&str, u8); 33] = [
+const PROXY_LAYERS: [(&str, u8); 34] = [
     ("server", 5),
     ("pipeline", 4),
     ("paths", 3),
@@ -110,6 +110,7 @@ const PROXY_LAYERS: [(&str, u8); 33] = [
     ("wire::responses", 2),
     ("wire::format", 2),
     ("wire::location", 2),
+    ("wire::positions", 2),
     ("error", 1),
     ("clock", 1),
     ("metrics", 1),

@@ -183,6 +183,12 @@ async fn the_provider_answer_reaches_the_client_whole_and_clean() {
             "{mode}: {seen}"
         );
         assert_eq!(seen["short_finish_reason"], "length", "{mode}: {seen}");
+        // A citation points at the word it cites (its title) in the content
+        // the client got, the echo removed before it.
+        let cited = sdk["citations"][mode].as_array().unwrap();
+        assert_eq!(cited.len(), 1, "{mode}: {sdk}");
+        let (span, title) = cited[0].as_str().unwrap().split_once(' ').unwrap();
+        assert_eq!(span, title, "{mode}: {sdk}");
     }
 
     // Usage as the client would have seen it without canarygate.

@@ -1,6 +1,7 @@
 """What the official openai SDK reads through canarygate from a reasoning
-model with logprobs, plain and streamed, and how a 5-token limit holds; prints
-one JSON object for tests/e2e/fidelity.rs to assert on.
+model with logprobs, plain and streamed, how a 5-token limit holds, and what
+a search model's citation annotations point at once the echo is removed;
+prints one JSON object for tests/e2e/fidelity.rs to assert on.
 
 usage: sdk_fidelity.py BASE_URL
 """
@@ -65,6 +66,37 @@ result["stream"] = {
     "short_content": "".join(short_parts),
     "short_completion_tokens": len("".join(short_parts).split()),
     "short_finish_reason": short_finish,
+}
+
+
+
+def cited(content, annotations):
+    """The text each url_citation annotation points at in `content`."""
+    return [
+        content[a.url_citation.start_index : a.url_citation.end_index] + " " + a.url_citation.title
+        for a in annotations or []
+    ]
+
+
+# A search model cites its answer's last word; its indices count characters
+# of the content as the provider wrote it, echo included.
+search = {"model": "reporter", "messages": short, "web_search_options": {}}
+message = client.chat.completions.create(**search).choices[0].message
+streamed_content, streamed_annotations = [], []
+for chunk in client.chat.completions.create(**search, stream=True):
+    if chunk.choices:
+        delta = chunk.choices[0].delta
+        streamed_content.append(delta.content or "")
+        streamed_annotations.extend((delta.model_extra or {}).get("annotations") or [])
+streamed_text = "".join(streamed_content)
+result["citations"] = {
+    "plain": cited(message.content, message.annotations),
+    "stream": [
+        streamed_text[a["url_citation"]["start_index"] : a["url_citation"]["end_index"]]
+        + " "
+        + a["url_citation"]["title"]
+        for a in streamed_annotations
+    ],
 }
 
 print(json.dumps(result))

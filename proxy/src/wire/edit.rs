@@ -21,6 +21,8 @@ use canarygate_policies::tokens::{count_text_high, pieces_high};
 use canarygate_policies::verify::{Part, Release};
 use serde_json::Value;
 
+use crate::wire::positions::KeptChars;
+
 /// Counts completion tokens: with the provider's tokenizer when the policy
 /// names one, else [`count_text_high`], an estimate meant to count at least
 /// as many tokens as a BPE tokenizer, so a cut errs short.
@@ -181,6 +183,9 @@ pub struct Delivery {
     usage: UsageOptions,
     /// Choices the request asked for: text of any other choice is dropped.
     choices: u32,
+    /// Which characters of each choice's content reached the client, for
+    /// the positions annotations point at ([`Delivery::content_positions`]).
+    content_chars: Vec<KeptChars>,
     /// Reused for the text whose tokens are counted (removed or shown).
     scratch: String,
 }
@@ -202,8 +207,15 @@ impl Delivery {
             overhead_completion: 0,
             usage,
             choices,
+            content_chars: Vec::new(),
             scratch: String::new(),
         }
+    }
+
+    /// Which characters of choice `choice`'s content, as the provider wrote
+    /// it, reached the client so far.
+    pub fn content_positions(&self, choice: u32) -> Option<&KeptChars> {
+        self.content_chars.get(choice as usize)
     }
 
     /// The tokens each choice may deliver (the client's own limit, where
@@ -300,6 +312,9 @@ impl Delivery {
                 ranges = self.within_budget(index, limit, text, ranges);
             }
         }
+        if part == Part::Content {
+            self.content_chars[index].push(text, &ranges);
+        }
         FieldEdit {
             kept: ranges,
             len: text.len(),
@@ -333,6 +348,9 @@ impl Delivery {
             }
             self.used[index] += tokens;
         }
+        if part == Part::Content {
+            self.content_chars[index].push_whole(text);
+        }
         true
     }
 
@@ -348,6 +366,8 @@ impl Delivery {
         if self.used.len() <= index {
             self.used.resize(index + 1, 0);
             self.cut.resize(index + 1, false);
+            self.content_chars
+                .resize_with(index + 1, KeptChars::default);
         }
     }
 

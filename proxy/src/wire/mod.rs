@@ -55,6 +55,7 @@ mod json_str;
 mod light_answer;
 mod location;
 pub mod messages;
+mod positions;
 pub mod responses;
 
 pub use format::{

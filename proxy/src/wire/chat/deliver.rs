@@ -1,6 +1,7 @@
 //! Editing a Chat Completions answer or chunk in place for the client: text
 //! fields cut to what the verifier's release and the delivery keep, logprobs
-//! following them, finish reasons of cut choices.
+//! and the positions citation annotations point at following them, finish
+//! reasons of cut choices.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -12,6 +13,7 @@ use super::logprobs;
 use crate::wire::edit::{Delivery, apply};
 use crate::wire::format::{ChoiceView, TextField, put_text};
 use crate::wire::location::{Key, Location};
+use crate::wire::positions::follow_annotations;
 
 /// Keys of a message or delta that hold text the verifier reads.
 const TEXT_KEYS: [&str; 4] = ["content", "reasoning_content", "reasoning", "refusal"];
@@ -32,8 +34,9 @@ pub struct Edited {
 /// `choices`; each field with the span of its part it carried) to what the
 /// verifier's release and `delivery` leave of them: logprobs follow the
 /// content and the refusal (and go where they no longer spell what was
-/// delivered), and a choice cut at the client's limit finishes with
-/// `length`.
+/// delivered), the choice's `annotations` point into the delivered content
+/// ([`follow_annotations`]), and a choice cut at the client's limit
+/// finishes with `length`.
 pub fn edit_fields(
     value: &mut Value,
     choices: &[ChoiceView],
@@ -110,11 +113,21 @@ pub fn edit_fields(
                 edited.changed = true;
             }
         }
-        let body = slot.get("delta").or_else(|| slot.get("message"));
-        if let Some(body) = body.and_then(Value::as_object) {
+        let key = if slot.get("delta").is_some() {
+            "delta"
+        } else {
+            "message"
+        };
+        if let Some(body) = slot.get_mut(key).and_then(Value::as_object_mut) {
             edited.keeps_other_fields |= body
                 .iter()
                 .any(|(key, value)| !TEXT_KEYS.contains(&key.as_str()) && !value.is_null());
+            if let (Some(annotations), Some(kept)) = (
+                body.get_mut("annotations"),
+                delivery.content_positions(choice.index),
+            ) {
+                edited.changed |= follow_annotations(annotations, kept);
+            }
         }
     }
     edited

@@ -1,5 +1,6 @@
 //! Editing a Responses API answer for the client: each text becomes what
-//! the verifier's release and the delivery leave of it (logprobs follow),
+//! the verifier's release and the delivery leave of it (logprobs and the
+//! positions its annotations point at follow),
 //! a cut at the client's limit makes the response `incomplete`, usage is
 //! edited by the delivery, and the request fields a response repeats
 //! (`instructions`, `max_output_tokens`) are the client's own again.
@@ -14,6 +15,7 @@ use serde_json::{Value, json};
 use crate::wire::edit::{Delivery, apply};
 use crate::wire::format::{AnswerView, put_text};
 use crate::wire::location::{Key, Location};
+use crate::wire::positions::{KeptChars, follow_annotations};
 
 /// Which text of an output item.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -33,6 +35,9 @@ pub struct Shown {
     pub text: String,
     /// The logprobs of what was shown, when the provider sent them.
     pub logprobs: Vec<Value>,
+    /// Which characters of the provider's text were shown, for the
+    /// positions its annotations point at.
+    pub chars: KeptChars,
 }
 
 /// What the client got of each text, by `(output_index, slot)`.
@@ -143,6 +148,9 @@ pub fn rewrite_part(part: &mut Value, shown: &Shown) {
     {
         part["logprobs"] = json!(shown.logprobs);
     }
+    if let Some(annotations) = part.get_mut("annotations") {
+        follow_annotations(annotations, &shown.chars);
+    }
 }
 
 /// The response of an answer cut at the client's limit: `incomplete`, as
@@ -234,12 +242,19 @@ pub fn deliver_answer(
             .key(Key::Output)
             .index(output_index as usize)
             .key(Key::Content)
-            .index(part as usize)
-            .key(Key::Logprobs);
-        if let Some(logprobs) = at.get_mut(answer)
+            .index(part as usize);
+        if let Some(logprobs) = at.key(Key::Logprobs).get_mut(answer)
             && let Some(entries) = logprobs.as_array().filter(|entries| !entries.is_empty())
         {
             *logprobs = json!(follow_logprobs(entries, &text, &edit.kept));
+        }
+        if let Some(annotations) = at
+            .get_mut(answer)
+            .and_then(|part| part.get_mut("annotations"))
+        {
+            let mut chars = KeptChars::default();
+            chars.push(&text, &edit.kept);
+            follow_annotations(annotations, &chars);
         }
     }
     if delivery.was_cut(0) {
@@ -294,10 +309,18 @@ mod tests {
             .iter()
             .map(|token| json!({"token": token, "logprob": -0.1}))
             .collect();
+        // Citations of "two" and of "ten" (past the client's limit), counted
+        // in characters of the text as the provider wrote it.
+        let two = echo.chars().count() + 4;
+        let annotations = json!([
+            {"type": "url_citation", "start_index": two, "end_index": two + 3, "url": "u"},
+            {"type": "url_citation", "start_index": two + 8, "end_index": two + 11, "url": "v"},
+        ]);
         let mut answer = json!({"id": "resp_1", "object": "response", "status": "completed",
             "instructions": body["instructions"], "max_output_tokens": body["max_output_tokens"],
             "output": [{"type": "message", "status": "completed", "role": "assistant",
-                        "content": [{"type": "output_text", "text": text, "logprobs": tokens}]}],
+                        "content": [{"type": "output_text", "text": text, "logprobs": tokens,
+                                     "annotations": annotations}]}],
             "usage": {"input_tokens": 50, "output_tokens": 20, "total_tokens": 70}});
         let view = AnswerView {
             choices: smallvec::smallvec![ChoiceView {
@@ -339,6 +362,15 @@ mod tests {
             .map(|entry| entry["token"].as_str().unwrap())
             .collect();
         assert_eq!(kept, ["one ", "two ", "six "], "logprobs follow the text");
+        assert_eq!(
+            part["annotations"],
+            json!([
+                {"type": "url_citation", "start_index": 4, "end_index": 7, "url": "u"},
+                // The cited word was cut: an empty span at the text's end.
+                {"type": "url_citation", "start_index": 12, "end_index": 12, "url": "v"},
+            ]),
+            "annotations point into the delivered text"
+        );
         assert_eq!(answer["status"], "incomplete");
         assert_eq!(answer["incomplete_details"]["reason"], "max_output_tokens");
         assert_eq!(answer["output"][0]["status"], "incomplete");

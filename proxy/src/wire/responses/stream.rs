@@ -29,6 +29,7 @@ use super::deliver::{
 use super::light::{Delta, delta_of, slot_of};
 use crate::wire::edit::{Delivery, apply};
 use crate::wire::format::{Chunk, EventView, Spans, StreamWriter, put_text};
+use crate::wire::positions::follow_annotations;
 
 /// One event of a provider's Responses stream, as the verifier reads it: a
 /// delta without its tree ([`light`](super::light)), any other event from
@@ -131,6 +132,7 @@ impl ResponsesStream {
             .entry((delta.output_index, delta.slot))
             .or_default();
         shown.text.push_str(text);
+        shown.chars.push_whole(text);
         true
     }
 
@@ -184,6 +186,7 @@ impl ResponsesStream {
             if delta_part(&kind, &original).is_some() {
                 let shown = self.delivered.entry((output_index, slot)).or_default();
                 shown.text.push_str(&kept);
+                shown.chars.push(&text, &edit.kept);
                 if let Some(entries) = original.get("logprobs").and_then(Value::as_array) {
                     let followed = follow_logprobs(entries, &text, &edit.kept);
                     if !edit.unchanged() {
@@ -217,6 +220,14 @@ impl ResponsesStream {
                 }
             }
             "response.refusal.done" => data["refusal"] = json!(shown.text),
+            "response.output_text.annotation.added" => {
+                if let Some(annotation) = data.get_mut("annotation") {
+                    // One annotation, followed as a list of one.
+                    let mut list = Value::Array(vec![annotation.take()]);
+                    follow_annotations(&mut list, &shown.chars);
+                    *annotation = list.as_array_mut().and_then(Vec::pop).unwrap_or_default();
+                }
+            }
             "response.function_call_arguments.done" => data["arguments"] = json!(shown.text),
             "response.content_part.added"
             | "response.content_part.done"
@@ -485,6 +496,79 @@ mod tests {
         }
         let injection = place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
         (injection, body, canaries)
+    }
+
+    /// A citation's positions, counted in the provider's text, point into
+    /// the client's: in `annotation.added` and in every event that repeats
+    /// the part (`content_part.done`, `output_item.done`,
+    /// `response.completed`).
+    #[test]
+    fn annotations_point_into_the_delivered_text() {
+        let (injection, body, canaries) = setup(None);
+        let echo = format!("{} {}\n", canaries.head, canaries.tail);
+        let deltas = [echo.clone(), "Pluto ".into(), "is far.".into()];
+        let instructions = body["instructions"].as_str().unwrap();
+        let pluto = echo.chars().count();
+        let annotation = json!({"type": "url_citation", "start_index": pluto,
+                                "end_index": pluto + 5, "url": "u", "title": "t"});
+        let mut events: Vec<Value> = provider_events(&deltas, instructions, Value::Null)
+            .into_iter()
+            .map(|event| serde_json::from_str(&event.data).unwrap())
+            .collect();
+        for event in &mut events {
+            let part = match event["type"].as_str().unwrap() {
+                "response.content_part.done" => &mut event["part"],
+                "response.output_item.done" => &mut event["item"]["content"][0],
+                "response.completed" => &mut event["response"]["output"][0]["content"][0],
+                _ => continue,
+            };
+            part["annotations"] = json!([annotation]);
+        }
+        let done = events
+            .iter()
+            .position(|event| event["type"] == "response.output_text.done")
+            .unwrap();
+        events.insert(
+            done,
+            json!({"type": "response.output_text.annotation.added", "item_id": "msg_1",
+                   "output_index": 0, "content_index": 0, "annotation_index": 0,
+                   "annotation": annotation}),
+        );
+        let events = events
+            .into_iter()
+            .enumerate()
+            .map(|(number, mut event)| {
+                event["sequence_number"] = json!(number);
+                SseEvent {
+                    event: Some(event["type"].as_str().unwrap().to_owned()),
+                    data: event.to_string(),
+                    id: None,
+                }
+            })
+            .collect();
+        let (events, _) = relay(events, &injection, None);
+        let moved = json!({"type": "url_citation", "start_index": 0, "end_index": 5,
+                           "url": "u", "title": "t"});
+        let mut seen = 0;
+        for (name, data) in &events {
+            let annotation = match name.as_str() {
+                "response.output_text.annotation.added" => &data["annotation"],
+                "response.content_part.done" => &data["part"]["annotations"][0],
+                "response.output_item.done" => &data["item"]["content"][0]["annotations"][0],
+                "response.completed" => {
+                    &data["response"]["output"][0]["content"][0]["annotations"][0]
+                }
+                _ => continue,
+            };
+            assert_eq!(annotation, &moved, "{name}");
+            seen += 1;
+        }
+        assert_eq!(seen, 4);
+        let (_, done) = events
+            .iter()
+            .find(|(name, _)| name == "response.output_text.done")
+            .unwrap();
+        assert_eq!(&done["text"].as_str().unwrap()[..5], "Pluto");
     }
 
     /// The relay's work for one text delta once the echo has passed, as
