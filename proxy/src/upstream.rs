@@ -2,6 +2,10 @@
 //! ([`crate::upstream_client`]), the one place an upstream request is built
 //! ([`Upstream::request`]), reading its answer with deadlines, and mapping
 //! what can go wrong to the client-facing [`ApiError`].
+//!
+//! Longer than 500 lines: about 60 of them are the unit tests of what is
+//! read from a provider's response head (its media type, the headers
+//! relayed to the client).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -461,9 +465,9 @@ pub enum ModelsError {
 
 /// Provider response headers passed on to the client by name.
 #[rustfmt::skip]
-const RELAYED_HEADERS: [&str; 6] = [
-    "retry-after", "retry-after-ms", "x-request-id", "request-id", "openai-processing-ms",
-    "openai-version",
+const RELAYED_HEADERS: [&str; 7] = [
+    "retry-after", "retry-after-ms", "x-should-retry", "x-request-id", "request-id",
+    "openai-processing-ms", "openai-version",
 ];
 
 /// Provider response headers passed on to the client by prefix.
@@ -471,8 +475,9 @@ const RELAYED_PREFIXES: [&str; 2] = ["x-ratelimit-", "anthropic-ratelimit-"];
 
 /// What of a provider's response head the client gets: rate limits
 /// (`x-ratelimit-*`, `anthropic-ratelimit-*`), retry hints (`retry-after`,
-/// `retry-after-ms`), the provider's request id, processing time and API
-/// version. An allowlist: hop-by-hop headers, `set-cookie` and anything
+/// `retry-after-ms`, `x-should-retry`, which the OpenAI and Anthropic SDKs
+/// obey over their own rule), the provider's request id, processing time
+/// and API version. An allowlist: hop-by-hop headers, `set-cookie` and anything
 /// else the provider (or a CDN in front of it) sends never reach the client.
 pub fn relayed_headers(headers: &HeaderMap) -> HeaderMap {
     let mut relayed = HeaderMap::new();
@@ -489,11 +494,67 @@ pub fn relayed_headers(headers: &HeaderMap) -> HeaderMap {
     relayed
 }
 
-/// Whether the provider answered with an SSE stream.
-pub fn is_event_stream(response: &UpstreamResponse) -> bool {
-    response
-        .headers()
+/// Whether the provider answered with an SSE stream (`headers`: its
+/// response head's).
+pub fn is_event_stream(headers: &HeaderMap) -> bool {
+    // A media type is case-insensitive (RFC 9110, 8.3.1).
+    headers
         .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .is_some_and(|value| value.starts_with("text/event-stream"))
+        .and_then(|value| value.as_bytes().get(..17))
+        .is_some_and(|media| media.eq_ignore_ascii_case(b"text/event-stream"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_stream_is_known_by_its_media_type_in_any_case() {
+        let head = |content_type: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(header::CONTENT_TYPE, content_type.parse().unwrap());
+            headers
+        };
+        for stream in [
+            "text/event-stream",
+            "text/event-stream; charset=utf-8",
+            "Text/Event-Stream; charset=UTF-8",
+        ] {
+            assert!(is_event_stream(&head(stream)), "{stream}");
+        }
+        for other in ["application/json", "text/event", "text/plain"] {
+            assert!(!is_event_stream(&head(other)), "{other}");
+        }
+        assert!(!is_event_stream(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn retry_hints_and_rate_limits_are_relayed_and_nothing_else() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [
+            ("x-should-retry", "false"),
+            ("retry-after", "2"),
+            ("x-ratelimit-remaining-requests", "9"),
+            ("anthropic-ratelimit-tokens-limit", "100"),
+            ("set-cookie", "a=b"),
+            ("cf-ray", "1"),
+        ] {
+            headers.insert(
+                axum::http::HeaderName::from_static(name),
+                value.parse().unwrap(),
+            );
+        }
+        let relayed = relayed_headers(&headers);
+        let mut names: Vec<&str> = relayed.keys().map(|name| name.as_str()).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "anthropic-ratelimit-tokens-limit",
+                "retry-after",
+                "x-ratelimit-remaining-requests",
+                "x-should-retry"
+            ]
+        );
+    }
 }

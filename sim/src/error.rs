@@ -196,6 +196,13 @@ impl IntoResponse for SimError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
+        // The SDKs obey the provider's word on retrying over their own rule.
+        let retry =
+            matches!(self.status.as_u16(), 408 | 409 | 429) || self.status.is_server_error();
+        response.headers_mut().insert(
+            HeaderName::from_static("x-should-retry"),
+            HeaderValue::from_static(if retry { "true" } else { "false" }),
+        );
         if let Some(retry) = self.retry_after {
             let millis = retry.as_millis();
             let headers = response.headers_mut();

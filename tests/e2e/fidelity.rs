@@ -466,6 +466,7 @@ async fn provider_fields_and_headers_pass(proxy: &Running, dir: &ProxyDir) {
     assert_eq!(status, 429, "{text}");
     assert_eq!(headers["retry-after"], "1");
     assert!(headers.contains_key("retry-after-ms"), "{headers:?}");
+    assert_eq!(headers["x-should-retry"], "true", "{headers:?}");
     let error: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(error["error"]["code"], "rate_limit_exceeded", "{text}");
 

@@ -43,7 +43,7 @@ pub async fn serve<W: WireFormat>(
     trail.provider_request_id(context.provider_request_id());
     let status = response.status();
     let upstream = context.upstream;
-    if status.is_success() && request.stream && is_event_stream(&response) {
+    if status.is_success() && request.stream && is_event_stream(response.headers()) {
         let permit = permit
             .take()
             .ok_or_else(|| ApiError::internal("the request's concurrency slot is gone"))?;

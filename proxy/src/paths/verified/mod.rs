@@ -72,7 +72,7 @@ pub async fn serve<W: WireFormat>(
                 return Ok(Verified::Served(Served::Whole(response)));
             }
         };
-        let decided = if attempt.injection.stream && is_event_stream(&response) {
+        let decided = if attempt.injection.stream && is_event_stream(response.headers()) {
             stream::serve(context, response, attempt, trail, permit).await
         } else {
             whole::serve(context, response, attempt, trail).await?
