@@ -20,8 +20,9 @@
 //!
 //! An obedient model opens its reply with `HEAD TAIL`; [`obedient_opening`] is
 //! that rule, for simulated providers. In `head` echo mode the tail is a
-//! passive marker. Requests in JSON mode, with tools, with a prefilled reply
-//! or with a stop sequence that could cut the echo off (and echo `off`) get
+//! passive marker. Requests in JSON mode, with tools, with a prefilled reply,
+//! with a stop sequence that could cut the echo off or for a spoken reply
+//! (and echo `off`) get
 //! both canaries as passive markers ([`PassiveReason`]) (`(CANARY is a marker: never repeat it.)`):
 //! no echo is asked, but a leak of this prompt into another answer is still
 //! recognised. A conversation without a user message gets the tail after the
@@ -98,6 +99,9 @@ pub enum PassiveReason {
     /// A stop sequence of the client's could end the reply inside the echo
     /// or right after it ([`stop_may_cut_echo`]).
     StopSequence,
+    /// The reply is spoken (Chat's `modalities` with `"audio"`): the echo
+    /// would be read aloud, and canarygate cannot take it out of the audio.
+    Audio,
 }
 
 /// What in a request an echo would break, or be broken by; each is a
@@ -112,6 +116,8 @@ pub struct EchoObstacles {
     pub prefill: bool,
     /// One of the client's stop sequences could cut the echo off.
     pub stop_sequence: bool,
+    /// The reply is spoken as well as written.
+    pub audio: bool,
 }
 
 /// What [`inject`] did and what the verifier must expect.
@@ -220,6 +226,7 @@ pub fn inject(
         tools: has_tools,
         prefill,
         stop_sequence: stops_may_cut_echo(body.get("stop")),
+        audio: speaks(body),
     };
     let passive = passive_reason(echo, obstacles);
     let Blocks {
@@ -295,6 +302,8 @@ pub fn passive_reason(echo: EchoMode, obstacles: EchoObstacles) -> Option<Passiv
         Some(PassiveReason::Prefill)
     } else if obstacles.stop_sequence {
         Some(PassiveReason::StopSequence)
+    } else if obstacles.audio {
+        Some(PassiveReason::Audio)
     } else {
         None
     }
@@ -482,6 +491,14 @@ fn continues_last_turn(messages: &[Value], body: &serde_json::Map<String, Value>
     last.get("prefix").and_then(Value::as_bool) == Some(true)
         || body.get("continue_final_message").and_then(Value::as_bool) == Some(true)
         || body.get("add_generation_prompt").and_then(Value::as_bool) == Some(false)
+}
+
+/// Whether a Chat request asks for a spoken reply: `"audio"` among its
+/// `modalities`, or an `audio` output format.
+fn speaks(body: &serde_json::Map<String, Value>) -> bool {
+    let modalities = body.get("modalities").and_then(Value::as_array);
+    modalities.is_some_and(|list| list.iter().any(|m| m.as_str() == Some("audio")))
+        || body.get("audio").is_some_and(Value::is_object)
 }
 
 /// Which messages the blocks go into, checked before anything changes.
@@ -1022,6 +1039,23 @@ mod tests {
             };
             assert_eq!(body["max_tokens"], raised, "{stop}");
         }
+    }
+
+    #[test]
+    fn a_spoken_reply_is_passive() {
+        for (field, value) in [
+            ("modalities", json!(["text", "audio"])),
+            ("audio", json!({"voice": "alloy", "format": "wav"})),
+        ] {
+            let mut body = request();
+            body[field] = value;
+            let injection = inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
+            assert_eq!(injection.passive, Some(PassiveReason::Audio), "{field}");
+        }
+        let mut body = request();
+        body["modalities"] = json!(["text"]);
+        let injection = inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
+        assert_eq!(injection.passive, None);
     }
 
     #[test]

@@ -375,6 +375,7 @@ fn passive_name(reason: PassiveReason) -> &'static str {
         PassiveReason::Tools => "tools",
         PassiveReason::Prefill => "prefill",
         PassiveReason::StopSequence => "stop_sequence",
+        PassiveReason::Audio => "audio",
     }
 }
 

@@ -228,6 +228,7 @@ pub fn place(
         tools: has_tools,
         prefill: ends_with_assistant_turn(object),
         stop_sequence: stops_may_cut_echo(object.get("stop_sequences")),
+        audio: false,
     };
     let passive = passive_reason(echo, obstacles);
     let blocks = Blocks::new(echo, passive, canaries);
