@@ -140,7 +140,15 @@ pub enum EchoOutcome {
     WrongCanary,
     /// The answer ended inside the echo.
     Incomplete,
+    /// The provider withheld the reply: no text at all, and a finish reason
+    /// that says so ([`WITHHELD_FINISH_REASONS`]). Nothing reaches the
+    /// client that an echo would vouch for, so the echo does not fail.
+    Withheld,
 }
+
+/// Finish reasons of a reply the provider withheld: OpenAI's and Azure's
+/// content filter, Anthropic's `refusal` stop reason.
+pub const WITHHELD_FINISH_REASONS: [&str; 2] = ["content_filter", "refusal"];
 
 /// Another request's canary found in the answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -1012,6 +1020,7 @@ impl Verifier {
             .max(1);
         self.ensure_choices(seen);
         if !stopped_early {
+            self.mark_withheld(&facts.finish_reasons);
             for index in 0..self.choices.len() {
                 let parts: Vec<Part> = self.choices[index].tracks.keys().copied().collect();
                 for part in parts {
@@ -1063,6 +1072,24 @@ impl Verifier {
             verdict,
             release,
             parts,
+        }
+    }
+
+    /// Settles the echo of each choice the provider withheld: still
+    /// awaited, no text received in any of its parts (strings of other
+    /// fields aside), and a withholding finish reason (`reasons`, by choice).
+    fn mark_withheld(&mut self, reasons: &[Option<String>]) {
+        for (state, reason) in self.choices.iter_mut().zip(reasons) {
+            let withheld = reason
+                .as_deref()
+                .is_some_and(|reason| WITHHELD_FINISH_REASONS.contains(&reason));
+            let silent = state
+                .tracks
+                .iter()
+                .all(|(part, track)| matches!(part, Part::Other(_)) || track.received() == 0);
+            if withheld && silent && state.echo == EchoState::Waiting {
+                state.echo = EchoState::Done(EchoOutcome::Withheld);
+            }
         }
     }
 
@@ -1201,9 +1228,12 @@ impl Verifier {
                 },
             );
         }
-        let refuted = self.choices.iter().any(|state| {
-            matches!(state.echo, EchoState::Done(outcome) if outcome != EchoOutcome::Passed)
-        });
+        let vouches =
+            |outcome: &EchoOutcome| matches!(outcome, EchoOutcome::Passed | EchoOutcome::Withheld);
+        let refuted = self
+            .choices
+            .iter()
+            .any(|state| matches!(&state.echo, EchoState::Done(outcome) if !vouches(outcome)));
         let undecided = self
             .choices
             .iter()
@@ -1215,9 +1245,7 @@ impl Verifier {
                 Evidence::Echo { choices },
             );
         }
-        let failed = choices
-            .iter()
-            .position(|outcome| *outcome != EchoOutcome::Passed);
+        let failed = choices.iter().position(|outcome| !vouches(outcome));
         CheckResult {
             check: Check::Echo,
             status: if failed.is_some() {

@@ -813,6 +813,40 @@ fn passive_requests_skip_echo_and_say_so() {
 }
 
 #[test]
+fn a_reply_the_provider_withheld_is_not_an_echo_failure() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(5);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let finish = |reason: &str, text: &str| {
+        let mut facts = honest_facts(&injection, 1);
+        facts.finish_reasons = vec![Some(reason.into())];
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+        feed(&mut verifier, &registry, &words(text), &facts)
+            .finished
+            .verdict
+    };
+    // No text and a content filter's (or Anthropic's refusal) finish: passed.
+    for reason in ["content_filter", "refusal"] {
+        let verdict = finish(reason, "");
+        assert!(verdict.passed(), "{reason}: {verdict:?}");
+        assert_eq!(
+            verdict.result(Check::Echo).unwrap().evidence,
+            Evidence::Echo {
+                choices: vec![EchoOutcome::Withheld]
+            },
+            "{reason}"
+        );
+    }
+    // Text without the echo fails whatever the finish; so does a reply
+    // that ends with no text for any other reason.
+    assert_eq!(
+        finish("content_filter", "Partial answer").failed_checks(),
+        [Check::Echo]
+    );
+    assert_eq!(finish("stop", "").failed_checks(), [Check::Echo]);
+}
+
+#[test]
 fn retry_once_then_block_naming_the_failed_checks() {
     let policy = policy(ReleasePolicy::VerdictFirst, FailureAction::Retry);
     let registry = registry_with_others(1);
