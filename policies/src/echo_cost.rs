@@ -44,6 +44,9 @@ pub enum TokenizerDigits {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct EchoCost {
     tokens_per_canary: u64,
+    /// The client's limit is raised for the echo ([`EchoCost::allowance`]);
+    /// off, the echo is written within it ([`EchoCost::within_client_limit`]).
+    raises_limit: bool,
 }
 
 /// Tokens on top of the canaries an echo is allowed: a pair of quotes a
@@ -59,10 +62,7 @@ pub const MOST_TOKENS_PER_CANARY: u64 = 16;
 /// The most output tokens any request is allowed for its echo (two canaries
 /// at [`MOST_TOKENS_PER_CANARY`]): what a context check counts on before it
 /// knows the request's own.
-pub const ECHO_TOKEN_ALLOWANCE_MAX: u64 = EchoCost {
-    tokens_per_canary: MOST_TOKENS_PER_CANARY,
-}
-.allowance(2);
+pub const ECHO_TOKEN_ALLOWANCE_MAX: u64 = EchoCost::DIGIT_BY_DIGIT.allowance(2);
 
 /// Canaries, as a tokenizer would see them in an echo, measured by
 /// [`EchoCost::measured`]: digits of every kind (runs, repeats, zeros).
@@ -98,12 +98,14 @@ impl EchoCost {
     /// five groups.
     pub const DIGITS_IN_THREES: Self = Self {
         tokens_per_canary: 6,
+        raises_limit: true,
     };
 
     /// Tokenizers that spend a token per digit: `CG` and fifteen. Any model
     /// [`EchoCost::for_model`] does not know is costed this way.
     pub const DIGIT_BY_DIGIT: Self = Self {
         tokens_per_canary: MOST_TOKENS_PER_CANARY,
+        raises_limit: true,
     };
 
     /// The cost of an echo to a tokenizer that splits digits as `digits`
@@ -150,6 +152,17 @@ impl EchoCost {
             .unwrap_or(0);
         Self {
             tokens_per_canary: most.clamp(1, MOST_TOKENS_PER_CANARY),
+            raises_limit: true,
+        }
+    }
+
+    /// This cost, written within the client's limit: no tokens are added
+    /// to it. For a provider that refused the raised limit (a model's
+    /// output cap the client asked for in full).
+    pub const fn within_client_limit(self) -> Self {
+        Self {
+            raises_limit: false,
+            ..self
         }
     }
 
@@ -160,9 +173,10 @@ impl EchoCost {
 
     /// Output tokens added to the client's limit when `echoed` canaries are
     /// asked back: each with the space or line break after it, and
-    /// [`ECHO_SLACK_TOKENS`]. None when nothing is echoed.
+    /// [`ECHO_SLACK_TOKENS`]. None when nothing is echoed, or when the echo
+    /// is written within the client's limit.
     pub const fn allowance(self, echoed: usize) -> u64 {
-        if echoed == 0 {
+        if echoed == 0 || !self.raises_limit {
             return 0;
         }
         echoed as u64 * (self.tokens_per_canary + 1) + ECHO_SLACK_TOKENS

@@ -291,6 +291,9 @@ impl FromStr for Mode {
 pub struct SimConfig {
     /// Largest prompt accepted, in tokens.
     pub context_window: u64,
+    /// Most output tokens a request may ask for (`max_tokens` and its kin);
+    /// more get a 400, as a real model's output cap does.
+    pub max_output_tokens: u64,
     /// Prefill speed in tokens/s; 0 means instant.
     pub prefill_tps: f64,
     /// Decode speed in tokens/s; 0 means instant.
@@ -326,6 +329,8 @@ impl Default for SimConfig {
     fn default() -> Self {
         Self {
             context_window: 128_000,
+            // gpt-4o's, and claude-3-5-sonnet's was 8,192.
+            max_output_tokens: 16_384,
             prefill_tps: 0.0,
             decode_tps: 0.0,
             mode: Mode::Honest,

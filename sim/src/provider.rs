@@ -227,6 +227,13 @@ impl SimProvider {
         {
             return Err(turn.surface.context_error(window, *prompt, completion));
         }
+        if completion > self.config.max_output_tokens {
+            return Err(turn.surface.output_cap_error(
+                &turn.generation.model,
+                self.config.max_output_tokens,
+                completion,
+            ));
+        }
         if mode == Mode::Overloaded && !turn.generation.stream {
             return Err(SimError::overloaded());
         }

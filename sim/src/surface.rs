@@ -94,6 +94,36 @@ impl Surface {
             Self::Messages => error,
         }
     }
+
+    /// The 400 for asking `model` for `asked` output tokens where it writes
+    /// at most `cap`, worded as each API words it.
+    pub fn output_cap_error(self, model: &str, cap: u64, asked: u64) -> SimError {
+        match self {
+            Self::Messages => SimError::invalid_request(
+                None,
+                format!(
+                    "max_tokens: {asked} > {cap}, which is the maximum allowed number of output \
+                     tokens for {model}"
+                ),
+            ),
+            Self::Responses => SimError::invalid_request(
+                Some("integer_above_max_value"),
+                format!(
+                    "Invalid 'max_output_tokens': integer above maximum value. Expected a value \
+                     <= {cap}, but got {asked} instead."
+                ),
+            )
+            .with_param("max_output_tokens"),
+            Self::Chat | Self::Completions | Self::Embeddings => SimError::invalid_request(
+                Some("invalid_value"),
+                format!(
+                    "max_tokens is too large: {asked}. This model supports at most {cap} \
+                     completion tokens, whereas you provided {asked}."
+                ),
+            )
+            .with_param("max_tokens"),
+        }
+    }
 }
 
 /// A request's number and surface in one `u64` (number × 8 + surface), the

@@ -19,6 +19,10 @@ pub struct SimArgs {
     /// Context window in tokens; larger prompts get HTTP 400 context_length_exceeded.
     #[arg(long, default_value_t = 128_000)]
     context_window: u64,
+    /// Most output tokens a request may ask for (max_tokens, max_completion_tokens,
+    /// max_output_tokens); more get HTTP 400, as a real model's output cap.
+    #[arg(long, default_value_t = SimConfig::default().max_output_tokens)]
+    max_output_tokens: u64,
     /// Prefill speed, tokens per second (0: instant).
     #[arg(long, default_value_t = 0.0)]
     prefill_tps: f64,
@@ -76,6 +80,7 @@ pub struct SimArgs {
 pub fn run(args: SimArgs) -> anyhow::Result<()> {
     let config = SimConfig {
         context_window: args.context_window,
+        max_output_tokens: args.max_output_tokens,
         prefill_tps: args.prefill_tps,
         decode_tps: args.decode_tps,
         mode: args.mode,

@@ -184,6 +184,10 @@ fn the_anthropic_sdk_gets_every_guarantee_on_messages() {
         passive["stop_verdict"], "pass; passive=stop_sequence",
         "{passive}"
     );
+    // Asking for the model's whole output cap is served, not refused.
+    let cap = &result["output_cap"];
+    assert_eq!(cap["verdict"], "pass", "{cap}");
+    assert_eq!(cap["stop_reason"], "end_turn", "{cap}");
     // The client's max_tokens holds although canarygate raised the provider's.
     let limit = &result["limit"];
     assert_eq!(limit["plain"]["stop_reason"], "max_tokens", "{limit}");

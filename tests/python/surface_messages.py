@@ -203,6 +203,14 @@ result["passive"] = {
     "prefill_text": "".join(b.text for b in raw.parse().content if b.type == "text"),
     "stop_verdict": raw_stop.headers.get("x-canarygate-verdict"),
 }
+# The model's whole output cap (the sim's is 16,384, as gpt-4o's): the limit
+# canarygate raises for the echo is refused, and the request goes again
+# within the client's own.
+raw = client().messages.with_raw_response.create(**ask("m-honest", max_tokens=16384))
+result["output_cap"] = {
+    "verdict": raw.headers.get("x-canarygate-verdict"),
+    "stop_reason": raw.parse().stop_reason,
+}
 # The client's own limit, below what canarygate asked of the provider.
 result["limit"] = {
     "plain": client().messages.create(**ask("m-honest", max_tokens=4)).model_dump(),

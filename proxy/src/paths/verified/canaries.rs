@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
+use canarygate_policies::EchoCost;
 use canarygate_policies::inject::Injection;
 use serde_json::Value;
 use tokio::task::JoinHandle;
@@ -35,7 +36,8 @@ pub struct Prepared {
     pub registered: Registered,
 }
 
-/// Places fresh canaries in `body`, registers them and encodes the body. A
+/// Places fresh canaries in `body` (the echo costed at `cost`), registers
+/// them and encodes the body. A
 /// draw the shared registry refuses (a value is another request's) is
 /// withdrawn and fresh canaries placed in the body parsed again from
 /// `original`.
@@ -43,6 +45,7 @@ pub async fn prepare<W: WireFormat>(
     context: &RequestContext<'_, W>,
     body: Value,
     original: &Bytes,
+    cost: EchoCost,
 ) -> Result<Prepared, ApiError> {
     let config = &context.state.policy.verify;
     let registry = &context.state.registry;
@@ -57,8 +60,7 @@ pub async fn prepare<W: WireFormat>(
             request_id: &context.request_id,
         };
         let minted = registry.mint(owner, config.canary_ttl_secs);
-        let placed =
-            W::place_canaries(&mut body, config.echo, context.echo_cost(), minted.canaries);
+        let placed = W::place_canaries(&mut body, config.echo, cost, minted.canaries);
         let injection = match placed {
             Ok(injection) => injection,
             Err(error) => {

@@ -9,6 +9,12 @@
 //!
 //! A whole answer is read, verified and rewritten at once ([`whole`]). A
 //! stream is verified as it is relayed ([`stream`]).
+//!
+//! The output limit is raised by what the echo costs
+//! ([`EchoCost::allowance`]). A client that asks for the model's whole
+//! output cap gets a 400 for the raised limit; that refusal
+//! ([`Sent::LimitRefused`]) sends the request once more with the echo
+//! written within the client's own limit.
 
 mod attempt;
 mod canaries;
@@ -20,8 +26,10 @@ use std::time::Instant;
 
 use attempt::{Attempt, Decided, elapsed_ms};
 use axum::body::Bytes;
+use axum::http::StatusCode;
 use axum::response::Response;
 use canaries::Prepared;
+use canarygate_policies::EchoCost;
 use canarygate_policies::inject::Injection;
 use canarygate_policies::topic::TopicAction;
 use canarygate_policies::verify::Verifier;
@@ -61,17 +69,35 @@ pub async fn serve<W: WireFormat>(
     permit: &mut Option<OwnedSemaphorePermit>,
 ) -> Result<Verified, ApiError> {
     let mut unused = Some(request);
-    for attempt in 0..2 {
+    let mut cost = context.echo_cost();
+    // Answers verified so far (one retry), and whether the provider refused
+    // the raised limit (one resend, which is no verification retry).
+    let mut verified = 0;
+    let mut limit_refused = false;
+    while verified < 2 {
         let request = match unused.take() {
             Some(request) => request,
             None => context.reparse(original)?,
         };
-        let (attempt, response) = match send(context, request, original, attempt, trail).await? {
+        let sent = send(context, request, original, verified, cost, trail).await?;
+        let (attempt, response) = match sent {
             Sent::Answer(attempt, response) => (*attempt, response),
-            Sent::ProviderError(response) => {
+            Sent::LimitRefused(_) if !limit_refused => {
+                // The same request, the echo written within the client's
+                // own limit.
+                limit_refused = true;
+                cost = cost.within_client_limit();
+                tracing::info!(
+                    request_id = %context.request_id,
+                    "the provider refused the limit raised for the echo; sending the client's own"
+                );
+                continue;
+            }
+            Sent::ProviderError(response) | Sent::LimitRefused(response) => {
                 return Ok(Verified::Served(Served::Whole(response)));
             }
         };
+        verified += 1;
         let decided = if attempt.injection.stream && is_event_stream(response.headers()) {
             stream::serve(context, response, attempt, trail, permit).await
         } else {
@@ -97,14 +123,36 @@ enum Sent {
     Answer(Box<Attempt>, UpstreamResponse),
     /// The provider's error, read whole, as the client gets it.
     ProviderError(Response),
+    /// The provider's 400 refusing the output limit canarygate raised for
+    /// the echo ([`refuses_raised_limit`]), as the client would get it.
+    LimitRefused(Response),
 }
 
-/// Places fresh canaries in `request`, registers them, and sends it.
+/// Whether `body`, a provider's 400 to a request whose output limit was
+/// raised for the echo, refuses that limit: it names the limit's field
+/// (`max_tokens: 64036 > 64000, which is the maximum allowed...`, `max_tokens
+/// is too large`, `Invalid 'max_output_tokens'`). The client's own limit may
+/// be the model's cap, which the raised one passes.
+fn refuses_raised_limit(status: StatusCode, body: &[u8]) -> bool {
+    const LIMIT_FIELDS: [&[u8]; 3] = [
+        b"max_tokens",
+        b"max_completion_tokens",
+        b"max_output_tokens",
+    ];
+    status == StatusCode::BAD_REQUEST
+        && LIMIT_FIELDS
+            .iter()
+            .any(|field| body.windows(field.len()).any(|window| window == *field))
+}
+
+/// Places fresh canaries in `request` (the echo costed at `cost`),
+/// registers them, and sends it.
 async fn send<W: WireFormat>(
     context: &RequestContext<'_, W>,
     request: ClientRequest,
     original: &Bytes,
     attempt: u32,
+    cost: EchoCost,
     trail: &mut Trail,
 ) -> Result<Sent, ApiError> {
     let config = &context.state.policy.verify;
@@ -114,7 +162,7 @@ async fn send<W: WireFormat>(
         injection,
         exact_prompt_tokens,
         registered,
-    } = canaries::prepare(context, request.body, original).await?;
+    } = canaries::prepare(context, request.body, original, cost).await?;
     for id in registered.ids {
         trail.canary(id);
     }
@@ -146,9 +194,13 @@ async fn send<W: WireFormat>(
             .upstream
             .read_whole(trail.clock(), response, context.idle_timeout())
             .await?;
-        return Ok(Sent::ProviderError(
-            context.provider_error_response(status, body),
-        ));
+        let refused = injection.echo_allowance > 0 && refuses_raised_limit(status, &body);
+        let response = context.provider_error_response(status, body);
+        return Ok(if refused {
+            Sent::LimitRefused(response)
+        } else {
+            Sent::ProviderError(response)
+        });
     }
     Ok(Sent::Answer(
         Box::new(Attempt {
@@ -193,4 +245,33 @@ fn delivery_of<W: WireFormat>(
         },
         injection.choices,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_400_naming_the_output_limit_refuses_the_raised_one() {
+        for body in [
+            r#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: 64036 > 64000, which is the maximum allowed number of output tokens for claude-sonnet-4-5"}}"#,
+            r#"{"error":{"message":"max_tokens is too large: 16420. This model supports at most 16384 completion tokens, whereas you provided 16420.","type":"invalid_request_error","param":"max_tokens","code":"invalid_value"}}"#,
+            r#"{"error":{"message":"Invalid 'max_output_tokens': integer above maximum value.","param":"max_output_tokens"}}"#,
+        ] {
+            assert!(
+                refuses_raised_limit(StatusCode::BAD_REQUEST, body.as_bytes()),
+                "{body}"
+            );
+        }
+        let other = r#"{"error":{"message":"messages: roles must alternate","param":"messages"}}"#;
+        assert!(!refuses_raised_limit(
+            StatusCode::BAD_REQUEST,
+            other.as_bytes()
+        ));
+        let limited = r#"{"error":{"message":"Rate limit on max_tokens per minute"}}"#;
+        assert!(!refuses_raised_limit(
+            StatusCode::TOO_MANY_REQUESTS,
+            limited.as_bytes()
+        ));
+    }
 }
