@@ -154,16 +154,19 @@ fn responses_surface_with_the_openai_sdk() {
         assert!(text(error, "/message").contains(check), "{case}: {error}");
     }
 
-    // A failure mid-stream: the SDK raises, plain and with the helper.
-    for how in ["/stream", "/helper"] {
-        let error = result["overloaded"].pointer(how).unwrap();
-        assert!(error.is_object(), "the stream did not fail: {result}");
-        assert!(
-            text(error, "/message").contains("overloaded")
-                || text(error, "/message").contains("mid-stream"),
-            "{error}"
-        );
-    }
+    // A failure mid-stream: the provider's own error and failed response
+    // reach the client, the failed response's output edited (no canary).
+    let failed = &result["overloaded"];
+    assert_eq!(
+        failed["types"],
+        serde_json::json!(["error", "response.failed"]),
+        "{failed}"
+    );
+    assert_eq!(failed["error_code"], "server_error", "{failed}");
+    assert_eq!(failed["status"], "failed", "{failed}");
+    let deltas = text(failed, "/deltas");
+    assert!(deltas.starts_with("You wrote:"), "{failed}");
+    assert!(!holds_canary(text(failed, "/final_text")), "{failed}");
 
     // The local engine, in the Responses shape.
     let local = &result["local"];

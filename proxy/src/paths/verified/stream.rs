@@ -16,7 +16,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::http::HeaderValue;
 use canarygate_audit::TopicScore;
-use canarygate_policies::sse::{SseEvent, SseParser};
+use canarygate_policies::sse::{SseEvent, SseParser, encode_data};
 use canarygate_policies::verify::{Decision, Facts, Finished, ProviderUsage, Verdict};
 use canarygate_policies::verify_config::{FailureAction, ReleasePolicy};
 use http_body_util::{BodyDataStream, BodyExt};
@@ -278,7 +278,16 @@ impl<W: WireFormat> VerifiedStream<W> {
             EventView::Final(chunk) => (chunk, true),
             EventView::Malformed => return self.interrupt("sent an event that is not JSON".into()),
             EventView::Error(message) => {
-                return self.interrupt(format!("sent an error mid-stream: {message}"));
+                // Its own error event, as it came, ends what went out.
+                let mut own = Vec::new();
+                if let Some(name) = &event.event {
+                    own.extend_from_slice(b"event: ");
+                    own.extend_from_slice(name.as_bytes());
+                    own.push(b'\n');
+                }
+                encode_data(&event.data, &mut own);
+                let detail = format!("sent an error mid-stream: {message}");
+                return self.interrupt_with(detail, Some(own));
             }
             EventView::Chunk(chunk) => (chunk, false),
         };
@@ -344,7 +353,7 @@ impl<W: WireFormat> VerifiedStream<W> {
                 if let Some(detail) = self.writer.failure() {
                     // The answer verified, but part of it cannot be sent.
                     let detail = detail.to_owned();
-                    self.end_interrupted(detail);
+                    self.end_interrupted(detail, None);
                 } else {
                     self.tail = Some(self.writer.done(&finished.verdict));
                     self.end = Some(End::Delivered);
@@ -377,17 +386,27 @@ impl<W: WireFormat> VerifiedStream<W> {
 
     /// The provider broke the stream: record the verdict, end with an error.
     fn interrupt(&mut self, detail: String) {
+        self.interrupt_with(detail, None);
+    }
+
+    /// [`Self::interrupt`], ending with `provider_event` (the provider's own
+    /// error event, encoded) instead of canarygate's, when there is one.
+    fn interrupt_with(&mut self, detail: String, provider_event: Option<Vec<u8>>) {
         let finished = self.finish_verifier(Some(false));
         self.verdict = Some(finished.verdict);
-        self.end_interrupted(detail);
+        self.end_interrupted(detail, provider_event);
     }
 
     /// Ends the stream as interrupted: with an error event when anything
-    /// went or is ready to go to the client.
-    fn end_interrupted(&mut self, detail: String) {
+    /// went or is ready to go to the client, the provider's own
+    /// (`provider_event`) when it sent one, else canarygate's.
+    fn end_interrupted(&mut self, detail: String, provider_event: Option<Vec<u8>>) {
         tracing::warn!(provider = %self.provider, "stream interrupted: {detail}");
         if self.committed || !self.out.is_empty() {
-            self.tail = Some(W::error_event(&interrupted(&self.provider, &detail)));
+            self.tail = Some(
+                provider_event
+                    .unwrap_or_else(|| W::error_event(&interrupted(&self.provider, &detail))),
+            );
         }
         self.interruption = Some(detail);
         self.end = Some(End::Interrupted);

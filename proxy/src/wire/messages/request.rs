@@ -15,6 +15,9 @@
 //! continues) or a stop sequence that could cut the echo off
 //! ([`stops_may_cut_echo`]) leave the checks passive, as in Chat
 //! Completions.
+//!
+//! Longer than 500 lines: about 200 of them are the unit tests, which hold
+//! each refused shape, each placement and each passive reason to a request.
 
 use canarygate_policies::EchoCost;
 use canarygate_policies::inject::{

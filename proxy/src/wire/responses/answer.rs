@@ -236,25 +236,13 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
         return EventView::Malformed;
     }
     let kind = event_type(&data, event).to_owned();
-    let message = |error: Option<&Value>| {
-        error
-            .and_then(|error| error.get("message"))
-            .and_then(Value::as_str)
-            .map(str::to_owned)
-    };
     match kind.as_str() {
-        "error" => {
-            let text = message(Some(&data))
-                .or_else(|| message(data.get("error")))
-                .unwrap_or_else(|| "no message".to_owned());
-            return EventView::Error(text);
-        }
-        "response.failed" => {
-            let text = message(data.pointer("/response/error"))
-                .unwrap_or_else(|| "the response failed".to_owned());
-            return EventView::Error(text);
-        }
-        "response.completed" | "response.incomplete" => {
+        // An `error` event is one of the stream's events (`response.failed`
+        // follows it): passed on in order, as the provider sent it. A failed
+        // response ends the answer as a completed one does: its output is
+        // the text so far, delivered edited, and the SDK reads the failure
+        // from it.
+        "response.completed" | "response.incomplete" | "response.failed" => {
             let response = data.get("response").unwrap_or(&Value::Null);
             let choices = smallvec::smallvec![ChoiceView {
                 index: 0,
@@ -464,14 +452,16 @@ mod tests {
         );
         assert_eq!(chunk.usage.unwrap().prompt_tokens, 5);
 
-        for failure in [
-            json!({"type": "error", "code": "server_error", "message": "boom"}),
-            json!({"type": "response.failed", "response": {"error": {"message": "boom"}}}),
-        ] {
-            assert!(
-                matches!(read_event(&event(failure)), EventView::Error(message) if message == "boom")
-            );
-        }
+        // An error event passes in order; a failed response ends the answer,
+        // as a completed one does.
+        let failure = json!({"type": "error", "code": "server_error", "message": "boom"});
+        assert!(matches!(read_event(&event(failure)), EventView::Chunk(_)));
+        let failed = json!({"type": "response.failed",
+                            "response": {"status": "failed", "error": {"message": "boom"}}});
+        let EventView::Final(chunk) = read_event(&event(failed)) else {
+            panic!("a failed response is the answer's end");
+        };
+        assert_eq!(chunk.choices[0].finish_reason.as_deref(), Some("failed"));
         let not_json = SseEvent {
             data: "nope".into(),
             ..SseEvent::default()

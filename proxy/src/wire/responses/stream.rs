@@ -246,7 +246,8 @@ impl ResponsesStream {
             | "response.queued"
             | "response.in_progress"
             | "response.completed"
-            | "response.incomplete" => {
+            | "response.incomplete"
+            | "response.failed" => {
                 let mut restored = original.get("response").cloned().unwrap_or(Value::Null);
                 if let Some(response) = data.get_mut("response").filter(|value| value.is_object()) {
                     if restore_request_fields(&mut restored, self.delivery.limit()) {
