@@ -15,8 +15,9 @@
 //! `code` beside them ([`error`]). The local engine's answers are
 //! translated into messages and Messages events ([`local`]).
 //!
-//! Longer than 500 lines: nearly 390 of them are the unit tests of the
-//! format as a whole (a stream relayed end to end, the allocation budget);
+//! Longer than 500 lines: nearly 470 of them are the unit tests of the
+//! format as a whole (a stream relayed end to end, an emptied block dropped,
+//! the allocation budget);
 //! the code is the first 140.
 
 mod answer;
@@ -402,6 +403,84 @@ mod tests {
             start_usage["input_tokens"],
             injection.prompt_tokens_estimate - injection.prompt_tokens_added
         );
+    }
+
+    /// A text block that held only the echo is dropped, start and stop, as
+    /// a whole answer drops it, and the blocks after it are numbered down.
+    #[test]
+    fn a_text_block_emptied_by_the_echo_is_dropped_and_later_blocks_renumbered() {
+        let (_, injection, opening) = placed(request(200, true));
+        let mut events = provider_stream(&opening, "", injection.prompt_tokens_estimate);
+        // Block 1 holds the echo alone; block 2 the answer.
+        events.retain(|event| {
+            event.event.as_deref() != Some("content_block_delta")
+                || !event.data.contains(r#""text":"""#)
+        });
+        let block_2 = [
+            sse(
+                "content_block_start",
+                json!({"type": "content_block_start", "index": 2,
+                       "content_block": {"type": "text", "text": ""}}),
+            ),
+            sse(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": 2,
+                       "delta": {"type": "text_delta", "text": "Mercury."}}),
+            ),
+            sse(
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 2}),
+            ),
+        ];
+        let stop_1 = events
+            .iter()
+            .rposition(|event| event.event.as_deref() == Some("content_block_stop"))
+            .unwrap();
+        events.splice(stop_1 + 1..stop_1 + 1, block_2);
+        let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
+        let mut writer = Messages::stream_writer(delivery(&injection));
+        let mut out = Vec::new();
+        let mut usage = None;
+        for event in events {
+            let chunk: Chunk = match Messages::read_event(&event) {
+                EventView::Chunk(chunk) => chunk,
+                EventView::Done => {
+                    let verdict = finish(&mut verifier, "stop", usage);
+                    assert!(verdict.passed(), "{verdict:?}");
+                    writer.flush(&verifier, true, &mut out);
+                    break;
+                }
+                other => panic!("{other:?}"),
+            };
+            usage = chunk.usage.or(usage);
+            let spans = feed(&mut verifier, &chunk.choices, &chunk.with_data(&event.data));
+            writer.take(chunk, event, spans);
+            writer.flush(&verifier, false, &mut out);
+        }
+        let mut parsed = Vec::new();
+        SseParser::new().feed(&out, &mut parsed);
+        let blocks: Vec<(String, Value)> = parsed
+            .iter()
+            .filter(|event| event.event.as_deref().unwrap().starts_with("content_block"))
+            .map(|event| {
+                let data: Value = serde_json::from_str(&event.data).unwrap();
+                (event.event.clone().unwrap(), data["index"].clone())
+            })
+            .collect();
+        let expected: Vec<(String, Value)> = [
+            ("content_block_start", 0),
+            ("content_block_delta", 0),
+            ("content_block_delta", 0),
+            ("content_block_stop", 0),
+            ("content_block_start", 1),
+            ("content_block_delta", 1),
+            ("content_block_stop", 1),
+        ]
+        .iter()
+        .map(|(name, index)| ((*name).to_owned(), json!(index)))
+        .collect();
+        assert_eq!(blocks, expected);
+        assert!(String::from_utf8_lossy(&out).contains("Mercury."));
     }
 
     /// The relay's work for one text delta once the echo has passed, as

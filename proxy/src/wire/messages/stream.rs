@@ -9,9 +9,12 @@
 //! the tool's arguments, `signature_delta` opaque) and `content_block_stop`,
 //! `message_delta` (the stop reason and cumulative usage), `message_stop`
 //! (the end marker), `ping`, and `error`. The SDK drops events without an
-//! `event:` line, so every event is written with its name, and it addresses
-//! blocks by their `index`, so no block's start or stop is ever dropped
-//! (an emptied delta is).
+//! `event:` line, so every event is written with its name. An emptied delta
+//! is dropped; so is a text block whose every text was removed (the echo
+//! alone in its block, a block past the client's limit), start and stop,
+//! as a whole answer drops it: Anthropic refuses an empty text block sent
+//! back in the next turn. The SDK addresses blocks by their `index`, so
+//! the blocks after a dropped one are numbered down to stay consecutive.
 
 use std::collections::VecDeque;
 use std::ops::Range;
@@ -165,6 +168,15 @@ struct Held {
     ends: bool,
 }
 
+/// A text block's `content_block_start`, held back until the block shows
+/// text.
+struct TextStart {
+    /// The event, encoded for the client.
+    bytes: Vec<u8>,
+    /// The provider wrote text in the block (all of it removed so far).
+    had_text: bool,
+}
+
 /// The client's side of a verified Messages stream (see the module docs).
 /// Events leave in the order they came: `message_start` and every event
 /// without text wait until text of the answer is released (so nothing
@@ -173,6 +185,11 @@ struct Held {
 pub struct MessagesStream {
     delivery: Delivery,
     held: VecDeque<Held>,
+    /// The start of the text block under way, written out once the block
+    /// shows text (dropped with the block if it never does).
+    text_start: Option<TextStart>,
+    /// Text blocks dropped so far: later blocks' `index` is lowered by it.
+    dropped_blocks: u64,
     /// An event had to change and could not be edited
     /// ([`StreamWriter::failure`]).
     failure: Option<&'static str>,
@@ -186,8 +203,18 @@ impl MessagesStream {
         Self {
             delivery,
             held: VecDeque::new(),
+            text_start: None,
+            dropped_blocks: 0,
             failure: None,
             spent: SpentBuffers::default(),
+        }
+    }
+
+    /// Writes the held start of the text block under way, now that the
+    /// block shows text.
+    fn open_text_block(&mut self, out: &mut Vec<u8>) {
+        if let Some(start) = self.text_start.take() {
+            out.extend_from_slice(&start.bytes);
         }
     }
 
@@ -236,19 +263,24 @@ impl MessagesStream {
         verifier: &Verifier,
         out: &mut Vec<u8>,
     ) {
-        if chunk.is_light() {
-            if self.passes_unchanged(&chunk, &event.data, &spans, verifier) {
-                out.extend_from_slice(b"event: ");
-                let name = event.event.as_deref().unwrap_or("content_block_delta");
-                out.extend_from_slice(name.as_bytes());
-                out.push(b'\n');
-                encode_data(&event.data, out);
-                return;
+        // Once a block was dropped, every later block's index changes.
+        if chunk.is_light()
+            && self.dropped_blocks == 0
+            && self.passes_unchanged(&chunk, &event.data, &spans, verifier)
+        {
+            if chunk.texts().next().is_some() {
+                self.open_text_block(out);
             }
-            if !chunk.build_tree(&event.data) {
-                self.failure = Some(UNEDITABLE);
-                return;
-            }
+            out.extend_from_slice(b"event: ");
+            let name = event.event.as_deref().unwrap_or("content_block_delta");
+            out.extend_from_slice(name.as_bytes());
+            out.push(b'\n');
+            encode_data(&event.data, out);
+            return;
+        }
+        if chunk.is_light() && !chunk.build_tree(&event.data) {
+            self.failure = Some(UNEDITABLE);
+            return;
         }
         let fields: Vec<_> = chunk.texts().copied().zip(spans).collect();
         let edited = edit_texts(&mut chunk.event, &fields, verifier, &mut self.delivery);
@@ -256,7 +288,16 @@ impl MessagesStream {
         let kind = event_type(event, &chunk.event).to_owned();
         if edited.emptied && kind == "content_block_delta" {
             // All its text was canarygate's (or past the client's limit).
+            if let Some(start) = &mut self.text_start {
+                start.had_text = true;
+            }
             return;
+        }
+        if self.dropped_blocks > 0
+            && let Some(index) = chunk.event.get("index").and_then(Value::as_u64)
+        {
+            chunk.event["index"] = Value::from(index.saturating_sub(self.dropped_blocks));
+            changed = true;
         }
         let usage = match kind.as_str() {
             "message_start" => chunk
@@ -274,15 +315,51 @@ impl MessagesStream {
         if let Some(usage) = usage.filter(|usage| usage.is_object()) {
             changed |= self.delivery.report_usage(usage);
         }
-        out.extend_from_slice(b"event: ");
-        out.extend_from_slice(event.event.as_deref().unwrap_or(&kind).as_bytes());
-        out.push(b'\n');
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(b"event: ");
+        bytes.extend_from_slice(event.event.as_deref().unwrap_or(&kind).as_bytes());
+        bytes.push(b'\n');
         if changed {
-            encode_json(&chunk.event, out);
+            encode_json(&chunk.event, &mut bytes);
         } else {
-            encode_data(&event.data, out);
+            encode_data(&event.data, &mut bytes);
         }
+        match kind.as_str() {
+            "content_block_start" if is_empty_text_block(&chunk.event) => {
+                // Held until the block shows text.
+                self.text_start = Some(TextStart {
+                    bytes,
+                    had_text: edited.emptied,
+                });
+                return;
+            }
+            "content_block_stop" => match self.text_start.take() {
+                Some(start) if start.had_text => {
+                    // The block's every text was removed: it goes whole.
+                    self.dropped_blocks += 1;
+                    return;
+                }
+                // The provider's own empty block.
+                Some(start) => out.extend_from_slice(&start.bytes),
+                None => {}
+            },
+            _ if !fields.is_empty() && !edited.emptied => self.open_text_block(out),
+            _ => {}
+        }
+        out.extend_from_slice(&bytes);
     }
+}
+
+/// Whether `start`, a `content_block_start`, opens a text block with no
+/// text (yet).
+fn is_empty_text_block(start: &Value) -> bool {
+    let block = &start["content_block"];
+    block.get("type").and_then(Value::as_str) == Some("text")
+        && block
+            .get("text")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .is_empty()
 }
 
 impl StreamWriter for MessagesStream {
