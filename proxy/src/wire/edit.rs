@@ -186,6 +186,9 @@ pub struct Delivery {
     /// Which characters of each choice's content reached the client, for
     /// the positions annotations point at ([`Delivery::content_positions`]).
     content_chars: Vec<KeptChars>,
+    /// The provider counted the whole answer within the client's limit
+    /// ([`Delivery::fits_the_limit`]): no estimate cuts it.
+    fits: bool,
     /// Reused for the text whose tokens are counted (removed or shown).
     scratch: String,
 }
@@ -208,7 +211,19 @@ impl Delivery {
             usage,
             choices,
             content_chars: Vec::new(),
+            fits: false,
             scratch: String::new(),
+        }
+    }
+
+    /// Takes the provider's count of a whole answer's output tokens
+    /// (`completion_tokens`, every choice's, the echo's included): within
+    /// the client's limit, nothing of the answer is cut, whatever the
+    /// estimate counts (it counts high, as a cut must; a long reasoning
+    /// counted high would lose an answer that fits).
+    pub fn fits_the_limit(&mut self, completion_tokens: Option<u64>) {
+        if let (Some(limit), Some(tokens)) = (self.limit, completion_tokens) {
+            self.fits = tokens <= limit;
         }
     }
 
@@ -358,7 +373,7 @@ impl Delivery {
     /// count; call arguments never are cut).
     fn limit_of(&self, part: Part) -> Option<u64> {
         let budgeted = matches!(part, Part::Content | Part::Reasoning | Part::Refusal);
-        self.limit.filter(|_| budgeted)
+        self.limit.filter(|_| budgeted && !self.fits)
     }
 
     /// Makes room for choice `index` in the budget counters.
@@ -508,6 +523,34 @@ mod tests {
             delivery.overhead_header(),
             format!("prompt=40, completion={overhead}")
         );
+    }
+
+    #[test]
+    fn a_whole_answer_the_provider_counts_within_the_limit_is_not_cut() {
+        let usage = UsageOptions {
+            client_wants_usage: true,
+            without_canarygate: false,
+            overhead_prompt: 0,
+        };
+        let release = Release {
+            through: usize::MAX,
+            removed: &[],
+        };
+        // Reasoning the estimate counts high: 8 "tokens" against a limit of 5.
+        let thinking = "aaaaa bbbbb ccccc ddddd";
+        let answer = "Yes.";
+        for (provider_count, cut) in [(Some(5), false), (Some(6), true), (None, true)] {
+            let mut delivery = Delivery::new(TokenCounter::default(), Some(5), usage, 1);
+            delivery.fits_the_limit(provider_count);
+            let reasoning = delivery.admit(0, Part::Reasoning, thinking, 0..23, release);
+            let content = delivery.admit(0, Part::Content, answer, 0..4, release);
+            assert_eq!(
+                !(reasoning.unchanged() && content.unchanged()),
+                cut,
+                "{provider_count:?}"
+            );
+            assert_eq!(delivery.was_cut(0), cut, "{provider_count:?}");
+        }
     }
 
     #[test]

@@ -102,6 +102,7 @@ pub async fn serve<W: WireFormat>(
         Decision::Block => Decided::Served(Served::Whole(blocked(context, verdict))),
         Decision::Deliver | Decision::Flag => {
             let delivery = &mut attempt.delivery;
+            delivery.fits_the_limit(usage.and_then(|usage| usage.completion_tokens));
             let verifier = &attempt.verifier;
             let body = match &mut read {
                 Read::Light { answer, light } => light.deliver(answer, &spans, verifier, delivery),
