@@ -104,7 +104,7 @@ pub fn early_end(parser: &mut SseParser) -> &'static str {
     if parser.finish() {
         "closed the stream in the middle of an event"
     } else {
-        "closed the stream without sending [DONE]"
+        "closed the stream before its end marker"
     }
 }
 

@@ -133,6 +133,8 @@ struct VerifiedStream<W: WireFormat> {
     end: Option<End>,
     verdict: Option<Verdict>,
     interruption: Option<String>,
+    /// The interruption was the provider going silent past the idle timeout.
+    stalled: bool,
     /// The topic score taken before the decision (`[topic] action =
     /// "flag"` or `"block"`).
     topic_score: Option<TopicScore>,
@@ -168,6 +170,7 @@ impl<W: WireFormat> VerifiedStream<W> {
             end: None,
             verdict: None,
             interruption: None,
+            stalled: false,
             topic_score: None,
             stopped_reading: false,
             permit: None,
@@ -191,8 +194,15 @@ impl<W: WireFormat> VerifiedStream<W> {
                 }
                 Some(End::Interrupted) => {
                     let detail = self.interruption.take().unwrap_or_default();
+                    // Nothing went out: a stall is a timeout, as a whole
+                    // answer's is.
+                    let code = if self.stalled {
+                        ErrorCode::UpstreamTimeout
+                    } else {
+                        ErrorCode::UpstreamStreamInterrupted
+                    };
                     return Driven::Failed(ApiError::new(
-                        ErrorCode::UpstreamStreamInterrupted,
+                        code,
                         format!("Provider `{}` {detail}; no answer.", self.provider),
                     ));
                 }
@@ -230,7 +240,10 @@ impl<W: WireFormat> VerifiedStream<W> {
     /// One upstream read and everything it completes.
     async fn advance(&mut self, clock: &mut RequestClock) {
         match next_within(&mut self.upstream, clock, self.idle_timeout).await {
-            Err(detail) => self.interrupt(detail),
+            Err(detail) => {
+                self.stalled = true;
+                self.interrupt(detail);
+            }
             Ok(next) => self.take(next).await,
         }
     }
