@@ -165,6 +165,11 @@ fn the_anthropic_sdk_gets_every_guarantee_on_messages() {
     assert!(!text(&thinking["signature"]).is_empty(), "{thinking}");
     assert!(!text(&thinking["thinking"]).is_empty(), "{thinking}");
     assert_honest(thinking, "thinking");
+    // Thinking goes as the model wrote it (its signature signs it), so the
+    // turn sent back is accepted, streamed or not.
+    for how in ["stream_sent_back", "plain_sent_back"] {
+        assert_eq!(thinking[how]["class"], Value::Null, "{how}: {thinking}");
+    }
     // Tools: passive checks, the call's input intact both ways.
     let tools = &result["tools"];
     assert_eq!(tools["verdict"], "pass; passive=tools", "{tools}");

@@ -162,11 +162,28 @@ with client().messages.stream(
     **ask("m-honest", max_tokens=3000), thinking={"type": "enabled", "budget_tokens": 1024}
 ) as stream:
     final = stream.get_final_message()
+THINKING = {"type": "enabled", "budget_tokens": 1024}
+
+
+def sent_back(message):
+    """The next turn, carrying `message` back as the SDK gave it (thinking
+    and signature included): the provider checks the signature."""
+    request = ask("m-honest", max_tokens=3000) | {"thinking": THINKING}
+    request["messages"] += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in message.content]},
+        {"role": "user", "content": "And the moons?"},
+    ]
+    return raised(lambda: client().messages.create(**request))
+
+
+plain_thinking = client().messages.create(**ask("m-honest", max_tokens=3000), thinking=THINKING)
 result["thinking"] = {
     "types": [block.type for block in final.content],
     "thinking": "".join(b.thinking for b in final.content if b.type == "thinking"),
     "signature": "".join(b.signature for b in final.content if b.type == "thinking"),
     "text": "".join(b.text for b in final.content if b.type == "text"),
+    "stream_sent_back": sent_back(final),
+    "plain_sent_back": sent_back(plain_thinking),
 }
 # Tools (passive checks): the tool call's input, plain and accumulated from
 # the stream's partial JSON.

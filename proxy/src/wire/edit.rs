@@ -189,6 +189,9 @@ pub struct Delivery {
     /// The provider counted the whole answer within the client's limit
     /// ([`Delivery::fits_the_limit`]): no estimate cuts it.
     fits: bool,
+    /// Reasoning is neither cut nor counted against the limit
+    /// ([`Delivery::keep_reasoning_whole`]).
+    reasoning_whole: bool,
     /// Reused for the text whose tokens are counted (removed or shown).
     scratch: String,
 }
@@ -212,8 +215,16 @@ impl Delivery {
             choices,
             content_chars: Vec::new(),
             fits: false,
+            reasoning_whole: false,
             scratch: String::new(),
         }
+    }
+
+    /// Never cuts reasoning, nor counts it against the client's limit: for
+    /// signed reasoning (Anthropic's `thinking`), which a cut would break,
+    /// and which the provider itself keeps below the limit.
+    pub fn keep_reasoning_whole(&mut self) {
+        self.reasoning_whole = true;
     }
 
     /// Takes the provider's count of a whole answer's output tokens
@@ -372,7 +383,11 @@ impl Delivery {
     /// The client's token limit on `part`, when it has one (the text parts
     /// count; call arguments never are cut).
     fn limit_of(&self, part: Part) -> Option<u64> {
-        let budgeted = matches!(part, Part::Content | Part::Reasoning | Part::Refusal);
+        let budgeted = match part {
+            Part::Content | Part::Refusal => true,
+            Part::Reasoning => !self.reasoning_whole,
+            _ => false,
+        };
         self.limit.filter(|_| budgeted && !self.fits)
     }
 

@@ -406,10 +406,12 @@ pub trait WireFormat: Send + Sync + 'static {
     /// The prompt as chat messages, for token counts.
     fn prompt_messages(body: &Value) -> Cow<'_, [Value]>;
 
-    /// Whether the provider adds to this request's context a conversation
-    /// it keeps (the Responses API's `previous_response_id`): earlier turns'
-    /// canaries, the caller's own, come back with it and are not foreign.
-    fn continues_stored_conversation(_body: &Value) -> bool {
+    /// Whether earlier turns' canaries, the caller's own, come back in this
+    /// request's context and so are not foreign: the provider adds a
+    /// conversation it keeps (the Responses API's `previous_response_id`),
+    /// or the request replays signed reasoning that keeps them (Anthropic's
+    /// `thinking` blocks, delivered unedited).
+    fn carries_earlier_canaries(_body: &Value) -> bool {
         false
     }
 

@@ -156,7 +156,7 @@ async fn send<W: WireFormat>(
     trail: &mut Trail,
 ) -> Result<Sent, ApiError> {
     let config = &context.state.policy.verify;
-    let continues = W::continues_stored_conversation(&request.body);
+    let continues = W::carries_earlier_canaries(&request.body);
     let Prepared {
         bytes,
         injection,

@@ -2,16 +2,20 @@
 //! text field cut to what the verifier's release and the delivery keep, the
 //! stop reason of an answer cut at the client's `max_tokens`, usage.
 //!
-//! A `thinking` block keeps the provider's `signature` as it came. When its
-//! text had canarygate's canaries removed, that signature no longer matches
-//! the text: Anthropic checks it only when the block is sent back to
-//! continue a tool call, and a request with tools gets passive markers,
-//! which a model has no reason to repeat; a thinking block quoting a canary
-//! of another request fails verification anyway.
+//! A `thinking` block goes as the provider wrote it: its `signature` signs
+//! its text, and Anthropic refuses a block sent back (to continue a tool
+//! call, or in a later turn) whose text changed. So canarygate's own
+//! canaries a model quotes while it thinks stay in it (they are the
+//! caller's, and dead once the request ends; a later turn that sends them
+//! back accepts them, [`super::request::replays_thinking`]), and thinking
+//! is never cut at the client's limit (Anthropic keeps `budget_tokens`
+//! below `max_tokens`, so only the text after it can run past the limit).
+//! A thinking block quoting another request's canary still fails
+//! verification.
 
 use std::ops::Range;
 
-use canarygate_policies::verify::Verifier;
+use canarygate_policies::verify::{Part, Release, Verifier};
 use serde_json::{Value, json};
 
 use crate::wire::edit::{Delivery, apply};
@@ -40,13 +44,15 @@ pub fn edit_texts(
     for (field, span) in fields {
         let text = field.text(value).to_owned();
         had_text |= !text.is_empty();
-        let edit = delivery.admit(
-            field.choice,
-            field.kind,
-            &text,
-            span.clone(),
-            verifier.release_of(field.choice, field.kind),
-        );
+        let mut release = verifier.release_of(field.choice, field.kind);
+        if field.kind == Part::Reasoning {
+            // Signed: shown as written (see the module docs).
+            release = Release {
+                removed: &[],
+                ..release
+            };
+        }
+        let edit = delivery.admit(field.choice, field.kind, &text, span.clone(), release);
         shows_text |= edit.kept.iter().any(|range| !range.is_empty());
         if edit.unchanged() {
             continue;
@@ -81,6 +87,7 @@ pub fn deliver(
     verifier: &Verifier,
     delivery: &mut Delivery,
 ) {
+    delivery.keep_reasoning_whole();
     let fields: Vec<_> = view
         .choices
         .iter()

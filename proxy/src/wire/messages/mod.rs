@@ -70,6 +70,10 @@ impl WireFormat for Messages {
         Cow::Owned(request::chat_messages(body))
     }
 
+    fn carries_earlier_canaries(body: &Value) -> bool {
+        request::replays_thinking(body)
+    }
+
     fn place_canaries(
         body: &mut Value,
         echo: EchoMode,

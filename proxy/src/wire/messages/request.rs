@@ -323,6 +323,24 @@ fn ends_with_assistant_turn(object: &Map<String, Value>) -> bool {
         == Some("assistant")
 }
 
+/// Whether an assistant turn of the conversation holds a `thinking` block:
+/// signed reasoning sent back as it was delivered, with any of canarygate's
+/// canaries it quoted ([`super::deliver`]).
+pub fn replays_thinking(body: &Value) -> bool {
+    let messages = body.get("messages").and_then(Value::as_array);
+    messages.into_iter().flatten().any(|message| {
+        message.get("role").and_then(Value::as_str) == Some("assistant")
+            && message
+                .get("content")
+                .and_then(Value::as_array)
+                .is_some_and(|blocks| {
+                    blocks
+                        .iter()
+                        .any(|block| block.get("type").and_then(Value::as_str) == Some("thinking"))
+                })
+    })
+}
+
 /// Whether the request asks for structured JSON output (`output_config.
 /// format`, or the beta's `output_format`): an echo would break it.
 fn json_mode(object: &Map<String, Value>) -> bool {

@@ -199,7 +199,9 @@ pub struct MessagesStream {
 
 impl MessagesStream {
     /// A writer delivering by `delivery`.
-    pub fn new(delivery: Delivery) -> Self {
+    pub fn new(mut delivery: Delivery) -> Self {
+        // Signed thinking is never cut (`super::deliver`).
+        delivery.keep_reasoning_whole();
         Self {
             delivery,
             held: VecDeque::new(),

@@ -75,7 +75,7 @@ impl WireFormat for Responses {
         Cow::Owned(request::chat_messages(body))
     }
 
-    fn continues_stored_conversation(body: &Value) -> bool {
+    fn carries_earlier_canaries(body: &Value) -> bool {
         request::continues_stored_conversation(body)
     }
 

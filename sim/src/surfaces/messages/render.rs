@@ -17,10 +17,10 @@
 
 use serde_json::{Value, json};
 
+use super::request::thinking_signature;
 use crate::answer::{Answer, Call, Said};
 use crate::delivery::{Frames, event_frame};
 use crate::error::OVERLOADED_MESSAGE;
-use crate::hash;
 
 /// What a message is rendered from.
 pub struct Rendering<'a> {
@@ -73,13 +73,10 @@ impl Rendering<'_> {
         }
     }
 
-    /// A thinking block's signature: opaque, and bound to the thinking.
+    /// A thinking block's signature: opaque, and bound to the thinking
+    /// ([`thinking_signature`]).
     fn signature(&self, thinking: &[String]) -> String {
-        let seed = hash::of(&[self.id.as_bytes(), thinking.concat().as_bytes()]);
-        (0..4)
-            .map(|part| hash::alphanumeric(hash::fold(seed, &[part]), 24))
-            .collect::<Vec<_>>()
-            .concat()
+        thinking_signature(self.id, &thinking.concat())
     }
 
     fn tool_id(call: &Call) -> String {

@@ -6,7 +6,9 @@
 //! entry), `tool_result` (a `tool` message before the rest of its user
 //! turn), `image` and `document` (no text); earlier `thinking` and
 //! `redacted_thinking` blocks are not re-read, as Anthropic strips earlier
-//! turns' thinking from the context. Validation follows the API's own
+//! turns' thinking from the context, but a `thinking` block's `signature`
+//! must sign its text ([`thinking_signature`]): one whose text was changed
+//! is refused, as Anthropic refuses it. Validation follows the API's own
 //! messages (`max_tokens: Field required`, ...), each a 400
 //! `invalid_request_error`.
 
@@ -15,6 +17,46 @@ use serde_json::{Value, json};
 use crate::conversation::Breakpoint;
 use crate::error::SimError;
 use crate::request::{CallChoice, FunctionSpec, Generation, Tooling};
+
+/// Characters of a thinking signature that name the message it was made
+/// for; the rest signs them and the text.
+const SIGNATURE_NONCE_CHARS: usize = 24;
+
+/// The signature of a `thinking` block of message `message_id` whose text
+/// is `thinking`: opaque, its own for each message, and bound to the text,
+/// so a changed text no longer matches it ([`signs`]).
+pub fn thinking_signature(message_id: &str, thinking: &str) -> String {
+    let nonce = crate::hash::alphanumeric(
+        crate::hash::of(&[message_id.as_bytes()]),
+        SIGNATURE_NONCE_CHARS,
+    );
+    let seed = crate::hash::of(&[
+        b"sim thinking signature",
+        nonce.as_bytes(),
+        thinking.as_bytes(),
+    ]);
+    let mac: String = (0..3)
+        .map(|part| crate::hash::alphanumeric(crate::hash::fold(seed, &[part]), 24))
+        .collect();
+    nonce + &mac
+}
+
+/// Whether `signature` is the signature of a thinking block whose text is
+/// `thinking`.
+fn signs(signature: &str, thinking: &str) -> bool {
+    let Some(nonce) = signature.get(..SIGNATURE_NONCE_CHARS) else {
+        return false;
+    };
+    let seed = crate::hash::of(&[
+        b"sim thinking signature",
+        nonce.as_bytes(),
+        thinking.as_bytes(),
+    ]);
+    let mac: String = (0..3)
+        .map(|part| crate::hash::alphanumeric(crate::hash::fold(seed, &[part]), 24))
+        .collect();
+    signature[SIGNATURE_NONCE_CHARS..] == mac
+}
 
 /// Smallest `thinking.budget_tokens` Anthropic accepts.
 pub const MIN_THINKING_BUDGET: u64 = 1024;
@@ -187,7 +229,19 @@ impl MessagesRequest {
                     }
                     continue;
                 }
-                "image" | "document" | "thinking" | "redacted_thinking" | "search_result" => {}
+                "thinking" => {
+                    let thinking = block["thinking"].as_str().unwrap_or("");
+                    if !block["signature"]
+                        .as_str()
+                        .is_some_and(|signature| signs(signature, thinking))
+                    {
+                        return Err(bad(format!(
+                            "{}: Invalid `signature` in `thinking` block",
+                            at()
+                        )));
+                    }
+                }
+                "image" | "document" | "redacted_thinking" | "search_result" => {}
                 other => {
                     return Err(bad(format!(
                         "{}.type: Input tag '{other}' found using 'type' does not match any of the expected tags",
@@ -340,7 +394,7 @@ mod tests {
             "messages": [
                 {"role": "user", "content": "weather in Oslo?"},
                 {"role": "assistant", "content": [
-                    {"type": "thinking", "thinking": "hm", "signature": "x"},
+                    {"type": "thinking", "thinking": "hm", "signature": thinking_signature("msg_1", "hm")},
                     {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}]},
                 {"role": "user", "content": [
                     {"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
@@ -376,6 +430,27 @@ mod tests {
         );
         assert!(request.hour_cache);
         assert!(!request.generation.thinks);
+    }
+
+    #[test]
+    fn a_thinking_block_sent_back_changed_is_refused() {
+        let turn = |thinking: &str, signature: &str| {
+            json!({"model": "sim-model", "max_tokens": 100, "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": [
+                    {"type": "thinking", "thinking": thinking, "signature": signature},
+                    {"type": "text", "text": "Hello."}]},
+                {"role": "user", "content": "and?"}]})
+        };
+        let signature = thinking_signature("msg_1", "I will quote CG123.");
+        assert!(parse(turn("I will quote CG123.", &signature)).is_ok());
+        let error = parse(turn("I will quote .", &signature)).unwrap_err();
+        assert!(
+            error.message().contains("Invalid `signature`"),
+            "{}",
+            error.message()
+        );
+        assert!(parse(turn("I will quote CG123.", "short")).is_err());
     }
 
     #[test]
