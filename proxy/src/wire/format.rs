@@ -1,6 +1,9 @@
 //! The wire-format seam itself: the [`WireFormat`] trait and the views of
 //! requests, answers and stream events that it hands the verified path (see
 //! the parent module's docs).
+//!
+//! Longer than 500 lines: it is the one place every format's obligations are
+//! written down, each method of the two traits with its contract.
 
 use std::borrow::Cow;
 use std::ops::Range;
@@ -366,6 +369,12 @@ pub trait StreamWriter: Send + 'static {
     /// The end marker, carrying the final verdict and canarygate's token
     /// overhead where the format can.
     fn done(&self, verdict: &Verdict) -> Vec<u8>;
+    /// `error` as the event that ends this stream, where it differs from
+    /// the format's [`WireFormat::error_event`] (a Responses stream numbers
+    /// its events); `None` for that one.
+    fn error_event(&self, _error: &ApiError) -> Option<Vec<u8>> {
+        None
+    }
 }
 
 /// Turns the local engine's Chat Completions stream into a format's events.

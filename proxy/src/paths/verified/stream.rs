@@ -374,9 +374,8 @@ impl<W: WireFormat> VerifiedStream<W> {
             }
             Decision::Retry | Decision::Block | Decision::Fallback => {
                 if released {
-                    self.tail = Some(W::error_event(&ApiError::verification_failed(
-                        &finished.verdict,
-                    )));
+                    let error = ApiError::verification_failed(&finished.verdict);
+                    self.tail = Some(self.own_error_event(&error));
                     self.end = Some(End::Failed(Decision::Block));
                 } else {
                     self.end = Some(End::Failed(decision));
@@ -410,16 +409,24 @@ impl<W: WireFormat> VerifiedStream<W> {
         self.end_interrupted(detail, provider_event);
     }
 
+    /// canarygate's event ending the stream with `error`, as the writer
+    /// writes it (numbered, for a Responses stream).
+    fn own_error_event(&self, error: &ApiError) -> Vec<u8> {
+        self.writer
+            .error_event(error)
+            .unwrap_or_else(|| W::error_event(error))
+    }
+
     /// Ends the stream as interrupted: with an error event when anything
     /// went or is ready to go to the client, the provider's own
     /// (`provider_event`) when it sent one, else canarygate's.
     fn end_interrupted(&mut self, detail: String, provider_event: Option<Vec<u8>>) {
         tracing::warn!(provider = %self.provider, "stream interrupted: {detail}");
         if self.committed || !self.out.is_empty() {
-            self.tail = Some(
-                provider_event
-                    .unwrap_or_else(|| W::error_event(&interrupted(&self.provider, &detail))),
-            );
+            self.tail =
+                Some(provider_event.unwrap_or_else(|| {
+                    self.own_error_event(&interrupted(&self.provider, &detail))
+                }));
         }
         self.interruption = Some(detail);
         self.end = Some(End::Interrupted);
@@ -457,6 +464,6 @@ impl<W: WireFormat> StreamSource for VerifiedStream<W> {
     }
 
     fn error_event(&self, error: &ApiError) -> Vec<u8> {
-        W::error_event(error)
+        self.own_error_event(error)
     }
 }

@@ -14,7 +14,7 @@ use crate::error::ApiError;
 use crate::wire::chat::error_json;
 
 /// `error` as a Responses `error` event's data (without its
-/// `sequence_number`, which the stream's writer knows).
+/// `sequence_number`, which the stream's writer adds).
 pub fn error_event_json(error: &ApiError) -> Value {
     let body = error_json(error);
     json!({

@@ -42,8 +42,8 @@ struct LightEvent<'a> {
     summary_index: Option<u64>,
     #[serde(borrow)]
     delta: JsonStr<'a>,
-    #[serde(rename = "sequence_number", default)]
-    _sequence_number: Option<u64>,
+    #[serde(default)]
+    sequence_number: Option<u64>,
     #[serde(rename = "logprobs", default)]
     _logprobs: Option<EmptyList>,
     /// Random padding OpenAI adds against length side channels.
@@ -87,6 +87,8 @@ pub struct Delta<'a> {
     pub output_index: u64,
     /// The text it continues.
     pub slot: Slot,
+    /// Its `sequence_number`, if it has one.
+    pub sequence_number: Option<u64>,
 }
 
 /// The delta whose data is `data` and its text, when it is light.
@@ -104,6 +106,7 @@ fn read_delta(data: &str) -> Option<(Delta<'_>, TextField, JsonStr<'_>)> {
         kind,
         output_index: event.output_index.unwrap_or(0),
         slot,
+        sequence_number: event.sequence_number,
     };
     Some((delta, field, event.delta))
 }

@@ -26,7 +26,9 @@ use super::deliver::{
     Delivered, Shown, follow_logprobs, mark_cut, report_usage, restore_request_fields,
     rewrite_item, rewrite_part,
 };
+use super::error::error_event_json;
 use super::light::{Delta, delta_of, slot_of};
+use crate::error::ApiError;
 use crate::wire::edit::{Delivery, apply};
 use crate::wire::format::{Chunk, EventView, Spans, StreamWriter, put_text};
 use crate::wire::positions::follow_annotations;
@@ -66,6 +68,9 @@ pub struct ResponsesStream {
     failure: Option<&'static str>,
     /// Buffers of events written out ([`StreamWriter::spent`]).
     spent: SpentBuffers,
+    /// The highest `sequence_number` of the events written out: canarygate's
+    /// own error event follows it.
+    last_sequence: Option<u64>,
 }
 
 /// [`ResponsesStream::failure`] of an event that had to change and has no
@@ -82,6 +87,14 @@ impl ResponsesStream {
             delivered: Delivered::new(),
             failure: None,
             spent: SpentBuffers::default(),
+            last_sequence: None,
+        }
+    }
+
+    /// Notes `number`, the `sequence_number` of an event written out.
+    fn wrote(&mut self, number: Option<u64>) {
+        if number > self.last_sequence {
+            self.last_sequence = number;
         }
     }
 
@@ -150,6 +163,7 @@ impl ResponsesStream {
             if let Some(delta) = delta_of(&event.data)
                 && self.passes_unchanged(&chunk, &event.data, &delta, &spans, verifier)
             {
+                self.wrote(delta.sequence_number);
                 out.extend_from_slice(b"event: ");
                 out.extend_from_slice(delta.kind.as_bytes());
                 out.push(b'\n');
@@ -268,6 +282,7 @@ impl ResponsesStream {
             }
             _ => {}
         }
+        let number = data.get("sequence_number").and_then(Value::as_u64);
         let name = data
             .get("type")
             .and_then(Value::as_str)
@@ -281,6 +296,7 @@ impl ResponsesStream {
         } else {
             encode_json(data, out);
         }
+        self.wrote(number);
     }
 }
 
@@ -324,6 +340,16 @@ impl StreamWriter for ResponsesStream {
 
     fn delivery(&self) -> &Delivery {
         &self.delivery
+    }
+
+    /// canarygate's `error` event, numbered after the last event written
+    /// out.
+    fn error_event(&self, error: &ApiError) -> Option<Vec<u8>> {
+        let mut data = error_event_json(error);
+        data["sequence_number"] = json!(self.last_sequence.map_or(0, |last| last + 1));
+        let mut event = b"event: error\n".to_vec();
+        encode_json(&data, &mut event);
+        Some(event)
     }
 
     /// The verdict and canarygate's token overhead as SSE comments: a
@@ -497,6 +523,65 @@ mod tests {
         }
         let injection = place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
         (injection, body, canaries)
+    }
+
+    /// canarygate's own `error` event follows the last event written out
+    /// in the stream's numbering.
+    #[test]
+    fn canarygates_error_event_is_numbered_after_the_last_event_written() {
+        let (injection, body, canaries) = setup(None);
+        let echo = format!("{} {}\n", canaries.head, canaries.tail);
+        let deltas = [echo, "Mercury ".into(), "and Venus".into()];
+        let instructions = body["instructions"].as_str().unwrap();
+        // The stream breaks off after the second text delta.
+        let events: Vec<SseEvent> = provider_events(&deltas, instructions, Value::Null)
+            .into_iter()
+            .take(7)
+            .collect();
+        let registry = MemoryRegistry::new(b"test");
+        let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
+        let usage = UsageOptions {
+            client_wants_usage: true,
+            without_canarygate: false,
+            overhead_prompt: 0,
+        };
+        let mut writer =
+            ResponsesStream::new(Delivery::new(TokenCounter::default(), None, usage, 1));
+        let mut out = Vec::new();
+        for event in events {
+            let EventView::Chunk(chunk) = read_event(&event) else {
+                panic!("{event:?}");
+            };
+            let mut spans = Spans::new();
+            for field in chunk.texts() {
+                let text = chunk.with_data(&event.data).text(field);
+                let start = verifier.received(field.choice, field.kind);
+                spans.push(start..start + text.len());
+                verifier.push_part_positions(field.choice, field.kind, text, &registry);
+            }
+            writer.take(chunk, event, spans);
+            writer.flush(&verifier, false, &mut out);
+        }
+        let error = writer
+            .error_event(&ApiError::internal("the provider broke off"))
+            .unwrap();
+        out.extend(error);
+        let mut parsed = Vec::new();
+        SseParser::new().feed(&out, &mut parsed);
+        let numbers: Vec<u64> = parsed
+            .iter()
+            .map(|event| {
+                let data: Value = serde_json::from_str(&event.data).unwrap();
+                data["sequence_number"].as_u64().unwrap()
+            })
+            .collect();
+        assert_eq!(parsed.last().unwrap().event.as_deref(), Some("error"));
+        assert!(numbers.len() >= 3, "{numbers:?}");
+        assert!(
+            numbers.windows(2).all(|pair| pair[0] < pair[1]),
+            "{numbers:?}"
+        );
+        assert_eq!(numbers[numbers.len() - 1], numbers[numbers.len() - 2] + 1);
     }
 
     /// A citation's positions, counted in the provider's text, point into
