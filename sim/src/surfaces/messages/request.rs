@@ -30,32 +30,28 @@ pub fn thinking_signature(message_id: &str, thinking: &str) -> String {
         crate::hash::of(&[message_id.as_bytes()]),
         SIGNATURE_NONCE_CHARS,
     );
-    let seed = crate::hash::of(&[
-        b"sim thinking signature",
-        nonce.as_bytes(),
-        thinking.as_bytes(),
-    ]);
-    let mac: String = (0..3)
-        .map(|part| crate::hash::alphanumeric(crate::hash::fold(seed, &[part]), 24))
-        .collect();
+    let mac = signature_mac(&nonce, thinking);
     nonce + &mac
 }
 
 /// Whether `signature` is the signature of a thinking block whose text is
 /// `thinking`.
 fn signs(signature: &str, thinking: &str) -> bool {
-    let Some(nonce) = signature.get(..SIGNATURE_NONCE_CHARS) else {
-        return false;
-    };
+    signature
+        .get(..SIGNATURE_NONCE_CHARS)
+        .is_some_and(|nonce| signature[SIGNATURE_NONCE_CHARS..] == signature_mac(nonce, thinking))
+}
+
+/// The part of a thinking signature after its `nonce` that signs the text.
+fn signature_mac(nonce: &str, thinking: &str) -> String {
     let seed = crate::hash::of(&[
         b"sim thinking signature",
         nonce.as_bytes(),
         thinking.as_bytes(),
     ]);
-    let mac: String = (0..3)
+    (0..3)
         .map(|part| crate::hash::alphanumeric(crate::hash::fold(seed, &[part]), 24))
-        .collect();
-    signature[SIGNATURE_NONCE_CHARS..] == mac
+        .collect()
 }
 
 /// Smallest `thinking.budget_tokens` Anthropic accepts.
