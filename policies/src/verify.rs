@@ -140,15 +140,17 @@ pub enum EchoOutcome {
     WrongCanary,
     /// The answer ended inside the echo.
     Incomplete,
-    /// The provider withheld the reply: no text at all, and a finish reason
-    /// that says so ([`WITHHELD_FINISH_REASONS`]). Nothing reaches the
-    /// client that an echo would vouch for, so the echo does not fail.
+    /// The provider withheld the reply, or failed to give one: no text at
+    /// all, and a finish reason that says so ([`WITHHELD_FINISH_REASONS`]).
+    /// Nothing reaches the client that an echo would vouch for, so the echo
+    /// does not fail.
     Withheld,
 }
 
-/// Finish reasons of a reply the provider withheld: OpenAI's and Azure's
-/// content filter, Anthropic's `refusal` stop reason.
-pub const WITHHELD_FINISH_REASONS: [&str; 2] = ["content_filter", "refusal"];
+/// Finish reasons of a reply the provider withheld or did not give:
+/// OpenAI's and Azure's content filter, Anthropic's `refusal` stop reason,
+/// and a Responses API response that `failed` or was `cancelled`.
+pub const WITHHELD_FINISH_REASONS: [&str; 4] = ["content_filter", "refusal", "failed", "cancelled"];
 
 /// Another request's canary found in the answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

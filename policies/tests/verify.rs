@@ -826,7 +826,7 @@ fn a_reply_the_provider_withheld_is_not_an_echo_failure() {
             .verdict
     };
     // No text and a content filter's (or Anthropic's refusal) finish: passed.
-    for reason in ["content_filter", "refusal"] {
+    for reason in ["content_filter", "refusal", "failed", "cancelled"] {
         let verdict = finish(reason, "");
         assert!(verdict.passed(), "{reason}: {verdict:?}");
         assert_eq!(

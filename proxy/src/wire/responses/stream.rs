@@ -525,6 +525,37 @@ mod tests {
         (injection, body, canaries)
     }
 
+    /// A response that failed before any text is the provider's failure,
+    /// passed on as it came: no echo was there to fail.
+    #[test]
+    fn a_response_that_failed_before_any_text_reaches_the_client() {
+        let (injection, body, _) = setup(None);
+        let instructions = body["instructions"].as_str().unwrap();
+        let mut events: Vec<SseEvent> = provider_events(&[], instructions, Value::Null)
+            .into_iter()
+            .take(2)
+            .collect();
+        events.push(SseEvent {
+            event: Some("response.failed".into()),
+            data: json!({"type": "response.failed", "sequence_number": 2, "response": {
+                "id": "resp_1", "object": "response", "status": "failed", "output": [],
+                "error": {"code": "server_error", "message": "The server had an error."}}})
+            .to_string(),
+            id: None,
+        });
+        let (events, _) = relay(events, &injection, None);
+        let names: Vec<&str> = events.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "response.created",
+                "response.in_progress",
+                "response.failed"
+            ]
+        );
+        assert_eq!(events[2].1["response"]["error"]["code"], "server_error");
+    }
+
     /// canarygate's own `error` event follows the last event written out
     /// in the stream's numbering.
     #[test]
