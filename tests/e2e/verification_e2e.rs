@@ -678,3 +678,38 @@ async fn a_chunk_that_cannot_be_edited_ends_the_stream_in_an_error() {
         assert!(!outcome.content.contains("Venus"), "{release}: {outcome:?}");
     }
 }
+
+/// A provider that fails its stream with its own error event: once text
+/// went out (echo-first), that event ends the stream as the provider sent
+/// it; before anything went out (verdict-first), it is the answer, with the
+/// status it stands for (the sim's `server_error`: 500).
+#[tokio::test]
+async fn a_providers_error_event_reaches_the_client_as_its_own() {
+    let sim = start_sim(&["--mode", "overloaded"]);
+    let client = client();
+    for release in ["echo-first", "verdict-first"] {
+        let dir = ProxyDir::new();
+        let proxy = start_proxy_with_policy(&dir, &policy(&dir, &sim.url, release, "block"), &[]);
+        let response = client
+            .post(format!("{}/v1/chat/completions", proxy.url))
+            .bearer_auth("sk-e2e")
+            .json(&json!({"model": "sim-model", "stream": true,
+                          "messages": [{"role": "user", "content": prompt(3, 30)}]}))
+            .send()
+            .await
+            .expect("request");
+        let status = response.status().as_u16();
+        let body = response.text().await.expect("body");
+        let error: Value = if release == "echo-first" {
+            assert_eq!(status, 200, "{release}: {body}");
+            let events = sse_data(&body);
+            serde_json::from_str(events.last().expect("an event")).unwrap()
+        } else {
+            assert_eq!(status, 500, "{release}: {body}");
+            serde_json::from_str(&body).unwrap()
+        };
+        assert_eq!(error["error"]["type"], "server_error", "{release}: {body}");
+        assert_eq!(error["error"]["message"], "Overloaded", "{release}: {body}");
+        assert!(error["error"]["code"].is_null(), "{release}: {body}");
+    }
+}

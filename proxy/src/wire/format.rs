@@ -8,6 +8,7 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
+use axum::http::StatusCode;
 use canarygate_policies::EchoCost;
 use canarygate_policies::config::ProviderApi;
 use canarygate_policies::inject::{Injection, RequestCanaries};
@@ -486,6 +487,14 @@ pub trait WireFormat: Send + Sync + 'static {
 
     /// `error` as the event that ends a stream.
     fn error_event(error: &ApiError) -> Vec<u8>;
+
+    /// The HTTP status a provider's error event (`data`) stands for, when it
+    /// is an error in this format's shape, which is then its body: the
+    /// answer the client gets when the provider fails its stream before
+    /// anything of it went out, as had it failed before the stream began.
+    fn error_event_status(_data: &str) -> Option<StatusCode> {
+        None
+    }
 
     /// The client's request (as received, without canaries) as a Chat
     /// Completions request for the local engine; a request the engine

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::http::HeaderValue;
+use axum::http::{HeaderValue, StatusCode};
 use canarygate_audit::TopicScore;
 use canarygate_policies::sse::{SseEvent, SseParser, encode_data};
 use canarygate_policies::verify::{Decision, Facts, Finished, ProviderUsage, Verdict};
@@ -58,6 +58,9 @@ pub async fn serve<W: WireFormat>(
         Driven::Failed(error) => {
             Decided::Served(Served::Whole(context.error_response(&error, None)))
         }
+        Driven::ProviderError(status, body) => {
+            Decided::Served(Served::Whole(context.provider_error_response(status, body)))
+        }
         Driven::Stream(verdict) => {
             stream.permit = permit.take();
             let mut head = context.event_stream_response(Some(&verdict));
@@ -85,6 +88,9 @@ enum Driven {
     Blocked(Verdict),
     /// The provider failed before anything was released.
     Failed(ApiError),
+    /// The provider sent its own error event before anything was released:
+    /// the error (in the format's shape) and the status it stands for.
+    ProviderError(StatusCode, Bytes),
     /// Answer 200 and relay the rest; the string is the verdict header.
     Stream(String),
 }
@@ -135,6 +141,9 @@ struct VerifiedStream<W: WireFormat> {
     interruption: Option<String>,
     /// The interruption was the provider going silent past the idle timeout.
     stalled: bool,
+    /// The provider's own error event that interrupted the stream, in the
+    /// format's error shape, with the HTTP status it stands for.
+    provider_error: Option<(StatusCode, Bytes)>,
     /// The topic score taken before the decision (`[topic] action =
     /// "flag"` or `"block"`).
     topic_score: Option<TopicScore>,
@@ -171,6 +180,7 @@ impl<W: WireFormat> VerifiedStream<W> {
             verdict: None,
             interruption: None,
             stalled: false,
+            provider_error: None,
             topic_score: None,
             stopped_reading: false,
             permit: None,
@@ -193,6 +203,9 @@ impl<W: WireFormat> VerifiedStream<W> {
                     return Driven::Blocked(self.verdict.clone().expect("checked just above"));
                 }
                 Some(End::Interrupted) => {
+                    if let Some((status, body)) = self.provider_error.take() {
+                        return Driven::ProviderError(status, body);
+                    }
                     let detail = self.interruption.take().unwrap_or_default();
                     // Nothing went out: a stall is a timeout, as a whole
                     // answer's is.
@@ -291,6 +304,10 @@ impl<W: WireFormat> VerifiedStream<W> {
             EventView::Final(chunk) => (chunk, true),
             EventView::Malformed => return self.interrupt("sent an event that is not JSON".into()),
             EventView::Error(message) => {
+                // Before anything went out, its error is the answer, with
+                // the status it stands for.
+                self.provider_error = W::error_event_status(&event.data)
+                    .map(|status| (status, Bytes::from(event.data.clone())));
                 // Its own error event, as it came, ends what went out.
                 let mut own = Vec::new();
                 if let Some(name) = &event.event {

@@ -27,6 +27,7 @@ use std::ops::Range;
 
 use std::borrow::Cow;
 
+use axum::http::StatusCode;
 use canarygate_policies::EchoCost;
 use canarygate_policies::config::ProviderApi;
 use canarygate_policies::inject::{InjectError, Injection, RequestCanaries, inject};
@@ -165,6 +166,10 @@ impl WireFormat for Chat {
             .is_ok_and(|value| value.get("error").is_some_and(Value::is_object))
     }
 
+    fn error_event_status(data: &str) -> Option<StatusCode> {
+        error_status(&serde_json::from_str(data).ok()?)
+    }
+
     fn error_body(error: &ApiError) -> Vec<u8> {
         error_json(error).to_string().into_bytes()
     }
@@ -202,6 +207,45 @@ pub const OPENAI_HEADERS: [&str; 3] = ["openai-organization", "openai-project", 
 
 /// Request fields that make a provider return the prompt itself.
 const PROMPT_ECHO_FIELDS: [&str; 2] = ["prompt_logprobs", "return_token_ids"];
+
+/// The HTTP status an OpenAI-shaped error (`{"error": {...}}`, as a stream
+/// sends it in a chunk) stands for: its `code` when that is an HTTP status
+/// (OpenRouter's), else by its `type` or `code` as OpenAI names them (rate
+/// limits and quota 429, a bad request 400, a bad key 401), else 500, a
+/// server error. `None` when `value` is no such error.
+pub fn error_status(value: &Value) -> Option<StatusCode> {
+    let error = value.get("error").filter(|error| error.is_object())?;
+    if let Some(code) = error.get("code").and_then(Value::as_u64)
+        && let Ok(code) = u16::try_from(code)
+        && let Ok(status) = StatusCode::from_u16(code)
+        && (status.is_client_error() || status.is_server_error())
+    {
+        return Some(status);
+    }
+    let named = |names: &[&str]| {
+        ["type", "code"].iter().any(|key| {
+            error
+                .get(key)
+                .and_then(Value::as_str)
+                .is_some_and(|name| names.contains(&name))
+        })
+    };
+    Some(
+        if named(&[
+            "rate_limit_exceeded",
+            "rate_limit_error",
+            "insufficient_quota",
+        ]) {
+            StatusCode::TOO_MANY_REQUESTS
+        } else if named(&["invalid_request_error"]) {
+            StatusCode::BAD_REQUEST
+        } else if named(&["authentication_error", "invalid_api_key"]) {
+            StatusCode::UNAUTHORIZED
+        } else {
+            StatusCode::INTERNAL_SERVER_ERROR
+        },
+    )
+}
 
 /// OpenAI's error object for `error` (every OpenAI-API format writes its
 /// errors so).
@@ -256,8 +300,39 @@ pub fn read_chunk_tree(data: &str, choices_of: impl FnOnce(&Value) -> Choices) -
 mod tests {
     use super::*;
     use crate::wire::format::put_text;
-    use axum::http::StatusCode;
     use canarygate_policies::verify::Part;
+
+    #[test]
+    fn an_error_chunk_stands_for_its_status() {
+        for (error, status) in [
+            (
+                json!({"message": "Overloaded", "type": "server_error"}),
+                500,
+            ),
+            (
+                json!({"message": "slow down", "code": "rate_limit_exceeded"}),
+                429,
+            ),
+            (
+                json!({"message": "bad", "type": "invalid_request_error"}),
+                400,
+            ),
+            // OpenRouter's numeric codes are statuses.
+            (
+                json!({"message": "Provider returned error", "code": 502}),
+                502,
+            ),
+            (json!({"message": "odd", "code": 42}), 500),
+        ] {
+            let data = json!({"error": error}).to_string();
+            assert_eq!(
+                Chat::error_event_status(&data),
+                Some(StatusCode::from_u16(status).unwrap()),
+                "{data}"
+            );
+        }
+        assert_eq!(Chat::error_event_status(r#"{"choices": []}"#), None);
+    }
 
     #[test]
     fn text_fields_point_at_their_strings() {

@@ -43,6 +43,7 @@ mod request;
 use std::borrow::Cow;
 use std::ops::Range;
 
+use axum::http::StatusCode;
 use canarygate_policies::EchoCost;
 use canarygate_policies::config::ProviderApi;
 use canarygate_policies::inject::{Injection, RequestCanaries};
@@ -133,6 +134,10 @@ impl WireFormat for Completions {
 
     fn is_error_body(body: &[u8]) -> bool {
         Chat::is_error_body(body)
+    }
+
+    fn error_event_status(data: &str) -> Option<StatusCode> {
+        Chat::error_event_status(data)
     }
 
     fn error_body(error: &ApiError) -> Vec<u8> {

@@ -37,6 +37,26 @@ pub fn error_type(status: StatusCode) -> &'static str {
     }
 }
 
+/// The HTTP status Anthropic answers an error of `kind` with: the status
+/// [`error_type`] names it for (`api_error` is Anthropic's 500, and
+/// `overloaded_error` its 529); an unknown type is a 500.
+pub fn status_of_type(kind: &str) -> StatusCode {
+    let code = match kind {
+        "invalid_request_error" => 400,
+        "authentication_error" => 401,
+        "billing_error" => 402,
+        "permission_error" => 403,
+        "not_found_error" => 404,
+        "conflict_error" => 409,
+        "request_too_large" => 413,
+        "rate_limit_error" => 429,
+        "timeout_error" => 504,
+        "overloaded_error" => 529,
+        _ => 500,
+    };
+    StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
 /// `error` as Anthropic's error object, with canarygate's `code`, the
 /// `param` at fault and, for a blocked answer, `failed_checks` beside
 /// Anthropic's `type` and `message`.
@@ -93,6 +113,23 @@ pub fn message_of(value: &Value) -> String {
 mod tests {
     use super::*;
     use canarygate_policies::sse::SseParser;
+
+    #[test]
+    fn an_error_type_stands_for_the_status_anthropic_answers_it_with() {
+        for kind in [
+            "invalid_request_error",
+            "authentication_error",
+            "permission_error",
+            "not_found_error",
+            "rate_limit_error",
+            "api_error",
+            "overloaded_error",
+        ] {
+            assert_eq!(error_type(status_of_type(kind)), kind, "{kind}");
+        }
+        assert_eq!(status_of_type("overloaded_error").as_u16(), 529);
+        assert_eq!(status_of_type("something_new").as_u16(), 500);
+    }
 
     #[test]
     fn types_follow_the_status_as_anthropic_documents_them() {

@@ -31,6 +31,7 @@ mod stream;
 use std::borrow::Cow;
 use std::ops::Range;
 
+use axum::http::StatusCode;
 use canarygate_policies::EchoCost;
 use canarygate_policies::config::ProviderApi;
 use canarygate_policies::inject::{Injection, RequestCanaries};
@@ -125,6 +126,12 @@ impl WireFormat for Messages {
 
     fn is_error_body(body: &[u8]) -> bool {
         error::is_error_body(body)
+    }
+
+    fn error_event_status(data: &str) -> Option<StatusCode> {
+        let value: Value = serde_json::from_str(data).ok()?;
+        error::is_error_value(&value)
+            .then(|| error::status_of_type(value["error"]["type"].as_str().unwrap_or("")))
     }
 
     fn error_body(error: &ApiError) -> Vec<u8> {
