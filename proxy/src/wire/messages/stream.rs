@@ -317,18 +317,22 @@ impl MessagesStream {
         if let Some(usage) = usage.filter(|usage| usage.is_object()) {
             changed |= self.delivery.report_usage(usage);
         }
-        let mut bytes = Vec::new();
-        bytes.extend_from_slice(b"event: ");
-        bytes.extend_from_slice(event.event.as_deref().unwrap_or(&kind).as_bytes());
-        bytes.push(b'\n');
-        if changed {
-            encode_json(&chunk.event, &mut bytes);
-        } else {
-            encode_data(&event.data, &mut bytes);
-        }
+        let name = event.event.as_deref().unwrap_or(&kind);
+        let encode = |into: &mut Vec<u8>| {
+            into.extend_from_slice(b"event: ");
+            into.extend_from_slice(name.as_bytes());
+            into.push(b'\n');
+            if changed {
+                encode_json(&chunk.event, into);
+            } else {
+                encode_data(&event.data, into);
+            }
+        };
         match kind.as_str() {
             "content_block_start" if is_empty_text_block(&chunk.event) => {
                 // Held until the block shows text.
+                let mut bytes = Vec::new();
+                encode(&mut bytes);
                 self.text_start = Some(TextStart {
                     bytes,
                     had_text: edited.emptied,
@@ -348,7 +352,7 @@ impl MessagesStream {
             _ if !fields.is_empty() && !edited.emptied => self.open_text_block(out),
             _ => {}
         }
-        out.extend_from_slice(&bytes);
+        encode(out);
     }
 }
 
