@@ -416,40 +416,31 @@ mod tests {
         );
     }
 
-    /// A text block that held only the echo is dropped, start and stop, as
-    /// a whole answer drops it, and the blocks after it are numbered down.
-    #[test]
-    fn a_text_block_emptied_by_the_echo_is_dropped_and_later_blocks_renumbered() {
-        let (_, injection, opening) = placed(request(200, true));
-        let mut events = provider_stream(&opening, "", injection.prompt_tokens_estimate);
-        // Block 1 holds the echo alone; block 2 the answer.
+    /// The provider's stream of `provider_stream` with its text block (1)
+    /// holding only the echo, then `block_2`'s events as block 2.
+    fn with_block_2(opening: &str, input_tokens: u64, block_2: Vec<SseEvent>) -> Vec<SseEvent> {
+        let mut events = provider_stream(opening, "", input_tokens);
         events.retain(|event| {
             event.event.as_deref() != Some("content_block_delta")
                 || !event.data.contains(r#""text":"""#)
         });
-        let block_2 = [
-            sse(
-                "content_block_start",
-                json!({"type": "content_block_start", "index": 2,
-                       "content_block": {"type": "text", "text": ""}}),
-            ),
-            sse(
-                "content_block_delta",
-                json!({"type": "content_block_delta", "index": 2,
-                       "delta": {"type": "text_delta", "text": "Mercury."}}),
-            ),
-            sse(
-                "content_block_stop",
-                json!({"type": "content_block_stop", "index": 2}),
-            ),
-        ];
         let stop_1 = events
             .iter()
             .rposition(|event| event.event.as_deref() == Some("content_block_stop"))
             .unwrap();
         events.splice(stop_1 + 1..stop_1 + 1, block_2);
-        let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
-        let mut writer = Messages::stream_writer(delivery(&injection));
+        events
+    }
+
+    /// Relays `events` through a verifier and the writer, as the verified
+    /// path does (the verdict must pass); returns the client's block events
+    /// (name, `index`, data) and the bytes.
+    fn relay_blocks(
+        events: Vec<SseEvent>,
+        injection: &Injection,
+    ) -> (Vec<(String, Value)>, Vec<u8>) {
+        let mut verifier = Verifier::new(injection, &VerifyConfig::default(), "p", None);
+        let mut writer = Messages::stream_writer(delivery(injection));
         let mut out = Vec::new();
         let mut usage = None;
         for event in events {
@@ -470,14 +461,53 @@ mod tests {
         }
         let mut parsed = Vec::new();
         SseParser::new().feed(&out, &mut parsed);
-        let blocks: Vec<(String, Value)> = parsed
+        let blocks = parsed
             .iter()
             .filter(|event| event.event.as_deref().unwrap().starts_with("content_block"))
             .map(|event| {
                 let data: Value = serde_json::from_str(&event.data).unwrap();
-                (event.event.clone().unwrap(), data["index"].clone())
+                (event.event.clone().unwrap(), data)
             })
             .collect();
+        (blocks, out)
+    }
+
+    /// The names and indices of `blocks`.
+    fn names_and_indices(blocks: &[(String, Value)]) -> Vec<(String, Value)> {
+        blocks
+            .iter()
+            .map(|(name, data)| (name.clone(), data["index"].clone()))
+            .collect()
+    }
+
+    fn block_event(name: &str, index: u64, rest: Value) -> SseEvent {
+        let mut data = json!({"type": name, "index": index});
+        for (key, value) in rest.as_object().unwrap() {
+            data[key] = value.clone();
+        }
+        sse(name, data)
+    }
+
+    /// A text block that held only the echo is dropped, start and stop, as
+    /// a whole answer drops it, and the blocks after it are numbered down.
+    #[test]
+    fn a_text_block_emptied_by_the_echo_is_dropped_and_later_blocks_renumbered() {
+        let (_, injection, opening) = placed(request(200, true));
+        let block_2 = vec![
+            block_event(
+                "content_block_start",
+                2,
+                json!({"content_block": {"type": "text", "text": ""}}),
+            ),
+            block_event(
+                "content_block_delta",
+                2,
+                json!({"delta": {"type": "text_delta", "text": "Mercury."}}),
+            ),
+            block_event("content_block_stop", 2, json!({})),
+        ];
+        let events = with_block_2(&opening, injection.prompt_tokens_estimate, block_2);
+        let (blocks, out) = relay_blocks(events, &injection);
         let expected: Vec<(String, Value)> = [
             ("content_block_start", 0),
             ("content_block_delta", 0),
@@ -490,8 +520,53 @@ mod tests {
         .iter()
         .map(|(name, index)| ((*name).to_owned(), json!(index)))
         .collect();
-        assert_eq!(blocks, expected);
+        assert_eq!(names_and_indices(&blocks), expected);
         assert!(String::from_utf8_lossy(&out).contains("Mercury."));
+    }
+
+    /// A text block's start goes before its first delta of any kind: a
+    /// `citations_delta` ahead of the block's text does not overtake it.
+    #[test]
+    fn a_citation_ahead_of_its_text_follows_its_blocks_start() {
+        let (_, injection, opening) = placed(request(200, true));
+        let citation = json!({"type": "char_location", "cited_text": "Mercury is hot.",
+                              "document_index": 0, "start_char_index": 0, "end_char_index": 15});
+        let block_2 = vec![
+            block_event(
+                "content_block_start",
+                2,
+                json!({"content_block": {"type": "text", "text": "", "citations": []}}),
+            ),
+            block_event(
+                "content_block_delta",
+                2,
+                json!({"delta": {"type": "citations_delta", "citation": citation}}),
+            ),
+            block_event(
+                "content_block_delta",
+                2,
+                json!({"delta": {"type": "text_delta", "text": "Mercury is hot."}}),
+            ),
+            block_event("content_block_stop", 2, json!({})),
+        ];
+        let events = with_block_2(&opening, injection.prompt_tokens_estimate, block_2);
+        let (blocks, _) = relay_blocks(events, &injection);
+        let kinds: Vec<&str> = blocks[4..]
+            .iter()
+            .map(|(name, data)| {
+                assert_eq!(data["index"], 1, "{name}");
+                data["delta"]["type"].as_str().unwrap_or(name)
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "content_block_start",
+                "citations_delta",
+                "text_delta",
+                "content_block_stop"
+            ]
+        );
     }
 
     /// The relay's work for one text delta once the echo has passed, as

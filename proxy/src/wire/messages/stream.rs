@@ -270,9 +270,8 @@ impl MessagesStream {
             && self.dropped_blocks == 0
             && self.passes_unchanged(&chunk, &event.data, &spans, verifier)
         {
-            if chunk.texts().next().is_some() {
-                self.open_text_block(out);
-            }
+            // A light event is a block's delta.
+            self.open_text_block(out);
             out.extend_from_slice(b"event: ");
             let name = event.event.as_deref().unwrap_or("content_block_delta");
             out.extend_from_slice(name.as_bytes());
@@ -349,7 +348,9 @@ impl MessagesStream {
                 Some(start) => out.extend_from_slice(&start.bytes),
                 None => {}
             },
-            _ if !fields.is_empty() && !edited.emptied => self.open_text_block(out),
+            // Any delta of the block (text, citations) opens it first; an
+            // emptied one never got here.
+            "content_block_delta" => self.open_text_block(out),
             _ => {}
         }
         encode(out);
