@@ -44,6 +44,17 @@ const PROVIDER_REQUEST_ID_HEADERS: [&str; 2] = ["x-request-id", "request-id"];
 #[derive(Debug, Clone, Copy)]
 pub struct ProviderError;
 
+/// Whose answer a response is: the provider's (its answer or its error,
+/// passed on) or canarygate's own error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Speaker {
+    Provider,
+    Canarygate,
+}
+
+/// The provider's word on whether to retry its answer (the SDKs obey it).
+const SHOULD_RETRY_HEADER: &str = "x-should-retry";
+
 /// A request canarygate accepted, in wire format `W`: what every path needs.
 pub struct RequestContext<'a, W> {
     /// Shared state.
@@ -211,7 +222,7 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
     /// A JSON response carrying the session (and verdict, when known) headers.
     pub fn json_response(&self, status: StatusCode, body: Body, verdict: Option<&str>) -> Response {
         let mut response = json_response(status, body);
-        self.tag(&mut response, verdict);
+        self.tag(&mut response, verdict, Speaker::Provider);
         response
     }
 
@@ -224,14 +235,14 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
             HeaderValue::from_static("text/event-stream"),
         );
         headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        self.tag(&mut response, verdict);
+        self.tag(&mut response, verdict, Speaker::Provider);
         response
     }
 
     /// `error` as a response carrying the session header.
     pub fn error_response(&self, error: &ApiError, verdict: Option<&str>) -> Response {
         let mut response = error_response::<W>(error);
-        self.tag(&mut response, verdict);
+        self.tag(&mut response, verdict, Speaker::Canarygate);
         response
     }
 
@@ -239,20 +250,28 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
     /// format, wrapped otherwise; marked [`ProviderError`].
     pub fn provider_error_response(&self, status: StatusCode, body: Bytes) -> Response {
         let mut response = if W::is_error_body(&body) {
-            self.json_response(status, Body::from(body), None)
+            json_response(status, Body::from(body))
         } else {
-            self.error_response(&self.upstream.wrapped_error(status, &body), None)
+            error_response::<W>(&self.upstream.wrapped_error(status, &body))
         };
+        self.tag(&mut response, None, Speaker::Provider);
         response.extensions_mut().insert(ProviderError);
         response
     }
 
-    fn tag(&self, response: &mut Response, verdict: Option<&str>) {
+    /// Adds the provider's relayed headers (those the response lacks), the
+    /// session and served-by headers, and the verdict. The provider's
+    /// `x-should-retry` speaks of its own answer: not of an error of
+    /// canarygate's (a blocked answer, a broken stream), which SDKs retry by
+    /// their own rule.
+    fn tag(&self, response: &mut Response, verdict: Option<&str>, speaker: Speaker) {
         let headers = response.headers_mut();
         for (name, value) in self.provider_headers().iter() {
-            if !headers.contains_key(name) {
-                headers.append(name.clone(), value.clone());
+            let not_about_this = speaker == Speaker::Canarygate && name == SHOULD_RETRY_HEADER;
+            if not_about_this || headers.contains_key(name) {
+                continue;
             }
+            headers.append(name.clone(), value.clone());
         }
         headers.insert(
             HeaderName::from_static(SESSION_ID_HEADER),

@@ -494,14 +494,18 @@ pub fn relayed_headers(headers: &HeaderMap) -> HeaderMap {
     relayed
 }
 
-/// Whether the provider answered with an SSE stream (`headers`: its
-/// response head's).
+/// Whether the provider answered a request for a stream with one
+/// (`headers`: its response head's): `text/event-stream` in any case (a
+/// media type is case-insensitive, RFC 9110, 8.3.1), or no `Content-Type`
+/// at all, as some servers stream.
 pub fn is_event_stream(headers: &HeaderMap) -> bool {
-    // A media type is case-insensitive (RFC 9110, 8.3.1).
-    headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.as_bytes().get(..17))
-        .is_some_and(|media| media.eq_ignore_ascii_case(b"text/event-stream"))
+    match headers.get(header::CONTENT_TYPE) {
+        None => true,
+        Some(value) => value
+            .as_bytes()
+            .get(..17)
+            .is_some_and(|media| media.eq_ignore_ascii_case(b"text/event-stream")),
+    }
 }
 
 #[cfg(test)]
@@ -509,7 +513,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_event_stream_is_known_by_its_media_type_in_any_case() {
+    fn an_event_stream_is_known_by_its_media_type_in_any_case_or_by_none() {
         let head = |content_type: &str| {
             let mut headers = HeaderMap::new();
             headers.insert(header::CONTENT_TYPE, content_type.parse().unwrap());
@@ -525,7 +529,8 @@ mod tests {
         for other in ["application/json", "text/event", "text/plain"] {
             assert!(!is_event_stream(&head(other)), "{other}");
         }
-        assert!(!is_event_stream(&HeaderMap::new()));
+        // A server that names no media type for the stream it was asked for.
+        assert!(is_event_stream(&HeaderMap::new()));
     }
 
     #[test]

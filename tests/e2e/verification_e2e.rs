@@ -713,3 +713,70 @@ async fn a_providers_error_event_reaches_the_client_as_its_own() {
         assert!(error["error"]["code"].is_null(), "{release}: {body}");
     }
 }
+
+/// A provider that streams without a `Content-Type` and says `x-should-retry:
+/// false` of every answer: its stream is read as one, and its word on
+/// retrying is not put on canarygate's own error (a blocked answer), which
+/// SDKs retry by their own rule.
+async fn terse_upstream() -> String {
+    use axum::body::Body;
+    use axum::http::Response;
+    use axum::{Json, Router, routing::post};
+    async fn answer(Json(request): Json<Value>) -> Response<Body> {
+        let opening = canarygate_policies::inject::obedient_echo(&request).unwrap_or_default();
+        let mut response = if request["stream"] == true {
+            let text = json!(format!("{opening}\nMercury, Venus.")).to_string();
+            Response::new(Body::from(format!(
+                "data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":{text}}},\
+                 \"finish_reason\":null}}]}}\n\n\
+                 data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{}},\
+                 \"finish_reason\":\"stop\"}}]}}\n\ndata: [DONE]\n\n"
+            )))
+        } else {
+            // No echo: blocked.
+            let body = json!({"id": "c2", "object": "chat.completion", "choices": [{"index": 0,
+                "message": {"role": "assistant", "content": "Mercury, Venus."},
+                "finish_reason": "stop"}]});
+            let mut response = Response::new(Body::from(body.to_string()));
+            response
+                .headers_mut()
+                .insert("content-type", "application/json".parse().unwrap());
+            response
+        };
+        response
+            .headers_mut()
+            .insert("x-should-retry", "false".parse().unwrap());
+        response
+    }
+    let app = Router::new().route("/v1/chat/completions", post(answer));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+#[tokio::test]
+async fn a_stream_without_a_media_type_is_read_and_canarygates_errors_keep_their_retry_rule() {
+    let upstream = terse_upstream().await;
+    let client = client();
+    let dir = ProxyDir::new();
+    let proxy = start_proxy_with_policy(&dir, &policy(&dir, &upstream, "echo-first", "block"), &[]);
+    let streamed = ask(&client, &proxy.url, "Name two planets", true).await;
+    assert_eq!(streamed.status, 200, "{streamed:?}");
+    assert!(streamed.done, "{streamed:?}");
+    assert_eq!(streamed.content, "Mercury, Venus.", "{streamed:?}");
+    let blocked = client
+        .post(format!("{}/v1/chat/completions", proxy.url))
+        .bearer_auth("sk-e2e")
+        .json(&json!({"model": "sim-model",
+                      "messages": [{"role": "user", "content": "Name two planets"}]}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(blocked.status(), 502);
+    assert!(
+        blocked.headers().get("x-should-retry").is_none(),
+        "{:?}",
+        blocked.headers()
+    );
+}
