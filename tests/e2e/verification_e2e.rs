@@ -780,3 +780,76 @@ async fn a_stream_without_a_media_type_is_read_and_canarygates_errors_keep_their
         blocked.headers()
     );
 }
+
+/// A Responses provider whose stream ends with its own `error` event and
+/// nothing after (no `response.failed`).
+async fn erring_responses_upstream() -> String {
+    use axum::{Json, Router, routing::post};
+    async fn answer(Json(request): Json<Value>) -> ([(&'static str, &'static str); 1], String) {
+        // The canaries are in the instructions and the input.
+        let texts = ["instructions", "input"].map(|key| request[key].as_str().unwrap_or(""));
+        let opening = canarygate_policies::inject::obedient_opening(texts).unwrap_or_default();
+        let events = [
+            json!({"type": "response.created", "sequence_number": 0,
+                   "response": {"id": "resp_1", "object": "response", "status": "in_progress",
+                                "output": []}}),
+            json!({"type": "response.output_text.delta", "sequence_number": 1, "item_id": "m",
+                   "output_index": 0, "content_index": 0, "delta": format!("{opening}\n")}),
+            json!({"type": "response.output_text.delta", "sequence_number": 2, "item_id": "m",
+                   "output_index": 0, "content_index": 0, "delta": "Mercury, Venus."}),
+            json!({"type": "error", "sequence_number": 3, "code": "server_error",
+                   "message": "The server had an error.", "param": null}),
+        ];
+        let body: String = events
+            .iter()
+            .map(|event| {
+                format!(
+                    "event: {}\ndata: {event}\n\n",
+                    event["type"].as_str().unwrap()
+                )
+            })
+            .collect();
+        ([("content-type", "text/event-stream")], body)
+    }
+    let app = Router::new().route("/v1/responses", post(answer));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// The provider's `error` event, the last it sent, is the stream's end:
+/// canarygate adds no error of its own after it (on which the openai SDK
+/// would raise, where it does not on the provider's).
+#[tokio::test]
+async fn a_responses_stream_the_provider_ends_with_its_error_gets_no_second_one() {
+    let upstream = erring_responses_upstream().await;
+    let dir = ProxyDir::new();
+    let proxy = start_proxy_with_policy(&dir, &policy(&dir, &upstream, "echo-first", "block"), &[]);
+    let response = client()
+        .post(format!("{}/v1/responses", proxy.url))
+        .bearer_auth("sk-e2e")
+        .json(&json!({"model": "sim-model", "input": "Name two planets", "stream": true}))
+        .send()
+        .await
+        .expect("request");
+    let status = response.status();
+    let body = response.text().await.expect("body");
+    assert_eq!(status, 200, "{body}");
+    let events: Vec<Value> = sse_data(&body)
+        .iter()
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect();
+    let last = events.last().expect("events");
+    assert_eq!(last["type"], "error", "{body}");
+    assert_eq!(last["code"], "server_error", "{body}");
+    assert_eq!(
+        events
+            .iter()
+            .filter(|event| event["type"] == "error")
+            .count(),
+        1,
+        "{body}"
+    );
+    assert!(body.contains("Mercury, Venus."), "{body}");
+}

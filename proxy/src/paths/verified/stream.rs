@@ -277,8 +277,13 @@ impl<W: WireFormat> VerifiedStream<W> {
     async fn take(&mut self, next: Option<Result<Bytes, hyper::Error>>) {
         match next {
             None => {
-                let detail = early_end(&mut self.parser);
-                self.interrupt(detail.to_owned());
+                let detail = early_end(&mut self.parser).to_owned();
+                if self.writer.ended_by_provider_error() {
+                    // The provider's own error event was its stream's end.
+                    self.interrupt_with(detail, Some(Vec::new()));
+                } else {
+                    self.interrupt(detail);
+                }
             }
             Some(Err(error)) => self.interrupt(format!("stream failed: {}", error_chain(&error))),
             Some(Ok(bytes)) => {

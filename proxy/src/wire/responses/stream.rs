@@ -71,6 +71,8 @@ pub struct ResponsesStream {
     /// The highest `sequence_number` of the events written out: canarygate's
     /// own error event follows it.
     last_sequence: Option<u64>,
+    /// The last event taken was the provider's `error` event.
+    last_was_error: bool,
 }
 
 /// [`ResponsesStream::failure`] of an event that had to change and has no
@@ -88,6 +90,7 @@ impl ResponsesStream {
             failure: None,
             spent: SpentBuffers::default(),
             last_sequence: None,
+            last_was_error: false,
         }
     }
 
@@ -306,6 +309,8 @@ impl StreamWriter for ResponsesStream {
             .choices
             .iter()
             .any(|choice| choice.finish_reason.is_some());
+        // A delta is light; an `error` event is read from its tree.
+        self.last_was_error = !chunk.is_light() && event_type(&chunk.event, &event) == "error";
         self.held.push_back(Held {
             chunk,
             event,
@@ -340,6 +345,10 @@ impl StreamWriter for ResponsesStream {
 
     fn delivery(&self) -> &Delivery {
         &self.delivery
+    }
+
+    fn ended_by_provider_error(&self) -> bool {
+        self.last_was_error
     }
 
     /// canarygate's `error` event, numbered after the last event written
