@@ -635,6 +635,14 @@ provider = "sim"
     }
 }
 
+/// Serves `app` as a provider on a free port; returns its base URL.
+async fn serve_upstream(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
 /// A provider whose first chunk holds the echo and text beside a number no
 /// JSON tree holds (`1e400`): the chunk must be edited (the echo removed)
 /// and cannot be. Returns its base URL.
@@ -653,10 +661,7 @@ async fn uneditable_upstream() -> String {
         ([("content-type", "text/event-stream")], events)
     }
     let app = Router::new().route("/v1/chat/completions", post(answer));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
+    serve_upstream(app).await
 }
 
 #[tokio::test]
@@ -749,10 +754,7 @@ async fn terse_upstream() -> String {
         response
     }
     let app = Router::new().route("/v1/chat/completions", post(answer));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
+    serve_upstream(app).await
 }
 
 #[tokio::test]
@@ -812,10 +814,7 @@ async fn erring_responses_upstream() -> String {
         ([("content-type", "text/event-stream")], body)
     }
     let app = Router::new().route("/v1/responses", post(answer));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
+    serve_upstream(app).await
 }
 
 /// The provider's `error` event, the last it sent, is the stream's end:

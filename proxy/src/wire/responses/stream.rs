@@ -452,6 +452,24 @@ mod tests {
             .collect()
     }
 
+    /// Feeds `chunk`'s text fields (its data `data`) to `verifier`; returns
+    /// the span of its part each carried, as the verified path does.
+    fn feed(
+        chunk: &Chunk,
+        data: &str,
+        verifier: &mut Verifier,
+        registry: &MemoryRegistry,
+    ) -> Spans {
+        let mut spans = Spans::new();
+        for field in chunk.texts() {
+            let text = chunk.with_data(data).text(field);
+            let start = verifier.received(field.choice, field.kind);
+            spans.push(start..start + text.len());
+            verifier.push_part_positions(field.choice, field.kind, text, registry);
+        }
+        spans
+    }
+
     /// Runs `events` through a verifier and the writer, as the verified
     /// path does; returns the client's events (name, data) and the bytes.
     fn relay(
@@ -480,14 +498,8 @@ mod tests {
                 EventView::Final(chunk) => (chunk, true),
                 other => panic!("{other:?}"),
             };
-            let mut spans = Spans::new();
+            let spans = feed(&chunk, &event.data, &mut verifier, &registry);
             for choice in &chunk.choices {
-                for field in &choice.texts {
-                    let text = chunk.with_data(&event.data).text(field);
-                    let start = verifier.received(field.choice, field.kind);
-                    spans.push(start..start + text.len());
-                    verifier.push_part_positions(field.choice, field.kind, text, &registry);
-                }
                 if choice.finish_reason.is_some() {
                     reasons = vec![choice.finish_reason.clone()];
                 }
@@ -592,13 +604,7 @@ mod tests {
             let EventView::Chunk(chunk) = read_event(&event) else {
                 panic!("{event:?}");
             };
-            let mut spans = Spans::new();
-            for field in chunk.texts() {
-                let text = chunk.with_data(&event.data).text(field);
-                let start = verifier.received(field.choice, field.kind);
-                spans.push(start..start + text.len());
-                verifier.push_part_positions(field.choice, field.kind, text, &registry);
-            }
+            let spans = feed(&chunk, &event.data, &mut verifier, &registry);
             writer.take(chunk, event, spans);
             writer.flush(&verifier, false, &mut out);
         }
@@ -743,13 +749,7 @@ mod tests {
                 let EventView::Chunk(chunk) = read_event(&event) else {
                     break;
                 };
-                let mut spans = Spans::new();
-                for field in chunk.texts() {
-                    let text = chunk.with_data(&event.data).text(field);
-                    let start = verifier.received(field.choice, field.kind);
-                    spans.push(start..start + text.len());
-                    verifier.push_part_positions(field.choice, field.kind, text, &registry);
-                }
+                let spans = feed(&chunk, &event.data, &mut verifier, &registry);
                 writer.take(chunk, event, spans);
                 writer.flush(&verifier, false, &mut out);
             }
