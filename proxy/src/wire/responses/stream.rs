@@ -438,6 +438,12 @@ mod tests {
         );
         events.push(json!({"type": "response.completed",
                            "response": response("completed", json!([item(&whole)]))}));
+        numbered(events)
+    }
+
+    /// `events` as the provider sends them: numbered from 0, each with its
+    /// `event:` line.
+    fn numbered(events: Vec<Value>) -> Vec<SseEvent> {
         events
             .into_iter()
             .enumerate()
@@ -666,18 +672,7 @@ mod tests {
                    "output_index": 0, "content_index": 0, "annotation_index": 0,
                    "annotation": annotation}),
         );
-        let events = events
-            .into_iter()
-            .enumerate()
-            .map(|(number, mut event)| {
-                event["sequence_number"] = json!(number);
-                SseEvent {
-                    event: Some(event["type"].as_str().unwrap().to_owned()),
-                    data: event.to_string(),
-                    id: None,
-                }
-            })
-            .collect();
+        let events = numbered(events);
         let (events, _) = relay(events, &injection, None);
         let moved = json!({"type": "url_citation", "start_index": 0, "end_index": 5,
                            "url": "u", "title": "t"});
