@@ -852,3 +852,64 @@ async fn a_responses_stream_the_provider_ends_with_its_error_gets_no_second_one(
     );
     assert!(body.contains("Mercury, Venus."), "{body}");
 }
+
+/// A provider that answers each request honestly but lists, in a top-level
+/// `citations` member of its own (as Perplexity's answers carry), a URL
+/// holding the head canary of the request before it.
+async fn citing_upstream() -> String {
+    use std::sync::{Arc, Mutex};
+
+    use axum::extract::State;
+    use axum::{Json, Router, routing::post};
+    type Last = Arc<Mutex<Option<String>>>;
+    async fn answer(
+        State(last): State<Last>,
+        Json(request): Json<Value>,
+    ) -> ([(&'static str, &'static str); 1], String) {
+        let opening = canarygate_policies::inject::obedient_echo(&request).unwrap_or_default();
+        let head = opening.split_whitespace().next().unwrap_or("").to_owned();
+        let earlier = last.lock().unwrap().replace(head).unwrap_or_default();
+        let citations = json!([format!("https://sources.test/{earlier}")]);
+        let text = format!("{opening}\nMercury, Venus.");
+        if request["stream"] == true {
+            let chunk = json!({"id": "c1", "citations": citations, "choices": [{"index": 0,
+                "delta": {"content": text}, "finish_reason": null}]});
+            let end = json!({"id": "c1", "citations": citations, "choices": [{"index": 0,
+                "delta": {}, "finish_reason": "stop"}]});
+            let body = format!("data: {chunk}\n\ndata: {end}\n\ndata: [DONE]\n\n");
+            ([("content-type", "text/event-stream")], body)
+        } else {
+            let body = json!({"id": "c1", "object": "chat.completion", "citations": citations,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                             "finish_reason": "stop"}]});
+            ([("content-type", "application/json")], body.to_string())
+        }
+    }
+    let last: Last = Arc::default();
+    let app = Router::new()
+        .route("/v1/chat/completions", post(answer))
+        .with_state(last);
+    serve_upstream(app).await
+}
+
+/// Another request's canary in a member of the provider's own, outside the
+/// choices, is caught as it is in the text: whole and streamed.
+#[tokio::test]
+async fn another_requests_canary_outside_the_choices_is_caught() {
+    let upstream = citing_upstream().await;
+    let client = client();
+    let dir = ProxyDir::new();
+    let proxy = start_proxy_with_policy(&dir, &policy(&dir, &upstream, "echo-first", "block"), &[]);
+    // The first request has no earlier one to be given.
+    let first = ask(&client, &proxy.url, "Name two planets", false).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    for stream in [false, true] {
+        let outcome = ask(&client, &proxy.url, "Name two planets", stream).await;
+        assert_eq!(outcome.status, 502, "stream={stream}: {outcome:?}");
+        assert_eq!(
+            outcome.error_code.as_deref(),
+            Some("canarygate_verification_failed"),
+            "stream={stream}: {outcome:?}"
+        );
+    }
+}

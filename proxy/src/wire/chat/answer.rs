@@ -93,9 +93,11 @@ pub fn read_choices(value: &Value, part: Key) -> Choices {
 }
 
 /// Every choice of `value`'s `choices` (none when it is not an array), each
-/// read by `read` from the choice and its position in the array.
+/// read by `read` from the choice and its position in the array, and the
+/// strings of the answer's other members that hold a canary-shaped span
+/// ([`top_level_texts`]) as texts of the first choice.
 pub fn map_choices(value: &Value, read: impl Fn(&Value, usize) -> ChoiceView) -> Choices {
-    value
+    let mut choices: Choices = value
         .get("choices")
         .and_then(Value::as_array)
         .map(|choices| {
@@ -105,7 +107,45 @@ pub fn map_choices(value: &Value, read: impl Fn(&Value, usize) -> ChoiceView) ->
                 .map(|(position, choice)| read(choice, position))
                 .collect()
         })
-        .unwrap_or_default()
+        .unwrap_or_default();
+    let first = choices.first().map_or(0, |choice| choice.index);
+    let texts = top_level_texts(value, first);
+    if !texts.is_empty() {
+        match choices.first_mut() {
+            Some(choice) => choice.texts.extend(texts),
+            // No choice to carry them: one that is not in the array.
+            None => choices.push(ChoiceView {
+                index: 0,
+                position: usize::MAX,
+                texts,
+                finish_reason: None,
+            }),
+        }
+    }
+    choices
+}
+
+/// Metadata members of an answer or chunk, never model output.
+const METADATA: [&str; 7] = [
+    "id",
+    "object",
+    "created",
+    "model",
+    "system_fingerprint",
+    "service_tier",
+    "obfuscation",
+];
+
+/// The strings under an answer's (or chunk's) members other than
+/// `choices`, `usage`, `error` and its metadata (a provider's own:
+/// Perplexity's `citations` and `search_results`) that hold a canary-shaped
+/// span, as [`Part::Other`] fields of choice `choice`: another request's
+/// canary there fails the answer, and canarygate's own is removed.
+pub fn top_level_texts(value: &Value, choice: u32) -> TextFields {
+    let mut texts = TextFields::new();
+    let known = |key: &str| matches!(key, "choices" | "usage" | "error") || METADATA.contains(&key);
+    residual_members(value, Location::ROOT, choice, known, &mut texts);
+    texts
 }
 
 /// Choice `position` of an answer (`part` = `message`) or chunk (`delta`).

@@ -34,11 +34,13 @@
 use std::fmt;
 use std::marker::PhantomData;
 
+use canarygate_policies::canary::find_canaries;
 use canarygate_policies::verify::Part;
 use serde::Deserialize;
 use serde::de::{
     DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
 };
+use serde_json::value::RawValue;
 
 use crate::wire::format::{
     ChoiceView, Choices, Chunk, LightText, StreamMemo, TextField, TextFields, TextFrame,
@@ -48,7 +50,8 @@ use crate::wire::location::{Key, Location};
 
 /// The members of a chunk (or a whole answer, [`super::light_answer`])
 /// that a light reading looks at: `choices`, `usage`, and `error`, which
-/// must not be there; anything else is skipped.
+/// must not be there; the metadata every chunk carries is skipped, and any
+/// other member too unless it holds a canary-shaped span ([`skip_other`]).
 #[derive(Deserialize)]
 #[serde(field_identifier, rename_all = "snake_case")]
 pub(super) enum TopMember {
@@ -59,8 +62,30 @@ pub(super) enum TopMember {
     Usage,
     /// Any `error`, even `null`, is the tree's to judge.
     Error,
+    /// Metadata, never model output: skipped unread.
+    Id,
+    Object,
+    Created,
+    Model,
+    SystemFingerprint,
+    ServiceTier,
+    Obfuscation,
+    /// A member of the provider's own (OpenRouter's `provider`,
+    /// Perplexity's `citations`): see [`skip_other`].
     #[serde(other)]
     Other,
+}
+
+/// Skips the value of a top-level member a light reading does not read
+/// ([`TopMember::Other`]), unless it holds a canary-shaped span: then the
+/// chunk is not light, and the tree's reading scans the member as text
+/// ([`super::answer::top_level_texts`]).
+pub(super) fn skip_other<'de, M: MapAccess<'de>>(map: &mut M) -> Result<(), M::Error> {
+    let value: &'de RawValue = map.next_value()?;
+    if find_canaries(value.get()).next().is_some() {
+        return Err(M::Error::custom("not read lightly"));
+    }
+    Ok(())
 }
 
 /// The members a light choice may have.
@@ -372,7 +397,8 @@ impl<'de: 'a, 'a> Visitor<'de> for ChunkSeed<'_, 'a> {
                     map.next_value::<Option<Refused>>()?;
                 }
                 TopMember::Error => return Err(M::Error::custom("not read lightly")),
-                TopMember::Other => {
+                TopMember::Other => skip_other(&mut map)?,
+                _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
@@ -706,9 +732,13 @@ fn plain_members(members: &[u8]) -> Option<bool> {
 /// skips, each followed by a comma, with nothing between the first `{` and
 /// the first member nor between the last comma and `"choices"`: a prefix
 /// [`read_in_stream`] may leave out. A member name with an escape is not
-/// looked into: there is no prefix then.
+/// looked into, and a prefix that holds a canary-shaped span is never left
+/// out (the tree's reading scans it): there is no prefix then.
 fn skipped_prefix(chunk: &str) -> Option<usize> {
     let end = chunk.find(CHOICES_KEY)?;
+    if find_canaries(&chunk[..end]).next().is_some() {
+        return None;
+    }
     let head = &chunk.as_bytes()[..end];
     if head.first() != Some(&b'{') || head.last() != Some(&b',') {
         return None;
@@ -884,9 +914,28 @@ mod tests {
             r#"{"choices":[{"index":0,"delta":{"role":"assistant","role":"assistant"}}]}"#,
             r#"{"choices":[],"choices":[{"index":0,"delta":{"content":"a"}}]}"#,
             r#"{"choices":[{"index":0,"delta":{"content":"a"}}]} {}"#,
+            // A provider's own member holding a canary-shaped span (the
+            // tree's residual scan reads it), before or after `choices`.
+            r#"{"citations":["https://x.test/CG123456789012345"],"choices":[{"index":0,"delta":{"content":"a"}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":"a"}}],"search_results":[{"snippet":"cg 123456789012345"}]}"#,
         ] {
             assert!(read(data).is_none(), "light: {data}");
         }
+    }
+
+    #[test]
+    fn a_providers_own_member_without_a_canary_is_skipped() {
+        same_as_tree(
+            r#"{"id":"c1","provider":"OpenAI","citations":["https://x.test/a"],"choices":[{"index":0,"delta":{"content":"a"}}]}"#,
+        );
+        // With a canary-shaped span, the tree reads it as text.
+        let data = r#"{"citations":["https://x.test/CG123456789012345"],"choices":[{"index":0,"delta":{"content":"a"}}]}"#;
+        let tree = tree(data);
+        let texts: Vec<&str> = tree
+            .texts()
+            .map(|field| tree.with_data(data).text(field))
+            .collect();
+        assert_eq!(texts, ["a", "https://x.test/CG123456789012345"]);
     }
 
     /// A delta, and whether an in-place reading takes it.
@@ -1095,6 +1144,17 @@ mod tests {
             assert_eq!(memo.skipped_prefix, expected, "{data}");
             read_after(&[&data], &data);
         }
+        // A member that holds a canary-shaped span is never left out: the
+        // chunk is read from its tree, every time.
+        let head = r#"{"id":"a","provider":"cG-123456789012345","#;
+        let data = format!("{head}{choices}");
+        assert!(read(&data).is_none(), "{data}");
+        assert_eq!(skipped_prefix(&data), None, "{data}");
+        let without = r#"{"id":"a","provider":"OpenAI","#;
+        assert_eq!(
+            skipped_prefix(&format!("{without}{choices}")),
+            Some(without.len())
+        );
     }
 
     #[test]

@@ -28,7 +28,7 @@ use serde::de::{
 };
 use serde_json::value::RawValue;
 
-use super::light::{Members, Refused, TopMember};
+use super::light::{Members, Refused, TopMember, skip_other};
 use crate::wire::format::{AnswerView, ChoiceView, LightAnswer, LightField, TextField, TextFields};
 use crate::wire::location::{Key, Location};
 
@@ -144,7 +144,8 @@ impl<'de> Visitor<'de> for AnswerSeed<'_, 'de> {
                     self.0.view.usage = usage.and_then(UsageCounts::usage);
                 }
                 TopMember::Error => return Err(M::Error::custom("not read lightly")),
-                TopMember::Other => {
+                TopMember::Other => skip_other(&mut map)?,
+                _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
             }
@@ -449,6 +450,8 @@ mod tests {
             r#"{"choices":[{"index":0,"message":{"audio":{"transcript":"t"}}}]}"#,
             r#"{"choices":[{"index":0,"message":{"content":"a","annotations":[{"type":"url_citation","url_citation":{"title":"t"}}]}}]}"#,
             r#"{"choices":[{"index":0,"message":{"content":"a","custom":"b"}}]}"#,
+            // A provider's own member holding a canary-shaped span.
+            r#"{"citations":["https://x.test/CG123456789012345"],"choices":[{"index":0,"message":{"content":"a"}}]}"#,
             // Logprobs (edited with the text), an error.
             r#"{"choices":[{"index":0,"message":{"content":"a"},"logprobs":{"content":[]}}]}"#,
             r#"{"error":{"message":"overloaded"}}"#,
