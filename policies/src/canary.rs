@@ -119,6 +119,16 @@ impl Canary {
         Self((value % u128::from(CANARY_VALUES)) as u64)
     }
 
+    /// Whether this canary's first `digits` digits are `value` (`digits`
+    /// at most [`CANARY_DIGITS`]): the text read of it so far, when a reply
+    /// ends inside it.
+    pub fn starts_with(self, digits: usize, value: u64) -> bool {
+        let Some(rest) = CANARY_DIGITS.checked_sub(digits) else {
+            return false;
+        };
+        self.0 / 10u64.pow(rest as u32) == value
+    }
+
     /// Parses text that is exactly one canary, in any variation
     /// [`find_canaries`] accepts.
     pub fn parse(text: &str) -> Option<Self> {
@@ -245,8 +255,9 @@ pub fn find_canaries(text: &str) -> impl Iterator<Item = CanaryMatch> + '_ {
 pub(crate) enum Shape {
     /// A whole canary ends at byte `end`.
     Complete { canary: Canary, end: usize },
-    /// The text ends while still consistent with a canary.
-    Partial,
+    /// The text ends while still consistent with a canary: `digits` of its
+    /// digits read, whose value is `value` ([`Canary::starts_with`]).
+    Partial { digits: usize, value: u64 },
     /// Not a canary.
     NoMatch,
 }
@@ -256,17 +267,22 @@ pub(crate) fn match_at(text: &[u8], start: usize) -> Shape {
     let mut index = start;
     for expected in [b'C', b'G'] {
         match text.get(index) {
-            None => return Shape::Partial,
+            None => {
+                return Shape::Partial {
+                    digits: 0,
+                    value: 0,
+                };
+            }
             Some(byte) if byte.to_ascii_uppercase() == expected => index += 1,
             Some(_) => return Shape::NoMatch,
         }
     }
     let mut value = 0u64;
-    for _ in 0..CANARY_DIGITS {
+    for digits in 0..CANARY_DIGITS {
         let mut separators = 0;
         loop {
             let Some(rest) = text.get(index..).filter(|rest| !rest.is_empty()) else {
-                return Shape::Partial;
+                return Shape::Partial { digits, value };
             };
             match separator_len(rest) {
                 Some(len) if separators < MAX_SEPARATOR_RUN => {
@@ -403,8 +419,26 @@ mod tests {
 
     #[test]
     fn partial_shapes() {
-        assert_eq!(match_at(b"C", 0), Shape::Partial);
-        assert_eq!(match_at(b"cg-482 937", 0), Shape::Partial);
+        let canary = Canary::parse("CG482937105662831").unwrap();
+        assert!(canary.starts_with(6, 482_937));
+        assert!(canary.starts_with(15, 482_937_105_662_831));
+        assert!(canary.starts_with(0, 0));
+        assert!(!canary.starts_with(6, 482_938));
+        assert!(!canary.starts_with(16, 0));
+        assert_eq!(
+            match_at(b"C", 0),
+            Shape::Partial {
+                digits: 0,
+                value: 0
+            }
+        );
+        assert_eq!(
+            match_at(b"cg-482 937", 0),
+            Shape::Partial {
+                digits: 6,
+                value: 482_937
+            }
+        );
         assert_eq!(match_at(b"cx", 0), Shape::NoMatch);
         assert_eq!(match_at(b"CG48a", 0), Shape::NoMatch);
     }

@@ -1452,11 +1452,22 @@ fn scan(
         let start = from + offset;
         from = start + 1;
         match match_at(bytes, start) {
-            Shape::Partial if !end => {
+            Shape::Partial { .. } if !end => {
                 held = start;
                 break;
             }
-            Shape::Partial | Shape::NoMatch => {}
+            // The reply ended inside one of this request's canaries (cut at
+            // its limit while quoting it): the digits it got to are
+            // canarygate's, and go.
+            Shape::Partial { digits, value }
+                if digits > 0 && own.iter().any(|canary| canary.starts_with(digits, value)) =>
+            {
+                ready.push_str(&text[copied..start]);
+                removed.push(*decided + start..*decided + text.len());
+                copied = text.len();
+                break;
+            }
+            Shape::Partial { .. } | Shape::NoMatch => {}
             Shape::Complete { canary, end: stop } => {
                 // Own: this request's, or an earlier turn's of a kept
                 // conversation (the owner looked up only when needed).
@@ -1576,8 +1587,8 @@ fn next_canary(text: &str, from: usize, window: usize, end: bool) -> Next {
                 Shape::Complete { canary, end: stop } => {
                     return Next::Found(canary, from + offset, stop);
                 }
-                Shape::Partial if end => return Next::Incomplete,
-                Shape::Partial => return Next::Pending,
+                Shape::Partial { .. } if end => return Next::Incomplete,
+                Shape::Partial { .. } => return Next::Pending,
                 Shape::NoMatch => {}
             }
         }

@@ -947,6 +947,42 @@ fn tool_call_arguments_are_scanned_and_held_to_the_end() {
     assert!(finished.parts.is_empty());
 }
 
+#[test]
+fn a_reply_cut_inside_its_own_canary_shows_none_of_it() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(5);
+    let mut request = chat_request(true);
+    request["tools"] = json!([{"type": "function", "function": {"name": "lookup"}}]);
+    let (_, injection) = prepare(&policy, &registry, request, 1);
+    let own = injection.canaries.tail.to_string();
+    let mut length = honest_facts(&injection, 1);
+    length.finish_reasons = vec![Some("length".into())];
+    // Cut at the client's limit ten digits into the marker it quoted.
+    for cut in [3, 12, own.len() - 1] {
+        let arguments = format!("{{\"a\": \"hi ({}", &own[..cut]);
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+        for piece in arguments.as_bytes().chunks(4) {
+            verifier.push_tool_arguments(0, 0, std::str::from_utf8(piece).unwrap(), &registry);
+        }
+        let finished = verifier.finish(&length, &registry);
+        assert_eq!(
+            finished.part(0, Part::ToolArguments(0)),
+            Some("{\"a\": \"hi ("),
+            "cut after {cut} characters"
+        );
+    }
+    // A code that is no prefix of this request's canaries stays (odds that
+    // a drawn canary starts with fourteen nines: 10^-14).
+    let other = format!("{{\"a\": \"part CG{}", "9".repeat(14));
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    verifier.push_tool_arguments(0, 0, &other, &registry);
+    let finished = verifier.finish(&length, &registry);
+    assert_eq!(
+        finished.part(0, Part::ToolArguments(0)),
+        Some(other.as_str())
+    );
+}
+
 /// The client's view of `received` under `release`: the released bytes
 /// without the removed spans.
 fn shown(received: &str, through: usize, removed: &[std::ops::Range<usize>]) -> String {
