@@ -21,6 +21,10 @@ use crate::error::{ApiError, ErrorCode};
 use crate::wire::chat::{json_object, model_of, stream_of};
 use crate::wire::format::ClientRequest;
 
+/// The least `max_output_tokens` OpenAI's Responses API accepts (it answers
+/// less with 400 `integer_below_min_value`).
+const MIN_OUTPUT_TOKENS: u64 = 16;
+
 /// Parses and validates a Responses API request.
 pub fn parse(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
     let body = json_object(bytes)?;
@@ -281,7 +285,10 @@ pub fn place(
     }
     let client_max_tokens = object.get("max_output_tokens").and_then(Value::as_u64);
     let mut echo_allowance = 0;
+    // A limit below the API's least goes as it came, for the provider to
+    // refuse: raised, it would pass.
     if let Some(limit) = client_max_tokens
+        && limit >= MIN_OUTPUT_TOKENS
         && !blocks.echo.is_empty()
     {
         echo_allowance = cost.allowance(blocks.echo.len());
@@ -419,6 +426,17 @@ mod tests {
         assert_eq!(body["max_output_tokens"], 100 + COST.allowance(2));
         assert!(injection.prompt_tokens_added > 0);
         assert!(injection.cacheable_prompt_tokens < injection.prompt_tokens_estimate);
+    }
+
+    #[test]
+    fn a_limit_below_the_apis_least_goes_as_it_came() {
+        for (limit, sent) in [(5, 5), (15, 15), (16, 16 + COST.allowance(2))] {
+            let mut body = parsed(json!({"model": "m", "input": "hi", "max_output_tokens": limit}));
+            let injection =
+                place(&mut body, EchoMode::HeadTail, COST, RequestCanaries::mint()).unwrap();
+            assert_eq!(body["max_output_tokens"], sent, "{limit}");
+            assert_eq!(injection.echo_allowance, sent - limit, "{limit}");
+        }
     }
 
     #[test]

@@ -819,13 +819,19 @@ mod tests {
 
     #[test]
     fn a_cut_at_the_clients_limit_ends_incomplete() {
-        let (injection, body, canaries) = setup(Some(3));
+        // The API's least limit, 16: words of up to four letters are a
+        // token each by the estimate.
+        let (injection, body, canaries) = setup(Some(16));
+        let words = [
+            "one", "two", "six", "ten", "red", "sun", "sky", "sea", "cat", "dog", "owl", "elk",
+            "fox", "bee", "ant", "cow", "pig", "hen", "ram", "yak",
+        ];
         let mut deltas = vec![format!("{} {}\n", canaries.head, canaries.tail)];
-        deltas.extend(["one ", "two ", "six ", "ten ", "nine "].map(str::to_owned));
+        deltas.extend(words.map(|word| format!("{word} ")));
         let limit = body["max_output_tokens"].clone();
-        assert_eq!(limit, 3 + COST.allowance(2));
+        assert_eq!(limit, 16 + COST.allowance(2));
         let events = provider_events(&deltas, body["instructions"].as_str().unwrap(), limit);
-        let (client, bytes) = relay(events, &injection, Some(3));
+        let (client, bytes) = relay(events, &injection, Some(16));
         let (name, last) = client.last().unwrap();
         assert_eq!(name, "response.incomplete", "{bytes}");
         let response = &last["response"];
@@ -834,11 +840,12 @@ mod tests {
             response["incomplete_details"]["reason"],
             "max_output_tokens"
         );
-        assert_eq!(response["max_output_tokens"], 3, "the client's own limit");
+        assert_eq!(response["max_output_tokens"], 16, "the client's own limit");
         let text = response["output"][0]["content"][0]["text"]
             .as_str()
             .unwrap();
-        assert_eq!(text, "one two six ");
+        let first_16: String = words[..16].iter().map(|word| format!("{word} ")).collect();
+        assert_eq!(text, first_16);
         assert_eq!(response["output"][0]["status"], "incomplete");
     }
 }
