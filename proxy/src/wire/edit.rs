@@ -184,8 +184,11 @@ pub struct Delivery {
     /// Choices the request asked for: text of any other choice is dropped.
     choices: u32,
     /// Which characters of each choice's content reached the client, for
-    /// the positions annotations point at ([`Delivery::content_positions`]).
+    /// the positions annotations point at ([`Delivery::content_positions`]);
+    /// kept only for a format that has them
+    /// ([`Delivery::follow_content_positions`]).
     content_chars: Vec<KeptChars>,
+    follows_positions: bool,
     /// The provider counted the whole answer within the client's limit
     /// ([`Delivery::fits_the_limit`]): no estimate cuts it.
     fits: bool,
@@ -214,6 +217,7 @@ impl Delivery {
             usage,
             choices,
             content_chars: Vec::new(),
+            follows_positions: false,
             fits: false,
             reasoning_whole: false,
             scratch: String::new(),
@@ -238,8 +242,15 @@ impl Delivery {
         }
     }
 
+    /// Keeps which characters of each choice's content reach the client
+    /// ([`Delivery::content_positions`]), for a format whose answers point
+    /// into their content (Chat's annotations); others do not pay for it.
+    pub fn follow_content_positions(&mut self) {
+        self.follows_positions = true;
+    }
+
     /// Which characters of choice `choice`'s content, as the provider wrote
-    /// it, reached the client so far.
+    /// it, reached the client so far; `None` unless they are followed.
     pub fn content_positions(&self, choice: u32) -> Option<&KeptChars> {
         self.content_chars.get(choice as usize)
     }
@@ -338,7 +349,7 @@ impl Delivery {
                 ranges = self.within_budget(index, limit, text, ranges);
             }
         }
-        if part == Part::Content {
+        if self.follows_positions && part == Part::Content {
             self.content_chars[index].push(text, &ranges);
         }
         FieldEdit {
@@ -374,7 +385,7 @@ impl Delivery {
             }
             self.used[index] += tokens;
         }
-        if part == Part::Content {
+        if self.follows_positions && part == Part::Content {
             self.content_chars[index].push_whole(text);
         }
         true

@@ -148,6 +148,7 @@ impl WireFormat for Chat {
         verifier: &Verifier,
         delivery: &mut Delivery,
     ) {
+        delivery.follow_content_positions();
         let fields: Vec<_> = view
             .choices
             .iter()

@@ -93,8 +93,10 @@ pub struct ChatStream<E = ChatChunks> {
 }
 
 impl ChatStream {
-    /// A writer of Chat Completions chunks delivering by `delivery`.
-    pub fn new(delivery: Delivery) -> Self {
+    /// A writer of Chat Completions chunks delivering by `delivery` (their
+    /// annotations point into the delivered content).
+    pub fn new(mut delivery: Delivery) -> Self {
+        delivery.follow_content_positions();
         Self::with_editor(delivery, ChatChunks)
     }
 }
