@@ -125,8 +125,9 @@ pub fn map_choices(value: &Value, read: impl Fn(&Value, usize) -> ChoiceView) ->
     choices
 }
 
-/// Metadata members of an answer or chunk, never model output.
-const METADATA: [&str; 7] = [
+/// Metadata members of an answer or chunk, never model output: the ones
+/// the light reading skips unread too (`light::TopMember`).
+pub(super) const METADATA: [&str; 7] = [
     "id",
     "object",
     "created",

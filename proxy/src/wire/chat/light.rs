@@ -923,6 +923,24 @@ mod tests {
         }
     }
 
+    /// The members the light reading skips unread are the ones the tree's
+    /// reading leaves out of its scan, and no others.
+    #[test]
+    fn the_metadata_skipped_unread_is_the_trees() {
+        for name in super::super::answer::METADATA {
+            let member: TopMember = serde_json::from_str(&format!("\"{name}\"")).unwrap();
+            assert!(
+                !matches!(
+                    member,
+                    TopMember::Other | TopMember::Choices | TopMember::Usage | TopMember::Error
+                ),
+                "{name}"
+            );
+        }
+        let other: TopMember = serde_json::from_str(r#""citations""#).unwrap();
+        assert!(matches!(other, TopMember::Other));
+    }
+
     #[test]
     fn a_providers_own_member_without_a_canary_is_skipped() {
         same_as_tree(
