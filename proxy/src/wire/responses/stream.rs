@@ -476,6 +476,21 @@ mod tests {
         spans
     }
 
+    /// A writer of one choice, cutting at `client_limit`, usage as sent.
+    fn writer(client_limit: Option<u64>) -> ResponsesStream {
+        let usage = UsageOptions {
+            client_wants_usage: true,
+            without_canarygate: false,
+            overhead_prompt: 0,
+        };
+        ResponsesStream::new(Delivery::new(
+            TokenCounter::default(),
+            client_limit,
+            usage,
+            1,
+        ))
+    }
+
     /// Runs `events` through a verifier and the writer, as the verified
     /// path does; returns the client's events (name, data) and the bytes.
     fn relay(
@@ -485,17 +500,7 @@ mod tests {
     ) -> (Vec<(String, Value)>, String) {
         let registry = MemoryRegistry::new(b"test");
         let mut verifier = Verifier::new(injection, &VerifyConfig::default(), "p", None);
-        let delivery = Delivery::new(
-            TokenCounter::default(),
-            client_limit,
-            UsageOptions {
-                client_wants_usage: true,
-                without_canarygate: false,
-                overhead_prompt: 0,
-            },
-            1,
-        );
-        let mut writer = ResponsesStream::new(delivery);
+        let mut writer = writer(client_limit);
         let mut out = Vec::new();
         let mut reasons = Vec::new();
         for event in events {
@@ -598,13 +603,7 @@ mod tests {
             .collect();
         let registry = MemoryRegistry::new(b"test");
         let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
-        let usage = UsageOptions {
-            client_wants_usage: true,
-            without_canarygate: false,
-            overhead_prompt: 0,
-        };
-        let mut writer =
-            ResponsesStream::new(Delivery::new(TokenCounter::default(), None, usage, 1));
+        let mut writer = writer(None);
         let mut out = Vec::new();
         for event in events {
             let EventView::Chunk(chunk) = read_event(&event) else {
@@ -726,13 +725,7 @@ mod tests {
             .collect();
         let registry = MemoryRegistry::new(b"test");
         let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
-        let usage = UsageOptions {
-            client_wants_usage: true,
-            without_canarygate: false,
-            overhead_prompt: 0,
-        };
-        let delivery = Delivery::new(TokenCounter::default(), None, usage, 1);
-        let mut writer = ResponsesStream::new(delivery);
+        let mut writer = writer(None);
         let mut parser = SseParser::new();
         let mut events = Vec::new();
         let mut out = Vec::new();
