@@ -59,7 +59,8 @@ fi
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0
-cargo test --workspace "$@" 2>&1 | tee "$log" || status=$?
+# --no-fail-fast: one failing test binary does not hide the others' results.
+cargo test --workspace --no-fail-fast "$@" 2>&1 | tee "$log" || status=$?
 
 # On full runs, the GPU kit's dry run (local-engine/README.md, "On a GPU"): the script path
 # a GPU machine runs, on the CPU. It counts as one test.
@@ -91,6 +92,13 @@ if [ $# -eq 0 ]; then
     echo "bench smoke failed:" && tail -40 "$smoke_out/log"
   fi
   rm -rf "$smoke_out"
+fi
+
+# Each failed test's message again, last, where a log cut to its tail still shows why (libtest
+# prints them between a binary's "failures:" line and its "test result:" line).
+if grep -q '^---- .* stdout ----$' "$log"; then
+  echo "--- failed tests, their messages repeated:"
+  awk '/^failures:$/ { inside = 1 } /^test result:/ { inside = 0 } inside' "$log" | tail -n 300
 fi
 
 # One closing line over every test binary (cargo prints one per binary).
