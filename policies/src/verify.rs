@@ -145,12 +145,22 @@ pub enum EchoOutcome {
     /// Nothing reaches the client that an echo would vouch for, so the echo
     /// does not fail.
     Withheld,
+    /// The reply reached its token limit (finish `length`) before any text:
+    /// a reasoning model spent the whole budget on reasoning it does not
+    /// show (OpenAI's o-series and GPT-5, Anthropic's redacted thinking).
+    /// As with [`EchoOutcome::Withheld`], nothing reaches the client that an
+    /// echo would vouch for.
+    CutBeforeText,
 }
 
 /// Finish reasons of a reply the provider withheld or did not give:
 /// OpenAI's and Azure's content filter, Anthropic's `refusal` stop reason,
 /// and a Responses API response that `failed` or was `cancelled`.
 pub const WITHHELD_FINISH_REASONS: [&str; 4] = ["content_filter", "refusal", "failed", "cancelled"];
+
+/// The finish reason of a reply that reached its token limit, in Chat's
+/// words (every wire format maps its own to them).
+const LIMIT_FINISH_REASON: &str = "length";
 
 /// Another request's canary found in the answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -1022,7 +1032,7 @@ impl Verifier {
             .max(1);
         self.ensure_choices(seen);
         if !stopped_early {
-            self.mark_withheld(&facts.finish_reasons);
+            self.mark_textless(&facts.finish_reasons);
             for index in 0..self.choices.len() {
                 let parts: Vec<Part> = self.choices[index].tracks.keys().copied().collect();
                 for part in parts {
@@ -1077,20 +1087,24 @@ impl Verifier {
         }
     }
 
-    /// Settles the echo of each choice the provider withheld: still
-    /// awaited, no text received in any of its parts (strings of other
-    /// fields aside), and a withholding finish reason (`reasons`, by choice).
-    fn mark_withheld(&mut self, reasons: &[Option<String>]) {
+    /// Settles the echo of each choice that gave no text: still awaited,
+    /// no text received in any of its parts (strings of other fields
+    /// aside), and a finish reason (`reasons`, by choice) that says why:
+    /// withheld ([`EchoOutcome::Withheld`]) or cut at the token limit
+    /// ([`EchoOutcome::CutBeforeText`]).
+    fn mark_textless(&mut self, reasons: &[Option<String>]) {
         for (state, reason) in self.choices.iter_mut().zip(reasons) {
-            let withheld = reason
-                .as_deref()
-                .is_some_and(|reason| WITHHELD_FINISH_REASONS.contains(&reason));
+            let outcome = match reason.as_deref() {
+                Some(LIMIT_FINISH_REASON) => EchoOutcome::CutBeforeText,
+                Some(reason) if WITHHELD_FINISH_REASONS.contains(&reason) => EchoOutcome::Withheld,
+                _ => continue,
+            };
             let silent = state
                 .tracks
                 .iter()
                 .all(|(part, track)| matches!(part, Part::Other(_)) || track.received() == 0);
-            if withheld && silent && state.echo == EchoState::Waiting {
-                state.echo = EchoState::Done(EchoOutcome::Withheld);
+            if silent && state.echo == EchoState::Waiting {
+                state.echo = EchoState::Done(outcome);
             }
         }
     }
@@ -1230,8 +1244,12 @@ impl Verifier {
                 },
             );
         }
-        let vouches =
-            |outcome: &EchoOutcome| matches!(outcome, EchoOutcome::Passed | EchoOutcome::Withheld);
+        let vouches = |outcome: &EchoOutcome| {
+            matches!(
+                outcome,
+                EchoOutcome::Passed | EchoOutcome::Withheld | EchoOutcome::CutBeforeText
+            )
+        };
         let refuted = self
             .choices
             .iter()

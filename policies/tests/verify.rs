@@ -847,6 +847,42 @@ fn a_reply_the_provider_withheld_is_not_an_echo_failure() {
 }
 
 #[test]
+fn a_reply_cut_before_any_text_is_not_an_echo_failure() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(5);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let mut facts = honest_facts(&injection, 1);
+    facts.finish_reasons = vec![Some("length".into())];
+    let echo_of_run = |reasoning: &str, content: &str| {
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+        if !reasoning.is_empty() {
+            verifier.push_part(0, Part::Reasoning, reasoning, &registry);
+        }
+        if !content.is_empty() {
+            verifier.push(0, content, &registry);
+        }
+        let verdict = verifier.finish(&facts, &registry).verdict;
+        (
+            verdict.failed_checks(),
+            verdict.result(Check::Echo).unwrap().evidence.clone(),
+        )
+    };
+    // Hidden reasoning spent the whole budget: no text at all.
+    assert_eq!(
+        echo_of_run("", ""),
+        (
+            Vec::new(),
+            Evidence::Echo {
+                choices: vec![EchoOutcome::CutBeforeText]
+            }
+        )
+    );
+    // Reasoning that is shown needs the echo after it, and so does any text.
+    assert_eq!(echo_of_run("Let me think", "").0, [Check::Echo]);
+    assert_eq!(echo_of_run("", "The answer").0, [Check::Echo]);
+}
+
+#[test]
 fn retry_once_then_block_naming_the_failed_checks() {
     let policy = policy(ReleasePolicy::VerdictFirst, FailureAction::Retry);
     let registry = registry_with_others(1);

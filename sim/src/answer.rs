@@ -647,6 +647,7 @@ fn fragments(arguments: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::HIDDEN_REASONER_MODEL;
     use crate::request::ChatRequest;
 
     const USER: &str = "Use get_weather for the harbour of Tromsø";
@@ -934,6 +935,28 @@ mod tests {
         let first: String = crate::model::tokenize_keeping_spaces(whole)[..3].concat();
         assert_eq!(some["choices"][0]["message"]["content"], first);
         assert_eq!(some["choices"][0]["finish_reason"], "length");
+    }
+
+    #[test]
+    fn hidden_reasoning_is_billed_and_never_shown() {
+        let cut = answer(json!({"model": HIDDEN_REASONER_MODEL, "max_tokens": 5}));
+        let body = cut.body();
+        let message = &body["choices"][0]["message"];
+        assert_eq!(message["content"], "");
+        assert!(message.get("reasoning_content").is_none() && message.get("reasoning").is_none());
+        assert_eq!(body["choices"][0]["finish_reason"], "length");
+        assert_eq!(
+            body["usage"]["completion_tokens_details"]["reasoning_tokens"],
+            5
+        );
+        // Streamed: no delta carries the thinking.
+        for delta in deltas_of(&cut) {
+            assert!(delta.get("reasoning_content").is_none() && delta.get("reasoning").is_none());
+            assert!(
+                delta["content"].as_str().is_none_or(str::is_empty),
+                "{delta}"
+            );
+        }
     }
 
     #[test]

@@ -67,6 +67,9 @@
 //!   (canaries included). Streamed, reasoning deltas (`content: null`, or `""`
 //!   for OpenRouter) come before content deltas. The reasoning is spent from
 //!   `max_tokens` and reported in `completion_tokens_details.reasoning_tokens`.
+//!   `"sim-reasoner-hidden"` thinks the same, billed and never shown, as
+//!   OpenAI's o-series: a budget spent thinking leaves `content: ""` and
+//!   `finish_reason: "length"`.
 //! - `logprobs: true` (`top_logprobs` 0..=20): `logprobs.content` entries
 //!   (`token`, `logprob`, `bytes`, `top_logprobs`) whose tokens join to the
 //!   content exactly; streamed, each content chunk carries its own tokens'.
@@ -154,7 +157,7 @@ pub use answer::SYSTEM_FINGERPRINT;
 pub use error::SimError;
 pub use headers::{ANTHROPIC_ORGANIZATION_ID, OPENAI_VERSION, ORGANIZATION, RateLimitConfig};
 use model::MODELS;
-pub use model::{OPENROUTER_REASONER_MODEL, REASONER_MODEL};
+pub use model::{HIDDEN_REASONER_MODEL, OPENROUTER_REASONER_MODEL, REASONER_MODEL};
 pub use prefix_cache::PrefixCacheConfig;
 use provider::SimProvider;
 pub use store::MAX_STORED;
@@ -648,7 +651,12 @@ mod tests {
             .collect();
         assert_eq!(
             ids,
-            ["sim-model", REASONER_MODEL, OPENROUTER_REASONER_MODEL]
+            [
+                "sim-model",
+                REASONER_MODEL,
+                OPENROUTER_REASONER_MODEL,
+                HIDDEN_REASONER_MODEL
+            ]
         );
     }
 }

@@ -33,12 +33,26 @@ pub const REASONER_MODEL: &str = "sim-reasoner";
 /// sends it.
 pub const OPENROUTER_REASONER_MODEL: &str = "sim-reasoner-openrouter";
 
+/// The reasoning model whose thinking is billed (`reasoning_tokens`) but
+/// never shown, as OpenAI's o-series and GPT-5 serve Chat Completions.
+pub const HIDDEN_REASONER_MODEL: &str = "sim-reasoner-hidden";
+
 /// Every model served, for `GET /v1/models`.
-pub const MODELS: [&str; 3] = ["sim-model", REASONER_MODEL, OPENROUTER_REASONER_MODEL];
+pub const MODELS: [&str; 4] = [
+    "sim-model",
+    REASONER_MODEL,
+    OPENROUTER_REASONER_MODEL,
+    HIDDEN_REASONER_MODEL,
+];
 
 /// Whether `model` is one of the reasoning models (they think first).
 pub fn is_reasoner(model: &str) -> bool {
-    model == REASONER_MODEL || model == OPENROUTER_REASONER_MODEL
+    [
+        REASONER_MODEL,
+        OPENROUTER_REASONER_MODEL,
+        HIDDEN_REASONER_MODEL,
+    ]
+    .contains(&model)
 }
 
 /// One message-sized piece of context.

@@ -148,6 +148,7 @@ async fn the_provider_answer_reaches_the_client_whole_and_clean() {
     let proxy = start_proxy_with_policy(&dir, &policy_path, &[]);
 
     reasoning_models(&proxy).await;
+    a_budget_spent_on_hidden_reasoning(&proxy).await;
     logprobs_follow_the_content(&proxy).await;
     tool_and_function_calls_keep_their_increments(&proxy).await;
     provider_fields_and_headers_pass(&proxy, &dir).await;
@@ -274,6 +275,69 @@ async fn reasoning_models(proxy: &Running) {
             "{body}"
         );
     }
+}
+
+/// A reasoning model that spends the whole (small) budget on reasoning it
+/// does not show ends with no text and `length`, as direct: the client gets
+/// that answer, not an echo failure, in Chat and Responses, whole and
+/// streamed. Reasoning that is shown is not vouched for without the echo
+/// after it, so that answer is still blocked.
+async fn a_budget_spent_on_hidden_reasoning(proxy: &Running) {
+    for stream in [false, true] {
+        let mut body = user("sim-reasoner-hidden", "Explain tides briefly", stream);
+        body["max_completion_tokens"] = json!(5);
+        let (status, headers, text) = post(proxy, &body, &[]).await;
+        assert_eq!(status, 200, "{text}");
+        assert_eq!(headers["x-canarygate-verdict"], "pass", "{text}");
+        let (content, finish) = if stream {
+            let chunks = chunks(&text);
+            let finish = chunks
+                .iter()
+                .find_map(|chunk| chunk["choices"][0]["finish_reason"].as_str())
+                .map(str::to_owned);
+            (joined(&chunks, 0, "content"), finish)
+        } else {
+            let answer: Value = serde_json::from_str(&text).unwrap();
+            let reasoning = &answer["usage"]["completion_tokens_details"]["reasoning_tokens"];
+            assert_eq!(reasoning, &answer["usage"]["completion_tokens"], "{text}");
+            let choice = &answer["choices"][0];
+            (
+                choice["message"]["content"].as_str().unwrap().to_owned(),
+                choice["finish_reason"].as_str().map(str::to_owned),
+            )
+        };
+        assert_eq!((content.as_str(), finish.as_deref()), ("", Some("length")));
+
+        let response = client()
+            .post(format!("{}/v1/responses", proxy.url))
+            .bearer_auth("sk-fidelity")
+            .json(
+                &json!({"model": "sim-reasoner", "input": "Explain tides briefly",
+                          "max_output_tokens": 16, "stream": stream}),
+            )
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["x-canarygate-verdict"], "pass");
+        let text = response.text().await.unwrap();
+        let status = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: ").or(Some(line)))
+            .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+            .map(|event| event.get("response").cloned().unwrap_or(event))
+            .find_map(|response| {
+                response["incomplete_details"]["reason"]
+                    .as_str()
+                    .map(str::to_owned)
+            });
+        assert_eq!(status.as_deref(), Some("max_output_tokens"), "{text}");
+    }
+    let mut body = user("sim-reasoner", "Explain tides briefly", false);
+    body["max_completion_tokens"] = json!(5);
+    let (status, headers, text) = post(proxy, &body, &[]).await;
+    assert_eq!(status, 502, "{text}");
+    assert_eq!(headers["x-canarygate-verdict"], "fail; checks=echo");
 }
 
 async fn logprobs_follow_the_content(proxy: &Running) {
