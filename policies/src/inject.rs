@@ -151,6 +151,11 @@ pub struct Injection {
     /// provider's prompt cache can honestly hold of it (the canary is fresh,
     /// and a cache matches prefixes only).
     pub cacheable_prompt_tokens: u64,
+    /// Characters canarygate appended to the prompt text each choice
+    /// continues, by choice index, for a format whose answers count
+    /// positions from the start of the prompt (legacy completions'
+    /// `text_offset`); empty for the others.
+    pub prompt_chars_appended: Vec<usize>,
 }
 
 impl Injection {
@@ -285,6 +290,7 @@ pub fn inject(
         prompt_tokens_estimate: estimate.total,
         prompt_tokens_added: estimate.added,
         cacheable_prompt_tokens: estimate.cacheable,
+        prompt_chars_appended: Vec::new(),
     })
 }
 

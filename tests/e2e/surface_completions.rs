@@ -92,6 +92,11 @@ kv_budget_mib = 32
             text.starts_with("You wrote:") && text.contains(word) && !holds_canary(text),
             "choice {index}: {text}"
         );
+        // Legacy logprobs count characters into the client's own prompt
+        // and the text it got, as direct: canarygate's blocks and the echo
+        // are not counted.
+        let prompt = ["Count the moons of Mars", "List three rivers"][index / 2];
+        assert_offsets_follow(choice, prompt.chars().count(), text);
     }
 
     // Streamed: the same, with the usage chunk only when asked.
@@ -107,6 +112,8 @@ kv_budget_mib = 32
         "{stream}"
     );
     assert_eq!(stream["objects"], serde_json::json!(["text_completion"]));
+    // The sim streams offsets from the completion's start, as vLLM does.
+    assert_offsets_follow(stream, 0, text);
     assert_eq!(result["stream_usage_chunks_unasked"], 0);
 
     // What cannot carry canaries: a 400 naming the field.
@@ -190,4 +197,25 @@ kv_budget_mib = 32
         .filter(|record| record["route"] == "local" && record["outcome"] == "complete")
         .count();
     assert_eq!(local, 2, "both local answers recorded");
+}
+
+/// The `text_offset`s of `seen` (its `tokens` beside them) start at `from`
+/// and step by each token's characters, and the tokens join to `text`.
+fn assert_offsets_follow(seen: &Value, from: usize, text: &str) {
+    let tokens: Vec<&str> = seen["tokens"]
+        .as_array()
+        .unwrap_or_else(|| panic!("tokens: {seen}"))
+        .iter()
+        .map(|token| token.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens.concat(), text, "{seen}");
+    let offsets: Vec<usize> = tokens
+        .iter()
+        .scan(from, |at, token| {
+            let offset = *at;
+            *at += token.chars().count();
+            Some(offset)
+        })
+        .collect();
+    assert_eq!(seen["text_offset"], serde_json::json!(offsets), "{seen}");
 }

@@ -37,7 +37,11 @@ def error_of(call):
 
 
 def choice_of(choice):
-    return {"index": choice.index, "text": choice.text, "finish_reason": choice.finish_reason}
+    seen = {"index": choice.index, "text": choice.text, "finish_reason": choice.finish_reason}
+    if choice.logprobs:
+        seen["tokens"] = choice.logprobs.tokens
+        seen["text_offset"] = choice.logprobs.text_offset
+    return seen
 
 
 # Plain, one prompt.
@@ -60,6 +64,7 @@ completion = client.completions.create(
     prompt=["Count the moons of Mars", "List three rivers"],
     n=2,
     max_tokens=30,
+    logprobs=1,
 )
 result["list"] = [choice_of(choice) for choice in completion.choices]
 
@@ -70,13 +75,17 @@ stream = client.completions.create(
     max_tokens=40,
     stream=True,
     stream_options={"include_usage": True},
+    logprobs=1,
 )
-parts, finish, usage, objects = [], None, None, set()
+parts, finish, usage, objects, tokens, offsets = [], None, None, set(), [], []
 for chunk in stream:
     objects.add(chunk.object)
     for choice in chunk.choices:
         parts.append(choice.text)
         finish = choice.finish_reason or finish
+        if choice.logprobs:
+            tokens.extend(choice.logprobs.tokens)
+            offsets.extend(choice.logprobs.text_offset)
     if chunk.usage:
         usage = chunk.usage.completion_tokens
 result["stream"] = {
@@ -84,6 +93,8 @@ result["stream"] = {
     "finish_reason": finish,
     "completion_tokens": usage,
     "objects": sorted(objects),
+    "tokens": tokens,
+    "text_offset": offsets,
 }
 usage_chunks = 0
 for chunk in client.completions.create(

@@ -195,6 +195,9 @@ pub struct Delivery {
     /// Reasoning is neither cut nor counted against the limit
     /// ([`Delivery::keep_reasoning_whole`]).
     reasoning_whole: bool,
+    /// Characters canarygate appended to each choice's prompt
+    /// ([`Delivery::prompt_chars_appended`]).
+    prompt_chars_appended: Vec<usize>,
     /// Reused for the text whose tokens are counted (removed or shown).
     scratch: String,
 }
@@ -220,8 +223,28 @@ impl Delivery {
             follows_positions: false,
             fits: false,
             reasoning_whole: false,
+            prompt_chars_appended: Vec::new(),
             scratch: String::new(),
         }
+    }
+
+    /// Takes the characters canarygate appended to the prompt each choice
+    /// continues, by choice index, for a format whose answers count
+    /// positions from the prompt's start (legacy completions'
+    /// `text_offset`).
+    pub fn with_prompt_chars_appended(mut self, chars: Vec<usize>) -> Self {
+        self.prompt_chars_appended = chars;
+        self
+    }
+
+    /// Characters canarygate appended to the prompt choice `choice`
+    /// continues: positions counted from the prompt's start move back by
+    /// as many.
+    pub fn prompt_chars_appended(&self, choice: u32) -> usize {
+        self.prompt_chars_appended
+            .get(choice as usize)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Never cuts reasoning, nor counts it against the client's limit: for

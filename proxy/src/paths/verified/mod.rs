@@ -245,6 +245,7 @@ fn delivery_of<W: WireFormat>(
         },
         injection.choices,
     )
+    .with_prompt_chars_appended(injection.prompt_chars_appended.clone())
 }
 
 #[cfg(test)]

@@ -20,12 +20,15 @@ use crate::wire::location::{Key, Location};
 /// dropped); a finish reason is counted apart.
 const TEXT_MEMBERS: [&str; 4] = ["text", "index", "logprobs", "finish_reason"];
 
-/// Edits of one answer or stream: how many characters of each choice's
-/// text were removed so far (the `text_offset`s of later tokens move back
-/// by as many).
+/// Edits of one answer or stream: how far back the `text_offset`s of each
+/// choice's next tokens move. By the characters canarygate appended to the
+/// choice's prompt, where the provider counts offsets from the prompt's
+/// start (decided on the choice's first offset, [`logprobs::prompt_shift`]),
+/// and by those removed of its text so far.
 #[derive(Debug, Default)]
 pub struct TextEdits {
     removed: HashMap<u32, usize>,
+    prompt_shift: HashMap<u32, usize>,
 }
 
 impl ChunkEditor for TextEdits {
@@ -73,10 +76,22 @@ impl TextEdits {
             );
             shows_text |= edit.kept.iter().any(|range| !range.is_empty());
             let position = position_of.get(&field.choice).copied();
-            let removed_before = self.removed.get(&field.choice).copied().unwrap_or(0);
             if field.kind == Part::Content
                 && let Some(logprobs) = position.and_then(|position| logprobs_at(value, position))
             {
+                let prompt_shift = match self.prompt_shift.get(&field.choice) {
+                    Some(shift) => *shift,
+                    None => {
+                        let appended = delivery.prompt_chars_appended(field.choice);
+                        let decided = logprobs::prompt_shift(logprobs, appended);
+                        if let Some(shift) = decided {
+                            self.prompt_shift.insert(field.choice, shift);
+                        }
+                        decided.unwrap_or(0)
+                    }
+                };
+                let removed_before =
+                    prompt_shift + self.removed.get(&field.choice).copied().unwrap_or(0);
                 if !edit.unchanged() {
                     logprobs::follow(logprobs, &text, &edit, removed_before);
                 } else if removed_before > 0 {

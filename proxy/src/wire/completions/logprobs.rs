@@ -5,7 +5,10 @@
 //! from all four lists, tokens cut in part keep their kept characters (and
 //! lose their alternatives, which were alternatives to another token), and
 //! every `text_offset` moves back by the characters removed before it, so
-//! the offsets line up with the text the client got. Entries that cannot be
+//! the offsets line up with the text the client got. Where the provider
+//! counts offsets from the prompt's start, they also move back by the
+//! characters canarygate appended to the prompt ([`prompt_shift`]), so they
+//! count from the client's own prompt as direct. Entries that cannot be
 //! placed, or that would spell a canary or text the client did not get, all
 //! go (the lists are left empty), as in Chat Completions.
 
@@ -42,6 +45,20 @@ fn lists_agree(logprobs: &Value, len: usize) -> bool {
         None | Some(Value::Null) => true,
         Some(Value::Array(entries)) => entries.len() == len,
         Some(_) => false,
+    })
+}
+
+/// How far back canarygate's `appended` characters of the prompt move the
+/// `text_offset`s of `logprobs`, the first of a choice: all of them where
+/// the provider counts from the prompt's start (OpenAI, whose first offset
+/// is the prompt's length), none where it counts from the completion's
+/// (vLLM's streams, whose first offset is 0); `None` while no offset came.
+pub fn prompt_shift(logprobs: &Value, appended: usize) -> Option<usize> {
+    let first = logprobs.get("text_offset")?.as_array()?.first()?.as_u64()?;
+    Some(if first >= appended as u64 {
+        appended
+    } else {
+        0
     })
 }
 
@@ -192,6 +209,18 @@ mod tests {
         let mut shifted = logprobs(&[" again"], 25);
         shift(&mut shifted, 7);
         assert_eq!(shifted, later);
+    }
+
+    #[test]
+    fn canarygates_prompt_text_is_uncounted_only_where_the_provider_counts_it() {
+        // 150 characters appended to a 20-character prompt. Counted from the
+        // prompt's start (OpenAI), the first offset is 170: shift all 150.
+        assert_eq!(prompt_shift(&logprobs(&["Hi"], 170), 150), Some(150));
+        // Counted from the completion's start (vLLM's streams): none.
+        assert_eq!(prompt_shift(&logprobs(&["Hi"], 0), 150), Some(0));
+        // Nothing to decide on yet.
+        assert_eq!(prompt_shift(&logprobs(&[], 0), 150), None);
+        assert_eq!(prompt_shift(&Value::Null, 150), None);
     }
 
     #[test]

@@ -193,7 +193,8 @@ mod tests {
             injection.client_max_tokens,
             usage,
             injection.choices,
-        );
+        )
+        .with_prompt_chars_appended(injection.prompt_chars_appended.clone());
         (injection, verifier, delivery)
     }
 
@@ -216,8 +217,10 @@ mod tests {
             "prompt": ["Hello", "Count"], "max_tokens": 3, "logprobs": 1}));
         let echo = format!("{} {}", injection.canaries.head, injection.canaries.tail);
         let first = [echo.as_str(), "\n", "Hi", " there"];
+        // The provider counts offsets from the start of the prompt it got.
+        let sent_prompt = "Hello".len() + injection.prompt_chars_appended[0];
         let mut answer = json!({"id": "cmpl-1", "object": "text_completion", "choices": [
-            {"index": 0, "text": first.concat(), "logprobs": logprobs(&first, 80),
+            {"index": 0, "text": first.concat(), "logprobs": logprobs(&first, sent_prompt),
              "finish_reason": "stop"},
             {"index": 1, "text": format!("{echo} one two six ten"), "logprobs": null,
              "finish_reason": "stop"},
@@ -245,8 +248,9 @@ mod tests {
         assert_eq!(choices[0]["finish_reason"], "stop");
         let probs = &choices[0]["logprobs"];
         assert_eq!(probs["tokens"], json!(["Hi", " there"]));
-        // The echo and its line break came out: "Hi" is where the echo was.
-        assert_eq!(probs["text_offset"], json!([80, 82]));
+        // canarygate's blocks, the echo and its line break came out: "Hi"
+        // follows the client's own prompt, as the client sent it.
+        assert_eq!(probs["text_offset"], json!([5, 7]));
         assert_eq!(choices[1]["text"], "one two six ");
         assert_eq!(
             choices[1]["finish_reason"], "length",
@@ -268,7 +272,8 @@ mod tests {
                                 "finish_reason": finish}]})
             .to_string()
         };
-        let offset = 40;
+        // The provider counts offsets from the start of the prompt it got.
+        let offset = "Hello".len() + injection.prompt_chars_appended[0];
         let events = [
             chunk(&echo, Value::Null, logprobs(&[echo.as_str()], offset)),
             chunk("Hi", Value::Null, logprobs(&["Hi"], offset + echo.len())),
@@ -321,7 +326,7 @@ mod tests {
         assert_eq!(data[0]["choices"][0]["text"], "Hi");
         assert_eq!(
             data[0]["choices"][0]["logprobs"]["text_offset"],
-            json!([offset])
+            json!(["Hello".len()])
         );
         assert_eq!(data[1]["choices"][0]["finish_reason"], "stop");
         assert!(text.ends_with("data: [DONE]\n\n"));

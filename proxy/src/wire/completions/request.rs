@@ -204,17 +204,23 @@ pub fn place(
             "The request body must be a JSON object.",
         )
     })?;
-    match object.get_mut("prompt") {
-        Some(Value::String(text)) => append(text, &ours),
-        Some(Value::Array(texts)) => {
-            for text in texts {
-                if let Value::String(text) = text {
-                    append(text, &ours);
-                }
-            }
-        }
-        _ => {}
-    }
+    // The characters appended to each prompt, repeated for each of its `n`
+    // choices (indexed prompt-major).
+    let appended: Vec<usize> = match object.get_mut("prompt") {
+        Some(Value::String(text)) => vec![append(text, &ours)],
+        Some(Value::Array(texts)) => texts
+            .iter_mut()
+            .filter_map(|text| match text {
+                Value::String(text) => Some(append(text, &ours)),
+                _ => None,
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
+    let prompt_chars_appended = appended
+        .iter()
+        .flat_map(|chars| std::iter::repeat_n(*chars, n as usize))
+        .collect();
     let stream = object
         .get("stream")
         .and_then(Value::as_bool)
@@ -244,15 +250,19 @@ pub fn place(
         prompt_tokens_estimate: estimate.total,
         prompt_tokens_added: estimate.added,
         cacheable_prompt_tokens: estimate.cacheable,
+        prompt_chars_appended,
     })
 }
 
-/// `text` followed by `ours`, after a separator unless `text` is empty.
-fn append(text: &mut String, ours: &str) {
+/// `text` followed by `ours`, after a separator unless `text` is empty;
+/// returns the characters appended.
+fn append(text: &mut String, ours: &str) -> usize {
+    let before = text.len();
     if !text.is_empty() {
         text.push_str(BLOCK_SEPARATOR);
     }
     text.push_str(ours);
+    text[before..].chars().count()
 }
 
 /// Sets `stream_options.include_usage` (canarygate reads the usage chunk);
@@ -368,6 +378,18 @@ mod tests {
             assert_eq!(obedient_opening([*text]).unwrap(), format!("{head} {tail}"));
         }
         assert_eq!(injection.choices, 6, "prompts × n");
+        // Each choice's prompt grew by what follows the client's text.
+        let appended = |text: &str, client: &str| text.chars().count() - client.chars().count();
+        let first = appended(texts[0], "Once upon a time");
+        let second = appended(texts[1], "");
+        assert!(
+            first > second,
+            "the separator is appended to a non-empty prompt only"
+        );
+        assert_eq!(
+            injection.prompt_chars_appended,
+            [first, first, first, second, second, second]
+        );
         assert_eq!(injection.echo, [canaries().head, canaries().tail]);
         assert_eq!(injection.client_max_tokens, Some(50));
         assert_eq!(body["max_tokens"], 50 + COST.allowance(2));

@@ -284,6 +284,7 @@ pub fn place(
         prompt_tokens_estimate: estimate.total,
         prompt_tokens_added: estimate.added,
         cacheable_prompt_tokens: estimate.cacheable,
+        prompt_chars_appended: Vec::new(),
     })
 }
 
