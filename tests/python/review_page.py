@@ -17,10 +17,10 @@ import sys
 import tempfile
 
 from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.ui import Select
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 base_url, token, note = sys.argv[1:4]
 
@@ -47,6 +47,26 @@ driver.implicitly_wait(0)
 
 result = {"titles": [], "script_elements": 0, "alerts": 0}
 screenshots = os.environ.get("CANARYGATE_REVIEW_SCREENSHOTS")
+
+
+def navigate_by(element):
+    """Clicks `element` (a link or a form's button) and waits until the page
+    it leads to has loaded: a click returns before its navigation ends on a
+    loaded machine, and what is read next would be the page before. A new
+    document has a new `performance.timeOrigin`; while the old one goes away,
+    the driver may fail to reach either, which counts as not yet."""
+    before = driver.execute_script("return performance.timeOrigin")
+    element.click()
+
+    def loaded(driver):
+        try:
+            return driver.execute_script(
+                "return document.readyState === 'complete' && performance.timeOrigin"
+            ) not in (False, before)
+        except WebDriverException:
+            return False
+
+    WebDriverWait(driver, 20, poll_frequency=0.02).until(loaded)
 
 
 def text(selector):
@@ -76,7 +96,7 @@ def login(with_token):
     field = driver.find_element(By.ID, "token")
     field.clear()
     field.send_keys(with_token)
-    driver.find_element(By.ID, "login").click()
+    navigate_by(driver.find_element(By.ID, "login"))
     visit_check()
 
 
@@ -98,7 +118,7 @@ try:
 
     # Filter to failed verdicts through the form.
     Select(driver.find_element(By.ID, "f-verdict")).select_by_value("fail")
-    driver.find_element(By.ID, "apply").click()
+    navigate_by(driver.find_element(By.ID, "apply"))
     visit_check()
     result["failed_url"] = driver.current_url
     result["failed_rows"] = record_ids()
@@ -109,7 +129,7 @@ try:
     # Open the first failed record.
     first = driver.find_elements(By.CSS_SELECTOR, "tr.record td:first-child a")[0]
     result["opened"] = first.text
-    first.click()
+    navigate_by(first)
     visit_check()
     result["record_heading"] = text("h1")
     result["exposed"] = text("#exposed")
@@ -121,7 +141,7 @@ try:
     # Mark it bad with a note.
     driver.find_element(By.ID, "verdict-bad").click()
     driver.find_element(By.ID, "note").send_keys(note)
-    driver.find_element(By.ID, "submit-review").click()
+    navigate_by(driver.find_element(By.ID, "submit-review"))
     visit_check()
     result["after_review_url"] = driver.current_url
     result["review_text"] = text("#review")
@@ -131,12 +151,12 @@ try:
     exposed_links = driver.find_elements(By.CSS_SELECTOR, "#exposed a")
     result["exposed_links"] = [link.text for link in exposed_links]
     if exposed_links:
-        exposed_links[0].click()
+        navigate_by(exposed_links[0])
         visit_check()
         result["victim_rows"] = record_ids()
         victim = driver.find_elements(By.CSS_SELECTOR, "tr.record td:first-child a")
         if victim:
-            victim[-1].click()
+            navigate_by(victim[-1])
             visit_check()
             result["victim_request_text"] = text("#request-text")
             result["victim_response_text"] = text("#response-text")
