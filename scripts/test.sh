@@ -2,7 +2,8 @@
 # The test command: installs what the tests need, then runs every test.
 #
 # Needs: a Rust toolchain and python3 (3.9+). Creates .venv with the openai and anthropic SDKs,
-# numpy, safetensors and tokenizers, and selenium (pinned in scripts/requirements-test.txt) when it
+# numpy, safetensors and tokenizers, transformers and jinja2 (the chat templates' reference), and
+# selenium (pinned in scripts/requirements-test.txt) when it
 # is missing or lacks one of them, fetches the topic check's embedding model
 # (scripts/embedding-model.sh), and installs the Debian packages redis-server, chromium and
 # chromium-driver when they are missing (apt-get, as root or sudo).
@@ -14,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai, anthropic, numpy, safetensors, tokenizers, selenium' 2>/dev/null; then
+if [ ! -x .venv/bin/python ] || ! .venv/bin/python -c 'import openai, anthropic, numpy, safetensors, tokenizers, selenium, transformers, jinja2' 2>/dev/null; then
   python3 -m venv .venv
   .venv/bin/pip install --quiet --disable-pip-version-check -r scripts/requirements-test.txt
 fi

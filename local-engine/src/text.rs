@@ -1,7 +1,11 @@
 //! Tokenizer and chat template of a model directory.
 
+use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
+use chrono::format::{Item, StrftimeItems};
+use regex::Regex;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokenizers::Tokenizer;
@@ -17,78 +21,138 @@ pub struct ChatMessage {
     pub content: String,
 }
 
-/// Renders chat messages into a prompt string.
+/// Renders chat messages into a prompt string, byte for byte as Hugging Face transformers'
+/// `apply_chat_template(messages, add_generation_prompt=True)` renders them, so a model gets the
+/// prompt it was trained on.
 ///
-/// Uses `chat_template` from `tokenizer_config.json` (a string, or a list of named templates of
-/// which `default` is taken) with `messages`, `bos_token`, `eos_token` and
-/// `add_generation_prompt = true`. Without one, the documented fallback renders each message as
-/// `<|role|>\n{content}\n` and ends with `<|assistant|>\n`.
+/// The template is `chat_template.jinja` in the model directory, else `chat_template` from
+/// `tokenizer_config.json` (a string, or a list of named templates of which `default` is taken).
+/// It is rendered in transformers' jinja2 environment (`trim_blocks`, `lstrip_blocks`, loop
+/// controls; `raise_exception`, `strftime_now`, a `tojson` that writes what Python's `json.dumps`
+/// writes, Python's string and dict methods, the `{% generation %}` block) with `messages`,
+/// `add_generation_prompt = true`, `tools` and `documents` none, and every special token the model
+/// sets (`bos_token`, `eos_token`, `unk_token`, `sep_token`, `pad_token`, `cls_token`,
+/// `mask_token`), from `special_tokens_map.json` over `tokenizer_config.json`. Without a
+/// template, the documented fallback renders each message as `<|role|>\n{content}\n` and ends
+/// with `<|assistant|>\n`.
 #[derive(Debug, Clone)]
 pub struct ChatTemplate {
-    source: Option<String>,
-    bos_token: String,
-    eos_token: String,
+    /// The compiled template, under [`TEMPLATE_NAME`]; `None` for the fallback.
+    environment: Option<Arc<minijinja::Environment<'static>>>,
+    /// The special tokens the model sets, by name.
+    special_tokens: BTreeMap<String, minijinja::Value>,
 }
 
-fn token_text(value: Option<&Value>) -> String {
+/// The name the template is compiled under.
+const TEMPLATE_NAME: &str = "chat_template";
+
+/// The special tokens transformers passes to a template by name, when the model sets them.
+const SPECIAL_TOKENS: [&str; 7] = [
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+];
+
+/// A token's text: a string, or an `AddedToken` object's `content`.
+fn token_text(value: &Value) -> Option<String> {
     match value {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Object(o)) => o
-            .get("content")
-            .and_then(Value::as_str)
-            .unwrap_or("")
-            .to_string(),
-        _ => String::new(),
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(str::to_owned),
+        _ => None,
     }
+}
+
+/// The special tokens `config` sets (a `tokenizer_config.json` or `special_tokens_map.json`).
+fn special_tokens_of(config: &Value) -> BTreeMap<String, minijinja::Value> {
+    let mut tokens = BTreeMap::new();
+    for name in SPECIAL_TOKENS {
+        if let Some(text) = config.get(name).and_then(token_text) {
+            tokens.insert(name.to_owned(), minijinja::Value::from(text));
+        }
+    }
+    tokens
+}
+
+fn read_json(path: &Path) -> Result<Option<Value>, EngineError> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let err = |e: String| EngineError::Template(format!("{}: {e}", path.display()));
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| err(e.to_string()))
 }
 
 impl ChatTemplate {
     /// The fallback template only.
     pub fn fallback() -> Self {
         Self {
-            source: None,
-            bos_token: String::new(),
-            eos_token: String::new(),
+            environment: None,
+            special_tokens: BTreeMap::new(),
         }
     }
 
-    /// Reads `tokenizer_config.json` in `dir` if present; the template is compiled once here so
-    /// a broken one fails at start, not on the first request.
+    /// Reads the template and special tokens of the model directory `dir`; the template is
+    /// compiled once here so a broken one fails at start, not on the first request.
     pub fn load(dir: &Path) -> Result<Self, EngineError> {
-        let path = dir.join("tokenizer_config.json");
-        if !path.exists() {
-            return Ok(Self::fallback());
-        }
-        let err = |e: String| EngineError::Template(format!("{}: {e}", path.display()));
-        let text = std::fs::read_to_string(&path).map_err(|e| err(e.to_string()))?;
-        let json: Value = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
-        let source = match json.get("chat_template") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s.clone()),
-            Some(Value::Array(named)) => named
-                .iter()
-                .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
-                .and_then(|t| t.get("template"))
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            Some(other) => return Err(err(format!("chat_template must be a string, got {other}"))),
+        let config_path = dir.join("tokenizer_config.json");
+        let config = read_json(&config_path)?.unwrap_or(Value::Null);
+        let err =
+            |path: &Path, e: String| EngineError::Template(format!("{}: {e}", path.display()));
+        let file_path = dir.join("chat_template.jinja");
+        let source = if file_path.exists() {
+            Some(std::fs::read_to_string(&file_path).map_err(|e| err(&file_path, e.to_string()))?)
+        } else {
+            match config.get("chat_template") {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) => Some(s.clone()),
+                Some(Value::Array(named)) => named
+                    .iter()
+                    .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+                    .and_then(|t| t.get("template"))
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+                Some(other) => {
+                    return Err(err(
+                        &config_path,
+                        format!("chat_template must be a string, got {other}"),
+                    ));
+                }
+            }
         };
-        let template = Self {
-            source,
-            bos_token: token_text(json.get("bos_token")),
-            eos_token: token_text(json.get("eos_token")),
-        };
-        if let Some(source) = &template.source {
-            environment()
-                .template_from_str(source)
-                .map_err(|e| err(e.to_string()))?;
+        // `special_tokens_map.json`, when there is one, wins, as in transformers.
+        let mut special_tokens = special_tokens_of(&config);
+        if let Some(map) = read_json(&dir.join("special_tokens_map.json"))? {
+            special_tokens.extend(special_tokens_of(&map));
         }
-        Ok(template)
+        let environment = match source {
+            Some(source) => {
+                let path = if file_path.exists() {
+                    &file_path
+                } else {
+                    &config_path
+                };
+                let mut env = environment();
+                env.add_template_owned(TEMPLATE_NAME, with_generation_blocks_opened(&source))
+                    .map_err(|e| err(path, e.to_string()))?;
+                Some(Arc::new(env))
+            }
+            None => None,
+        };
+        Ok(Self {
+            environment,
+            special_tokens,
+        })
     }
 
     /// Renders `messages` into a prompt that ends where the assistant's reply begins.
     pub fn render(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
-        let Some(source) = &self.source else {
+        let Some(environment) = &self.environment else {
             let mut prompt = String::new();
             for m in messages {
                 prompt.push_str(&format!("<|{}|>\n{}\n", m.role, m.content));
@@ -96,23 +160,29 @@ impl ChatTemplate {
             prompt.push_str("<|assistant|>\n");
             return Ok(prompt);
         };
-        let env = environment();
-        let template = env
-            .template_from_str(source)
+        let template = environment
+            .get_template(TEMPLATE_NAME)
             .map_err(|e| EngineError::Template(e.to_string()))?;
+        let mut context = self.special_tokens.clone();
+        context.insert(
+            "messages".into(),
+            minijinja::Value::from_serialize(messages),
+        );
+        context.insert("add_generation_prompt".into(), minijinja::Value::from(true));
+        context.insert("tools".into(), minijinja::Value::from(()));
+        context.insert("documents".into(), minijinja::Value::from(()));
         template
-            .render(minijinja::context! {
-                messages => messages,
-                bos_token => &self.bos_token,
-                eos_token => &self.eos_token,
-                add_generation_prompt => true,
-            })
+            .render(context)
             .map_err(|e| EngineError::Template(e.to_string()))
     }
 }
 
+/// transformers' jinja2 environment for chat templates, in minijinja.
 fn environment() -> minijinja::Environment<'static> {
     let mut env = minijinja::Environment::new();
+    env.set_trim_blocks(true);
+    env.set_lstrip_blocks(true);
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_function(
         "raise_exception",
         |message: String| -> Result<String, minijinja::Error> {
@@ -122,7 +192,118 @@ fn environment() -> minijinja::Environment<'static> {
             ))
         },
     );
+    // jinja2's `iterable` is false for none (a template's `tools is iterable`); minijinja's is
+    // true.
+    env.add_test("iterable", |value: &minijinja::Value| {
+        !value.is_none() && value.try_iter().is_ok()
+    });
+    env.add_function("strftime_now", strftime_now);
+    env.add_filter("tojson", tojson);
     env
+}
+
+/// `strftime_now(format)`: the local time now, in Python's strftime codes.
+fn strftime_now(format: String) -> Result<String, minijinja::Error> {
+    let items: Vec<Item<'_>> = StrftimeItems::new(&format).collect();
+    if items.iter().any(|item| matches!(item, Item::Error)) {
+        return Err(minijinja::Error::new(
+            minijinja::ErrorKind::InvalidOperation,
+            format!("strftime_now: unsupported format {format:?}"),
+        ));
+    }
+    Ok(chrono::Local::now()
+        .format_with_items(items.into_iter())
+        .to_string())
+}
+
+/// `tojson`, as transformers defines it: Python's `json.dumps(value, ensure_ascii=False)`,
+/// with its `indent` and `sort_keys`: `", "` and `": "` between items, or one item a line
+/// when indented; nothing escaped for HTML.
+fn tojson(
+    value: &minijinja::Value,
+    kwargs: minijinja::value::Kwargs,
+) -> Result<minijinja::Value, minijinja::Error> {
+    let invalid = |e: String| minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, e);
+    let indent: Option<usize> = kwargs.get("indent")?;
+    let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let mut json = serde_json::to_value(value).map_err(|e| invalid(e.to_string()))?;
+    if sort_keys == Some(true) {
+        json.sort_all_objects();
+    }
+    let mut out = Vec::new();
+    let written = match indent {
+        Some(width) => {
+            let spaces = " ".repeat(width);
+            let formatter = serde_json::ser::PrettyFormatter::with_indent(spaces.as_bytes());
+            json.serialize(&mut serde_json::Serializer::with_formatter(
+                &mut out, formatter,
+            ))
+        }
+        None => json.serialize(&mut serde_json::Serializer::with_formatter(
+            &mut out,
+            PythonJsonFormatter,
+        )),
+    };
+    written.map_err(|e| invalid(e.to_string()))?;
+    let text = String::from_utf8(out).map_err(|e| invalid(e.to_string()))?;
+    Ok(minijinja::Value::from_safe_string(text))
+}
+
+/// Python's default JSON separators: `", "` between items, `": "` after a key.
+struct PythonJsonFormatter;
+
+impl serde_json::ser::Formatter for PythonJsonFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
+}
+
+/// `source` with transformers' `{% generation %}` ... `{% endgeneration %}` block (which marks
+/// the assistant's tokens and otherwise renders its body) written as an `if true` block, which
+/// renders its body the same, whitespace control included.
+fn with_generation_blocks_opened(source: &str) -> String {
+    static GENERATION: OnceLock<Regex> = OnceLock::new();
+    let pattern = GENERATION.get_or_init(|| {
+        Regex::new(r"(\{%[-+]?\s*)(end)?generation(\s*[-+]?%\})").expect("a valid pattern")
+    });
+    pattern
+        .replace_all(source, |captures: &regex::Captures<'_>| {
+            let tag = if captures.get(2).is_some() {
+                "endif"
+            } else {
+                "if true"
+            };
+            format!("{}{tag}{}", &captures[1], &captures[3])
+        })
+        .into_owned()
 }
 
 /// Loads `tokenizer.json` from a model directory.

@@ -16,6 +16,7 @@ mod common;
 mod architecture;
 mod audit_cli;
 mod audit_serve;
+mod chat_templates;
 mod cli;
 mod demo;
 mod engine_cli;
