@@ -88,6 +88,22 @@ fn read_json(path: &Path) -> Result<Option<Value>, EngineError> {
         .map_err(|e| err(e.to_string()))
 }
 
+/// The template `tokenizer_config.json` (`config`) holds: a string, or the `default` of a list
+/// of named templates.
+fn config_template(config: &Value) -> Result<Option<String>, String> {
+    match config.get("chat_template") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(Value::Array(named)) => Ok(named
+            .iter()
+            .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
+            .and_then(|t| t.get("template"))
+            .and_then(Value::as_str)
+            .map(str::to_string)),
+        Some(other) => Err(format!("chat_template must be a string, got {other}")),
+    }
+}
+
 impl ChatTemplate {
     /// The fallback template only.
     pub fn fallback() -> Self {
@@ -105,25 +121,13 @@ impl ChatTemplate {
         let err =
             |path: &Path, e: String| EngineError::Template(format!("{}: {e}", path.display()));
         let file_path = dir.join("chat_template.jinja");
-        let source = if file_path.exists() {
-            Some(std::fs::read_to_string(&file_path).map_err(|e| err(&file_path, e.to_string()))?)
+        let (source, source_path) = if file_path.exists() {
+            let source =
+                std::fs::read_to_string(&file_path).map_err(|e| err(&file_path, e.to_string()))?;
+            (Some(source), file_path)
         } else {
-            match config.get("chat_template") {
-                None | Some(Value::Null) => None,
-                Some(Value::String(s)) => Some(s.clone()),
-                Some(Value::Array(named)) => named
-                    .iter()
-                    .find(|t| t.get("name").and_then(Value::as_str) == Some("default"))
-                    .and_then(|t| t.get("template"))
-                    .and_then(Value::as_str)
-                    .map(str::to_string),
-                Some(other) => {
-                    return Err(err(
-                        &config_path,
-                        format!("chat_template must be a string, got {other}"),
-                    ));
-                }
-            }
+            let source = config_template(&config).map_err(|e| err(&config_path, e))?;
+            (source, config_path)
         };
         // `special_tokens_map.json`, when there is one, wins, as in transformers.
         let mut special_tokens = special_tokens_of(&config);
@@ -132,14 +136,9 @@ impl ChatTemplate {
         }
         let environment = match source {
             Some(source) => {
-                let path = if file_path.exists() {
-                    &file_path
-                } else {
-                    &config_path
-                };
                 let mut env = environment();
                 env.add_template_owned(TEMPLATE_NAME, with_generation_blocks_opened(&source))
-                    .map_err(|e| err(path, e.to_string()))?;
+                    .map_err(|e| err(&source_path, e.to_string()))?;
                 Some(Arc::new(env))
             }
             None => None,
