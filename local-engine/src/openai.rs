@@ -4,6 +4,12 @@
 //! Shared by `canarygate engine serve` and the proxy's in-process fallback, so
 //! both answer in exactly the same shape. Errors carry OpenAI's fields; a
 //! request over the context window is HTTP 400 `context_length_exceeded`.
+//!
+//! What the engine cannot honour is refused, never dropped: more than one
+//! choice, logprobs, tools and function calls (offered, or turns of an
+//! earlier call), JSON output, audio output, and content other than text
+//! (`refuse_unsupported`). Penalties and `logit_bias` (token ids of
+//! another tokenizer) are sampling hints, ignored.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -124,6 +130,7 @@ pub fn start_chat(engine: &EngineHandle, body: &Value, model: &str) -> Result<Ch
     let object = body
         .as_object()
         .ok_or_else(|| ChatError::invalid(None, "the request body must be a JSON object"))?;
+    refuse_unsupported(object)?;
     let messages = parse_messages(object.get("messages"))?;
     let prompt = engine
         .chat_prompt(&messages)
@@ -196,6 +203,46 @@ pub fn start_chat(engine: &EngineHandle, body: &Value, model: &str) -> Result<Ch
     })
 }
 
+/// Refuses a request for what the engine cannot do (a 400 naming the
+/// field): an answer without it would not be the answer asked for.
+fn refuse_unsupported(request: &serde_json::Map<String, Value>) -> Result<(), ChatError> {
+    let set = |field: &str| request.get(field).filter(|value| !value.is_null());
+    let unsupported = |field: &'static str, what: &str| {
+        Err(ChatError::invalid(
+            Some(field),
+            format!("cannot serve {what}"),
+        ))
+    };
+    if set("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
+        return unsupported("n", "more than one choice (`n` > 1)");
+    }
+    if set("logprobs").and_then(Value::as_bool) == Some(true) || set("top_logprobs").is_some() {
+        return unsupported("logprobs", "logprobs");
+    }
+    for field in ["tools", "functions"] {
+        if set(field)
+            .and_then(Value::as_array)
+            .is_some_and(|list| !list.is_empty())
+        {
+            return unsupported(field, "tool or function calls");
+        }
+    }
+    if let Some(format) = set("response_format")
+        && format.get("type").and_then(Value::as_str) != Some("text")
+    {
+        return unsupported("response_format", "JSON output (`response_format`)");
+    }
+    let audio_out = set("modalities")
+        .and_then(Value::as_array)
+        .is_some_and(|modalities| modalities.iter().any(|m| m != "text"));
+    if audio_out || set("audio").is_some() {
+        return unsupported("modalities", "audio output");
+    }
+    Ok(())
+}
+
+/// The engine's messages: text only. A part that is not text (an image,
+/// audio, a file) or a turn of a tool call is refused.
 fn parse_messages(messages: Option<&Value>) -> Result<Vec<ChatMessage>, ChatError> {
     let messages = messages
         .and_then(Value::as_array)
@@ -213,13 +260,33 @@ fn parse_messages(messages: Option<&Value>) -> Result<Vec<ChatMessage>, ChatErro
                     format!("messages[{index}] must be an object with a string `role`"),
                 )
             })?;
+            let tool_turn = matches!(role, "tool" | "function")
+                || ["tool_calls", "function_call"]
+                    .iter()
+                    .any(|field| message.get(field).is_some_and(|value| !value.is_null()));
+            if tool_turn {
+                return Err(ChatError::invalid(
+                    Some("messages"),
+                    format!("cannot serve messages[{index}]: a turn of a tool or function call"),
+                ));
+            }
             let content = match message.get("content") {
                 None | Some(Value::Null) => String::new(),
                 Some(Value::String(text)) => text.clone(),
                 Some(Value::Array(parts)) => parts
                     .iter()
-                    .filter_map(|part| part.get("text").and_then(Value::as_str))
-                    .collect::<Vec<_>>()
+                    .map(|part| {
+                        part.get("text").and_then(Value::as_str).ok_or_else(|| {
+                            let kind = part.get("type").and_then(Value::as_str).unwrap_or("?");
+                            ChatError::invalid(
+                                Some("messages"),
+                                format!(
+                                    "cannot serve messages[{index}]: a `{kind}` part (text only)"
+                                ),
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
                     .join("\n"),
                 Some(_) => {
                     return Err(ChatError::invalid(

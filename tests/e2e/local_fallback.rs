@@ -423,3 +423,191 @@ fn the_local_fallback_example_runs() {
         );
     }
 }
+
+/// What the local engine cannot do is refused in the API's own error shape,
+/// a 400 naming the field, never served without it: more than one choice,
+/// logprobs, tools, JSON output, content other than text, tool turns, a
+/// conversation the provider keeps, a background answer, thinking. A text
+/// request on the same route is served.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_the_local_engine_cannot_serve_is_refused_in_each_apis_format() {
+    let closed = closed_url();
+    let dir = ProxyDir::new();
+    let model = tiny_model(dir.dir.path(), "tiny", 4096);
+    // Every request is over the routes' trusted context: all go to local.
+    let mut policy_text = policy(&closed, &model, "max_context_tokens = 5", "");
+    policy_text.push_str(&format!(
+        r#"
+[[providers]]
+name = "anthropic"
+api = "anthropic"
+base_url = "{closed}/v1"
+context_window = 100000
+
+[[routes]]
+model = "a"
+provider = "anthropic"
+local_model = "tiny-local"
+max_context_tokens = 5
+"#
+    ));
+    let proxy_dir = ProxyDir::new();
+    let policy_path = proxy_dir.policy(&policy_text);
+    let proxy = start_proxy_with_policy(&proxy_dir, &policy_path, &[]);
+    let engine = start_engine_server(&model);
+
+    let user = |text: &str| json!([{"role": "user", "content": text}]);
+    let chat = |extra: Value| {
+        let mut body = json!({"model": "m", "max_tokens": 4, "messages": user("Name a river")});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let image_part = json!([{"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]);
+    let tool = json!([{"type": "function", "function": {"name": "weather",
+        "parameters": {"type": "object", "properties": {}}}}]);
+    let chat_cases = [
+        ("n", chat(json!({"n": 2}))),
+        (
+            "logprobs",
+            chat(json!({"logprobs": true, "top_logprobs": 2})),
+        ),
+        (
+            "tools",
+            chat(json!({"tools": tool, "tool_choice": "required"})),
+        ),
+        (
+            "response_format",
+            chat(json!({"response_format": {"type": "json_object"}})),
+        ),
+        (
+            "messages",
+            chat(json!({"messages": [{"role": "user", "content": image_part}]})),
+        ),
+        (
+            "messages",
+            chat(json!({"messages": [
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1",
+                    "type": "function", "function": {"name": "weather", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]})),
+        ),
+    ];
+    let responses = |extra: Value| {
+        let mut body = json!({"model": "m", "max_output_tokens": 16, "input": "Name a river"});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let responses_cases = [
+        (
+            "tools",
+            responses(json!({"tools": [{"type": "function", "name": "weather",
+            "parameters": {"type": "object", "properties": {}}}]})),
+        ),
+        (
+            "text",
+            responses(json!({"text": {"format": {"type": "json_object"}}})),
+        ),
+        (
+            "previous_response_id",
+            responses(json!({"previous_response_id": "resp_1"})),
+        ),
+        (
+            "input",
+            responses(json!({"input": [{"role": "user", "content": [
+                {"type": "input_text", "text": "What is this?"},
+                {"type": "input_image", "image_url": "data:image/png;base64,iVBORw0KGgo="}]}]})),
+        ),
+    ];
+    let messages = |extra: Value| {
+        let mut body = json!({"model": "a", "max_tokens": 4, "messages": user("Name a river")});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let messages_cases = [
+        (
+            "tools",
+            messages(json!({"tools": [{"name": "weather",
+            "input_schema": {"type": "object", "properties": {}}}]})),
+        ),
+        (
+            "thinking",
+            messages(json!({"max_tokens": 2048,
+            "thinking": {"type": "enabled", "budget_tokens": 1024}})),
+        ),
+        (
+            "messages",
+            messages(json!({"messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": "iVBORw0KGgo="}},
+                {"type": "text", "text": "What is this?"}]}]})),
+        ),
+    ];
+
+    let post = |path: &'static str, body: Value| {
+        let request = client()
+            .post(format!("{}/v1/{path}", proxy.url))
+            .bearer_auth("sk-local-test")
+            .header("anthropic-version", "2023-06-01")
+            .json(&body)
+            .send();
+        async move {
+            let response = request.await.expect("send");
+            let status = response.status().as_u16();
+            let body: Value = response.json().await.expect("a JSON body");
+            (status, body)
+        }
+    };
+    for (path, cases) in [
+        ("chat/completions", &chat_cases[..]),
+        ("responses", &responses_cases[..]),
+        ("messages", &messages_cases[..]),
+    ] {
+        for (param, body) in cases {
+            let (status, answer) = post(path, body.clone()).await;
+            assert_eq!(status, 400, "{path} {param}: {answer}");
+            // OpenAI's shape, or Anthropic's on the Messages endpoint.
+            let error = if path == "messages" {
+                assert_eq!(answer["type"], "error", "{answer}");
+                assert_eq!(answer["error"]["type"], "invalid_request_error", "{answer}");
+                &answer["error"]
+            } else {
+                assert_eq!(answer["error"]["param"], *param, "{path}: {answer}");
+                &answer["error"]
+            };
+            // The local engine refused it; nothing went upstream.
+            assert!(
+                error["message"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("Local engine: cannot serve"),
+                "{path} {param}: {answer}"
+            );
+        }
+        // Plain text on the same route is served.
+        let plain = match path {
+            "chat/completions" => chat(json!({})),
+            "responses" => responses(json!({})),
+            _ => messages(json!({})),
+        };
+        let (status, answer) = post(path, plain).await;
+        assert_eq!(status, 200, "{path}: {answer}");
+    }
+
+    // `canarygate engine serve` refuses the same.
+    let response = client()
+        .post(format!("{}/v1/chat/completions", engine.url))
+        .json(&chat(json!({"n": 2})))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 400);
+    let answer: Value = response.json().await.unwrap();
+    assert_eq!(answer["error"]["param"], "n", "{answer}");
+}

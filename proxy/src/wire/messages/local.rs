@@ -16,6 +16,7 @@ use crate::wire::format::LocalStream;
 /// engine: the system prompt as a system message, every turn's text
 /// (tool inputs and results as their text), the limit and sampling.
 pub fn request(body: &Value) -> Result<Value, ApiError> {
+    refuse_unsupported(body)?;
     let mut chat = json!({
         "model": body.get("model").cloned().unwrap_or(Value::Null),
         "messages": chat_messages(body),
@@ -33,6 +34,65 @@ pub fn request(body: &Value) -> Result<Value, ApiError> {
         chat["stop"] = stops.clone();
     }
     Ok(chat)
+}
+
+/// Content blocks the engine reads: text; earlier turns' thinking, which
+/// Anthropic itself leaves out of the context, is skipped.
+const READ_BLOCKS: [&str; 3] = ["text", "thinking", "redacted_thinking"];
+
+/// Refuses a request for what the local engine cannot do (a 400 naming the
+/// field): tools, thinking, and content other than text (images,
+/// documents, tool calls and their results).
+fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
+    let refused = |param: &'static str, what: String| {
+        Err(ApiError::new(
+            ErrorCode::LocalEngineRejected,
+            format!("Local engine: cannot serve {what}"),
+        )
+        .with_param(param))
+    };
+    if body["tools"]
+        .as_array()
+        .is_some_and(|tools| !tools.is_empty())
+    {
+        return refused("tools", "tool use".into());
+    }
+    if matches!(
+        body["thinking"]["type"].as_str(),
+        Some("enabled" | "adaptive")
+    ) {
+        return refused("thinking", "extended thinking".into());
+    }
+    let blocks = |content: &Value| -> Vec<String> {
+        content
+            .as_array()
+            .map(|blocks| {
+                blocks
+                    .iter()
+                    .filter_map(|block| block["type"].as_str())
+                    .filter(|kind| !READ_BLOCKS.contains(kind))
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    if let Some(kind) = blocks(&body["system"]).first() {
+        return refused("system", format!("a `{kind}` block (text only)"));
+    }
+    for (index, message) in body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if let Some(kind) = blocks(&message["content"]).first() {
+            return refused(
+                "messages",
+                format!("messages[{index}]: a `{kind}` block (text only)"),
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Anthropic's `stop_reason` for the engine's finish reason.

@@ -18,6 +18,7 @@ use crate::wire::format::LocalStream;
 /// engine: instructions and input as messages, `max_output_tokens` as
 /// `max_tokens`, the stream with its usage.
 pub fn local_request(body: &Value) -> Result<Value, ApiError> {
+    refuse_unsupported(body)?;
     let messages = chat_messages(body);
     if !messages.iter().any(|message| message["role"] == "user") {
         return Err(ApiError::invalid_param(
@@ -42,6 +43,61 @@ pub fn local_request(body: &Value) -> Result<Value, ApiError> {
         chat["stream_options"] = json!({"include_usage": true});
     }
     Ok(chat)
+}
+
+/// Input content parts the engine reads.
+const TEXT_PARTS: [&str; 2] = ["input_text", "output_text"];
+
+/// Refuses a request for what the local engine cannot do (a 400 naming the
+/// field): tools, JSON output, a conversation the provider keeps, a
+/// background answer, and input other than text (images, files, function
+/// calls and their outputs). Reasoning items of earlier turns are skipped.
+fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
+    let refused = |param: &'static str, what: String| {
+        Err(ApiError::new(
+            ErrorCode::LocalEngineRejected,
+            format!("Local engine: cannot serve {what}"),
+        )
+        .with_param(param))
+    };
+    let set = |field: &str| body.get(field).is_some_and(|value| !value.is_null());
+    if body["tools"]
+        .as_array()
+        .is_some_and(|tools| !tools.is_empty())
+    {
+        return refused("tools", "tool calls".into());
+    }
+    if matches!(body["text"]["format"]["type"].as_str(), Some(kind) if kind != "text") {
+        return refused("text", "JSON output (`text.format`)".into());
+    }
+    for field in ["previous_response_id", "conversation"] {
+        if set(field) {
+            return refused(
+                field,
+                format!("a conversation the provider keeps (`{field}`)"),
+            );
+        }
+    }
+    if body["background"] == json!(true) {
+        return refused("background", "a background answer".into());
+    }
+    for (index, item) in body["input"].as_array().into_iter().flatten().enumerate() {
+        let kind = item["type"].as_str().unwrap_or("message");
+        let unread = match kind {
+            "message" => item["content"].as_array().and_then(|parts| {
+                parts
+                    .iter()
+                    .filter_map(|part| part["type"].as_str())
+                    .find(|part| !TEXT_PARTS.contains(part))
+            }),
+            "reasoning" => None,
+            other => Some(other),
+        };
+        if let Some(unread) = unread {
+            return refused("input", format!("input[{index}]: `{unread}` (text only)"));
+        }
+    }
+    Ok(())
 }
 
 /// A fresh id with `prefix` (`resp`, `msg`).
