@@ -146,8 +146,10 @@ impl GenerationRequest {
 /// Why a generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FinishReason {
-    /// End-of-sequence token or stop string.
+    /// End-of-sequence token.
     Stop,
+    /// One of the request's stop strings (its index in `stop`), cut from the text.
+    StopString(usize),
     /// `max_tokens` reached.
     Length,
 }
@@ -156,7 +158,7 @@ impl FinishReason {
     /// OpenAI spelling.
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::Stop => "stop",
+            Self::Stop | Self::StopString(_) => "stop",
             Self::Length => "length",
         }
     }
@@ -658,15 +660,18 @@ impl Job {
             &self.tokens[self.prompt_len..]
         };
         let text = shared.tokenizer.decode(visible, true).unwrap_or_default();
-        let stop_at = self.stop.iter().filter_map(|s| text.find(s.as_str())).min();
+        // The earliest stop string in the text, and which it is.
+        let stop_at = (self.stop.iter().enumerate())
+            .filter_map(|(index, stop)| text.find(stop.as_str()).map(|at| (at, index)))
+            .min();
         let mut finish = match stop_at {
-            Some(_) => Some(FinishReason::Stop),
+            Some((_, index)) => Some(FinishReason::StopString(index)),
             None if is_eos => Some(FinishReason::Stop),
             None if self.generated() >= self.max_tokens => Some(FinishReason::Length),
             None => None,
         };
         let end = match (stop_at, finish) {
-            (Some(at), _) => at,
+            (Some((at, _)), _) => at,
             (None, Some(_)) => text.len(),
             // Hold back what may still become a stop string or a complete character.
             (None, None) => {

@@ -17,7 +17,10 @@ use bytes::Bytes;
 use futures_util::Stream;
 use serde_json::{Value, json};
 
-use crate::{AdmissionError, ChatMessage, EngineHandle, Event, GenerationRequest, SamplingParams};
+use crate::{
+    AdmissionError, ChatMessage, EngineHandle, Event, FinishReason, GenerationRequest,
+    SamplingParams,
+};
 
 /// Events buffered between the engine thread and the response body.
 const STREAM_BUFFER: usize = 64;
@@ -122,6 +125,8 @@ pub struct ChatCall {
     model: String,
     stream: bool,
     include_usage: bool,
+    /// The request's stop strings, for the one an answer stopped at.
+    stop: Vec<String>,
 }
 
 /// Admits the chat request `body` (OpenAI's schema) on `engine`; `model` is
@@ -176,13 +181,13 @@ pub fn start_chat(engine: &EngineHandle, body: &Value, model: &str) -> Result<Ch
     let request = GenerationRequest {
         prompt,
         max_tokens: max_tokens.map(|max| usize::try_from(max).unwrap_or(usize::MAX)),
+        stop: stop.clone(),
         sampling: SamplingParams {
             temperature: number("temperature")?.map_or(defaults.temperature, |t| t as f32),
             top_p: number("top_p")?.map_or(defaults.top_p, |p| p as f32),
             top_k: count("top_k")?.map_or(defaults.top_k, |k| k as usize),
             seed: count("seed")?.unwrap_or_else(now_nanos),
         },
-        stop,
         return_logits: false,
     };
     let generation = engine.submit(request)?;
@@ -199,8 +204,18 @@ pub fn start_chat(engine: &EngineHandle, body: &Value, model: &str) -> Result<Ch
             .and_then(|options| options.get("include_usage"))
             .and_then(Value::as_bool)
             .unwrap_or(false),
+        stop,
         generation,
     })
+}
+
+/// A choice's `stop_reason` (as vLLM names it): the stop string the answer
+/// stopped at, else null.
+fn stop_reason(stop: &[String], finish: FinishReason) -> Value {
+    match finish {
+        FinishReason::StopString(index) => stop.get(index).map_or(Value::Null, |s| json!(s)),
+        FinishReason::Stop | FinishReason::Length => Value::Null,
+    }
 }
 
 /// Refuses a request for what the engine cannot do (a 400 naming the
@@ -321,6 +336,7 @@ impl ChatCall {
             id,
             created,
             model,
+            stop,
             ..
         } = self;
         let completion = tokio::task::spawn_blocking(move || generation.wait())
@@ -331,7 +347,8 @@ impl ChatCall {
         Ok(json!({
             "id": id, "object": "chat.completion", "created": created, "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": completion.text},
-                         "logprobs": null, "finish_reason": completion.finish_reason.as_str()}],
+                         "logprobs": null, "finish_reason": completion.finish_reason.as_str(),
+                         "stop_reason": stop_reason(&stop, completion.finish_reason)}],
             "usage": {"prompt_tokens": usage.prompt_tokens,
                       "completion_tokens": usage.completion_tokens,
                       "total_tokens": usage.prompt_tokens + usage.completion_tokens},
@@ -349,13 +366,19 @@ impl ChatCall {
             created,
             model,
             include_usage,
+            stop,
             ..
         } = self;
         tokio::task::spawn_blocking(move || {
-            let chunk = |delta: Value, finish: Option<&str>| {
+            // A chunk of `delta`; the last carries why the answer ended.
+            let chunk = |delta: Value, finish: Option<FinishReason>| {
+                let mut choice = json!({"index": 0, "delta": delta, "logprobs": null,
+                    "finish_reason": finish.map(FinishReason::as_str)});
+                if let Some(finish) = finish {
+                    choice["stop_reason"] = stop_reason(&stop, finish);
+                }
                 let chunk = json!({"id": id, "object": "chat.completion.chunk", "created": created,
-                    "model": model, "choices": [{"index": 0, "delta": delta, "logprobs": null,
-                    "finish_reason": finish}]});
+                    "model": model, "choices": [choice]});
                 Bytes::from(format!("data: {chunk}\n\n"))
             };
             let first = chunk(json!({"role": "assistant", "content": ""}), None);
@@ -370,7 +393,7 @@ impl ChatCall {
                         finish_reason,
                         usage,
                     } => {
-                        let mut last = vec![chunk(json!({}), Some(finish_reason.as_str()))];
+                        let mut last = vec![chunk(json!({}), Some(finish_reason))];
                         if include_usage {
                             let usage = json!({"id": id, "object": "chat.completion.chunk",
                                 "created": created, "model": model, "choices": [],

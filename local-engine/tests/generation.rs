@@ -59,7 +59,7 @@ fn stop_string_truncates_text_and_stream_matches() {
         }
     }
     assert_eq!(streamed, expected, "stop {stop:?}");
-    assert_eq!(finish, Some(FinishReason::Stop));
+    assert_eq!(finish, Some(FinishReason::StopString(0)));
     assert_eq!(full.finish_reason, FinishReason::Length);
     assert_eq!(full.usage.completion_tokens, 40);
 }

@@ -611,3 +611,99 @@ max_context_tokens = 5
     let answer: Value = response.json().await.unwrap();
     assert_eq!(answer["error"]["param"], "n", "{answer}");
 }
+
+/// An answer the local engine cut at a stop string names it: Chat's
+/// `stop_reason` (as vLLM names it) on the engine, Anthropic's
+/// `stop_sequence` through the Messages endpoint.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_stop_string_a_local_answer_stopped_at_is_named() {
+    let closed = closed_url();
+    let dir = ProxyDir::new();
+    let model = tiny_model(dir.dir.path(), "tiny", 4096);
+    let engine = start_engine_server(&model);
+    let mut policy_text = policy(&closed, &model, "", "");
+    policy_text.push_str(&format!(
+        r#"
+[[providers]]
+name = "anthropic"
+api = "anthropic"
+base_url = "{closed}/v1"
+context_window = 100000
+
+[[routes]]
+model = "a"
+provider = "anthropic"
+local_model = "tiny-local"
+max_context_tokens = 5
+"#
+    ));
+    let proxy_dir = ProxyDir::new();
+    let policy_path = proxy_dir.policy(&policy_text);
+    let proxy = start_proxy_with_policy(&proxy_dir, &policy_path, &[]);
+
+    // A stop string from the middle of the greedy answer.
+    let stop_in = |text: &str| -> String {
+        let chars: Vec<char> = text.chars().collect();
+        assert!(chars.len() >= 8, "too little text: {text:?}");
+        chars[4..6].iter().collect()
+    };
+    let mut body = request("Name three rivers", false);
+    body["max_tokens"] = json!(24);
+    let whole = reference(&engine, &body).await;
+    let stop = stop_in(&whole);
+    body["stop"] = json!(["no such stop", stop]);
+    let answer: Value = client()
+        .post(format!("{}/v1/chat/completions", engine.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let choice = &answer["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{answer}");
+    assert_eq!(choice["stop_reason"], json!(stop), "{answer}");
+
+    let messages = |stop_sequences: Value, stream: bool| {
+        json!({"model": "a", "max_tokens": 24, "temperature": 0, "stream": stream,
+               "stop_sequences": stop_sequences,
+               "messages": [{"role": "user", "content": "Name three rivers"}]})
+    };
+    let post = |body: Value| {
+        client()
+            .post(format!("{}/v1/messages", proxy.url))
+            .header("x-api-key", "sk-local-test")
+            .header("anthropic-version", "2023-06-01")
+            .json(&body)
+            .send()
+    };
+    let whole: Value = post(messages(json!([]), false))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let stop = stop_in(whole["content"][0]["text"].as_str().unwrap());
+    let cut: Value = post(messages(json!([stop]), false))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(cut["stop_reason"], "stop_sequence", "{cut}");
+    assert_eq!(cut["stop_sequence"], json!(stop), "{cut}");
+    let streamed = post(messages(json!([stop]), true))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        streamed.contains(&format!(
+            r#""stop_reason":"stop_sequence","stop_sequence":{}"#,
+            json!(stop)
+        )),
+        "{streamed}"
+    );
+}

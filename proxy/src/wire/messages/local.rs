@@ -95,11 +95,14 @@ fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Anthropic's `stop_reason` for the engine's finish reason.
-fn stop_reason(finish: Option<&str>) -> &'static str {
-    match finish {
-        Some("length") => "max_tokens",
-        _ => "end_turn",
+/// Anthropic's `stop_reason` and `stop_sequence` for a choice of the
+/// engine's: `max_tokens` at its length, `stop_sequence` with the string
+/// it stopped at (the choice's `stop_reason`), else `end_turn`.
+fn stop_of(choice: &Value) -> (&'static str, Value) {
+    match (choice["finish_reason"].as_str(), &choice["stop_reason"]) {
+        (Some("length"), _) => ("max_tokens", Value::Null),
+        (Some("stop"), Value::String(sequence)) => ("stop_sequence", json!(sequence)),
+        _ => ("end_turn", Value::Null),
     }
 }
 
@@ -123,14 +126,15 @@ pub fn answer(chat: Value, _request: &Value) -> Value {
         vec![json!({"type": "text", "text": text})]
     };
     let usage = &chat["usage"];
+    let (stop_reason, stop_sequence) = stop_of(choice);
     json!({
         "id": message_id(&chat),
         "type": "message",
         "role": "assistant",
         "model": chat.get("model").cloned().unwrap_or(Value::Null),
         "content": content,
-        "stop_reason": stop_reason(choice["finish_reason"].as_str()),
-        "stop_sequence": null,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
         "usage": {"input_tokens": count(usage, "prompt_tokens"),
                   "output_tokens": count(usage, "completion_tokens")},
     })
@@ -140,7 +144,8 @@ pub fn answer(chat: Value, _request: &Value) -> Value {
 #[derive(Default)]
 pub struct MessagesLocal {
     started: bool,
-    stop_reason: Option<&'static str>,
+    /// `stop_reason` and `stop_sequence`, once the engine's answer ended.
+    stop: Option<(&'static str, Value)>,
     usage: Option<(u64, u64)>,
     ended: bool,
 }
@@ -187,11 +192,11 @@ impl MessagesLocal {
             out,
         );
         let (input, output) = self.usage.unwrap_or((0, 0));
+        let (stop_reason, stop_sequence) = self.stop.take().unwrap_or(("end_turn", Value::Null));
         event(
             "message_delta",
             &json!({"type": "message_delta",
-                    "delta": {"stop_reason": self.stop_reason.unwrap_or("end_turn"),
-                              "stop_sequence": null},
+                    "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                     "usage": {"input_tokens": input, "output_tokens": output}}),
             out,
         );
@@ -248,8 +253,8 @@ impl LocalStream for MessagesLocal {
                 out,
             );
         }
-        if let Some(finish) = choice["finish_reason"].as_str() {
-            self.stop_reason = Some(stop_reason(Some(finish)));
+        if choice["finish_reason"].is_string() {
+            self.stop = Some(stop_of(choice));
         }
     }
 }
@@ -285,6 +290,46 @@ mod tests {
             json!({"id": "msg_local-7", "type": "message", "role": "assistant", "model": "tiny",
                    "content": [{"type": "text", "text": "hello"}], "stop_reason": "max_tokens",
                    "stop_sequence": null, "usage": {"input_tokens": 12, "output_tokens": 3}})
+        );
+    }
+
+    #[test]
+    fn a_stop_string_is_a_stop_sequence_whole_and_streamed() {
+        let finished = json!({"index": 0, "message": {"role": "assistant", "content": "hi"},
+            "finish_reason": "stop", "stop_reason": "END"});
+        let chat = json!({"id": "chatcmpl-local-8", "model": "tiny", "choices": [finished],
+            "usage": {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}});
+        let message = answer(chat, &Value::Null);
+        assert_eq!(
+            (&message["stop_reason"], &message["stop_sequence"]),
+            (&json!("stop_sequence"), &json!("END"))
+        );
+        let events = translate(&[
+            &json!({"id": "chatcmpl-local-8", "model": "tiny", "choices": [{"index": 0,
+                "delta": {}, "finish_reason": "stop", "stop_reason": "END"}]})
+            .to_string(),
+            "[DONE]",
+        ]);
+        let delta: Value = events
+            .iter()
+            .find(|event| event.event.as_deref() == Some("message_delta"))
+            .map(|event| serde_json::from_str(&event.data).unwrap())
+            .expect("a message_delta");
+        assert_eq!(
+            delta["delta"],
+            json!({"stop_reason": "stop_sequence", "stop_sequence": "END"})
+        );
+        // The end of the sequence, with no stop string: end_turn.
+        let events = translate(&[
+            &json!({"id": "c", "model": "tiny", "choices": [{"index": 0, "delta": {},
+                "finish_reason": "stop", "stop_reason": null}]})
+            .to_string(),
+            "[DONE]",
+        ]);
+        assert!(
+            events
+                .iter()
+                .any(|event| event.data.contains(r#""stop_reason":"end_turn""#))
         );
     }
 
