@@ -387,6 +387,13 @@ fn the_openai_sdk_gets_correct_answers_through_every_route() {
             );
         }
         assert!(result["plain"]["prompt_tokens"].as_u64().unwrap() > 3);
+        // The SDK's request id is canarygate's, as it is the provider's
+        // on the provider's answers.
+        assert_eq!(
+            result["plain"]["request_id"], result["plain"]["canarygate_request_id"],
+            "{reason}"
+        );
+        assert!(result["plain"]["request_id"].is_string(), "{reason}");
         assert_eq!(
             result["stream"]["completion_tokens"],
             result["plain"]["completion_tokens"]
@@ -598,6 +605,8 @@ max_context_tokens = 5
         };
         let (status, answer) = post(path, plain).await;
         assert_eq!(status, 200, "{path}: {answer}");
+        // Every API reports the route's local model.
+        assert_eq!(answer["model"], "tiny-local", "{path}: {answer}");
     }
 
     // `canarygate engine serve` refuses the same.

@@ -24,6 +24,8 @@ completion = raw.parse()
 result["plain"] = {
     "served_by": raw.headers.get("x-canarygate-served-by"),
     "reason": raw.headers.get("x-canarygate-local-reason"),
+    "request_id": completion._request_id,
+    "canarygate_request_id": raw.headers.get("x-canarygate-request-id"),
     "model": completion.model,
     "content": completion.choices[0].message.content,
     "finish_reason": completion.choices[0].finish_reason,

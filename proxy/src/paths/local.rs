@@ -15,6 +15,7 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use canarygate_engine::openai::{ChatError, ChatFailure, start_chat};
+use canarygate_policies::config::ProviderApi;
 use canarygate_policies::sse::SseParser;
 use futures_util::{Stream, StreamExt};
 use tokio::sync::OwnedSemaphorePermit;
@@ -100,12 +101,12 @@ pub async fn serve<W: WireFormat>(
             permit,
         );
         let mut head = context.event_stream_response(None);
-        mark(head.headers_mut(), reason);
+        mark::<W>(head.headers_mut(), reason, &context.request_id);
         return Ok(Served::Stream(head, PendingBody::new(relay)));
     }
     let answer = W::local_answer(call.complete().await.map_err(api_error)?, &request.body);
     let mut response = context.json_response(StatusCode::OK, Body::from(answer.to_string()), None);
-    mark(response.headers_mut(), reason);
+    mark::<W>(response.headers_mut(), reason, &context.request_id);
     Ok(Served::Whole(response))
 }
 
@@ -126,7 +127,18 @@ fn translated(
     })
 }
 
-fn mark(headers: &mut HeaderMap, reason: LocalReason) {
+/// Marks a local answer: served by `local`, for `reason`, and under
+/// canarygate's `request_id` in the header the API's SDK reads its request
+/// id from (`x-request-id`, Anthropic's `request-id`), as the provider's
+/// answers carry the provider's.
+fn mark<W: WireFormat>(headers: &mut HeaderMap, reason: LocalReason, request_id: &str) {
+    let name = match W::API {
+        ProviderApi::Openai => "x-request-id",
+        ProviderApi::Anthropic => "request-id",
+    };
+    if let Ok(value) = HeaderValue::from_str(request_id) {
+        headers.insert(HeaderName::from_static(name), value);
+    }
     headers.insert(
         HeaderName::from_static(SERVED_BY_HEADER),
         HeaderValue::from_static("local"),

@@ -117,6 +117,8 @@ struct Answer<'a> {
     message_id: &'a str,
     created_at: u64,
     request: &'a Value,
+    /// The model the engine reports (the route's local model).
+    model: &'a Value,
 }
 
 impl Answer<'_> {
@@ -142,7 +144,7 @@ impl Answer<'_> {
                 Value::Null
             },
             "instructions": field("instructions"), "max_output_tokens": field("max_output_tokens"),
-            "model": field("model"), "output": output, "parallel_tool_calls": true,
+            "model": self.model, "output": output, "parallel_tool_calls": true,
             "previous_response_id": field("previous_response_id"), "store": false,
             "temperature": field("temperature"), "top_p": field("top_p"),
             "tool_choice": "auto", "tools": [], "text": {"format": {"type": "text"}},
@@ -189,6 +191,7 @@ pub fn local_answer(chat: &Value, request: &Value) -> Value {
             .and_then(Value::as_u64)
             .unwrap_or_else(now_secs),
         request,
+        model: chat.get("model").unwrap_or(&Value::Null),
     };
     let choice = &chat["choices"][0];
     let text = choice["message"]["content"].as_str().unwrap_or("");
@@ -204,6 +207,8 @@ pub struct ResponsesLocal {
     message_id: String,
     created_at: u64,
     request: Value,
+    /// The model the engine reports, from its first chunk.
+    model: Value,
     /// The next event's `sequence_number`.
     sequence: u64,
     /// The opening events were written.
@@ -223,6 +228,7 @@ impl ResponsesLocal {
             message_id: fresh_id("msg"),
             created_at: now_secs(),
             request: request.clone(),
+            model: Value::Null,
             sequence: 0,
             opened: false,
             text: String::new(),
@@ -238,6 +244,7 @@ impl ResponsesLocal {
             message_id: &self.message_id,
             created_at: self.created_at,
             request: &self.request,
+            model: &self.model,
         }
     }
 
@@ -334,6 +341,11 @@ impl LocalStream for ResponsesLocal {
             encode_json(&event, out);
             self.ended = true;
             return;
+        }
+        if self.model.is_null()
+            && let Some(model) = chunk.get("model")
+        {
+            self.model = model.clone();
         }
         self.open(out);
         if let Some(usage) = chunk.get("usage").and_then(usage) {
