@@ -1,8 +1,9 @@
 //! OpenAI-compatible HTTP front of the engine (`canarygate engine serve`).
 //!
 //! `POST /v1/chat/completions` (streamed as SSE or not), `GET /v1/models`, `GET /health`.
-//! Errors use OpenAI's shape `{"error": {"message", "type", "code"}}`; a request over the
-//! context window gets HTTP 400 with code `context_length_exceeded`.
+//! Errors use OpenAI's shape `{"error": {"message", "type", "param", "code"}}`; a request over
+//! the context window gets HTTP 400 with code `context_length_exceeded`, another path 404
+//! `unknown_url`, another method 405 `method_not_allowed`, as OpenAI answers them.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use futures_util::StreamExt;
@@ -37,8 +38,33 @@ pub async fn serve(
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { "ok" }))
+        .fallback(unknown_url)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state);
     axum::serve(listener, app).await
+}
+
+/// An error of OpenAI's shape with no request field at fault.
+fn plain_error(status: StatusCode, code: &str, message: String) -> Response {
+    let body = json!({"error": {"message": message, "type": "invalid_request_error",
+                                "param": null, "code": code}});
+    (status, axum::Json(body)).into_response()
+}
+
+async fn unknown_url(method: Method, uri: Uri) -> Response {
+    plain_error(
+        StatusCode::NOT_FOUND,
+        "unknown_url",
+        format!("Unknown request URL: {method} {}", uri.path()),
+    )
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> Response {
+    plain_error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{method} is not allowed on {}", uri.path()),
+    )
 }
 
 fn error_response(error: &ChatError) -> Response {

@@ -619,6 +619,24 @@ max_context_tokens = 5
     assert_eq!(response.status(), 400);
     let answer: Value = response.json().await.unwrap();
     assert_eq!(answer["error"]["param"], "n", "{answer}");
+    // Another path or method: OpenAI's errors, not empty bodies.
+    for (request, status, code) in [
+        (
+            client().post(format!("{}/v1/completions", engine.url)),
+            404,
+            "unknown_url",
+        ),
+        (
+            client().get(format!("{}/v1/chat/completions", engine.url)),
+            405,
+            "method_not_allowed",
+        ),
+    ] {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), status);
+        let answer: Value = response.json().await.expect("a JSON error");
+        assert_eq!(answer["error"]["code"], code, "{answer}");
+    }
 }
 
 /// An answer the local engine cut at a stop string names it: Chat's
