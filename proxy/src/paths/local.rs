@@ -89,13 +89,17 @@ pub async fn serve<W: WireFormat>(
     // The engine speaks Chat Completions; other formats are translated.
     let chat = W::local_request(&request.body)?;
     let call = start_chat(engine.handle(), &chat, context.local_model).map_err(api_error)?;
-    trail.prompt_tokens_provider(Some(call.prompt_tokens() as u64));
+    let prompt_tokens = call.prompt_tokens() as u64;
+    trail.prompt_tokens_provider(Some(prompt_tokens));
     if call.is_stream() {
         let permit = permit
             .take()
             .ok_or_else(|| ApiError::internal("the request's concurrency slot is gone"))?;
         let relay = Relay::<W>::local(
-            translated(call.into_sse(), W::local_stream(&request.body)),
+            translated(
+                call.into_sse(),
+                W::local_stream(&request.body, prompt_tokens),
+            ),
             LOCAL_PROVIDER.to_owned(),
             LOCAL_IDLE_TIMEOUT,
             permit,

@@ -512,8 +512,9 @@ pub trait WireFormat: Send + Sync + 'static {
     /// [`WireFormat::local_request`] of `request`, in this format.
     fn local_answer(chat: Value, request: &Value) -> Value;
 
-    /// A translator for the local engine's stream answering `request`.
-    fn local_stream(request: &Value) -> Self::LocalStream;
+    /// A translator for the local engine's stream answering `request`,
+    /// whose prompt the engine counts at `prompt_tokens`.
+    fn local_stream(request: &Value, prompt_tokens: u64) -> Self::LocalStream;
 }
 
 /// Puts `text` at `field.at` in `value` (the provider's answer or event).

@@ -189,7 +189,7 @@ impl WireFormat for Chat {
         chat
     }
 
-    fn local_stream(_request: &Value) -> ChatLocal {
+    fn local_stream(_request: &Value, _prompt_tokens: u64) -> ChatLocal {
         ChatLocal
     }
 }

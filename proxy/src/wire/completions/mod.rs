@@ -156,7 +156,7 @@ impl WireFormat for Completions {
         local::answer(chat, request)
     }
 
-    fn local_stream(request: &Value) -> CompletionsLocal {
+    fn local_stream(request: &Value, _prompt_tokens: u64) -> CompletionsLocal {
         CompletionsLocal::new(request)
     }
 }

@@ -143,6 +143,8 @@ pub fn answer(chat: Value, _request: &Value) -> Value {
 /// Translates the engine's Chat Completions stream into Messages events.
 #[derive(Default)]
 pub struct MessagesLocal {
+    /// The prompt's tokens, which `message_start` reports as Anthropic does.
+    prompt_tokens: u64,
     started: bool,
     /// `stop_reason` and `stop_sequence`, once the engine's answer ended.
     stop: Option<(&'static str, Value)>,
@@ -158,6 +160,14 @@ fn event(name: &str, data: &Value, out: &mut Vec<u8>) {
 }
 
 impl MessagesLocal {
+    /// A translator for an answer to a prompt of `prompt_tokens`.
+    pub fn new(prompt_tokens: u64) -> Self {
+        Self {
+            prompt_tokens,
+            ..Self::default()
+        }
+    }
+
     fn start(&mut self, chunk: &Value, out: &mut Vec<u8>) {
         if std::mem::replace(&mut self.started, true) {
             return;
@@ -166,7 +176,7 @@ impl MessagesLocal {
             "id": message_id(chunk), "type": "message", "role": "assistant",
             "model": chunk.get("model").cloned().unwrap_or(Value::Null),
             "content": [], "stop_reason": null, "stop_sequence": null,
-            "usage": {"input_tokens": 0, "output_tokens": 0},
+            "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0},
         });
         event(
             "message_start",
@@ -334,7 +344,8 @@ mod tests {
     }
 
     fn translate(events: &[&str]) -> Vec<SseEvent> {
-        let mut local = MessagesLocal::default();
+        // The engine counted the prompt at 5 tokens.
+        let mut local = MessagesLocal::new(5);
         let mut out = Vec::new();
         for data in events {
             let sse = SseEvent {
@@ -384,6 +395,9 @@ mod tests {
             let data: Value = serde_json::from_str(&event.data).unwrap();
             assert_eq!(data["type"], event.event.as_deref().unwrap());
         }
+        // The prompt's tokens from the start, as Anthropic reports them.
+        let start: Value = serde_json::from_str(&events[0].data).unwrap();
+        assert_eq!(start["message"]["usage"]["input_tokens"], 5);
         let delta: Value = serde_json::from_str(&events[5].data).unwrap();
         assert_eq!(delta["delta"]["stop_reason"], "end_turn");
         assert_eq!(delta["usage"]["output_tokens"], 2);

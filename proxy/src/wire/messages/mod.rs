@@ -150,8 +150,8 @@ impl WireFormat for Messages {
         local::answer(chat, request)
     }
 
-    fn local_stream(_request: &Value) -> MessagesLocal {
-        MessagesLocal::default()
+    fn local_stream(_request: &Value, prompt_tokens: u64) -> MessagesLocal {
+        MessagesLocal::new(prompt_tokens)
     }
 }
 

@@ -155,7 +155,7 @@ impl WireFormat for Responses {
         local::local_answer(&chat, request)
     }
 
-    fn local_stream(request: &Value) -> ResponsesLocal {
+    fn local_stream(request: &Value, _prompt_tokens: u64) -> ResponsesLocal {
         ResponsesLocal::new(request)
     }
 }
