@@ -913,3 +913,62 @@ async fn another_requests_canary_outside_the_choices_is_caught() {
         );
     }
 }
+
+/// A provider whose stream never lets anything out: an event that never
+/// ends (`endless` in the prompt), or reasoning deltas without end and no
+/// echo. It stops after 80 MiB.
+async fn hoarding_upstream() -> String {
+    use axum::body::{Body, Bytes};
+    use axum::http::Response;
+    use axum::{Json, Router, routing::post};
+    async fn answer(Json(request): Json<Value>) -> Response<Body> {
+        let endless = request.to_string().contains("endless");
+        let piece = if endless {
+            Bytes::from(vec![b'x'; 1 << 20])
+        } else {
+            let thought = "y".repeat(1 << 20);
+            Bytes::from(format!(
+                "data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":\
+                 {{\"reasoning_content\":\"{thought}\"}},\"finish_reason\":null}}]}}\n\n"
+            ))
+        };
+        let opening = Bytes::from_static(b"data: {\"id\":\"c1\",\"x\":\"");
+        let pieces = (0..80).map(move |_| piece.clone());
+        let body = futures_util::stream::iter(
+            std::iter::once(opening)
+                .filter(move |_| endless)
+                .chain(pieces)
+                .map(Ok::<_, std::io::Error>),
+        );
+        let mut response = Response::new(Body::from_stream(body));
+        response
+            .headers_mut()
+            .insert("content-type", "text/event-stream".parse().unwrap());
+        response
+    }
+    let app = Router::new().route("/v1/chat/completions", post(answer));
+    serve_upstream(app).await
+}
+
+/// What a stream holds back (for the echo or the verdict, or an event that
+/// never ends) is bounded as a whole answer is: past 64 MiB the client gets
+/// a 502 `upstream_response_too_large`, not a process that grows until it
+/// dies.
+#[tokio::test]
+async fn a_stream_that_never_lets_anything_out_is_bounded() {
+    let upstream = hoarding_upstream().await;
+    let client = client();
+    for release in ["echo-first", "verdict-first"] {
+        let dir = ProxyDir::new();
+        let proxy = start_proxy_with_policy(&dir, &policy(&dir, &upstream, release, "block"), &[]);
+        for text in ["an endless event", "a long thought"] {
+            let outcome = ask(&client, &proxy.url, text, true).await;
+            assert_eq!(outcome.status, 502, "{release} {text}: {outcome:?}");
+            assert_eq!(
+                outcome.error_code.as_deref(),
+                Some("upstream_response_too_large"),
+                "{release} {text}: {outcome:?}"
+            );
+        }
+    }
+}

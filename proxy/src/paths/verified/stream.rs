@@ -8,7 +8,14 @@
 //! (see [`crate::relay`]), and a later failure ends the stream with an
 //! explicit error event. What the client sees is the provider's own events,
 //! held by the wire format's [`StreamWriter`] until the verifier lets their
-//! text out and edited there.
+//! text out and edited there. What the provider sends that cannot go out
+//! yet (held for the echo or the verdict, or an event that never ends) is
+//! bounded as a whole answer is: past [`MAX_UPSTREAM_BODY`] bytes read since
+//! the last write to the client, the stream ends as too large.
+//!
+//! Longer than 500 lines: one type, [`VerifiedStream`], whose reading,
+//! verifying, releasing and ending share its state; split, each part would
+//! take all of it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,7 +38,7 @@ use crate::error::{ApiError, ErrorCode, error_chain};
 use crate::registry::CanaryBook;
 use crate::relay::{COALESCE_BYTES, early_end, interrupted, next_ready, next_within};
 use crate::trail::{Ending, Trail};
-use crate::upstream_client::UpstreamResponse;
+use crate::upstream_client::{MAX_UPSTREAM_BODY, UpstreamResponse};
 use crate::wire::{EventView, StreamMemo, StreamWriter, WireFormat};
 
 /// `x-canarygate-verdict` of a stream whose verdict comes after the head;
@@ -133,6 +140,11 @@ struct VerifiedStream<W: WireFormat> {
     last_write: usize,
     /// Whether any byte was handed to the client.
     committed: bool,
+    /// Bytes read from the provider since the last write to the client:
+    /// what is held in memory, bounded by [`MAX_UPSTREAM_BODY`].
+    held_bytes: usize,
+    /// The interruption was the provider sending more than that.
+    too_large: bool,
     /// The last bytes of the stream (the end marker or an error event),
     /// sent only once the audit record is durable.
     tail: Option<Vec<u8>>,
@@ -175,6 +187,8 @@ impl<W: WireFormat> VerifiedStream<W> {
             out: Vec::new(),
             last_write: 0,
             committed: false,
+            held_bytes: 0,
+            too_large: false,
             tail: None,
             end: None,
             verdict: None,
@@ -207,10 +221,12 @@ impl<W: WireFormat> VerifiedStream<W> {
                         return Driven::ProviderError(status, body);
                     }
                     let detail = self.interruption.take().unwrap_or_default();
-                    // Nothing went out: a stall is a timeout, as a whole
-                    // answer's is.
+                    // Nothing went out: a stall is a timeout, and too much
+                    // too large, as a whole answer's are.
                     let code = if self.stalled {
                         ErrorCode::UpstreamTimeout
+                    } else if self.too_large {
+                        ErrorCode::UpstreamResponseTooLarge
                     } else {
                         ErrorCode::UpstreamStreamInterrupted
                     };
@@ -287,6 +303,14 @@ impl<W: WireFormat> VerifiedStream<W> {
             }
             Some(Err(error)) => self.interrupt(format!("stream failed: {}", error_chain(&error))),
             Some(Ok(bytes)) => {
+                self.held_bytes += bytes.len();
+                if self.held_bytes > MAX_UPSTREAM_BODY {
+                    self.too_large = true;
+                    return self.interrupt(format!(
+                        "sent more than {MAX_UPSTREAM_BODY} bytes that could not go out yet \
+                         (held for verification, or an event that does not end)"
+                    ));
+                }
                 let mut events = std::mem::take(&mut self.events);
                 self.parser.feed(&bytes, &mut events);
                 for event in events.drain(..) {
@@ -462,6 +486,7 @@ impl<W: WireFormat> StreamSource for VerifiedStream<W> {
             if !self.out.is_empty() {
                 self.advance_ready(clock).await;
                 self.committed = true;
+                self.held_bytes = 0;
                 self.last_write = self.out.len().min(COALESCE_BYTES);
                 return Some(std::mem::take(&mut self.out));
             }
