@@ -972,3 +972,46 @@ async fn a_stream_that_never_lets_anything_out_is_bounded() {
         }
     }
 }
+
+/// A gateway that answers its error with a 200, as JSON, streamed or not.
+async fn error_200_upstream() -> String {
+    use axum::{Router, routing::post};
+    async fn answer() -> ([(&'static str, &'static str); 1], &'static str) {
+        (
+            [("content-type", "application/json")],
+            r#"{"error": {"message": "The server had an error while processing your request.", "type": "server_error", "param": null, "code": null}}"#,
+        )
+    }
+    let app = Router::new().route("/v1/chat/completions", post(answer));
+    serve_upstream(app).await
+}
+
+/// A provider's error answered with a 200 reaches the client as the
+/// provider's error, with the status its type stands for (`server_error`:
+/// 500, which SDKs retry as they would direct), not as a failed check.
+#[tokio::test]
+async fn a_providers_error_with_a_200_is_its_error_not_a_failed_check() {
+    let upstream = error_200_upstream().await;
+    let client = client();
+    let dir = ProxyDir::new();
+    let proxy = start_proxy_with_policy(&dir, &policy(&dir, &upstream, "echo-first", "block"), &[]);
+    for stream in [false, true] {
+        let response = client
+            .post(format!("{}/v1/chat/completions", proxy.url))
+            .bearer_auth("sk-e2e")
+            .json(&json!({"model": "sim-model", "stream": stream,
+                          "messages": [{"role": "user", "content": "Name two planets"}]}))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), 500, "stream {stream}");
+        let error: Value = response.json().await.expect("a JSON error");
+        assert_eq!(error["error"]["type"], "server_error", "{error}");
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .is_some_and(|message| message.starts_with("The server had an error")),
+            "{error}"
+        );
+    }
+}

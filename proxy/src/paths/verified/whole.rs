@@ -30,6 +30,23 @@ pub async fn serve<W: WireFormat>(
         .upstream
         .read_whole(trail.clock(), response, context.idle_timeout())
         .await?;
+    // An error the provider answered with a 2xx (some gateways do) is its
+    // error, with the status its type stands for, as if it had said so: not
+    // an answer that fails the checks.
+    if W::is_error_body(&bytes)
+        && let Some(error_status) = std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(W::error_event_status)
+    {
+        tracing::warn!(
+            request_id = %context.request_id,
+            provider = %context.upstream.name,
+            "the provider answered {status} with an error body: passed on as {error_status}"
+        );
+        return Ok(Decided::Served(Served::Whole(
+            context.provider_error_response(error_status, bytes),
+        )));
+    }
     // Read in place when the format knows the answer's shape and nothing
     // but its texts and finish reasons may change; else from its tree.
     let light = std::str::from_utf8(&bytes)
