@@ -495,17 +495,28 @@ pub fn relayed_headers(headers: &HeaderMap) -> HeaderMap {
 }
 
 /// Whether the provider answered a request for a stream with one
-/// (`headers`: its response head's): `text/event-stream` in any case (a
-/// media type is case-insensitive, RFC 9110, 8.3.1), or no `Content-Type`
-/// at all, as some servers stream.
+/// (`headers`: its response head's): anything but JSON. Servers label a
+/// stream `text/event-stream` (in any case: a media type is
+/// case-insensitive, RFC 9110, 8.3.1), or not at all, or wrongly
+/// (`text/plain`, `application/octet-stream`), and the SDKs read them all;
+/// a JSON media type (`application/json`, `…+json`) is a whole answer: an
+/// error, or a server that does not stream.
 pub fn is_event_stream(headers: &HeaderMap) -> bool {
-    match headers.get(header::CONTENT_TYPE) {
-        None => true,
-        Some(value) => value
-            .as_bytes()
-            .get(..17)
-            .is_some_and(|media| media.eq_ignore_ascii_case(b"text/event-stream")),
-    }
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return true;
+    };
+    let media = value
+        .as_bytes()
+        .split(|byte| *byte == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    let json = media.eq_ignore_ascii_case(b"application/json")
+        || media
+            .len()
+            .checked_sub(5)
+            .is_some_and(|at| media[at..].eq_ignore_ascii_case(b"+json"));
+    !json
 }
 
 #[cfg(test)]
@@ -513,7 +524,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_event_stream_is_known_by_its_media_type_in_any_case_or_by_none() {
+    fn a_stream_is_anything_but_json() {
         let head = |content_type: &str| {
             let mut headers = HeaderMap::new();
             headers.insert(header::CONTENT_TYPE, content_type.parse().unwrap());
@@ -523,11 +534,18 @@ mod tests {
             "text/event-stream",
             "text/event-stream; charset=utf-8",
             "Text/Event-Stream; charset=UTF-8",
+            // Mislabelled, as some gateways send streams.
+            "text/plain; charset=utf-8",
+            "application/octet-stream",
         ] {
             assert!(is_event_stream(&head(stream)), "{stream}");
         }
-        for other in ["application/json", "text/event", "text/plain"] {
-            assert!(!is_event_stream(&head(other)), "{other}");
+        for json in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            "application/problem+json",
+        ] {
+            assert!(!is_event_stream(&head(json)), "{json}");
         }
         // A server that names no media type for the stream it was asked for.
         assert!(is_event_stream(&HeaderMap::new()));
