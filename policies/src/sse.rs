@@ -23,9 +23,10 @@ pub struct SseEvent {
 }
 
 impl SseEvent {
-    /// True when this is the OpenAI end-of-stream marker `data: [DONE]`.
+    /// True when this is the OpenAI end-of-stream marker `data: [DONE]`
+    /// (read as the openai SDK reads it: data that starts with `[DONE]`).
     pub fn is_done(&self) -> bool {
-        self.data == "[DONE]"
+        self.data.starts_with("[DONE]")
     }
 }
 
@@ -138,6 +139,16 @@ impl SseParser {
             }
         }
         self.line.extend_from_slice(rest);
+    }
+
+    /// At the end of the stream, dispatches into `out` an event whose lines
+    /// all ended but whose blank line never came: the SDKs take the end of
+    /// the stream as its end (the spec discards it). A line cut before its
+    /// end stays unfinished ([`SseParser::finish`] says so).
+    pub fn flush_last_event(&mut self, out: &mut Vec<SseEvent>) {
+        if self.line.is_empty() && self.has_data {
+            self.process_line(&[], out);
+        }
     }
 
     /// Ends the stream. Per the spec an unterminated event is discarded; the
@@ -275,6 +286,26 @@ mod tests {
         let events = parse_all(&[b": keep-alive\ndata: one\ndata: two\n\n:ping\n\n"]);
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].data, "one\ntwo");
+    }
+
+    #[test]
+    fn the_last_event_ends_with_the_stream_when_its_lines_did() {
+        // Its line ended, its blank line never came: dispatched at the end.
+        let mut parser = SseParser::new();
+        let mut out = Vec::new();
+        parser.feed(b"data: one\n\ndata: [DONE] \n", &mut out);
+        assert_eq!(out.len(), 1);
+        parser.flush_last_event(&mut out);
+        assert_eq!(out.len(), 2);
+        assert!(out[1].is_done(), "read as the SDK reads it: {:?}", out[1]);
+        assert!(!parser.finish());
+        // A line cut before its end stays unfinished.
+        let mut parser = SseParser::new();
+        let mut out = Vec::new();
+        parser.feed(b"data: {\"cut\": tr", &mut out);
+        parser.flush_last_event(&mut out);
+        assert!(out.is_empty());
+        assert!(parser.finish());
     }
 
     #[test]

@@ -1015,3 +1015,37 @@ async fn a_providers_error_with_a_200_is_its_error_not_a_failed_check() {
         );
     }
 }
+
+/// A provider whose stream ends right after `data: [DONE]` and its line
+/// end, with no blank line: the SDKs take it as ended.
+async fn curt_upstream() -> String {
+    use axum::{Json, Router, routing::post};
+    async fn answer(Json(request): Json<Value>) -> ([(&'static str, &'static str); 1], String) {
+        let opening = canarygate_policies::inject::obedient_echo(&request).unwrap_or_default();
+        let text = json!(format!("{opening}\nMercury, Venus.")).to_string();
+        let events = format!(
+            "data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":{text}}},\
+             \"finish_reason\":null}}]}}\n\n\
+             data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{}},\
+             \"finish_reason\":\"stop\"}}]}}\n\ndata: [DONE]\n"
+        );
+        ([("content-type", "text/event-stream")], events)
+    }
+    let app = Router::new().route("/v1/chat/completions", post(answer));
+    serve_upstream(app).await
+}
+
+#[tokio::test]
+async fn a_stream_whose_last_event_lacks_its_blank_line_ends_whole() {
+    let upstream = curt_upstream().await;
+    let client = client();
+    for release in ["echo-first", "verdict-first"] {
+        let dir = ProxyDir::new();
+        let proxy = start_proxy_with_policy(&dir, &policy(&dir, &upstream, release, "block"), &[]);
+        let outcome = ask(&client, &proxy.url, "Name two planets", true).await;
+        assert_eq!(outcome.status, 200, "{release}: {outcome:?}");
+        assert!(outcome.done, "{release}: {outcome:?}");
+        assert_eq!(outcome.error_code, None, "{release}: {outcome:?}");
+        assert_eq!(outcome.content, "Mercury, Venus.", "{release}: {outcome:?}");
+    }
+}

@@ -293,6 +293,19 @@ impl<W: WireFormat> VerifiedStream<W> {
     async fn take(&mut self, next: Option<Result<Bytes, hyper::Error>>) {
         match next {
             None => {
+                // The last event may lack its blank line: taken as ended.
+                let mut events = std::mem::take(&mut self.events);
+                self.parser.flush_last_event(&mut events);
+                for event in events.drain(..) {
+                    if self.end.is_some() {
+                        break;
+                    }
+                    self.on_event(event).await;
+                }
+                self.events = events;
+                if self.end.is_some() {
+                    return;
+                }
                 let detail = early_end(&mut self.parser).to_owned();
                 if self.writer.ended_by_provider_error() {
                     // The provider's own error event was its stream's end.
