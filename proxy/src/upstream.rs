@@ -391,6 +391,12 @@ impl Upstream {
         }
         let accept = if stream { "text/event-stream" } else { "*/*" };
         headers.insert(header::ACCEPT, HeaderValue::from_static(accept));
+        // canarygate reads every answer: none compressed (with no
+        // Accept-Encoding, any coding is acceptable, RFC 9110, 12.5.3).
+        headers.insert(
+            header::ACCEPT_ENCODING,
+            HeaderValue::from_static("identity"),
+        );
         request
     }
 

@@ -1049,3 +1049,54 @@ async fn a_stream_whose_last_event_lacks_its_blank_line_ends_whole() {
         assert_eq!(outcome.content, "Mercury, Venus.", "{release}: {outcome:?}");
     }
 }
+
+/// The Accept-Encoding the compressing gateway last saw.
+static SEEN_ACCEPT_ENCODING: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+/// A gateway that compresses whatever it is asked: its answer says
+/// `content-encoding: gzip`.
+async fn compressing_upstream() -> String {
+    use axum::http::HeaderMap;
+    use axum::{Router, routing::post};
+    async fn answer(headers: HeaderMap) -> ([(&'static str, &'static str); 2], &'static str) {
+        *SEEN_ACCEPT_ENCODING.lock().unwrap() = headers
+            .get("accept-encoding")
+            .map(|value| value.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        (
+            [
+                ("content-type", "application/json"),
+                ("content-encoding", "gzip"),
+            ],
+            "\u{1f}\u{8b} not JSON",
+        )
+    }
+    let app = Router::new().route("/v1/chat/completions", post(answer));
+    serve_upstream(app).await
+}
+
+/// canarygate asks providers for no compression (it reads every answer);
+/// one that compresses anyway gets a clear 502, not garbled bytes or a
+/// misleading "invalid JSON".
+#[tokio::test]
+async fn a_compressed_answer_is_refused_clearly_and_none_is_asked_for() {
+    let upstream = compressing_upstream().await;
+    let dir = ProxyDir::new();
+    let proxy = start_proxy_with_policy(&dir, &policy(&dir, &upstream, "echo-first", "block"), &[]);
+    for stream in [false, true] {
+        let response = client()
+            .post(format!("{}/v1/chat/completions", proxy.url))
+            .bearer_auth("sk-e2e")
+            .json(&json!({"model": "sim-model", "stream": stream,
+                          "messages": [{"role": "user", "content": "Name two planets"}]}))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), 502, "stream {stream}");
+        let error: Value = response.json().await.expect("a JSON error");
+        assert_eq!(error["error"]["code"], "upstream_error", "{error}");
+        let message = error["error"]["message"].as_str().unwrap();
+        assert!(message.contains("Content-Encoding `gzip`"), "{message}");
+        assert_eq!(*SEEN_ACCEPT_ENCODING.lock().unwrap(), "identity");
+    }
+}
