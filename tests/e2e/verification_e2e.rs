@@ -1100,3 +1100,63 @@ async fn a_compressed_answer_is_refused_clearly_and_none_is_asked_for() {
         assert_eq!(*SEEN_ACCEPT_ENCODING.lock().unwrap(), "identity");
     }
 }
+
+/// A provider that opens its stream, then sends keep-alive comments every
+/// 100 ms and never an event.
+async fn keep_alive_upstream() -> String {
+    use axum::body::{Body, Bytes};
+    use axum::http::Response;
+    use axum::{Router, routing::post};
+    async fn answer() -> Response<Body> {
+        let ticks = tokio_stream_ticks();
+        let mut response = Response::new(Body::from_stream(ticks));
+        response
+            .headers_mut()
+            .insert("content-type", "text/event-stream".parse().unwrap());
+        response
+    }
+    fn tokio_stream_ticks() -> impl futures_util::Stream<Item = Result<Bytes, std::io::Error>> + Send
+    {
+        futures_util::stream::unfold((), |()| async {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            Some((Ok(Bytes::from_static(b": keep-alive\n\n")), ()))
+        })
+    }
+    let app = Router::new().route("/v1/chat/completions", post(answer));
+    serve_upstream(app).await
+}
+
+/// Keep-alives do not stand for an answer: a stream with nothing but them
+/// ends by the request's first-byte deadline with a 504, though each
+/// comment comes well within the idle timeout.
+#[tokio::test]
+async fn a_stream_of_keep_alives_alone_ends_by_the_first_byte_deadline() {
+    let upstream = keep_alive_upstream().await;
+    let dir = ProxyDir::new();
+    let policy_path = dir.policy(&format!(
+        r#"
+[limits]
+first_byte_timeout_ms = 1500
+idle_timeout_ms = 5000
+
+[[providers]]
+name = "sim"
+base_url = "{upstream}/v1"
+context_window = 1048576
+
+[[routes]]
+model = "*"
+provider = "sim"
+"#
+    ));
+    let proxy = start_proxy_with_policy(&dir, &policy_path, &[]);
+    let started = std::time::Instant::now();
+    let outcome = ask(&client(), &proxy.url, "Name two planets", true).await;
+    assert_eq!(outcome.status, 504, "{outcome:?}");
+    assert_eq!(outcome.error_code.as_deref(), Some("upstream_timeout"));
+    let waited = started.elapsed();
+    assert!(
+        waited < std::time::Duration::from_secs(4),
+        "ended by the first-byte deadline, not the idle timeout: {waited:?}"
+    );
+}

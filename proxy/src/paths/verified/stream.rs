@@ -18,7 +18,7 @@
 //! take all of it.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::http::{HeaderValue, StatusCode};
@@ -145,6 +145,10 @@ struct VerifiedStream<W: WireFormat> {
     held_bytes: usize,
     /// The interruption was the provider sending more than that.
     too_large: bool,
+    /// Until the provider's first event, when it must have come: the
+    /// request's first-byte deadline (`limits.first_byte_timeout_ms`).
+    /// Keep-alive comments before it do not put it off.
+    first_event_by: Option<Instant>,
     /// The last bytes of the stream (the end marker or an error event),
     /// sent only once the audit record is durable.
     tail: Option<Vec<u8>>,
@@ -169,6 +173,9 @@ impl<W: WireFormat> VerifiedStream<W> {
     fn new(context: &RequestContext<'_, W>, response: UpstreamResponse, attempt: Attempt) -> Self {
         let config = &context.state.policy.verify;
         let delivery = attempt.delivery.clone();
+        let first_byte_timeout =
+            Duration::from_millis(context.state.policy.limits.first_byte_timeout_ms);
+        let first_event_by = Some(attempt.sent_at + first_byte_timeout);
         Self {
             upstream: response.into_body().into_data_stream(),
             parser: SseParser::new(),
@@ -189,6 +196,7 @@ impl<W: WireFormat> VerifiedStream<W> {
             committed: false,
             held_bytes: 0,
             too_large: false,
+            first_event_by,
             tail: None,
             end: None,
             verdict: None,
@@ -268,9 +276,21 @@ impl<W: WireFormat> VerifiedStream<W> {
 
     /// One upstream read and everything it completes.
     async fn advance(&mut self, clock: &mut RequestClock) {
-        match next_within(&mut self.upstream, clock, self.idle_timeout).await {
+        let wait = match self.first_event_by {
+            None => self.idle_timeout,
+            Some(by) => by
+                .saturating_duration_since(Instant::now())
+                .min(self.idle_timeout),
+        };
+        match next_within(&mut self.upstream, clock, wait).await {
             Err(detail) => {
                 self.stalled = true;
+                let detail = match self.first_event_by {
+                    Some(by) if Instant::now() >= by => "sent no event by its first-byte deadline \
+                         (limits.first_byte_timeout_ms), keep-alives aside"
+                        .to_owned(),
+                    _ => detail,
+                };
                 self.interrupt(detail);
             }
             Ok(next) => self.take(next).await,
@@ -296,13 +316,7 @@ impl<W: WireFormat> VerifiedStream<W> {
                 // The last event may lack its blank line: taken as ended.
                 let mut events = std::mem::take(&mut self.events);
                 self.parser.flush_last_event(&mut events);
-                for event in events.drain(..) {
-                    if self.end.is_some() {
-                        break;
-                    }
-                    self.on_event(event).await;
-                }
-                self.events = events;
+                self.on_events(events).await;
                 if self.end.is_some() {
                     return;
                 }
@@ -326,13 +340,7 @@ impl<W: WireFormat> VerifiedStream<W> {
                 }
                 let mut events = std::mem::take(&mut self.events);
                 self.parser.feed(&bytes, &mut events);
-                for event in events.drain(..) {
-                    if self.end.is_some() {
-                        break;
-                    }
-                    self.on_event(event).await;
-                }
-                self.events = events;
+                self.on_events(events).await;
                 while let Some(data) = self.writer.spent() {
                     self.parser.recycle(data);
                 }
@@ -340,7 +348,20 @@ impl<W: WireFormat> VerifiedStream<W> {
         }
     }
 
+    /// Takes `events` in order until the stream ends; keeps their list's
+    /// buffer for the next read.
+    async fn on_events(&mut self, mut events: Vec<SseEvent>) {
+        for event in events.drain(..) {
+            if self.end.is_some() {
+                break;
+            }
+            self.on_event(event).await;
+        }
+        self.events = events;
+    }
+
     async fn on_event(&mut self, event: SseEvent) {
+        self.first_event_by = None;
         let (chunk, last) = match W::read_stream_event(&event, &mut self.memo) {
             EventView::Done => return self.finalize(Some(true)).await,
             EventView::Final(chunk) => (chunk, true),
