@@ -270,11 +270,7 @@ impl serde_json::ser::Formatter for PythonJsonFormatter {
         writer: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
+        self.begin_array_value(writer, first)
     }
 
     fn begin_object_value<W: ?Sized + std::io::Write>(

@@ -249,6 +249,16 @@ impl ApiError {
         Self::new(ErrorCode::InvalidValue, message).with_param(param)
     }
 
+    /// 400 `local_engine_error`: the local engine cannot serve `what`,
+    /// which field `param` asks for.
+    pub fn local_engine_cannot_serve(param: &'static str, what: impl std::fmt::Display) -> Self {
+        Self::new(
+            ErrorCode::LocalEngineRejected,
+            format!("Local engine: cannot serve {what}"),
+        )
+        .with_param(param)
+    }
+
     /// 404 `model_not_found`.
     pub fn model_not_found(model: &str) -> Self {
         Self::new(

@@ -431,6 +431,26 @@ fn the_local_fallback_example_runs() {
     }
 }
 
+/// A Messages route, `a`, on an Anthropic provider at `upstream`, whose
+/// trusted context (5 tokens) sends every request to the local engine.
+fn anthropic_route(upstream: &str) -> String {
+    format!(
+        r#"
+[[providers]]
+name = "anthropic"
+api = "anthropic"
+base_url = "{upstream}/v1"
+context_window = 100000
+
+[[routes]]
+model = "a"
+provider = "anthropic"
+local_model = "tiny-local"
+max_context_tokens = 5
+"#
+    )
+}
+
 /// What the local engine cannot do is refused in the API's own error shape,
 /// a 400 naming the field, never served without it: more than one choice,
 /// logprobs, tools, JSON output, content other than text, tool turns, a
@@ -443,21 +463,7 @@ async fn what_the_local_engine_cannot_serve_is_refused_in_each_apis_format() {
     let model = tiny_model(dir.dir.path(), "tiny", 4096);
     // Every request is over the routes' trusted context: all go to local.
     let mut policy_text = policy(&closed, &model, "max_context_tokens = 5", "");
-    policy_text.push_str(&format!(
-        r#"
-[[providers]]
-name = "anthropic"
-api = "anthropic"
-base_url = "{closed}/v1"
-context_window = 100000
-
-[[routes]]
-model = "a"
-provider = "anthropic"
-local_model = "tiny-local"
-max_context_tokens = 5
-"#
-    ));
+    policy_text.push_str(&anthropic_route(&closed));
     let proxy_dir = ProxyDir::new();
     let policy_path = proxy_dir.policy(&policy_text);
     let proxy = start_proxy_with_policy(&proxy_dir, &policy_path, &[]);
@@ -649,21 +655,7 @@ async fn the_stop_string_a_local_answer_stopped_at_is_named() {
     let model = tiny_model(dir.dir.path(), "tiny", 4096);
     let engine = start_engine_server(&model);
     let mut policy_text = policy(&closed, &model, "", "");
-    policy_text.push_str(&format!(
-        r#"
-[[providers]]
-name = "anthropic"
-api = "anthropic"
-base_url = "{closed}/v1"
-context_window = 100000
-
-[[routes]]
-model = "a"
-provider = "anthropic"
-local_model = "tiny-local"
-max_context_tokens = 5
-"#
-    ));
+    policy_text.push_str(&anthropic_route(&closed));
     let proxy_dir = ProxyDir::new();
     let policy_path = proxy_dir.policy(&policy_text);
     let proxy = start_proxy_with_policy(&proxy_dir, &policy_path, &[]);

@@ -723,20 +723,26 @@ async fn a_providers_error_event_reaches_the_client_as_its_own() {
 /// false` of every answer: its stream is read as one, and its word on
 /// retrying is not put on canarygate's own error (a blocked answer), which
 /// SDKs retry by their own rule.
+/// An obedient model's stream answering `request` with two planets: the
+/// echo and the text, the finish, then `end`.
+fn planets_stream(request: &Value, end: &str) -> String {
+    let opening = canarygate_policies::inject::obedient_echo(request).unwrap_or_default();
+    let text = json!(format!("{opening}\nMercury, Venus.")).to_string();
+    format!(
+        "data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":{text}}},\
+         \"finish_reason\":null}}]}}\n\n\
+         data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{}},\
+         \"finish_reason\":\"stop\"}}]}}\n\n{end}"
+    )
+}
+
 async fn terse_upstream() -> String {
     use axum::body::Body;
     use axum::http::Response;
     use axum::{Json, Router, routing::post};
     async fn answer(Json(request): Json<Value>) -> Response<Body> {
-        let opening = canarygate_policies::inject::obedient_echo(&request).unwrap_or_default();
         let mut response = if request["stream"] == true {
-            let text = json!(format!("{opening}\nMercury, Venus.")).to_string();
-            Response::new(Body::from(format!(
-                "data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":{text}}},\
-                 \"finish_reason\":null}}]}}\n\n\
-                 data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{}},\
-                 \"finish_reason\":\"stop\"}}]}}\n\ndata: [DONE]\n\n"
-            )))
+            Response::new(Body::from(planets_stream(&request, "data: [DONE]\n\n")))
         } else {
             // No echo: blocked.
             let body = json!({"id": "c2", "object": "chat.completion", "choices": [{"index": 0,
@@ -1021,14 +1027,7 @@ async fn a_providers_error_with_a_200_is_its_error_not_a_failed_check() {
 async fn curt_upstream() -> String {
     use axum::{Json, Router, routing::post};
     async fn answer(Json(request): Json<Value>) -> ([(&'static str, &'static str); 1], String) {
-        let opening = canarygate_policies::inject::obedient_echo(&request).unwrap_or_default();
-        let text = json!(format!("{opening}\nMercury, Venus.")).to_string();
-        let events = format!(
-            "data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":{text}}},\
-             \"finish_reason\":null}}]}}\n\n\
-             data: {{\"id\":\"c1\",\"choices\":[{{\"index\":0,\"delta\":{{}},\
-             \"finish_reason\":\"stop\"}}]}}\n\ndata: [DONE]\n"
-        );
+        let events = planets_stream(&request, "data: [DONE]\n");
         ([("content-type", "text/event-stream")], events)
     }
     let app = Router::new().route("/v1/chat/completions", post(answer));

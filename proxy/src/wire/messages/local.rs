@@ -44,13 +44,8 @@ const READ_BLOCKS: [&str; 3] = ["text", "thinking", "redacted_thinking"];
 /// field): tools, thinking, and content other than text (images,
 /// documents, tool calls and their results).
 fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
-    let refused = |param: &'static str, what: String| {
-        Err(ApiError::new(
-            ErrorCode::LocalEngineRejected,
-            format!("Local engine: cannot serve {what}"),
-        )
-        .with_param(param))
-    };
+    let refused =
+        |param: &'static str, what: String| Err(ApiError::local_engine_cannot_serve(param, what));
     if body["tools"]
         .as_array()
         .is_some_and(|tools| !tools.is_empty())

@@ -53,13 +53,8 @@ const TEXT_PARTS: [&str; 2] = ["input_text", "output_text"];
 /// background answer, and input other than text (images, files, function
 /// calls and their outputs). Reasoning items of earlier turns are skipped.
 fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
-    let refused = |param: &'static str, what: String| {
-        Err(ApiError::new(
-            ErrorCode::LocalEngineRejected,
-            format!("Local engine: cannot serve {what}"),
-        )
-        .with_param(param))
-    };
+    let refused =
+        |param: &'static str, what: String| Err(ApiError::local_engine_cannot_serve(param, what));
     let set = |field: &str| body.get(field).is_some_and(|value| !value.is_null());
     if body["tools"]
         .as_array()
