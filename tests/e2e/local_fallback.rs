@@ -615,6 +615,30 @@ async fn what_the_local_engine_cannot_serve_is_refused_in_each_apis_format() {
         assert_eq!(answer["model"], "tiny-local", "{path}: {answer}");
     }
 
+    // A prompt over the engine's window names the format's prompt field.
+    let long = long_text("Diary", 5000);
+    for (path, body, param) in [
+        ("responses", responses(json!({"input": long})), "input"),
+        (
+            "completions",
+            json!({"model": "m", "max_tokens": 4, "prompt": long}),
+            "prompt",
+        ),
+        (
+            "chat/completions",
+            chat(json!({"messages": user(&long)})),
+            "messages",
+        ),
+    ] {
+        let (status, answer) = post(path, body).await;
+        assert_eq!(status, 400, "{path}: {answer}");
+        assert_eq!(
+            answer["error"]["code"], "context_length_exceeded",
+            "{answer}"
+        );
+        assert_eq!(answer["error"]["param"], param, "{path}: {answer}");
+    }
+
     // `canarygate engine serve` refuses the same.
     let response = client()
         .post(format!("{}/v1/chat/completions", engine.url))

@@ -88,7 +88,7 @@ pub async fn serve<W: WireFormat>(
     trail.served_locally();
     // The engine speaks Chat Completions; other formats are translated.
     let chat = W::local_request(&request.body)?;
-    let call = start_chat(engine.handle(), &chat, context.local_model).map_err(api_error)?;
+    let call = start_chat(engine.handle(), &chat, context.local_model).map_err(api_error::<W>)?;
     let prompt_tokens = call.prompt_tokens() as u64;
     trail.prompt_tokens_provider(Some(prompt_tokens));
     if call.is_stream() {
@@ -108,7 +108,10 @@ pub async fn serve<W: WireFormat>(
         mark::<W>(head.headers_mut(), reason, &context.request_id);
         return Ok(Served::Stream(head, PendingBody::new(relay)));
     }
-    let answer = W::local_answer(call.complete().await.map_err(api_error)?, &request.body);
+    let answer = W::local_answer(
+        call.complete().await.map_err(api_error::<W>)?,
+        &request.body,
+    );
     let mut response = context.json_response(StatusCode::OK, Body::from(answer.to_string()), None);
     mark::<W>(response.headers_mut(), reason, &context.request_id);
     Ok(Served::Whole(response))
@@ -153,8 +156,9 @@ fn mark<W: WireFormat>(headers: &mut HeaderMap, reason: LocalReason, request_id:
     );
 }
 
-/// The engine's refusal as canarygate's error.
-fn api_error(error: ChatError) -> ApiError {
+/// The engine's refusal as canarygate's error in format `W`: the engine's
+/// `messages` (its Chat request's prompt) is `W`'s prompt field.
+fn api_error<W: WireFormat>(error: ChatError) -> ApiError {
     let code = match error.failure {
         ChatFailure::Invalid => ErrorCode::LocalEngineRejected,
         ChatFailure::ContextLengthExceeded => ErrorCode::ContextLengthExceeded,
@@ -162,6 +166,9 @@ fn api_error(error: ChatError) -> ApiError {
         ChatFailure::Failed => ErrorCode::LocalEngineFailed,
     };
     let mut api_error = ApiError::new(code, format!("Local engine: {}", error.message));
-    api_error.param = error.param;
+    api_error.param = match error.param {
+        Some("messages") => Some(W::PROMPT_PARAM),
+        param => param,
+    };
     api_error
 }

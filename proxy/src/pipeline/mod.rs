@@ -99,7 +99,7 @@ pub async fn serve<W: WireFormat>(
             }
             _ => Err(
                 ApiError::new(ErrorCode::ContextLengthExceeded, over.message(&route))
-                    .with_param("messages"),
+                    .with_param(W::PROMPT_PARAM),
             ),
         };
     }

@@ -414,6 +414,10 @@ pub trait WireFormat: Send + Sync + 'static {
     /// its key, which goes in the header the provider's API expects).
     const FORWARDED_HEADERS: &'static [&'static str];
 
+    /// The request field that holds the prompt (`messages`, `input`,
+    /// `prompt`): the `param` of an error about the prompt as a whole.
+    const PROMPT_PARAM: &'static str;
+
     /// Parses and validates the client's request.
     fn parse_request(bytes: &[u8]) -> Result<ClientRequest, ApiError>;
 

@@ -62,6 +62,7 @@ impl WireFormat for Chat {
     const PATH: &'static str = crate::upstream::CHAT_COMPLETIONS;
     const API: ProviderApi = ProviderApi::Openai;
     const FORWARDED_HEADERS: &'static [&'static str] = &OPENAI_HEADERS;
+    const PROMPT_PARAM: &'static str = "messages";
 
     fn parse_request(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
         request::parse(bytes)

@@ -70,6 +70,7 @@ impl WireFormat for Completions {
     const PATH: &'static str = "completions";
     const API: ProviderApi = ProviderApi::Openai;
     const FORWARDED_HEADERS: &'static [&'static str] = &OPENAI_HEADERS;
+    const PROMPT_PARAM: &'static str = "prompt";
 
     fn parse_request(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
         request::parse(bytes)

@@ -58,6 +58,7 @@ impl WireFormat for Messages {
     const PATH: &'static str = "messages";
     const API: ProviderApi = ProviderApi::Anthropic;
     const FORWARDED_HEADERS: &'static [&'static str] = &["anthropic-version", "anthropic-beta"];
+    const PROMPT_PARAM: &'static str = "messages";
 
     fn parse_request(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
         request::parse(bytes)

@@ -62,6 +62,7 @@ impl WireFormat for Responses {
     const PATH: &'static str = "responses";
     const API: ProviderApi = ProviderApi::Openai;
     const FORWARDED_HEADERS: &'static [&'static str] = &OPENAI_HEADERS;
+    const PROMPT_PARAM: &'static str = "input";
 
     fn parse_request(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
         request::parse(bytes)
