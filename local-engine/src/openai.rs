@@ -135,6 +135,7 @@ pub fn start_chat(engine: &EngineHandle, body: &Value, model: &str) -> Result<Ch
     let object = body
         .as_object()
         .ok_or_else(|| ChatError::invalid(None, "the request body must be a JSON object"))?;
+    refuse_out_of_range(object)?;
     refuse_unsupported(object)?;
     let messages = parse_messages(object.get("messages"))?;
     let prompt = engine
@@ -218,6 +219,29 @@ fn stop_reason(stop: &[String], finish: FinishReason) -> Value {
     }
 }
 
+/// Refuses what OpenAI's API refuses as out of range (a 400 naming the
+/// field), rather than serve it: `n` below 1, `temperature` outside 0 to 2,
+/// `top_p` outside 0 to 1.
+fn refuse_out_of_range(request: &serde_json::Map<String, Value>) -> Result<(), ChatError> {
+    let number = |field: &str| request.get(field).and_then(Value::as_f64);
+    let out_of_range = |field: &'static str, range: &str| {
+        Err(ChatError::invalid(
+            Some(field),
+            format!("`{field}` must be {range}"),
+        ))
+    };
+    if number("n").is_some_and(|n| n < 1.0) {
+        return out_of_range("n", "at least 1");
+    }
+    if number("temperature").is_some_and(|t| !(0.0..=2.0).contains(&t)) {
+        return out_of_range("temperature", "from 0 to 2");
+    }
+    if number("top_p").is_some_and(|p| !(0.0..=1.0).contains(&p)) {
+        return out_of_range("top_p", "from 0 to 1");
+    }
+    Ok(())
+}
+
 /// Refuses a request for what the engine cannot do (a 400 naming the
 /// field): an answer without it would not be the answer asked for.
 fn refuse_unsupported(request: &serde_json::Map<String, Value>) -> Result<(), ChatError> {
@@ -275,6 +299,15 @@ fn parse_messages(messages: Option<&Value>) -> Result<Vec<ChatMessage>, ChatErro
                     format!("messages[{index}] must be an object with a string `role`"),
                 )
             })?;
+            if !matches!(
+                role,
+                "system" | "developer" | "user" | "assistant" | "tool" | "function"
+            ) {
+                return Err(ChatError::invalid(
+                    Some("messages"),
+                    format!("messages[{index}] has the unknown role `{role}`"),
+                ));
+            }
             let tool_turn = matches!(role, "tool" | "function")
                 || ["tool_calls", "function_call"]
                     .iter()

@@ -454,7 +454,8 @@ max_context_tokens = 5
 /// What the local engine cannot do is refused in the API's own error shape,
 /// a 400 naming the field, never served without it: more than one choice,
 /// logprobs, tools, JSON output, content other than text, tool turns, a
-/// conversation the provider keeps, a background answer, thinking. A text
+/// conversation the provider keeps, a background answer, thinking; and what
+/// the API itself refuses (`n` 0, `temperature` 3, an unknown role). A text
 /// request on the same route is served.
 #[tokio::test(flavor = "multi_thread")]
 async fn what_the_local_engine_cannot_serve_is_refused_in_each_apis_format() {
@@ -483,6 +484,12 @@ async fn what_the_local_engine_cannot_serve_is_refused_in_each_apis_format() {
         "parameters": {"type": "object", "properties": {}}}}]);
     let chat_cases = [
         ("n", chat(json!({"n": 2}))),
+        ("n", chat(json!({"n": 0}))),
+        ("temperature", chat(json!({"temperature": 3}))),
+        (
+            "messages",
+            chat(json!({"messages": [{"role": "wizard", "content": "Name a river"}]})),
+        ),
         (
             "logprobs",
             chat(json!({"logprobs": true, "top_logprobs": 2})),
@@ -595,11 +602,11 @@ async fn what_the_local_engine_cannot_serve_is_refused_in_each_apis_format() {
                 &answer["error"]
             };
             // The local engine refused it; nothing went upstream.
+            let message = error["message"].as_str().unwrap();
             assert!(
-                error["message"]
-                    .as_str()
-                    .unwrap()
-                    .starts_with("Local engine: cannot serve"),
+                message.starts_with("Local engine: cannot serve")
+                    || message.starts_with(&format!("Local engine: `{param}` must be"))
+                    || message.contains("unknown role"),
                 "{path} {param}: {answer}"
             );
         }
