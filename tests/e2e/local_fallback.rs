@@ -552,6 +552,13 @@ async fn what_the_local_engine_cannot_serve_is_refused_in_each_apis_format() {
     };
     let messages_cases = [
         (
+            "messages",
+            messages(
+                json!({"messages": [{"role": "system", "content": "Be brief."},
+                                         {"role": "user", "content": "Name a river"}]}),
+            ),
+        ),
+        (
             "tools",
             messages(json!({"tools": [{"name": "weather",
             "input_schema": {"type": "object", "properties": {}}}]})),
@@ -601,12 +608,14 @@ async fn what_the_local_engine_cannot_serve_is_refused_in_each_apis_format() {
                 assert_eq!(answer["error"]["param"], *param, "{path}: {answer}");
                 &answer["error"]
             };
-            // The local engine refused it; nothing went upstream.
+            // The local engine refused it (or, for a role Anthropic refuses,
+            // canarygate did as Anthropic would); nothing went upstream.
             let message = error["message"].as_str().unwrap();
             assert!(
                 message.starts_with("Local engine: cannot serve")
                     || message.starts_with(&format!("Local engine: `{param}` must be"))
-                    || message.contains("unknown role"),
+                    || message.contains("unknown role")
+                    || message.contains("Input should be 'user' or 'assistant'"),
                 "{path} {param}: {answer}"
             );
         }

@@ -80,6 +80,14 @@ fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
         .flatten()
         .enumerate()
     {
+        // Anthropic takes the system prompt in `system`, and only these roles
+        // in `messages`.
+        if !matches!(message["role"].as_str(), Some("user" | "assistant")) {
+            return Err(ApiError::invalid_param(
+                "messages",
+                format!("messages.{index}.role: Input should be 'user' or 'assistant'"),
+            ));
+        }
         if let Some(kind) = blocks(&message["content"]).first() {
             return refused(
                 "messages",
