@@ -165,18 +165,21 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
             Ok(Err(error)) => Err(upstream.send_error(&error)),
             Ok(Ok(response)) => {
                 *self.provider_headers() = relayed_headers(response.headers());
+                // An error keeps its status and retry hints, whatever its
+                // body; an answer canarygate cannot read is refused.
                 if let Some(coding) = response
                     .headers()
                     .get(header::CONTENT_ENCODING)
                     .filter(|coding| !coding.as_bytes().eq_ignore_ascii_case(b"identity"))
+                    .filter(|_| response.status().is_success())
                 {
+                    let coding = String::from_utf8_lossy(coding.as_bytes()).into_owned();
                     return Err(ApiError::new(
                         ErrorCode::UpstreamError,
                         format!(
-                            "Provider `{}` answered with Content-Encoding `{}` although \
+                            "Provider `{}` answered with Content-Encoding `{coding}` although \
                              canarygate asked for none (Accept-Encoding: identity).",
                             upstream.name,
-                            String::from_utf8_lossy(coding.as_bytes())
                         ),
                     ));
                 }

@@ -591,10 +591,15 @@ async fn what_the_local_engine_cannot_serve_is_refused_in_each_apis_format() {
             (status, body)
         }
     };
+    let completions_cases = [(
+        "logprobs",
+        json!({"model": "m", "max_tokens": 4, "prompt": "Name a river", "logprobs": 2}),
+    )];
     for (path, cases) in [
         ("chat/completions", &chat_cases[..]),
         ("responses", &responses_cases[..]),
         ("messages", &messages_cases[..]),
+        ("completions", &completions_cases[..]),
     ] {
         for (param, body) in cases {
             let (status, answer) = post(path, body.clone()).await;
@@ -615,7 +620,8 @@ async fn what_the_local_engine_cannot_serve_is_refused_in_each_apis_format() {
                 message.starts_with("Local engine: cannot serve")
                     || message.starts_with(&format!("Local engine: `{param}` must be"))
                     || message.contains("unknown role")
-                    || message.contains("Input should be 'user' or 'assistant'"),
+                    || message.contains("Input should be 'user' or 'assistant'")
+                    || message.contains("must be served by canarygate's local engine, which"),
                 "{path} {param}: {answer}"
             );
         }
@@ -623,6 +629,7 @@ async fn what_the_local_engine_cannot_serve_is_refused_in_each_apis_format() {
         let plain = match path {
             "chat/completions" => chat(json!({})),
             "responses" => responses(json!({})),
+            "completions" => json!({"model": "m", "max_tokens": 4, "prompt": "Name a river"}),
             _ => messages(json!({})),
         };
         let (status, answer) = post(path, plain).await;

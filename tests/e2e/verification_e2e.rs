@@ -1057,15 +1057,30 @@ static SEEN_ACCEPT_ENCODING: std::sync::Mutex<String> = std::sync::Mutex::new(St
 async fn compressing_upstream() -> String {
     use axum::http::HeaderMap;
     use axum::{Router, routing::post};
-    async fn answer(headers: HeaderMap) -> ([(&'static str, &'static str); 2], &'static str) {
+    async fn answer(
+        headers: HeaderMap,
+        body: String,
+    ) -> (
+        axum::http::StatusCode,
+        [(&'static str, &'static str); 3],
+        &'static str,
+    ) {
         *SEEN_ACCEPT_ENCODING.lock().unwrap() = headers
             .get("accept-encoding")
             .map(|value| value.to_str().unwrap().to_owned())
             .unwrap_or_default();
+        // Over its rate limit when asked about limits.
+        let status = if body.contains("limits") {
+            axum::http::StatusCode::TOO_MANY_REQUESTS
+        } else {
+            axum::http::StatusCode::OK
+        };
         (
+            status,
             [
                 ("content-type", "application/json"),
                 ("content-encoding", "gzip"),
+                ("retry-after", "1"),
             ],
             "\u{1f}\u{8b} not JSON",
         )
@@ -1098,6 +1113,17 @@ async fn a_compressed_answer_is_refused_clearly_and_none_is_asked_for() {
         assert!(message.contains("Content-Encoding `gzip`"), "{message}");
         assert_eq!(*SEEN_ACCEPT_ENCODING.lock().unwrap(), "identity");
     }
+    // A compressed error keeps its status and retry hints.
+    let limited = client()
+        .post(format!("{}/v1/chat/completions", proxy.url))
+        .bearer_auth("sk-e2e")
+        .json(&json!({"model": "sim-model",
+                      "messages": [{"role": "user", "content": "What are your limits?"}]}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(limited.status(), 429);
+    assert_eq!(limited.headers()["retry-after"], "1");
 }
 
 /// A provider that opens its stream, then sends keep-alive comments every

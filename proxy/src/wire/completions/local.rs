@@ -4,11 +4,11 @@
 //! answer comes back as a `text_completion` object or chunks.
 //!
 //! The engine serves one conversation and one choice per request, so a list
-//! of several prompts, `n` over 1, token-id prompts and a `suffix` (text to
-//! insert before, which a chat model cannot do) are refused with a clear 400
-//! rather than answered with fewer choices or a different kind of text.
-//! `echo` is served (the client's own prompt, without canaries, opens the
-//! text); `logprobs` come back `null`, as the engine computes none.
+//! of several prompts, `n` over 1, token-id prompts, a `suffix` (text to
+//! insert before, which a chat model cannot do) and `logprobs` (the engine
+//! computes none) are refused with a clear 400 rather than answered with
+//! fewer choices, a different kind of text or no logprobs. `echo` is served
+//! (the client's own prompt, without canaries, opens the text).
 
 use canarygate_policies::sse::{SseEvent, encode_data, encode_json};
 use serde_json::{Map, Value, json};
@@ -59,6 +59,16 @@ pub fn request(body: &Value) -> Result<Value, ApiError> {
             "n",
             "This request must be served by canarygate's local engine, which gives one choice \
              per request; send `n` = 1.",
+        ));
+    }
+    if body
+        .get("logprobs")
+        .is_some_and(|logprobs| !logprobs.is_null())
+    {
+        return Err(refused(
+            "logprobs",
+            "This request must be served by canarygate's local engine, which cannot give \
+             logprobs.",
         ));
     }
     if body
@@ -207,7 +217,7 @@ mod tests {
     #[test]
     fn one_text_prompt_becomes_one_user_message_with_the_default_limit() {
         let body = json!({"model": "m", "prompt": ["Write a haiku"], "temperature": 0,
-                          "stream": true, "logprobs": 2, "best_of": 3, "echo": true});
+                          "stream": true, "best_of": 3, "echo": true});
         let chat = request(&body).unwrap();
         assert_eq!(
             chat,
@@ -221,6 +231,10 @@ mod tests {
             (
                 json!({"model": "m", "prompt": "a", "suffix": "end"}),
                 "suffix",
+            ),
+            (
+                json!({"model": "m", "prompt": "a", "logprobs": 2}),
+                "logprobs",
             ),
         ] {
             let error = request(&body).unwrap_err();
