@@ -30,23 +30,6 @@ pub async fn serve<W: WireFormat>(
         .upstream
         .read_whole(trail.clock(), response, context.idle_timeout())
         .await?;
-    // An error the provider answered with a 2xx (some gateways do) is its
-    // error, with the status its type stands for, as if it had said so: not
-    // an answer that fails the checks.
-    if W::is_error_body(&bytes)
-        && let Some(error_status) = std::str::from_utf8(&bytes)
-            .ok()
-            .and_then(W::error_event_status)
-    {
-        tracing::warn!(
-            request_id = %context.request_id,
-            provider = %context.upstream.name,
-            "the provider answered {status} with an error body: passed on as {error_status}"
-        );
-        return Ok(Decided::Served(Served::Whole(
-            context.provider_error_response(error_status, bytes),
-        )));
-    }
     // Read in place when the format knows the answer's shape and nothing
     // but its texts and finish reasons may change; else from its tree.
     let light = std::str::from_utf8(&bytes)
@@ -69,6 +52,30 @@ pub async fn serve<W: WireFormat>(
             Read::Tree { answer, view }
         }
     };
+    // An error the provider answered with a 2xx (some gateways do) is its
+    // error, with the status its type stands for, as if it had said so: not
+    // an answer that fails the checks. Only an answer without a text is
+    // parsed again to tell: an answer's reading stays one pass.
+    let textless = read
+        .view()
+        .choices
+        .iter()
+        .all(|choice| choice.texts.is_empty());
+    if textless
+        && W::is_error_body(&bytes)
+        && let Some(error_status) = std::str::from_utf8(&bytes)
+            .ok()
+            .and_then(W::error_event_status)
+    {
+        tracing::warn!(
+            request_id = %context.request_id,
+            provider = %context.upstream.name,
+            "the provider answered {status} with an error body: passed on as {error_status}"
+        );
+        return Ok(Decided::Served(Served::Whole(
+            context.provider_error_response(error_status, bytes.clone()),
+        )));
+    }
     let mut finish_reasons = Vec::new();
     // Each field's span of its part, in the order of the view's fields. A
     // stop here (ttft) withholds the answer, so nothing is read.
