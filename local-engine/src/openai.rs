@@ -161,7 +161,16 @@ pub fn start_chat(engine: &EngineHandle, body: &Value, model: &str) -> Result<Ch
         }
     };
     let defaults = SamplingParams::default();
-    let max_tokens = count("max_completion_tokens")?.or(count("max_tokens")?);
+    let (limit_field, max_tokens) = match count("max_completion_tokens")? {
+        Some(max) => ("max_completion_tokens", Some(max)),
+        None => ("max_tokens", count("max_tokens")?),
+    };
+    if max_tokens == Some(0) {
+        return Err(ChatError::invalid(
+            Some(limit_field),
+            format!("`{limit_field}` must be at least 1"),
+        ));
+    }
     let stop = match object.get("stop") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::String(stop)) => vec![stop.clone()],

@@ -486,6 +486,11 @@ async fn what_the_local_engine_cannot_serve_is_refused_in_each_apis_format() {
         ("n", chat(json!({"n": 2}))),
         ("n", chat(json!({"n": 0}))),
         ("temperature", chat(json!({"temperature": 3}))),
+        ("max_tokens", chat(json!({"max_tokens": 0}))),
+        (
+            "max_completion_tokens",
+            chat(json!({"max_completion_tokens": 0})),
+        ),
         (
             "messages",
             chat(json!({"messages": [{"role": "wizard", "content": "Name a river"}]})),
@@ -523,6 +528,10 @@ async fn what_the_local_engine_cannot_serve_is_refused_in_each_apis_format() {
         body
     };
     let responses_cases = [
+        (
+            "max_output_tokens",
+            responses(json!({"max_output_tokens": 0})),
+        ),
         (
             "tools",
             responses(json!({"tools": [{"type": "function", "name": "weather",

@@ -157,7 +157,8 @@ fn mark<W: WireFormat>(headers: &mut HeaderMap, reason: LocalReason, request_id:
 }
 
 /// The engine's refusal as canarygate's error in format `W`: the engine's
-/// `messages` (its Chat request's prompt) is `W`'s prompt field.
+/// `messages` and `max_tokens` (its Chat request's prompt and limit) are
+/// `W`'s prompt and limit fields, in `param` and in the message.
 fn api_error<W: WireFormat>(error: ChatError) -> ApiError {
     let code = match error.failure {
         ChatFailure::Invalid => ErrorCode::LocalEngineRejected,
@@ -165,10 +166,18 @@ fn api_error<W: WireFormat>(error: ChatError) -> ApiError {
         ChatFailure::Unavailable => ErrorCode::LocalEngineStopping,
         ChatFailure::Failed => ErrorCode::LocalEngineFailed,
     };
-    let mut api_error = ApiError::new(code, format!("Local engine: {}", error.message));
-    api_error.param = match error.param {
+    let param = match error.param {
         Some("messages") => Some(W::PROMPT_PARAM),
+        Some("max_tokens") => Some(W::LIMIT_PARAM),
         param => param,
     };
+    let message = match (error.param, param) {
+        (Some(engine), Some(own)) if engine != own => error
+            .message
+            .replace(&format!("`{engine}`"), &format!("`{own}`")),
+        _ => error.message,
+    };
+    let mut api_error = ApiError::new(code, format!("Local engine: {message}"));
+    api_error.param = param;
     api_error
 }

@@ -418,6 +418,10 @@ pub trait WireFormat: Send + Sync + 'static {
     /// `prompt`): the `param` of an error about the prompt as a whole.
     const PROMPT_PARAM: &'static str;
 
+    /// The request field that limits the answer's tokens (`max_tokens`,
+    /// `max_output_tokens`): the `param` of an error about that limit.
+    const LIMIT_PARAM: &'static str;
+
     /// Parses and validates the client's request.
     fn parse_request(bytes: &[u8]) -> Result<ClientRequest, ApiError>;
 

@@ -63,6 +63,7 @@ impl WireFormat for Chat {
     const API: ProviderApi = ProviderApi::Openai;
     const FORWARDED_HEADERS: &'static [&'static str] = &OPENAI_HEADERS;
     const PROMPT_PARAM: &'static str = "messages";
+    const LIMIT_PARAM: &'static str = "max_tokens";
 
     fn parse_request(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
         request::parse(bytes)

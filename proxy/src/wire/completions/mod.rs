@@ -71,6 +71,7 @@ impl WireFormat for Completions {
     const API: ProviderApi = ProviderApi::Openai;
     const FORWARDED_HEADERS: &'static [&'static str] = &OPENAI_HEADERS;
     const PROMPT_PARAM: &'static str = "prompt";
+    const LIMIT_PARAM: &'static str = "max_tokens";
 
     fn parse_request(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
         request::parse(bytes)

@@ -59,6 +59,7 @@ impl WireFormat for Messages {
     const API: ProviderApi = ProviderApi::Anthropic;
     const FORWARDED_HEADERS: &'static [&'static str] = &["anthropic-version", "anthropic-beta"];
     const PROMPT_PARAM: &'static str = "messages";
+    const LIMIT_PARAM: &'static str = "max_tokens";
 
     fn parse_request(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
         request::parse(bytes)

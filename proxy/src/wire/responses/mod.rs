@@ -63,6 +63,7 @@ impl WireFormat for Responses {
     const API: ProviderApi = ProviderApi::Openai;
     const FORWARDED_HEADERS: &'static [&'static str] = &OPENAI_HEADERS;
     const PROMPT_PARAM: &'static str = "input";
+    const LIMIT_PARAM: &'static str = "max_output_tokens";
 
     fn parse_request(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
         request::parse(bytes)
