@@ -300,10 +300,17 @@ impl Upstream {
         first_byte: Duration,
         idle: Duration,
     ) -> Result<Vec<serde_json::Value>, ModelsError> {
+        // Anthropic's list comes in pages of 20 unless asked for more (at
+        // most 1,000); OpenAI's is whole.
+        let endpoint = match self.api {
+            ProviderApi::Openai => "models",
+            ProviderApi::Anthropic => "models?limit=1000",
+        };
         let url = self
-            .endpoint_url("models")
+            .endpoint_url(endpoint)
             .map_err(ModelsError::Canarygate)?;
-        let request = self.request(Method::GET, url, None, Some(&key), false);
+        let mut request = self.request(Method::GET, url, None, Some(&key), false);
+        request.headers_mut().extend(self.api_headers());
         let response = match clock
             .wait(tokio::time::timeout(first_byte, self.send(request)))
             .await

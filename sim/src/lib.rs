@@ -390,12 +390,43 @@ async fn count_http2(
     next.run(request).await
 }
 
-async fn models() -> impl IntoResponse {
-    let data: Vec<Value> = MODELS
+/// `GET /v1/models`: OpenAI's list, whole; or, to a client that sends
+/// `anthropic-version`, Anthropic's: pages of `limit` models (20 unless
+/// asked, at most 1,000) after `after_id`, with `has_more`.
+async fn models(
+    headers: axum::http::HeaderMap,
+    axum::extract::Query(query): axum::extract::Query<std::collections::HashMap<String, String>>,
+) -> impl IntoResponse {
+    if !headers.contains_key("anthropic-version") {
+        let data: Vec<Value> = MODELS
+            .iter()
+            .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "canarygate-sim"}))
+            .collect();
+        return axum::Json(json!({"object": "list", "data": data}));
+    }
+    let limit = query
+        .get("limit")
+        .and_then(|limit| limit.parse::<usize>().ok())
+        .unwrap_or(20)
+        .clamp(1, 1000);
+    let start = query
+        .get("after_id")
+        .and_then(|after| MODELS.iter().position(|id| id == after))
+        .map_or(0, |index| index + 1);
+    let page: Vec<Value> = MODELS
         .iter()
-        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "canarygate-sim"}))
+        .skip(start)
+        .take(limit)
+        .map(|id| {
+            json!({"type": "model", "id": id, "display_name": id,
+                   "created_at": "2026-01-01T00:00:00Z"})
+        })
         .collect();
-    axum::Json(json!({"object": "list", "data": data}))
+    let id = |model: Option<&Value>| model.and_then(|model| model.get("id")).cloned();
+    axum::Json(json!({
+        "first_id": id(page.first()), "last_id": id(page.last()),
+        "has_more": start + page.len() < MODELS.len(), "data": page,
+    }))
 }
 
 async fn stats(State(sim): State<Sim>) -> impl IntoResponse {
@@ -638,7 +669,9 @@ mod tests {
 
     #[tokio::test]
     async fn models_lists_the_reasoners() {
-        let response = models().await.into_response();
+        let response = models(Default::default(), axum::extract::Query(Default::default()))
+            .await
+            .into_response();
         let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
             .await
             .unwrap();
@@ -658,5 +691,35 @@ mod tests {
                 HIDDEN_REASONER_MODEL
             ]
         );
+    }
+
+    #[tokio::test]
+    async fn anthropic_clients_get_anthropics_list_in_pages() {
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert("anthropic-version", "2023-06-01".parse().unwrap());
+        let page = |query: &[(&str, &str)]| {
+            let query = query
+                .iter()
+                .map(|(name, value)| (name.to_string(), value.to_string()))
+                .collect();
+            let headers = headers.clone();
+            async move {
+                let response = models(headers, axum::extract::Query(query))
+                    .await
+                    .into_response();
+                let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+                    .await
+                    .unwrap();
+                serde_json::from_slice::<Value>(&bytes).unwrap()
+            }
+        };
+        let first = page(&[("limit", "3")]).await;
+        assert_eq!(first["data"][0]["type"], "model", "{first}");
+        assert_eq!(first["data"].as_array().unwrap().len(), 3, "{first}");
+        assert_eq!(first["has_more"], true, "{first}");
+        assert_eq!(first["last_id"], OPENROUTER_REASONER_MODEL, "{first}");
+        let rest = page(&[("after_id", OPENROUTER_REASONER_MODEL)]).await;
+        assert_eq!(rest["first_id"], HIDDEN_REASONER_MODEL, "{rest}");
+        assert_eq!(rest["has_more"], false, "{rest}");
     }
 }

@@ -254,6 +254,31 @@ fn the_anthropic_sdk_gets_every_guarantee_on_messages() {
         assert_eq!(answer["body"]["type"], "error", "{answer}");
     }
 
+    // `models.list()`: the Anthropic routes' models, in Anthropic's shape;
+    // an OpenAI client on the same proxy gets the OpenAI route's, in OpenAI's.
+    let models = result["models"].as_array().unwrap();
+    let ids: Vec<&str> = models.iter().map(|model| text(&model["id"])).collect();
+    assert_eq!(
+        ids,
+        [
+            "m-honest",
+            "m-truncate",
+            "m-swap",
+            "m-overloaded",
+            "m-local"
+        ],
+        "{models:?}"
+    );
+    assert!(
+        models.iter().all(|model| model["type"] == "model"),
+        "{models:?}"
+    );
+    let openai = &result["openai_models"]["body"];
+    assert_eq!(openai["object"], "list", "{openai}");
+    assert_eq!(openai["data"][0]["id"], "m-openai", "{openai}");
+    assert_eq!(openai["data"].as_array().unwrap().len(), 1, "{openai}");
+    wildcard_models_are_asked_of_the_callers_api(&honest);
+
     // The local engine serves what the provider is not trusted with.
     let local = &result["local"];
     assert_eq!(local["served_by"], "local", "{local}");
@@ -283,4 +308,61 @@ fn the_anthropic_sdk_gets_every_guarantee_on_messages() {
             .any(|record| record["verdict"].to_string().contains("fail")),
         "{messages:?}"
     );
+}
+
+/// With a wildcard route for each API, an Anthropic client's key goes to the
+/// Anthropic provider only, which is asked in its own API (every model in
+/// one page); the OpenAI provider is never asked.
+fn wildcard_models_are_asked_of_the_callers_api(anthropic: &Running) {
+    let dir = ProxyDir::new();
+    let policy = format!(
+        "{}\n[[providers]]\nname = \"openai\"\nbase_url = \"{}/v1\"\ncontext_window = 1000\n\n\
+         [[routes]]\nmodel = \"named\"\nprovider = \"claude\"\n\n\
+         [[routes]]\nmodel = \"*\"\nprovider = \"claude\"\n\n\
+         [[routes]]\nmodel = \"*\"\nprovider = \"openai\"\n",
+        anthropic_provider("claude", &anthropic.url),
+        closed_url()
+    );
+    let proxy = start_proxy_with_policy(&dir, &dir.policy(&policy), &[]);
+    let list: Value = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(async {
+            client()
+                .get(format!("{}/v1/models", proxy.url))
+                .header("x-api-key", "sk-ant-models")
+                .header("anthropic-version", "2023-06-01")
+                .send()
+                .await?
+                .json()
+                .await
+        })
+        .expect("the Anthropic model list");
+    let ids: Vec<&str> = list["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|model| text(&model["id"]))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            "named",
+            "sim-model",
+            "sim-reasoner",
+            "sim-reasoner-openrouter",
+            "sim-reasoner-hidden"
+        ],
+        "{list}"
+    );
+    assert!(
+        list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|model| model["type"] == "model"),
+        "the provider was asked in Anthropic's API: {list}"
+    );
+    assert_eq!(list["has_more"], false, "{list}");
+    assert_eq!(list["first_id"], "named", "{list}");
+    assert_eq!(list["last_id"], "sim-reasoner-hidden", "{list}");
 }

@@ -247,4 +247,7 @@ result["bad_request"] = raised(
         model="m-honest", max_tokens=5, messages=[{"role": "user", "content": 7}]
     )
 )
+# The model list, every page of it (the SDK pages on while `has_more`).
+result["models"] = [model.model_dump(mode="json") for model in client().models.list()]
+result["openai_models"] = raw_http("GET", "/v1/models", {"authorization": "Bearer sk-openai-surface"})
 print(json.dumps(result))

@@ -333,23 +333,37 @@ async fn render_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse
     )
 }
 
-/// `GET /v1/models`: the named routes, then, for a wildcard route, the
-/// provider's own list (asked with the provider key in managed auth, the
-/// caller's credentials in passthrough), without duplicates. A provider's
-/// error answer is passed on (wrapped when not OpenAI-shaped); when the
-/// provider cannot be asked (no credentials to pass on, unreachable, no
-/// list in its answer) the named routes alone are listed, and why is logged.
+/// `GET /v1/models`, in the caller's API: an Anthropic client (one that
+/// sends `anthropic-version`, or its key in `x-api-key` with no
+/// `Authorization`) gets the models of the Anthropic routes in Anthropic's
+/// shape, anyone else those of the OpenAI routes in OpenAI's; a caller's
+/// key is never sent to the other API's provider. The named routes, then,
+/// for a wildcard route, the provider's own list (asked with the provider
+/// key in managed auth, the caller's credentials in passthrough), without
+/// duplicates. A provider's error answer is passed on (wrapped when not in
+/// its API's shape); when the provider cannot be asked (no credentials to
+/// pass on, unreachable, no list in its answer) the named routes alone are
+/// listed, and why is logged.
 async fn list_models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
+    let anthropic = headers.contains_key("anthropic-version")
+        || (headers.contains_key("x-api-key") && !headers.contains_key(header::AUTHORIZATION));
+    if anthropic {
+        models_of::<Messages>(&state, &headers).await
+    } else {
+        models_of::<Chat>(&state, &headers).await
+    }
+}
+
+/// The model list of [`list_models`] for the routes of `W`'s API.
+async fn models_of<W: WireFormat>(state: &AppState, headers: &HeaderMap) -> Response {
     let policy = &state.policy;
     let mut data: Vec<Value> = policy
         .named_routes()
-        .filter(|(_, _, api)| *api == ProviderApi::Openai)
-        .map(|(model, route, _)| {
-            json!({"id": model, "object": "model", "created": 0, "owned_by": route.provider})
-        })
+        .filter(|(_, _, api)| *api == W::API)
+        .map(|(model, route, _)| model_entry(W::API, model, route.provider))
         .collect();
-    if let Some(provider) = policy.wildcard_provider(ProviderApi::Openai) {
-        match provider_models(&state, provider, &headers).await {
+    if let Some(provider) = policy.wildcard_provider(W::API) {
+        match provider_models::<W>(state, provider, headers).await {
             Ok(models) => {
                 for model in models {
                     let id = model.get("id").and_then(Value::as_str);
@@ -364,16 +378,36 @@ async fn list_models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> 
             Err(response) => return response,
         }
     }
-    axum::Json(json!({"object": "list", "data": data})).into_response()
+    let list = match W::API {
+        ProviderApi::Openai => json!({"object": "list", "data": data}),
+        ProviderApi::Anthropic => {
+            // One page holds every model: a client paging on never asks again.
+            let id = |model: Option<&Value>| model.and_then(|model| model.get("id")).cloned();
+            json!({"first_id": id(data.first()), "last_id": id(data.last()),
+                   "has_more": false, "data": data})
+        }
+    };
+    axum::Json(list).into_response()
+}
+
+/// A named route's entry in `api`'s model list.
+fn model_entry(api: ProviderApi, model: &str, provider: &str) -> Value {
+    match api {
+        ProviderApi::Openai => {
+            json!({"id": model, "object": "model", "created": 0, "owned_by": provider})
+        }
+        ProviderApi::Anthropic => json!({"type": "model", "id": model, "display_name": model,
+                                         "created_at": "1970-01-01T00:00:00Z"}),
+    }
 }
 
 /// The model list of `provider`, or the response to answer with instead.
-async fn provider_models(
+async fn provider_models<W: WireFormat>(
     state: &AppState,
     provider: &str,
     headers: &HeaderMap,
 ) -> Result<Vec<Value>, Response> {
-    let fail = |error: &ApiError| error_response::<Chat>(error);
+    let fail = |error: &ApiError| error_response::<W>(error);
     let unlisted = |error: &ApiError| {
         tracing::warn!(
             provider,
@@ -408,7 +442,7 @@ async fn provider_models(
         .await;
     match listed {
         Ok(models) => Ok(models),
-        Err(ModelsError::Provider(status, body)) if Chat::is_error_body(&body) => {
+        Err(ModelsError::Provider(status, body)) if W::is_error_body(&body) => {
             Err(json_response(status, Body::from(body)))
         }
         Err(ModelsError::Provider(status, body)) => {
