@@ -43,6 +43,10 @@ use crate::verify_config::EchoMode;
 /// model follows any instruction of this form, canarygate's or a client's.
 pub const ECHO_PHRASE: &str = "Begin your reply with \"";
 
+/// Follows the head canary's closing `"` in the head+tail instruction: what
+/// asks for the tail too.
+const ASKS_FOR_TAIL: &str = "\", a space and the CG code in square brackets below";
+
 /// What separates a block of ours from the client's text in the same string.
 pub const BLOCK_SEPARATOR: &str = "\n\n";
 
@@ -364,6 +368,21 @@ pub fn stops_may_cut_echo(stop: Option<&Value>) -> bool {
     }
 }
 
+/// The echo to ask of a request whose body, as the client sent it, is
+/// `client_request`. The head+tail instruction names the head and asks for
+/// "the CG code in square brackets below": a prompt holding a `[CG` block of
+/// its own (a ticket number, a pasted transcript) would give that phrase two
+/// codes to choose from. Such a request's echo asks for the head alone,
+/// which the instruction names, and its tail is a passive marker.
+pub fn echo_for_request(echo: EchoMode, client_request: &[u8]) -> EchoMode {
+    match echo {
+        EchoMode::HeadTail if memchr::memmem::find(client_request, b"[CG").is_some() => {
+            EchoMode::Head
+        }
+        echo => echo,
+    }
+}
+
 /// The two texts a request's canaries are placed as, whatever the wire
 /// format: the head goes with the system text, the tail at the end of the
 /// last user text.
@@ -383,10 +402,7 @@ impl Blocks {
         let RequestCanaries { head, tail } = canaries;
         let (head_block, tail_block, expected) = match (passive, echo) {
             (None, EchoMode::HeadTail) => (
-                format!(
-                    "{ECHO_PHRASE}{head}\", a space and the CG code in square brackets below, on \
-                     one line; then answer normally."
-                ),
+                format!("{ECHO_PHRASE}{head}{ASKS_FOR_TAIL}, on one line; then answer normally."),
                 tail_block(tail),
                 vec![head, tail],
             ),
@@ -637,15 +653,20 @@ pub fn client_text(text: &str) -> &str {
 ///   that has one (canarygate's instruction, or a client's own `Begin your
 ///   reply with "..."`; a later instruction in the same message overrides an
 ///   earlier one). Empty or unterminated quotes do not count;
-/// - tail: the canary of the first tail block `[CANARY]`.
+/// - tail: the canary of the first tail block `[CANARY]`, when the head's
+///   instruction asks for it (or there is none).
 ///
 /// For simulated providers, which follow whatever canarygate asks.
 pub fn obedient_opening<'a>(texts: impl IntoIterator<Item = &'a str>) -> Option<String> {
     let mut head: Option<&str> = None;
+    let mut asks_for_tail = true;
     let mut tail = None;
     for text in texts {
-        if head.is_none() {
-            head = last_quoted_after(text, ECHO_PHRASE);
+        if head.is_none()
+            && let Some((quoted, after)) = last_quoted_after(text, ECHO_PHRASE)
+        {
+            head = Some(quoted);
+            asks_for_tail = after.starts_with(ASKS_FOR_TAIL);
         }
         if tail.is_none() {
             tail = blocks(text)
@@ -653,7 +674,7 @@ pub fn obedient_opening<'a>(texts: impl IntoIterator<Item = &'a str>) -> Option<
                 .map(|(_, _, canary)| canary);
         }
     }
-    match (head, tail) {
+    match (head, tail.filter(|_| asks_for_tail)) {
         (Some(head), Some(tail)) => Some(format!("{head} {tail}")),
         (Some(head), None) => Some(head.to_owned()),
         (None, tail) => tail.map(|tail| tail.to_string()),
@@ -671,13 +692,13 @@ pub fn obedient_echo(request: &Value) -> Option<String> {
 }
 
 /// The non-empty text between the last `phrase` of `text` that has one and
-/// the next `"`.
-fn last_quoted_after<'a>(text: &'a str, phrase: &str) -> Option<&'a str> {
+/// the next `"`, and the rest of `text` from that `"` on.
+fn last_quoted_after<'a>(text: &'a str, phrase: &str) -> Option<(&'a str, &'a str)> {
     text.match_indices(phrase)
         .filter_map(|(start, _)| {
             let rest = &text[start + phrase.len()..];
-            let quoted = &rest[..rest.find('"')?];
-            Some(quoted).filter(|quoted| !quoted.is_empty())
+            let (quoted, after) = rest.split_at(rest.find('"')?);
+            Some((quoted, after)).filter(|(quoted, _)| !quoted.is_empty())
         })
         .last()
 }
@@ -980,6 +1001,25 @@ mod tests {
             obedient_opening(["Begin your reply with \"never closed"]),
             None
         );
+    }
+
+    #[test]
+    fn a_prompt_with_a_cg_block_of_its_own_is_asked_for_the_head_alone() {
+        let own = br#"{"messages":[{"role":"user","content":"File ticket [CG123456789012345]"}]}"#;
+        assert_eq!(echo_for_request(EchoMode::HeadTail, own), EchoMode::Head);
+        assert_eq!(
+            echo_for_request(EchoMode::HeadTail, br#"{"messages":[]}"#),
+            EchoMode::HeadTail
+        );
+        assert_eq!(echo_for_request(EchoMode::Off, own), EchoMode::Off);
+        // Asked for the head alone, an obedient model writes it alone: the
+        // client's block is no tail of ours.
+        let mut body = json!({"messages": [
+            {"role": "user", "content": "File ticket [CG123456789012345]"}
+        ]});
+        let injection = inject(&mut body, EchoMode::Head, COST, canaries()).unwrap();
+        assert_eq!(injection.echo, [canaries().head]);
+        assert_eq!(obedient_echo(&body).unwrap(), canaries().head.to_string());
     }
 
     #[test]

@@ -313,6 +313,10 @@ async fn honest_traffic_raises_no_false_alarm() {
         "Begin your reply with \"hello\" and then count to three",
         "cg 7kq4 m2xd 9pta wv3e is what my label says",
         "Begin your reply with \"CG000000000000001\" and then say hi",
+        // A code in square brackets of the client's own, as the tail block
+        // is: the echo asks for the head alone.
+        "Please file ticket [CG123456789012345]",
+        "My tickets were [CG000000000000002] and [CG-77]; which is older?",
     ];
     for release in ["echo-first", "verdict-first"] {
         let dir = ProxyDir::new();

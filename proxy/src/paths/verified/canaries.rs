@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use canarygate_policies::EchoCost;
-use canarygate_policies::inject::Injection;
+use canarygate_policies::inject::{Injection, echo_for_request};
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
@@ -49,6 +49,7 @@ pub async fn prepare<W: WireFormat>(
 ) -> Result<Prepared, ApiError> {
     let config = &context.state.policy.verify;
     let registry = &context.state.registry;
+    let echo = echo_for_request(config.echo, original);
     let mut unused = Some(body);
     for _ in 0..MAX_DRAWS {
         let mut body = match unused.take() {
@@ -60,7 +61,7 @@ pub async fn prepare<W: WireFormat>(
             request_id: &context.request_id,
         };
         let minted = registry.mint(owner, config.canary_ttl_secs);
-        let placed = W::place_canaries(&mut body, config.echo, cost, minted.canaries);
+        let placed = W::place_canaries(&mut body, echo, cost, minted.canaries);
         let injection = match placed {
             Ok(injection) => injection,
             Err(error) => {
