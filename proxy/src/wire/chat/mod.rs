@@ -41,7 +41,7 @@ use self::answer::read_choices;
 pub use self::answer::{index_of, map_choices, residual_members, usage_of};
 pub use self::deliver::Edited;
 use self::deliver::edit_fields;
-pub use self::request::{json_object, model_of, stream_of};
+pub use self::request::{check_stream_options, json_object, model_of, stream_of};
 pub use self::stream::{ChatStream, ChunkEditor};
 use crate::error::{ApiError, ErrorCode};
 use crate::wire::edit::Delivery;

@@ -17,6 +17,7 @@ pub fn parse(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
     let model = model_of(object)?;
     check_messages(object.get("messages"))?;
     let stream = stream_of(object)?;
+    check_stream_options(object)?;
     for field in ["max_tokens", "max_completion_tokens", "n"] {
         match object.get(field) {
             None | Some(Value::Null) => {}
@@ -81,6 +82,26 @@ pub fn stream_of(object: &Map<String, Value>) -> Result<bool, ApiError> {
         Some(_) => Err(ApiError::invalid_param(
             "stream",
             "`stream` must be a boolean.",
+        )),
+    }
+}
+
+/// `stream_options`: absent, null or an object whose `include_usage` is a
+/// boolean or null. canarygate asks for the usage chunk itself, so a value
+/// the provider would refuse must be refused here, not overwritten.
+pub fn check_stream_options(object: &Map<String, Value>) -> Result<(), ApiError> {
+    match object.get("stream_options") {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Object(options)) => match options.get("include_usage") {
+            None | Some(Value::Null | Value::Bool(_)) => Ok(()),
+            Some(_) => Err(ApiError::invalid_param(
+                "stream_options.include_usage",
+                "`stream_options.include_usage` must be a boolean.",
+            )),
+        },
+        Some(_) => Err(ApiError::invalid_param(
+            "stream_options",
+            "`stream_options` must be an object.",
         )),
     }
 }
@@ -154,6 +175,34 @@ mod tests {
         assert_eq!(request.model, "m");
         assert!(request.stream);
         assert_eq!(messages(&request.body).len(), 1);
+    }
+
+    #[test]
+    fn a_stream_options_canarygate_would_overwrite_is_checked_first() {
+        let with = |options: &str| {
+            format!(
+                r#"{{"model":"m","messages":[{{"role":"user","content":"hi"}}],"stream":true,"stream_options":{options}}}"#
+            )
+        };
+        for bad in ["\"x\"", "42", "[]"] {
+            assert_eq!(
+                code(&with(bad)),
+                (ErrorCode::InvalidValue, Some("stream_options")),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            code(&with(r#"{"include_usage":"yes"}"#)).1,
+            Some("stream_options.include_usage")
+        );
+        for good in [
+            "null",
+            "{}",
+            r#"{"include_usage":false}"#,
+            r#"{"include_obfuscation":false}"#,
+        ] {
+            assert!(parse(with(good).as_bytes()).is_ok(), "{good}");
+        }
     }
 
     #[test]

@@ -11,7 +11,7 @@ use canarygate_policies::verify_config::EchoMode;
 use serde_json::{Map, Value, json};
 
 use crate::error::{ApiError, ErrorCode};
-use crate::wire::chat::{json_object, model_of, stream_of};
+use crate::wire::chat::{check_stream_options, json_object, model_of, stream_of};
 use crate::wire::format::ClientRequest;
 
 /// `max_tokens` when the request sets none (OpenAI's API reference for
@@ -40,6 +40,7 @@ pub fn parse(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
     let model = model_of(object)?;
     read_prompts(object.get("prompt"))?;
     let stream = stream_of(object)?;
+    check_stream_options(object)?;
     for field in COUNT_FIELDS {
         match object.get(field) {
             None | Some(Value::Null) => {}
