@@ -233,6 +233,11 @@ pub struct Limits {
     /// Requests served at once; more get HTTP 429. A request takes its slot
     /// once its whole body has arrived.
     pub max_concurrent_requests: usize,
+    /// Memory the request bodies being parsed may take at once, in bytes,
+    /// as bounded from each body of 16 KiB or more (its bytes and up to 128
+    /// per JSON value it may hold). A body over it on its own gets HTTP 413;
+    /// one that does not fit beside those in flight, HTTP 429.
+    pub max_parsed_bytes: u64,
     /// Client connections open at once. At the cap, the connection idle the
     /// longest (between requests, or still sending its first request's head)
     /// is closed for a new one; when every connection has a request in
@@ -275,6 +280,7 @@ impl Default for Limits {
         Self {
             max_body_bytes: 8 * 1024 * 1024,
             max_concurrent_requests: 1024,
+            max_parsed_bytes: 1 << 30,
             max_connections: None,
             client_header_timeout_ms: 10_000,
             client_body_timeout_ms: 60_000,
@@ -585,6 +591,8 @@ impl Policy {
         // connections or provider requests than that could use anyway.
         const MAX_BODY_BYTES: u64 = 1 << 30;
         const MAX_COUNT: u64 = 1 << 20;
+        // Parsed request bodies: 1 TiB, far past any host's memory.
+        const MAX_PARSED_BYTES: u64 = 1 << 40;
         for (name, value, max) in [
             (
                 "limits.max_body_bytes",
@@ -600,6 +608,11 @@ impl Policy {
                 "limits.max_connections",
                 limits.max_connections.map_or(1, |value| value as u64),
                 MAX_COUNT,
+            ),
+            (
+                "limits.max_parsed_bytes",
+                limits.max_parsed_bytes,
+                MAX_PARSED_BYTES,
             ),
         ] {
             if value == 0 {

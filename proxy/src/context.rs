@@ -316,7 +316,15 @@ pub fn json_response(status: StatusCode, body: Body) -> Response {
     response
 }
 
-/// `error` in wire format `W`, at its status.
+/// `error` in wire format `W`, at its status. canarygate's own 429 says
+/// when to come back (`retry-after: 1`), as providers' do: the SDKs wait
+/// that long instead of their own backoff.
 pub fn error_response<W: WireFormat>(error: &ApiError) -> Response {
-    json_response(error.status(), Body::from(W::error_body(error)))
+    let mut response = json_response(error.status(), Body::from(W::error_body(error)));
+    if error.code == ErrorCode::TooManyConcurrentRequests {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
 }

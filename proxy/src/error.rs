@@ -296,6 +296,31 @@ impl ApiError {
         )
     }
 
+    /// 413 `request_too_large`: the body would take `bound` bytes parsed,
+    /// over `limits.max_parsed_bytes` (`budget`).
+    pub fn too_large_parsed(bound: u64, budget: u64) -> Self {
+        Self::new(
+            ErrorCode::RequestTooLarge,
+            format!(
+                "Request body would take up to {bound} bytes once parsed (its JSON values \
+                 count, not only its size), over the limit of {budget} \
+                 (limits.max_parsed_bytes)."
+            ),
+        )
+    }
+
+    /// 429 `too_many_concurrent_requests`: the request's body does not fit
+    /// in `limits.max_parsed_bytes` (`budget`) beside those being parsed.
+    pub fn parsing_full(budget: u64) -> Self {
+        Self::new(
+            ErrorCode::TooManyConcurrentRequests,
+            format!(
+                "canarygate is parsing as much request data as its limit of {budget} bytes \
+                 allows (limits.max_parsed_bytes); retry shortly."
+            ),
+        )
+    }
+
     /// 408 `request_timeout`: the body did not arrive in time. `setting`
     /// names the limit, `millis` its value.
     pub fn body_timeout(setting: &'static str, millis: u64) -> Self {

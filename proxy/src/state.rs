@@ -27,6 +27,9 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// `limits.max_concurrent_requests` slots.
     pub slots: Arc<Semaphore>,
+    /// `limits.max_parsed_bytes`, in KiB: what the requests being parsed
+    /// may take at once.
+    pub parsing: Arc<Semaphore>,
     /// Every live canary.
     pub registry: Arc<CanaryBook>,
     /// The durable audit store (records, persisted canaries).

@@ -523,6 +523,84 @@ async fn connections_beyond_max_connections_neither_starve_nor_evict_requests() 
     }
 }
 
+/// A chat request whose body carries `values` numbers in an extra field:
+/// about 2 bytes each on the wire, far more parsed.
+fn many_values(values: usize) -> String {
+    let numbers = vec!["0"; values].join(",");
+    format!(
+        r#"{{"model":"sim-model","max_tokens":30,"messages":[{{"role":"user","content":"hello"}}],"padding":[{numbers}]}}"#
+    )
+}
+
+#[tokio::test]
+async fn bodies_are_parsed_within_the_memory_budget() {
+    // 30 tokens at 20 a second: a request stays in flight 1.5 s.
+    let sim = start_sim(&["--decode-tps", "20"]);
+    let dir = ProxyDir::new();
+    // 200,000 values are bounded at about 26 MB parsed: one fits, two do not.
+    let proxy = start_plain_proxy_with(&dir, &sim.url, "[limits]\nmax_parsed_bytes = 40000000\n");
+    let url = proxy.url.clone();
+    let post = |path: &'static str, body: String| {
+        client()
+            .post(format!("{url}{path}"))
+            .bearer_auth("sk-many")
+            .header("anthropic-version", "2023-06-01")
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+    };
+
+    // A body that could never fit: 413 in the endpoint's own shape.
+    let huge = many_values(400_000);
+    let response = post("/v1/chat/completions", huge.clone()).await.unwrap();
+    assert_eq!(response.status(), 413);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "request_too_large", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("limits.max_parsed_bytes"),
+        "{body}"
+    );
+    let anthropic = huge.replace("sim-model", "claude");
+    let response = post("/v1/messages", anthropic).await.unwrap();
+    assert_eq!(response.status(), 413);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["type"], "error", "{body}");
+    assert_eq!(body["error"]["type"], "request_too_large", "{body}");
+
+    // One in flight holds its share; a second does not fit beside it (429,
+    // with when to come back), a small request does.
+    let first = tokio::spawn(post("/v1/chat/completions", many_values(200_000)));
+    let in_flight = Instant::now();
+    while sim_stats(&sim).await["requests"].as_u64().unwrap() < 1 {
+        assert!(
+            in_flight.elapsed() < PROMPTLY,
+            "the first request never reached the sim"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let second = post("/v1/chat/completions", many_values(200_000))
+        .await
+        .unwrap();
+    assert_eq!(second.status(), 429);
+    assert_eq!(second.headers()["retry-after"], "1");
+    let body: Value = second.json().await.unwrap();
+    assert_eq!(
+        body["error"]["code"], "too_many_concurrent_requests",
+        "{body}"
+    );
+    normal_request(&url).await;
+    let first = first.await.unwrap().unwrap();
+    assert_eq!(first.status(), 200, "{:?}", first.text().await);
+    // Its share is back once it is answered.
+    let again = post("/v1/chat/completions", many_values(200_000))
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 200, "{:?}", again.text().await);
+}
+
 #[tokio::test]
 async fn a_client_that_reads_nothing_is_dropped_at_the_write_deadline() {
     let sim = start_sim(&[]);

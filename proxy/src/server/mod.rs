@@ -205,6 +205,11 @@ impl Server {
             slots: Arc::new(Semaphore::new(
                 options.policy.limits.max_concurrent_requests,
             )),
+            parsing: Arc::new(Semaphore::new(
+                usize::try_from(options.policy.limits.max_parsed_bytes.div_ceil(1024))
+                    .unwrap_or(Semaphore::MAX_PERMITS)
+                    .min(Semaphore::MAX_PERMITS),
+            )),
             metrics,
             upstreams,
             local,
