@@ -37,9 +37,14 @@
 //! without a sample, and `entry` is the record's entry as JSON
 //! ([`SerializedEntry`]). Zeros where a frame would start, to the end of the
 //! file, are a preallocated segment's unused tail. A frame cut short or
-//! failing its checksum at the end of the newest segment is a write the
-//! crash interrupted, never acknowledged: reading stops there. Anywhere else
-//! it is damage.
+//! failing its checksum at the end of the newest segment, with no intact
+//! frame after it, is a write the crash interrupted, never acknowledged:
+//! reading stops there. Anywhere else it is damage, reported
+//! ([`AuditError::Corrupt`]) with nothing indexed or removed: an intact
+//! frame after a bad one was written after it, by a later batch once the
+//! bad one's had been synced and acknowledged (or, after a power loss that
+//! kept a later page of the last batch and not an earlier one, by the same
+//! unacknowledged batch: the error says how to cut the segment then).
 
 use std::fs::{self, File, TryLockError};
 use std::io::{self, Seek, Write};
@@ -108,12 +113,17 @@ enum Tail {
     /// At the end of the file, or of the frames before a preallocated
     /// segment's unused (all zero) tail.
     Clean,
-    /// At a frame cut short or failing its checksum, at this offset.
+    /// At a frame cut short or failing its checksum, at this offset, with
+    /// no intact frame after it.
     Torn(usize),
+    /// At a frame failing its checksum, at offset `at`, with an intact
+    /// frame (sequence number `next`) after it.
+    Damaged { at: usize, next: u64 },
 }
 
-/// The frames of one segment's bytes, and how reading ended.
-fn decode_all(bytes: &[u8]) -> (Vec<Journaled>, Tail) {
+/// The frames of one segment's bytes (its first sequence number
+/// `first_seq`), and how reading ended.
+fn decode_all(bytes: &[u8], first_seq: u64) -> (Vec<Journaled>, Tail) {
     let mut frames = Vec::new();
     let mut at = 0;
     while at < bytes.len() {
@@ -123,10 +133,34 @@ fn decode_all(bytes: &[u8]) -> (Vec<Journaled>, Tail) {
                 at += used;
             }
             None if bytes[at..].iter().all(|&byte| byte == 0) => break,
-            None => return (frames, Tail::Torn(at)),
+            None => {
+                let before = frames
+                    .last()
+                    .map_or(first_seq.saturating_sub(1), |frame| frame.seq);
+                let tail = match intact_frame_after(bytes, at + 1, before) {
+                    Some(next) => Tail::Damaged { at, next },
+                    None => Tail::Torn(at),
+                };
+                return (frames, tail);
+            }
         }
     }
     (frames, Tail::Clean)
+}
+
+/// The sequence number of the first intact frame that starts at `from` or
+/// later in `bytes` and follows `before` in the journal. Only offsets whose
+/// sequence number fits (above `before`, by no more frames than the bytes
+/// could hold) are decoded, so bytes inside frames cost a comparison each.
+fn intact_frame_after(bytes: &[u8], from: usize, before: u64) -> Option<u64> {
+    let most = before.saturating_add((bytes.len() / FRAME_HEADER) as u64 + 1);
+    (from..bytes.len().saturating_sub(FRAME_HEADER)).find_map(|at| {
+        let seq = u64::from_le_bytes(bytes[at + 8..at + 16].try_into().ok()?);
+        if seq <= before || seq > most {
+            return None;
+        }
+        decode_one(&bytes[at..]).map(|(frame, _)| frame.seq)
+    })
 }
 
 /// One frame from the start of `bytes` and its length, or `None` when it is
@@ -199,14 +233,26 @@ fn read_journal(dir: &Path) -> Result<Vec<Journaled>, AuditError> {
             Err(error) if error.kind() == io::ErrorKind::NotFound => continue,
             Err(error) => return Err(io_error(path, error)),
         };
-        let (frames, tail) = decode_all(&bytes);
-        if let Tail::Torn(at) = tail
-            && n + 1 < paths.len()
-        {
-            return Err(AuditError::Corrupt(format!(
-                "journal segment {} is damaged at byte {at}, before newer segments",
-                path.display()
-            )));
+        let (frames, tail) = decode_all(&bytes, first_seq(path));
+        match tail {
+            Tail::Torn(at) if n + 1 < paths.len() => {
+                return Err(AuditError::Corrupt(format!(
+                    "journal segment {} is damaged at byte {at}, before newer segments",
+                    path.display()
+                )));
+            }
+            Tail::Damaged { at, next } => {
+                return Err(AuditError::Corrupt(format!(
+                    "journal segment {} is damaged at byte {at}, and intact records follow \
+                     it (entry {next} on): records it acknowledged may be lost. Nothing was \
+                     indexed or removed. Only if this machine lost power while writing is \
+                     the damage a torn write whose records were never acknowledged: then \
+                     `truncate -s {at} {}` keeps the records before it and goes on",
+                    path.display(),
+                    path.display()
+                )));
+            }
+            Tail::Clean | Tail::Torn(_) => {}
         }
         all.extend(frames);
     }
@@ -618,7 +664,7 @@ mod tests {
         let mut bytes = frame(1, Some(b"sealed sample"));
         bytes.extend(frame(2, None));
         bytes.extend(frame(3, Some(b"")));
-        let (frames, tail) = decode_all(&bytes);
+        let (frames, tail) = decode_all(&bytes, 1);
         assert_eq!(tail, Tail::Clean);
         assert_eq!(frames.len(), 3);
         assert_eq!(frames[0].seq, 1);
@@ -636,7 +682,7 @@ mod tests {
         for cut in 1..second.len() {
             let mut bytes = good.clone();
             bytes.extend_from_slice(&second[..cut]);
-            let (frames, tail) = decode_all(&bytes);
+            let (frames, tail) = decode_all(&bytes, 1);
             assert_eq!(frames.len(), 1, "cut at {cut}");
             assert_eq!(tail, Tail::Torn(good.len()), "cut at {cut}");
         }
@@ -645,7 +691,7 @@ mod tests {
             let mut damaged = second.clone();
             damaged[flip] ^= 0x40;
             bytes.extend_from_slice(&damaged);
-            let (frames, tail) = decode_all(&bytes);
+            let (frames, tail) = decode_all(&bytes, 1);
             assert_eq!(frames.len(), 1, "bit flipped in byte {flip}");
             assert_eq!(tail, Tail::Torn(good.len()), "bit flipped in byte {flip}");
         }
@@ -666,12 +712,60 @@ mod tests {
     }
 
     #[test]
+    fn damage_with_intact_records_after_it_is_an_error_wherever_it_is() {
+        let frames: Vec<Vec<u8>> = (1..=6).map(|seq| frame(seq, None)).collect();
+        let starts: Vec<usize> = frames
+            .iter()
+            .scan(0, |at, frame| {
+                let start = *at;
+                *at += frame.len();
+                Some(start)
+            })
+            .collect();
+        let bytes = frames.concat();
+        let dir = tempfile::tempdir().unwrap();
+        // A byte flipped in the first frame, in the third, in the last but one.
+        for (damaged, next) in [(0, 2), (2, 4), (4, 6)] {
+            for offset in [0, 4, 20, frames[damaged].len() - 1] {
+                let mut flipped = bytes.clone();
+                flipped[starts[damaged] + offset] ^= 0x40;
+                let (read, tail) = decode_all(&flipped, 1);
+                assert_eq!(read.len(), damaged, "frame {damaged}, byte {offset}");
+                assert_eq!(
+                    tail,
+                    Tail::Damaged {
+                        at: starts[damaged],
+                        next
+                    },
+                    "frame {damaged}, byte {offset}"
+                );
+                // In the newest segment too, and the segment stays as it was.
+                fs::write(segment_path(dir.path(), 1), &flipped).unwrap();
+                let error = read_journal(dir.path()).unwrap_err();
+                assert!(
+                    matches!(&error, AuditError::Corrupt(message)
+                        if message.contains(&format!("truncate -s {}", starts[damaged]))),
+                    "{error}"
+                );
+                assert_eq!(fs::read(segment_path(dir.path(), 1)).unwrap(), flipped);
+            }
+        }
+        // The last frame damaged has nothing after it: a torn write.
+        let mut flipped = bytes.clone();
+        flipped[starts[5] + 30] ^= 0x40;
+        assert_eq!(
+            decode_all(&flipped, 1),
+            (decode_all(&bytes[..starts[5]], 1).0, Tail::Torn(starts[5]))
+        );
+    }
+
+    #[test]
     fn zeros_to_the_end_are_unused_space_not_damage() {
         let mut bytes = frame(1, None);
         bytes.extend(frame(2, Some(b"sample")));
         let written = bytes.len();
         bytes.resize(written + 4096, 0);
-        let (frames, tail) = decode_all(&bytes);
+        let (frames, tail) = decode_all(&bytes, 1);
         assert_eq!((frames.len(), tail), (2, Tail::Clean));
         // A preallocated segment sealed with its tail unused, then a newer one.
         let dir = tempfile::tempdir().unwrap();
@@ -687,7 +781,7 @@ mod tests {
         assert_eq!(seqs, [1, 2, 3]);
         // Anything but zeros after the frames is still a torn frame.
         bytes[written + 4000] = 1;
-        assert_eq!(decode_all(&bytes).1, Tail::Torn(written));
+        assert_eq!(decode_all(&bytes, 1).1, Tail::Torn(written));
         fs::write(segment_path(dir.path(), 1), &bytes).unwrap();
         assert!(matches!(
             read_journal(dir.path()),
