@@ -312,7 +312,7 @@ impl CanaryBook {
         let client = &shared.client;
         let up = match client.check().await {
             Ok(checked) => {
-                let needs_reclaim = !client.health().up || checked.sentinel_was_missing;
+                let needs_reclaim = !client.health().up || checked.marker_was_missing;
                 let reclaimed = if needs_reclaim {
                     let entries = self.memory.entries();
                     let count = entries.len();

@@ -13,13 +13,17 @@
 //! first [`SharedRegistry::check`] passes, and again after any failed round
 //! trip; while it is down, requests' round trips fail at once instead of
 //! each waiting out the deadline, and only the background heartbeat asks
-//! the server (`check`, every second). `check` also keeps a sentinel key,
-//! `PREFIX` + `key-check`, holding a value derived one way from the
+//! the server (`check`, every second). `check` also keeps two keys. A
+//! sentinel, `PREFIX` + `key-check`, holds a value derived one way from the
 //! deployment's key: another value there means an instance keyed
-//! differently (nothing it registers would be recognised here), and a
-//! sentinel gone missing means the server lost its data (a restart without
-//! persistence, a flush, a failover). Either way this instance's live
-//! canaries may be missing from the server, so the caller claims them again
+//! differently (nothing it registers would be recognised here). And each
+//! instance keeps a marker of its own, `PREFIX` + `instance:` + a random
+//! id, expiring [`MARKER_TTL`] after its last check: a marker gone missing
+//! means the server lost its data (a restart without persistence, a flush,
+//! a failover) since this instance last looked. The sentinel cannot tell
+//! that: the first instance to notice sets it again, and the others would
+//! find it in place. Either way this instance's live canaries may be
+//! missing from the server, so the caller claims them again
 //! ([`SharedRegistry::reclaim`]) before marking the registry up
 //! ([`SharedRegistry::mark_up`]).
 
@@ -58,10 +62,14 @@ pub struct Health {
 /// What [`SharedRegistry::check`] found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Checked {
-    /// The sentinel was missing: the server may have lost live canaries
-    /// (always true on the first check of a fresh server).
-    pub sentinel_was_missing: bool,
+    /// This instance's marker was missing: the server may have lost its
+    /// live canaries (always true on the instance's first check).
+    pub marker_was_missing: bool,
 }
+
+/// How long an instance's marker outlives its last check: long past the
+/// heartbeat's second, short enough that a stopped instance's goes soon.
+const MARKER_TTL: Duration = Duration::from_secs(600);
 
 /// Keys per command of a batch (`MGET`, a reclaim's `SET`s): a hostile
 /// answer full of canary-shaped spans must not build one huge command.
@@ -76,6 +84,8 @@ pub struct SharedRegistry {
     error: Mutex<Option<String>>,
     /// The sentinel's value: derived one way from the deployment's key.
     key_check: String,
+    /// This instance's marker key.
+    marker: String,
 }
 
 impl SharedRegistry {
@@ -129,6 +139,9 @@ impl SharedRegistry {
             .set_max_delay(Duration::from_millis(500));
         let connection = ConnectionManager::new_lazy_with_config(client, manager)
             .map_err(|error| format!("registry: {error}"))?;
+        let mut id = [0u8; 16];
+        getrandom::fill(&mut id).map_err(|error| format!("registry: an instance id: {error}"))?;
+        let marker = format!("{}instance:{}", config.key_prefix, hex::encode(id));
         Ok(Self {
             connection,
             prefix: config.key_prefix.clone(),
@@ -136,6 +149,7 @@ impl SharedRegistry {
             up: AtomicBool::new(false),
             error: Mutex::new(Some("not checked yet".to_owned())),
             key_check,
+            marker,
         })
     }
 
@@ -245,19 +259,31 @@ impl SharedRegistry {
     }
 
     /// Asks the server whatever the breaker says (the heartbeat): sets the
-    /// sentinel if it is missing and reads it back. A sentinel of another
-    /// key is an error (and marks the registry down).
+    /// sentinel if it is missing and reads it back, and sets this
+    /// instance's marker if it is missing and its expiry either way. A
+    /// sentinel of another key is an error (and marks the registry down).
     pub async fn check(&self) -> Result<Checked, Unavailable> {
         let sentinel = format!("{}key-check", self.prefix);
-        let mut pipeline = Pipeline::with_capacity(2);
+        let ttl_ms = MARKER_TTL.as_millis() as u64;
+        let mut pipeline = Pipeline::with_capacity(4);
         pipeline
             .cmd("SET")
             .arg(&sentinel)
             .arg(&self.key_check)
             .arg("NX")
             .cmd("GET")
-            .arg(&sentinel);
-        let (set, value): (Option<String>, Option<String>) = self.round_trip(&pipeline).await?;
+            .arg(&sentinel)
+            .cmd("SET")
+            .arg(&self.marker)
+            .arg(1)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_ms)
+            .cmd("PEXPIRE")
+            .arg(&self.marker)
+            .arg(ttl_ms);
+        let (_, value, marker_set, _): (Option<String>, Option<String>, Option<String>, i64) =
+            self.round_trip(&pipeline).await?;
         if value.as_deref() != Some(self.key_check.as_str()) {
             return Err(self.failed(
                 "the registry holds another deployment key's sentinel: an instance with a \
@@ -267,7 +293,7 @@ impl SharedRegistry {
             ));
         }
         Ok(Checked {
-            sentinel_was_missing: set.is_some(),
+            marker_was_missing: marker_set.is_some(),
         })
     }
 

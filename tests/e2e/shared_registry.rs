@@ -10,7 +10,7 @@
 //! `redis-server` comes from `PATH` (or `$CANARYGATE_REDIS_SERVER`);
 //! `scripts/test.sh` installs the Debian package when it is missing.
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -107,6 +107,23 @@ impl Redis {
         stream.write_all(b"PING\r\n").is_ok()
             && stream.read_exact(&mut reply).is_ok()
             && reply[0] == b'-'
+    }
+
+    /// The first line of the server's reply to the inline `command`, sent
+    /// after authenticating (plain TCP only).
+    fn command(&self, command: &str) -> String {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect to redis");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .expect("read timeout");
+        write!(stream, "AUTH {REDIS_PASSWORD}\r\n{command}\r\n").expect("send to redis");
+        let mut reader = std::io::BufReader::new(stream);
+        let mut line = String::new();
+        reader.read_line(&mut line).expect("AUTH reply");
+        assert_eq!(line, "+OK\r\n", "AUTH");
+        line.clear();
+        reader.read_line(&mut line).expect("reply");
+        line.trim_end().to_owned()
     }
 
     fn kill(&mut self) {
@@ -475,6 +492,76 @@ async fn instances_share_canaries_and_behave_as_configured_without_redis() {
     let report = String::from_utf8_lossy(&verify.stdout);
     assert!(verify.status.success(), "{report}");
     assert_eq!(report.matches("ok: ").count(), 2, "{report}");
+}
+
+/// A server that loses its data (a flush, a restart without persistence)
+/// loses every instance's live canaries. Each instance notices on its own
+/// and claims its own again, whichever noticed first: after a flush, each
+/// instance's canaries from before it are caught in the other's answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_server_loses_its_data_every_instance_claims_its_canaries_again() {
+    let port = free_port();
+    let redis = Redis::start(port);
+    let honest = start_sim(&[]);
+    // One swapping sim per instance: each answers with the context of the
+    // request it served before.
+    let (swap_a, swap_b) = (
+        start_sim(&["--mode", "swap"]),
+        start_sim(&["--mode", "swap"]),
+    );
+    let registry = format!(
+        "backend = \"redis\"\nurl = \"redis://127.0.0.1:{port}/0\"\n\
+         key_prefix = \"test-deployment:\"\ntimeout_ms = 300\n\n\
+         [[providers]]\nname = \"swap-b\"\nbase_url = \"{}/v1\"\ncontext_window = 128000\n\n\
+         [[routes]]\nmodel = \"swap-b\"\nprovider = \"swap-b\"\n",
+        swap_b.url
+    );
+    let (dir_a, dir_b) = (ProxyDir::new(), ProxyDir::new());
+    // `swap` goes to swap_a, `swap-b` to swap_b (routes before the wildcard
+    // match first: the policy's `swap-b` route is moved ahead of it).
+    let text = |dir: &ProxyDir| {
+        let path = policy_with(dir, &honest.url, &swap_a.url, &registry);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let wildcard = "[[routes]]\nmodel = \"*\"\nprovider = \"honest\"\n";
+        let moved = text.replacen(wildcard, "", 1) + "\n" + wildcard;
+        dir.policy(&moved)
+    };
+    let a = start_instance(&dir_a, &text(&dir_a), "instance-a");
+    let b = start_instance(&dir_b, &text(&dir_b), "instance-b");
+    wait_health(&a, "ok").await;
+    wait_health(&b, "ok").await;
+    let (_, _, minted_by_a, _) = ask(&a, "swap", false).await;
+    let (_, _, minted_by_b, _) = ask(&b, "swap-b", false).await;
+    let canaries = || {
+        let reply = redis.command("KEYS test-deployment:canary:*");
+        reply
+            .strip_prefix('*')
+            .and_then(|count| count.parse::<usize>().ok())
+            .unwrap_or_else(|| panic!("KEYS answered {reply}"))
+    };
+    assert_eq!(canaries(), 4, "two canaries per request");
+
+    assert_eq!(redis.command("FLUSHALL"), "+OK");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while canaries() < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "after a flush, {} of 4 live canaries were claimed again",
+            canaries()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (proxy, model, minted, dir) in [
+        (&b, "swap", &minted_by_a, &dir_b),
+        (&a, "swap-b", &minted_by_b, &dir_a),
+    ] {
+        let (status, verdict, leaked, body) = ask(proxy, model, false).await;
+        assert_eq!(status, 502, "{body}");
+        assert!(verdict.contains("foreign_canary"), "{verdict}");
+        let records = audit_export(&dir.data());
+        let evidence = foreign_evidence(record(&records, &leaked));
+        assert_eq!(evidence["hits"][0]["request"], *minted, "{evidence}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
