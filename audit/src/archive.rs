@@ -53,10 +53,11 @@ impl Archive {
         RedbStore::open_read_only(dir).map(|store| Self { store })
     }
 
-    /// Opens (creating when missing) the store in `dir` for reviews and prunes.
+    /// Opens the store in `dir` for reviews and prunes; a missing store is
+    /// [`AuditError::NotFound`] (a wrong `--data`), never created.
     pub fn open_writable(dir: &Path) -> Result<Self, AuditError> {
         crate::journal::catch_up(dir)?;
-        RedbStore::open_writable(dir).map(|store| Self { store })
+        RedbStore::open_existing_writable(dir).map(|store| Self { store })
     }
 
     /// The latest commit.

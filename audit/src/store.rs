@@ -269,6 +269,12 @@ impl RedbStore {
         Self::open_writable_with(dir, false)
     }
 
+    /// Opens the store in `dir` for writing; an error when there is none.
+    pub(crate) fn open_existing_writable(dir: &Path) -> Result<Self, AuditError> {
+        existing_store(dir)?;
+        Self::open_writable(dir)
+    }
+
     /// Like [`Self::open_writable`], but with `verify_pages` redb checks the
     /// checksum of every page first, so a file damaged outside redb is an
     /// error rather than a possible panic later. Reads the whole file.
@@ -305,13 +311,7 @@ impl RedbStore {
 
     /// Opens an existing store read-only; works while another process writes.
     pub(crate) fn open_read_only(dir: &Path) -> Result<Self, AuditError> {
-        let path = dir.join(STORE_FILE);
-        if !path.exists() {
-            return Err(AuditError::NotFound(format!(
-                "no audit log at {} (is --data right?)",
-                path.display()
-            )));
-        }
+        let path = existing_store(dir)?;
         match builder().open_read_only(&path) {
             Ok(db) => Ok(Self::ReadOnly(db)),
             // A store left by a crash needs repair, which a read-only open
@@ -380,6 +380,23 @@ fn canary_key_of_row(row: &[u8]) -> Result<CanaryKey, AuditError> {
 fn parse_canary_value(bytes: &[u8]) -> Result<CanaryValue, AuditError> {
     serde_json::from_slice(bytes)
         .map_err(|error| AuditError::Corrupt(format!("canary entry: {error}")))
+}
+
+/// The store file of `dir`, which must exist: a missing one is
+/// [`AuditError::NotFound`] (a wrong `--data`), one that cannot be looked
+/// at (a directory of another user's) says why.
+fn existing_store(dir: &Path) -> Result<std::path::PathBuf, AuditError> {
+    let path = dir.join(STORE_FILE);
+    match std::fs::metadata(&path) {
+        Ok(_) => Ok(path),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Err(AuditError::NotFound(
+            format!("no audit log at {} (is --data right?)", path.display()),
+        )),
+        Err(error) => Err(AuditError::Io(format!(
+            "cannot read the audit log at {}: {error}",
+            path.display()
+        ))),
+    }
 }
 
 fn open_error(path: &Path, error: DatabaseError) -> AuditError {

@@ -88,14 +88,7 @@ impl ReviewServer {
     /// Opens the store in `options.data_dir` (it must exist: the page does
     /// not create an empty log) and binds `options.listen`.
     pub async fn bind(options: ReviewOptions) -> Result<Self, ReviewError> {
-        let store = options.data_dir.join(canarygate_audit::STORE_FILE);
-        if !store.exists() {
-            return Err(AuditError::NotFound(format!(
-                "no audit store at {} (is --data the directory `serve` writes?)",
-                store.display()
-            ))
-            .into());
-        }
+        // A missing store is an error (a wrong --data), never created.
         let dir = options.data_dir.clone();
         let archive = tokio::task::spawn_blocking(move || Archive::open_writable(&dir))
             .await

@@ -531,7 +531,7 @@ fn the_server_answers_on_a_real_socket_and_needs_a_store() {
             .await
             .err()
             .expect("no store, no page");
-        assert!(missing.to_string().contains("no audit store"), "{missing}");
+        assert!(missing.to_string().contains("no audit log at"), "{missing}");
         assert!(!fx.data.join("nothing-here").exists());
 
         let server = crate::ReviewServer::bind(options(fx.data.clone()))

@@ -358,6 +358,24 @@ fn bad_arguments_fail_with_a_message() {
         text(&missing.stderr)
     );
 
+    // The commands that write (reviews, prunes) never create a store where
+    // --data points wrong: they fail as the readers do.
+    let nowhere = dir.path().join("nowhere");
+    for args in [
+        &["spot-check"][..],
+        &["spot-check", "--mark", "1", "ok"],
+        &["prune", "--before", "2026-01-01T00:00:00Z"],
+    ] {
+        let output = canarygate(&nowhere, args);
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        assert!(
+            text(&output.stderr).contains("no audit log at"),
+            "{args:?}: {}",
+            text(&output.stderr)
+        );
+        assert!(!nowhere.exists(), "{args:?} created {}", nowhere.display());
+    }
+
     let no_data = Command::new(env!("CARGO_BIN_EXE_canarygate"))
         .args(["audit", "verify"])
         .env_remove("CANARYGATE_DATA")

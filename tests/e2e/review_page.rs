@@ -169,7 +169,7 @@ sample_rate = 1.0
     assert!(ui_refuses(&data, None).contains("CANARYGATE_ADMIN_TOKEN"));
     assert!(ui_refuses(&data, Some("too-short")).contains("at least 16"));
     let nowhere = dir.dir.path().join("no-such-data");
-    assert!(ui_refuses(&nowhere, Some(TOKEN)).contains("no audit store"));
+    assert!(ui_refuses(&nowhere, Some(TOKEN)).contains("no audit log at"));
     assert!(!nowhere.exists(), "audit ui creates no store");
 
     // The page runs beside `serve`, which keeps the store open for writing.
