@@ -294,6 +294,7 @@ fn check_csrf(state: &AppState, pairs: &[(String, String)]) -> Result<(), Refusa
 }
 
 async fn logout(State(state): State<Shared>, request: Request) -> Response {
+    let headers = request.headers().clone();
     let pairs = match read_form(request).await {
         Ok(pairs) => pairs,
         Err(refusal) => return refusal.page(&state),
@@ -301,6 +302,7 @@ async fn logout(State(state): State<Shared>, request: Request) -> Response {
     if let Err(refusal) = check_csrf(&state, &pairs) {
         return refusal.page(&state);
     }
+    state.token.log_out(&headers);
     let mut response = see_other("/login");
     if let Ok(cookie) = HeaderValue::from_str(&logout_cookie()) {
         response.headers_mut().insert(header::SET_COOKIE, cookie);

@@ -514,6 +514,8 @@ fn reviews_need_csrf_and_keep_the_chain_valid() {
             .unwrap()
             .contains("Max-Age=0")
     );
+    // The server ends it too: a copy of the cookie kept by anyone is refused.
+    assert_eq!(fx.get("/", Some(&cookie)).status, StatusCode::UNAUTHORIZED);
 }
 
 #[test]
