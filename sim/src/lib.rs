@@ -12,7 +12,7 @@
 //! | `POST /v1/messages`, `POST /v1/messages/count_tokens` | Anthropic Messages | `surfaces/messages/` |
 //! | `POST /v1/completions` | OpenAI legacy completions | `surfaces/completions.rs` |
 //! | `POST /v1/embeddings` | OpenAI embeddings | `surfaces/embeddings.rs` |
-//! | `GET /v1/models`, `GET /sim/stats` | model list, counters | here, `provider.rs` |
+//! | `GET /v1/models`, `GET /v1/models/{id}`, `GET /sim/stats` | models (OpenAI's shape, or Anthropic's), counters | here, `provider.rs` |
 //!
 //! # How a request is answered
 //!
@@ -367,6 +367,7 @@ pub fn router(config: SimConfig) -> Router {
         .route("/v1/completions", post(surfaces::completions::create))
         .route("/v1/embeddings", post(surfaces::embeddings::create))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/sim/stats", get(stats))
         .layer(axum::middleware::from_fn_with_state(
             sim.clone(),
@@ -427,6 +428,32 @@ async fn models(
         "first_id": id(page.first()), "last_id": id(page.last()),
         "has_more": start + page.len() < MODELS.len(), "data": page,
     }))
+}
+
+/// `GET /v1/models/{id}`: one model in OpenAI's shape, or in Anthropic's to
+/// a client that sends `anthropic-version`; a 404 in that API's shape for
+/// a model not served.
+async fn model(
+    headers: axum::http::HeaderMap,
+    axum::extract::Path(id): axum::extract::Path<String>,
+) -> axum::response::Response {
+    let anthropic = headers.contains_key("anthropic-version");
+    if !MODELS.contains(&id.as_str()) {
+        let error = if anthropic {
+            json!({"type": "error", "error": {"type": "not_found_error", "message": format!("model: {id}")}})
+        } else {
+            json!({"error": {"message": format!("The model '{id}' does not exist"),
+                             "type": "invalid_request_error", "param": "model",
+                             "code": "model_not_found"}})
+        };
+        return (axum::http::StatusCode::NOT_FOUND, axum::Json(error)).into_response();
+    }
+    let model = if anthropic {
+        json!({"type": "model", "id": id, "display_name": id, "created_at": "2026-01-01T00:00:00Z"})
+    } else {
+        json!({"id": id, "object": "model", "created": 0, "owned_by": "canarygate-sim"})
+    };
+    axum::Json(model).into_response()
 }
 
 async fn stats(State(sim): State<Sim>) -> impl IntoResponse {

@@ -663,6 +663,34 @@ async fn models_of_the_wildcard_route_are_listed(proxy: &Running) {
     for id in ["sim-model", "sim-reasoner"] {
         assert!(ids.contains(&id), "{id} missing: {list}");
     }
+    // One model (the SDKs' `models.retrieve`): a named route described
+    // here, another asked of the wildcard route's provider, whose 404 for a
+    // model it does not serve is passed on.
+    let retrieve = |id: &'static str| async move {
+        let response = client()
+            .get(format!("{}/v1/models/{id}", proxy.url))
+            .bearer_auth("sk-fidelity")
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json::<Value>().await.unwrap())
+    };
+    let (status, named) = retrieve("reporter").await;
+    assert_eq!(status, 200, "{named}");
+    assert_eq!(
+        (named["id"].as_str(), named["owned_by"].as_str()),
+        (Some("reporter"), Some("sim")),
+        "{named}"
+    );
+    let (status, asked) = retrieve("sim-reasoner").await;
+    assert_eq!(status, 200, "{asked}");
+    assert_eq!(asked["id"], "sim-reasoner", "{asked}");
+    assert_eq!(asked["object"], "model", "{asked}");
+    let (status, missing) = retrieve("no-such-model").await;
+    assert_eq!(status, 404, "{missing}");
+    assert_eq!(missing["error"]["code"], "model_not_found", "{missing}");
+
     // Without credentials to pass on: the named routes alone.
     let response = client()
         .get(format!("{}/v1/models", proxy.url))

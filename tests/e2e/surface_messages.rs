@@ -273,6 +273,8 @@ fn the_anthropic_sdk_gets_every_guarantee_on_messages() {
         models.iter().all(|model| model["type"] == "model"),
         "{models:?}"
     );
+    assert_eq!(result["model"]["id"], "m-honest", "{}", result["model"]);
+    assert_eq!(result["model"]["type"], "model", "{}", result["model"]);
     let openai = &result["openai_models"]["body"];
     assert_eq!(openai["object"], "list", "{openai}");
     assert_eq!(openai["data"][0]["id"], "m-openai", "{openai}");
@@ -324,19 +326,34 @@ fn wildcard_models_are_asked_of_the_callers_api(anthropic: &Running) {
         closed_url()
     );
     let proxy = start_proxy_with_policy(&dir, &dir.policy(&policy), &[]);
-    let list: Value = tokio::runtime::Runtime::new()
-        .unwrap()
-        .block_on(async {
-            client()
-                .get(format!("{}/v1/models", proxy.url))
-                .header("x-api-key", "sk-ant-models")
-                .header("anthropic-version", "2023-06-01")
-                .send()
-                .await?
-                .json()
-                .await
-        })
-        .expect("the Anthropic model list");
+    let get = |path: String| {
+        tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(async {
+                let response = client()
+                    .get(format!("{}{path}", proxy.url))
+                    .header("x-api-key", "sk-ant-models")
+                    .header("anthropic-version", "2023-06-01")
+                    .send()
+                    .await?;
+                let status = response.status().as_u16();
+                Ok::<_, reqwest::Error>((status, response.json::<Value>().await?))
+            })
+            .unwrap_or_else(|error| panic!("GET {path}: {error}"))
+    };
+    // One model (`models.retrieve`): named, or asked of the provider.
+    for id in ["named", "sim-model"] {
+        let (status, model) = get(format!("/v1/models/{id}"));
+        assert_eq!(status, 200, "{model}");
+        assert_eq!(
+            (model["type"].as_str(), model["id"].as_str()),
+            (Some("model"), Some(id))
+        );
+    }
+    let (status, missing) = get("/v1/models/claude-none".to_owned());
+    assert_eq!(status, 404, "{missing}");
+    assert_eq!(missing["error"]["type"], "not_found_error", "{missing}");
+    let (_, list) = get("/v1/models".to_owned());
     let ids: Vec<&str> = list["data"]
         .as_array()
         .unwrap()

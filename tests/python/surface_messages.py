@@ -249,5 +249,6 @@ result["bad_request"] = raised(
 )
 # The model list, every page of it (the SDK pages on while `has_more`).
 result["models"] = [model.model_dump(mode="json") for model in client().models.list()]
+result["model"] = client().models.retrieve("m-honest").model_dump(mode="json")
 result["openai_models"] = raw_http("GET", "/v1/models", {"authorization": "Bearer sk-openai-surface"})
 print(json.dumps(result))

@@ -3,13 +3,15 @@
 //! serving until shut down. Everything a client connection goes through
 //! before the pipeline lives in this layer: the accept loop and its
 //! connection cap ([`listener`]), each connection's deadlines
-//! ([`connection`]), the router and middleware ([`router`]), admission
+//! ([`connection`]), the router and middleware ([`router`]), the model
+//! lists ([`models`]), admission
 //! ([`admission`]: credentials, body deadlines and limits, slots), and the
 //! background tasks ([`tasks`]).
 
 mod admission;
 mod connection;
 mod listener;
+mod models;
 mod router;
 mod tasks;
 

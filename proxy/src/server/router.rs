@@ -2,7 +2,6 @@
 //! thin, each hands its request to admission and the pipeline.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -11,20 +10,18 @@ use axum::http::{HeaderMap, HeaderValue, Method, Uri, Version, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
-use canarygate_policies::config::ProviderApi;
 use canarygate_policies::registry_config::OnUnavailable;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::admission::admit;
+use super::models::{anthropic_client, described, list_models};
 use crate::body::{Served, deliver_whole};
-use crate::clock::RequestClock;
-use crate::context::{REQUEST_ID_HEADER, error_response, json_response};
+use crate::context::{REQUEST_ID_HEADER, error_response};
 use crate::error::{ApiError, ErrorCode};
 use crate::metrics::Metrics;
 use crate::pipeline;
 use crate::state::AppState;
 use crate::trail::{PendingTrail, Trail};
-use crate::upstream::ModelsError;
 use crate::wire::WireFormat;
 use crate::wire::chat::Chat;
 use crate::wire::completions::Completions;
@@ -76,6 +73,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             only::<Chat>(POST_ONLY, post(serve_endpoint::<Completions>)),
         )
         .route("/v1/models", only::<Chat>(GET_ONLY, get(list_models)))
+        .route(
+            "/v1/models/{id}",
+            only::<Chat>(GET_ONLY, get(retrieve_model)),
+        )
         .route("/healthz", only::<Chat>(GET_ONLY, get(healthz)))
         .route("/metrics", only::<Chat>(GET_ONLY, get(render_metrics)))
         .route(
@@ -151,6 +152,9 @@ async fn tag_and_count(
 
 /// Endpoint name of the stored-response endpoints of the Responses API.
 const STORED_RESPONSES: &str = "responses_stored";
+
+/// Endpoint name of a model's description, asked of a provider.
+const MODEL: &str = "models_retrieve";
 
 /// Endpoint name of Anthropic's token count.
 const COUNT_TOKENS: &str = "messages_count_tokens";
@@ -248,6 +252,29 @@ async fn stored_response(
     forward::<Chat>(state, request_id, request, STORED_RESPONSES, false, false).await
 }
 
+/// `GET /v1/models/{id}` (the SDKs' `models.retrieve`), in the caller's
+/// API as for [`list_models`]: a model the policy routes by name is
+/// described here; any other is asked of the wildcard route's provider, or
+/// is 404 `model_not_found` when there is none.
+async fn retrieve_model(
+    State(state): State<Arc<AppState>>,
+    axum::Extension(request_id): axum::Extension<RequestId>,
+    axum::extract::Path(id): axum::extract::Path<String>,
+    request: Request,
+) -> Response {
+    if anthropic_client(request.headers()) {
+        match described::<Messages>(&state, &id) {
+            Some(response) => response,
+            None => forward::<Messages>(state, request_id, request, MODEL, false, false).await,
+        }
+    } else {
+        match described::<Chat>(&state, &id) {
+            Some(response) => response,
+            None => forward::<Chat>(state, request_id, request, MODEL, false, false).await,
+        }
+    }
+}
+
 /// `POST /v1/messages/count_tokens`: forwarded to the Messages provider.
 async fn count_tokens(
     State(state): State<Arc<AppState>>,
@@ -331,125 +358,6 @@ async fn render_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse
         )],
         state.metrics.render(),
     )
-}
-
-/// `GET /v1/models`, in the caller's API: an Anthropic client (one that
-/// sends `anthropic-version`, or its key in `x-api-key` with no
-/// `Authorization`) gets the models of the Anthropic routes in Anthropic's
-/// shape, anyone else those of the OpenAI routes in OpenAI's; a caller's
-/// key is never sent to the other API's provider. The named routes, then,
-/// for a wildcard route, the provider's own list (asked with the provider
-/// key in managed auth, the caller's credentials in passthrough), without
-/// duplicates. A provider's error answer is passed on (wrapped when not in
-/// its API's shape); when the provider cannot be asked (no credentials to
-/// pass on, unreachable, no list in its answer) the named routes alone are
-/// listed, and why is logged.
-async fn list_models(State(state): State<Arc<AppState>>, headers: HeaderMap) -> Response {
-    let anthropic = headers.contains_key("anthropic-version")
-        || (headers.contains_key("x-api-key") && !headers.contains_key(header::AUTHORIZATION));
-    if anthropic {
-        models_of::<Messages>(&state, &headers).await
-    } else {
-        models_of::<Chat>(&state, &headers).await
-    }
-}
-
-/// The model list of [`list_models`] for the routes of `W`'s API.
-async fn models_of<W: WireFormat>(state: &AppState, headers: &HeaderMap) -> Response {
-    let policy = &state.policy;
-    let mut data: Vec<Value> = policy
-        .named_routes()
-        .filter(|(_, _, api)| *api == W::API)
-        .map(|(model, route, _)| model_entry(W::API, model, route.provider))
-        .collect();
-    if let Some(provider) = policy.wildcard_provider(W::API) {
-        match provider_models::<W>(state, provider, headers).await {
-            Ok(models) => {
-                for model in models {
-                    let id = model.get("id").and_then(Value::as_str);
-                    let listed = data
-                        .iter()
-                        .any(|named| named.get("id").and_then(Value::as_str) == id);
-                    if id.is_some() && !listed {
-                        data.push(model);
-                    }
-                }
-            }
-            Err(response) => return response,
-        }
-    }
-    let list = match W::API {
-        ProviderApi::Openai => json!({"object": "list", "data": data}),
-        ProviderApi::Anthropic => {
-            // One page holds every model: a client paging on never asks again.
-            let id = |model: Option<&Value>| model.and_then(|model| model.get("id")).cloned();
-            json!({"first_id": id(data.first()), "last_id": id(data.last()),
-                   "has_more": false, "data": data})
-        }
-    };
-    axum::Json(list).into_response()
-}
-
-/// A named route's entry in `api`'s model list.
-fn model_entry(api: ProviderApi, model: &str, provider: &str) -> Value {
-    match api {
-        ProviderApi::Openai => {
-            json!({"id": model, "object": "model", "created": 0, "owned_by": provider})
-        }
-        ProviderApi::Anthropic => json!({"type": "model", "id": model, "display_name": model,
-                                         "created_at": "1970-01-01T00:00:00Z"}),
-    }
-}
-
-/// The model list of `provider`, or the response to answer with instead.
-async fn provider_models<W: WireFormat>(
-    state: &AppState,
-    provider: &str,
-    headers: &HeaderMap,
-) -> Result<Vec<Value>, Response> {
-    let fail = |error: &ApiError| error_response::<W>(error);
-    let unlisted = |error: &ApiError| {
-        tracing::warn!(
-            provider,
-            "GET /v1/models lists the named routes only: {error}"
-        );
-        Vec::new()
-    };
-    let upstream = state
-        .upstreams
-        .named(provider)
-        .map_err(|error| fail(&ApiError::internal(error.to_string())))?;
-    let caller = match state.auth.authenticate(headers) {
-        Ok(caller) => caller,
-        Err(error) => return Ok(unlisted(&error)),
-    };
-    let key = match upstream.managed_key() {
-        Some(key) => key.clone(),
-        None => match caller.passthrough_key() {
-            Ok(key) => key,
-            Err(error) => return Ok(unlisted(&error)),
-        },
-    };
-    let limits = &state.policy.limits;
-    let mut clock = RequestClock::start(state.metrics.clone());
-    let listed = upstream
-        .list_models(
-            &mut clock,
-            key,
-            Duration::from_millis(limits.first_byte_timeout_ms),
-            Duration::from_millis(limits.idle_timeout_ms),
-        )
-        .await;
-    match listed {
-        Ok(models) => Ok(models),
-        Err(ModelsError::Provider(status, body)) if W::is_error_body(&body) => {
-            Err(json_response(status, Body::from(body)))
-        }
-        Err(ModelsError::Provider(status, body)) => {
-            Err(fail(&upstream.wrapped_error(status, &body)))
-        }
-        Err(ModelsError::Canarygate(error)) => Ok(unlisted(&error)),
-    }
 }
 
 /// One request of an endpoint in wire format `W`: admitted, served by the
