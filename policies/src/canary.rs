@@ -7,15 +7,30 @@
 //! copy reliably; `CG` followed by fifteen digits almost never occurs in
 //! ordinary text (and when it does, only a registered value counts).
 //!
-//! [`find_canaries`] recognises the copy variations models produce: `CG` in
-//! any letter case, and up to [`MAX_SEPARATOR_RUN`] separator characters
-//! (space, `-`, `_`, `.`, `,`, no-break and thin spaces, Unicode hyphens and
-//! dashes) before and between digits (`CG-482 937 105 662 831`,
-//! `cg 482,937,105,662,831`). A match spans from the `C` of `CG` to the 15th
-//! digit; quotes or backticks around it are not part of it. Every `C` is tried
-//! as a start, so overlapping text never hides a canary, and each try reads at
-//! most [`MAX_MATCH_BYTES`] bytes: scanning is linear in the text and does not
-//! depend on how many canaries are live.
+//! [`find_canaries`] recognises the copies models and their serializers
+//! produce. A span is `C`, `G` and fifteen digits, each read as a
+//! character (`unit_at`):
+//! - `C` and `G` in any case, in fullwidth forms (`ＣＧ`), and `C` as its
+//!   Cyrillic look-alike `С`;
+//! - digits ASCII, fullwidth (`１２３`), Arabic-Indic, Devanagari or
+//!   mathematical (`𝟏𝟐𝟑`);
+//! - up to [`MAX_SEPARATOR_RUN`] separator characters before `G` and before
+//!   each digit: spaces of every width (no-break, thin, ideographic),
+//!   invisible characters (zero-width space and joiners, word joiner, soft
+//!   hyphen, byte-order mark), line breaks and tabs, hyphens and dashes,
+//!   `_ . , ' ’ * \` and backticks (grouping marks, markdown around or
+//!   inside the span), their fullwidth forms, and, before the first digit
+//!   only, a label's `:` and `#`:
+//!   `CG-482 937 105 662 831`, `cg 482,937,105,662,831`, `**CG**482…`,
+//!   `CG: 482'937'…`;
+//! - any of them written as a JSON escape `\uXXXX`, as a tool call's
+//!   arguments carry them (`CG\u00a0482…`).
+//!
+//! A match spans from the `C` to the 15th digit; quotes or backticks around
+//! it are not part of it. Every possible `C` is tried as a start
+//! (`Starts`), so overlapping text never hides a canary, and each try
+//! reads at most [`MAX_MATCH_BYTES`] bytes: scanning is linear in the text
+//! and does not depend on how many canaries are live.
 
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -29,12 +44,17 @@ pub const CANARY_DIGITS: usize = 15;
 /// Number of distinct canaries: 10^15 (about 2^49.8).
 pub const CANARY_VALUES: u64 = 1_000_000_000_000_000;
 
-/// Separator characters allowed in a row before or between two digits.
-pub const MAX_SEPARATOR_RUN: usize = 3;
+/// Separator characters allowed in a row before `G` and before each digit.
+pub const MAX_SEPARATOR_RUN: usize = 4;
 
-/// Longest byte span a match can cover (`CG`, 15 digits, separator runs of
-/// 3-byte characters before each digit).
-pub const MAX_MATCH_BYTES: usize = 2 + CANARY_DIGITS * (1 + MAX_SEPARATOR_RUN * 3);
+/// Longest character a span reads, in bytes: a `\uXXXX` escape.
+const MAX_UNIT_BYTES: usize = 6;
+
+/// Longest byte span a match can cover (`C`, `G`, 15 digits, and a run of
+/// separators before `G` and before each digit, every character at its
+/// longest).
+pub const MAX_MATCH_BYTES: usize =
+    MAX_UNIT_BYTES * (2 + CANARY_DIGITS + (1 + CANARY_DIGITS) * MAX_SEPARATOR_RUN);
 
 /// Length of the canonical form ([`Canary::canonical`]), which is also the
 /// form written into prompts.
@@ -236,18 +256,101 @@ pub fn replace_canaries(text: &str, replacement: &str) -> String {
 /// Whether a span is a live canary is the registry's question.
 pub fn find_canaries(text: &str) -> impl Iterator<Item = CanaryMatch> + '_ {
     let bytes = text.as_bytes();
-    let mut from = 0;
-    std::iter::from_fn(move || {
-        while let Some(offset) = memchr::memchr2(b'C', b'c', &bytes[from..]) {
-            let start = from + offset;
-            from = start + 1;
-            if let Shape::Complete { canary, end } = match_at(bytes, start) {
-                return Some(CanaryMatch { canary, start, end });
+    Starts::new(bytes).filter_map(move |start| match match_at(bytes, start) {
+        Shape::Complete { canary, end } => Some(CanaryMatch { canary, start, end }),
+        _ => None,
+    })
+}
+
+/// The bytes of a text where a span may start, in order: each `C` or `c`,
+/// and each fullwidth or Cyrillic one. Both kinds are found with `memchr`,
+/// each search resumed where it stopped, so a scan reads the text once
+/// however many starts it has.
+pub(crate) struct Starts<'a> {
+    bytes: &'a [u8],
+    /// Where the next search starts.
+    from: usize,
+    /// The next ASCII start at or after `from`, once searched for (`None`
+    /// inside: none left).
+    ascii: Option<Option<usize>>,
+    /// Likewise, the next other start.
+    wide: Option<Option<usize>>,
+}
+
+impl<'a> Starts<'a> {
+    /// The starts of `bytes`.
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        Self {
+            bytes,
+            from: 0,
+            ascii: None,
+            wide: None,
+        }
+    }
+
+    /// Goes on from byte `at` (past a span read whole), if that is further.
+    pub(crate) fn skip_to(&mut self, at: usize) {
+        if at <= self.from {
+            return;
+        }
+        self.from = at;
+        for cached in [&mut self.ascii, &mut self.wide] {
+            if matches!(cached, Some(Some(start)) if *start < at) {
+                *cached = None;
             }
         }
-        from = bytes.len();
+    }
+
+    fn next_wide(&self) -> Option<usize> {
+        let mut at = self.from;
+        while let Some(offset) = memchr::memchr3(0xEF, 0xD0, 0xD1, &self.bytes[at..]) {
+            let lead = at + offset;
+            if matches!(unit_at(self.bytes, lead), Some((Unit::C, _))) {
+                return Some(lead);
+            }
+            at = lead + 1;
+        }
         None
-    })
+    }
+}
+
+impl Iterator for Starts<'_> {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        let bytes = self.bytes;
+        let from = self.from;
+        if self.wide == Some(None) {
+            // ASCII starts only, as in most text.
+            let start = from + memchr::memchr2(b'C', b'c', bytes.get(from..)?)?;
+            self.from = start + 1;
+            return Some(start);
+        }
+        let ascii = *self.ascii.get_or_insert_with(|| {
+            memchr::memchr2(b'C', b'c', &bytes[from..]).map(|offset| from + offset)
+        });
+        let wide = match self.wide {
+            Some(wide) => wide,
+            None => *self.wide.insert(self.next_wide()),
+        };
+        let start = match (ascii, wide) {
+            (Some(ascii), Some(wide)) => ascii.min(wide),
+            (start, None) | (None, start) => start?,
+        };
+        self.from = start + 1;
+        if ascii == Some(start) {
+            self.ascii = None;
+        }
+        if wide == Some(start) {
+            self.wide = None;
+        }
+        Some(start)
+    }
+}
+
+/// Whether `c` may start a span (read as `C`).
+pub(crate) fn starts_span(c: char) -> bool {
+    classify(c) == Unit::C
 }
 
 /// How the text at one position relates to the canary shape.
@@ -264,16 +367,35 @@ pub(crate) enum Shape {
 
 /// Matches the canary shape starting exactly at `start`.
 pub(crate) fn match_at(text: &[u8], start: usize) -> Shape {
+    const NOTHING_YET: Shape = Shape::Partial {
+        digits: 0,
+        value: 0,
+    };
+    // Most starts are the `c` of a word, decided by the letter after it.
+    if let [b'C' | b'c', next, ..] = text[start..]
+        && next.is_ascii()
+        && matches!(ASCII_UNITS[usize::from(next)], Unit::Other | Unit::Digit(_))
+    {
+        return Shape::NoMatch;
+    }
     let mut index = start;
-    for expected in [b'C', b'G'] {
-        match text.get(index) {
-            None => {
-                return Shape::Partial {
-                    digits: 0,
-                    value: 0,
-                };
+    match unit_at(text, index) {
+        None => return NOTHING_YET,
+        Some((Unit::C, len)) => index += len,
+        Some(_) => return Shape::NoMatch,
+    }
+    let mut separators = 0;
+    loop {
+        match unit_at(text, index) {
+            None => return NOTHING_YET,
+            Some((Unit::G, len)) => {
+                index += len;
+                break;
             }
-            Some(byte) if byte.to_ascii_uppercase() == expected => index += 1,
+            Some((Unit::Separator, len)) if separators < MAX_SEPARATOR_RUN => {
+                separators += 1;
+                index += len;
+            }
             Some(_) => return Shape::NoMatch,
         }
     }
@@ -281,23 +403,24 @@ pub(crate) fn match_at(text: &[u8], start: usize) -> Shape {
     for digits in 0..CANARY_DIGITS {
         let mut separators = 0;
         loop {
-            let Some(rest) = text.get(index..).filter(|rest| !rest.is_empty()) else {
-                return Shape::Partial { digits, value };
-            };
-            match separator_len(rest) {
-                Some(len) if separators < MAX_SEPARATOR_RUN => {
+            match unit_at(text, index) {
+                None => return Shape::Partial { digits, value },
+                Some((Unit::Digit(digit), len)) => {
+                    value = value * 10 + u64::from(digit);
+                    index += len;
+                    break;
+                }
+                Some((Unit::Separator, len)) if separators < MAX_SEPARATOR_RUN => {
+                    separators += 1;
+                    index += len;
+                }
+                Some((Unit::Label, len)) if digits == 0 && separators < MAX_SEPARATOR_RUN => {
                     separators += 1;
                     index += len;
                 }
                 Some(_) => return Shape::NoMatch,
-                None => break,
             }
         }
-        match text[index] {
-            digit @ b'0'..=b'9' => value = value * 10 + u64::from(digit - b'0'),
-            _ => return Shape::NoMatch,
-        }
-        index += 1;
     }
     Shape::Complete {
         canary: Canary(value),
@@ -305,18 +428,128 @@ pub(crate) fn match_at(text: &[u8], start: usize) -> Shape {
     }
 }
 
-/// Length in bytes of the separator character `rest` starts with, if any.
-fn separator_len(rest: &[u8]) -> Option<usize> {
-    match rest {
-        [b' ' | b'-' | b'_' | b'.' | b',', ..] => Some(1),
-        // U+00A0 no-break space.
-        [0xC2, 0xA0, ..] => Some(2),
-        // U+2009 thin space, U+2010..U+2015 hyphens and dashes, U+202F narrow
-        // no-break space.
-        [0xE2, 0x80, 0x89 | 0x90..=0x95 | 0xAF, ..] => Some(3),
-        // U+2212 minus sign.
-        [0xE2, 0x88, 0x92, ..] => Some(3),
-        _ => None,
+/// What one character of text reads as in a span.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    C,
+    G,
+    Digit(u8),
+    Separator,
+    /// A separator only before the first digit.
+    Label,
+    Other,
+}
+
+/// The character at byte `at` of `text` (UTF-8, or a `\uXXXX` escape) as
+/// a [`Unit`], and its length in bytes; `None` when the text ends inside
+/// it (or at `at`), so it may still become one.
+#[inline]
+fn unit_at(text: &[u8], at: usize) -> Option<(Unit, usize)> {
+    let lead = *text.get(at)?;
+    if lead == b'\\' {
+        return escape_at(text, at);
+    }
+    if lead.is_ascii() {
+        return Some((ASCII_UNITS[usize::from(lead)], 1));
+    }
+    wide_unit_at(text, at, lead)
+}
+
+/// [`unit_at`] for a character that is not ASCII (lead byte `lead`).
+fn wide_unit_at(text: &[u8], at: usize, lead: u8) -> Option<(Unit, usize)> {
+    let len = match lead {
+        0xC0..=0xDF => 2,
+        0xE0..=0xEF => 3,
+        0xF0..=0xF7 => 4,
+        // Inside a character (never where a scan starts): not part of a span.
+        _ => return Some((Unit::Other, 1)),
+    };
+    let bytes = text.get(at..at + len)?;
+    let c = std::str::from_utf8(bytes)
+        .ok()
+        .and_then(|decoded| decoded.chars().next());
+    Some((c.map_or(Unit::Other, classify), len))
+}
+
+/// A backslash at `at`: a `\uXXXX` escape read as its character, else a
+/// separator (markdown's escape, `CG\_482\_…`); `None` while the text ends
+/// where an escape could still follow.
+#[cold]
+fn escape_at(text: &[u8], at: usize) -> Option<(Unit, usize)> {
+    let rest = &text[at + 1..];
+    let Some((&b'u', hex)) = rest.split_first() else {
+        return if rest.is_empty() {
+            None
+        } else {
+            Some((Unit::Separator, 1))
+        };
+    };
+    let digits = hex
+        .iter()
+        .take(4)
+        .take_while(|byte| byte.is_ascii_hexdigit())
+        .count();
+    match digits {
+        4 => {
+            let code = std::str::from_utf8(&hex[..4])
+                .ok()
+                .and_then(|hex| u32::from_str_radix(hex, 16).ok());
+            let unit = code.and_then(char::from_u32).map_or(Unit::Other, classify);
+            Some((unit, 6))
+        }
+        // The text ends inside what may be an escape.
+        _ if digits == hex.len() => None,
+        _ => Some((Unit::Separator, 1)),
+    }
+}
+
+/// [`classify`] of every ASCII character, looked up.
+const ASCII_UNITS: [Unit; 128] = {
+    let mut units = [Unit::Other; 128];
+    let mut byte = 0;
+    while byte < 128 {
+        units[byte] = classify(byte as u8 as char);
+        byte += 1;
+    }
+    units
+};
+
+/// What `c` reads as in a span.
+const fn classify(c: char) -> Unit {
+    match c {
+        'C' | 'c' | '\u{FF23}' | '\u{FF43}' | '\u{0421}' | '\u{0441}' => Unit::C,
+        'G' | 'g' | '\u{FF27}' | '\u{FF47}' => Unit::G,
+        '0'..='9' => Unit::Digit(c as u8 - b'0'),
+        // Fullwidth, Arabic-Indic, extended Arabic-Indic, Devanagari digits.
+        '\u{FF10}'..='\u{FF19}' => Unit::Digit((c as u32 - 0xFF10) as u8),
+        '\u{0660}'..='\u{0669}' => Unit::Digit((c as u32 - 0x0660) as u8),
+        '\u{06F0}'..='\u{06F9}' => Unit::Digit((c as u32 - 0x06F0) as u8),
+        '\u{0966}'..='\u{096F}' => Unit::Digit((c as u32 - 0x0966) as u8),
+        // Mathematical bold, double-struck, sans-serif, sans-serif bold and
+        // monospace digits, ten of each.
+        '\u{1D7CE}'..='\u{1D7FF}' => Unit::Digit(((c as u32 - 0x1D7CE) % 10) as u8),
+        ' ' | '\t' | '\n' | '\r' | '-' | '_' | '.' | ',' | '\'' | '*' | '`' | '\\' => {
+            Unit::Separator
+        }
+        // A label's marks: only between `CG` and the digits (`CG: 482…`).
+        ':' | '#' | '\u{FF1A}' => Unit::Label,
+        // No-break space, soft hyphen.
+        '\u{00A0}' | '\u{00AD}' => Unit::Separator,
+        // Spaces of every width, zero-width space and (non-)joiners, marks,
+        // hyphens and dashes, quotation marks used as group marks, the narrow
+        // no-break space, word joiner, medium mathematical space, minus.
+        '\u{2000}'..='\u{2015}'
+        | '\u{2018}'
+        | '\u{2019}'
+        | '\u{202F}'
+        | '\u{2060}'
+        | '\u{205F}'
+        | '\u{2212}' => Unit::Separator,
+        // Ideographic space and comma, byte-order mark (zero-width no-break
+        // space), fullwidth comma, hyphen, full stop, low line.
+        '\u{3000}' | '\u{3001}' | '\u{FEFF}' | '\u{FF0C}' | '\u{FF0D}' | '\u{FF0E}'
+        | '\u{FF3F}' => Unit::Separator,
+        _ => Unit::Other,
     }
 }
 
@@ -380,25 +613,110 @@ mod tests {
             format!("CG\u{2011}{}", grouped("\u{202f}")),
             format!("CG\u{2014}{}", grouped("\u{2212}")),
             format!("CG_{}", grouped("_")),
+            // Markdown inside the span, labels and other grouping marks.
+            format!("**CG**{digits}"),
+            format!("`CG` {}", grouped(" ")),
+            format!("CG\\_{}", grouped("\\_")),
+            format!("CG: {}", grouped("'")),
+            format!("CG #{}", grouped("\u{2019}")),
+            format!("C G {}", grouped(" ")),
+            format!("C-G: {}", grouped(".")),
+            format!("CG\n{}", grouped("\n")),
+            format!("CG\t{}", grouped("    ")),
+            // Invisible characters between the digits or the letters.
+            format!("C\u{200b}G{}", grouped("\u{200b}")),
+            format!("CG{}", grouped("\u{200d}")),
+            format!("CG{}", grouped("\u{00ad}")),
+            format!("CG{}", grouped("\u{2060}\u{feff}")),
+            format!("CG\u{3000}{}", grouped("\u{ff0c}")),
+            // Other forms of the letters and digits.
+            fullwidth(&text),
+            format!("CG{}", fullwidth(digits)),
+            format!("\u{0421}G{digits}"),
+            format!("CG{}", shifted(digits, 0x0660)),
+            format!("CG {}", shifted(digits, 0x1D7CE)),
+            // JSON escapes, as a tool call's arguments may carry them.
+            format!("CG\\u00a0{}", grouped("\\u2009")),
+            format!("CG{}", escaped(digits)),
         ];
         for variant in variants {
             let found: Vec<_> = find_canaries(&format!("see `{variant}`.")).collect();
             assert_eq!(found.len(), 1, "{variant}");
             assert_eq!(found[0].canary, canary, "{variant}");
-            assert_eq!(found[0].start, 5, "{variant}");
+            let first = variant
+                .char_indices()
+                .find(|(_, c)| starts_span(*c))
+                .unwrap();
+            assert_eq!(found[0].start, 5 + first.0, "{variant}");
             assert_eq!(found[0].end, 5 + variant.len(), "{variant}");
             assert!(variant.len() <= MAX_MATCH_BYTES);
         }
     }
 
+    /// `text` in fullwidth forms.
+    fn fullwidth(text: &str) -> String {
+        text.chars()
+            .map(|c| char::from_u32(c as u32 + 0xFEE0).unwrap())
+            .collect()
+    }
+
+    /// ASCII `digits` as the digits of the block starting at `zero`.
+    fn shifted(digits: &str, zero: u32) -> String {
+        digits
+            .bytes()
+            .map(|digit| char::from_u32(zero + u32::from(digit - b'0')).unwrap())
+            .collect()
+    }
+
+    /// ASCII `digits` as JSON `\uXXXX` escapes.
+    fn escaped(digits: &str) -> String {
+        digits
+            .bytes()
+            .map(|digit| format!("\\u{:04x}", digit))
+            .collect()
+    }
+
+    #[test]
+    fn partial_escapes_and_characters_wait_for_more_text() {
+        // The text ends inside an escape or a multi-byte character that may
+        // still be part of the span.
+        for text in ["CG482\\", "CG482\\u", "CG482\\u00a", "CG482\u{ff11}"] {
+            let cut = &text.as_bytes()[..text.len() - usize::from(text.ends_with('\u{ff11}'))];
+            assert!(
+                matches!(
+                    match_at(cut, 0),
+                    Shape::Partial {
+                        digits: 3,
+                        value: 482
+                    }
+                ),
+                "{text}: {:?}",
+                match_at(cut, 0)
+            );
+        }
+        let starts = |text: &str| Starts::new(text.as_bytes()).collect::<Vec<_>>();
+        assert_eq!(starts("ab ＣＧ1 c"), [3, 11]);
+        assert_eq!(starts("Ｃ c \u{0421}"), [0, 4, 6]);
+        assert_eq!(starts("\u{feff}да"), Vec::<usize>::new());
+        let mut skipping = Starts::new(b"C C C");
+        assert_eq!(skipping.next(), Some(0));
+        skipping.skip_to(3);
+        assert_eq!(skipping.collect::<Vec<_>>(), [4]);
+    }
+
     #[test]
     fn non_canaries_are_not_matched() {
         for text in [
-            "CG48293710566283",      // 14 digits
-            "CG4829371056628x1",     // a letter among the digits
-            "CG----482937105662831", // separator run too long
-            "C G482937105662831",    // split prefix
-            "482937105662831",       // no prefix
+            "CG48293710566283",              // 14 digits
+            "CG4829371056628x1",             // a letter among the digits
+            "CG-----482937105662831",        // separator run too long
+            "C  -  G482937105662831",        // likewise between C and G
+            "CX482937105662831",             // not G
+            "482937105662831",               // no prefix
+            "CG 482 937 105 662 83½",        // a digit of another kind
+            "Cg4829371056628\\u00zz31",      // a backslash that is no escape, then letters
+            "CG 482:937:105:662:831",        // a label's mark among the digits
+            "cg 2024-12-01 10:15:00,123 up", // a log line's time
             "the cgi script, CGRect and cgroup v2",
             "",
         ] {

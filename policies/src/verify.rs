@@ -46,7 +46,7 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::canary::{Canary, Shape, find_canaries, match_at};
+use crate::canary::{Canary, Shape, Starts, find_canaries, match_at, starts_span};
 use crate::inject::{Injection, PassiveReason};
 use crate::registry::CanaryRegistry;
 use crate::verify_config::{FailureAction, ReleasePolicy, VerifyConfig};
@@ -981,12 +981,13 @@ impl Verifier {
     /// could decide, other than this request's own, once each: what a
     /// registry that answers asynchronously must resolve before the push
     /// (the push's own lookups are synchronous). Every span the push looks
-    /// up is among them; most texts have none, and cost one `memchr` pass.
+    /// up is among them; most texts have none, and cost one `memchr` pass (two
+    /// when they hold other than ASCII).
     pub fn spans_to_look_up(&self, choice: u32, part: Part, delta: &str) -> Vec<Canary> {
         let pending = self
             .track(choice, part)
             .map_or("", |track| track.pending.as_str());
-        let has_start = |text: &str| memchr::memchr2(b'C', b'c', text.as_bytes()).is_some();
+        let has_start = |text: &str| Starts::new(text.as_bytes()).next().is_some();
         if !has_start(pending) && !has_start(delta) {
             return Vec::new();
         }
@@ -1465,10 +1466,8 @@ fn scan(
     let mut foreign = false;
     let mut copied = 0;
     let mut held = bytes.len();
-    let mut from = 0;
-    while let Some(offset) = memchr::memchr2(b'C', b'c', &bytes[from..]) {
-        let start = from + offset;
-        from = start + 1;
+    let mut starts = Starts::new(bytes);
+    while let Some(start) = starts.next() {
         match match_at(bytes, start) {
             Shape::Partial { .. } if !end => {
                 held = start;
@@ -1498,7 +1497,7 @@ fn scan(
                     ready.push_str(&text[copied..start]);
                     removed.push(*decided + start..*decided + stop);
                     copied = stop;
-                    from = stop;
+                    starts.skip_to(stop);
                 } else if let Some(owner) = owner {
                     foreign = true;
                     findings.foreign += 1;
@@ -1509,7 +1508,7 @@ fn scan(
                             request: owner.request,
                         });
                     }
-                    from = stop;
+                    starts.skip_to(stop);
                 } else {
                     findings.lookalikes += 1;
                 }
@@ -1600,7 +1599,7 @@ fn next_canary(text: &str, from: usize, window: usize, end: bool) -> Next {
         if count > window {
             return Next::None;
         }
-        if c == 'C' || c == 'c' {
+        if starts_span(c) {
             match match_at(text.as_bytes(), from + offset) {
                 Shape::Complete { canary, end: stop } => {
                     return Next::Found(canary, from + offset, stop);

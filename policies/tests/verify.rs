@@ -1232,8 +1232,10 @@ fn spans_to_look_up_names_every_span_a_push_asks_about() {
             let Evidence::ForeignCanary { foreign, .. } = &foreign.evidence else {
                 panic!("foreign evidence");
             };
+            // `first` four times (bare, after `cg`, twice run together) and
+            // `second` spaced out, `C G` included.
             assert_eq!(
-                foreign, &4,
+                foreign, &5,
                 "cut {cut} width {width}: each foreign span counted"
             );
         }

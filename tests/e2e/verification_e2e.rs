@@ -865,7 +865,8 @@ async fn a_responses_stream_the_provider_ends_with_its_error_gets_no_second_one(
 
 /// A provider that answers each request honestly but lists, in a top-level
 /// `citations` member of its own (as Perplexity's answers carry), a URL
-/// holding the head canary of the request before it.
+/// holding the head canary of the request before it; or, asked about moons,
+/// in a `source` member of its own beside the choice's message or delta.
 async fn citing_upstream() -> String {
     use std::sync::{Arc, Mutex};
 
@@ -879,11 +880,17 @@ async fn citing_upstream() -> String {
         let opening = canarygate_policies::inject::obedient_echo(&request).unwrap_or_default();
         let head = opening.split_whitespace().next().unwrap_or("").to_owned();
         let earlier = last.lock().unwrap().replace(head).unwrap_or_default();
-        let citations = json!([format!("https://sources.test/{earlier}")]);
+        let source = format!("https://sources.test/{earlier}");
         let text = format!("{opening}\nMercury, Venus.");
+        let beside = request.to_string().contains("moons");
+        let (citations, source) = if beside {
+            (json!([]), json!(source))
+        } else {
+            (json!([source]), Value::Null)
+        };
         if request["stream"] == true {
             let chunk = json!({"id": "c1", "citations": citations, "choices": [{"index": 0,
-                "delta": {"content": text}, "finish_reason": null}]});
+                "delta": {"content": text}, "source": source, "finish_reason": null}]});
             let end = json!({"id": "c1", "citations": citations, "choices": [{"index": 0,
                 "delta": {}, "finish_reason": "stop"}]});
             let body = format!("data: {chunk}\n\ndata: {end}\n\ndata: [DONE]\n\n");
@@ -891,7 +898,7 @@ async fn citing_upstream() -> String {
         } else {
             let body = json!({"id": "c1", "object": "chat.completion", "citations": citations,
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                             "finish_reason": "stop"}]});
+                             "source": source, "finish_reason": "stop"}]});
             ([("content-type", "application/json")], body.to_string())
         }
     }
@@ -903,7 +910,8 @@ async fn citing_upstream() -> String {
 }
 
 /// Another request's canary in a member of the provider's own, outside the
-/// choices, is caught as it is in the text: whole and streamed.
+/// choices or beside a choice's message, is caught as it is in the text:
+/// whole and streamed.
 #[tokio::test]
 async fn another_requests_canary_outside_the_choices_is_caught() {
     let upstream = citing_upstream().await;
@@ -913,14 +921,19 @@ async fn another_requests_canary_outside_the_choices_is_caught() {
     // The first request has no earlier one to be given.
     let first = ask(&client, &proxy.url, "Name two planets", false).await;
     assert_eq!(first.status, 200, "{first:?}");
-    for stream in [false, true] {
-        let outcome = ask(&client, &proxy.url, "Name two planets", stream).await;
-        assert_eq!(outcome.status, 502, "stream={stream}: {outcome:?}");
-        assert_eq!(
-            outcome.error_code.as_deref(),
-            Some("canarygate_verification_failed"),
-            "stream={stream}: {outcome:?}"
-        );
+    for question in ["Name two planets", "Name two moons"] {
+        for stream in [false, true] {
+            let outcome = ask(&client, &proxy.url, question, stream).await;
+            assert_eq!(
+                outcome.status, 502,
+                "{question}, stream={stream}: {outcome:?}"
+            );
+            assert_eq!(
+                outcome.error_code.as_deref(),
+                Some("canarygate_verification_failed"),
+                "{question}, stream={stream}: {outcome:?}"
+            );
+        }
     }
 }
 

@@ -211,6 +211,12 @@ pub fn read_choice(choice: &Value, position: usize, part: Key) -> ChoiceView {
     let known =
         |key: &str| TEXT_FIELDS.iter().any(|(field, _)| field.name() == key) || key == "role";
     residual_members(message, at, index, known, &mut texts);
+    // And any string beside the message in the choice (a provider's own
+    // member), but its index, finish, logprobs (verified as their own).
+    let beside =
+        |key: &str| key == part.name() || matches!(key, "index" | "finish_reason" | "logprobs");
+    let choice_at = Location::ROOT.key(Key::Choices).index(position);
+    residual_members(choice, choice_at, index, beside, &mut texts);
     ChoiceView {
         index,
         position,

@@ -6,8 +6,9 @@
 //! `reasoning`, each a string or null), optionally an empty `annotations`
 //! list and null `tool_calls`, `function_call` or `audio`; a string or
 //! null `finish_reason`; no logprobs. A choice's other members and the
-//! answer's other members are skipped, as the tree's reading skips them;
-//! `usage` is read as the tree reads it. Not light: any other member of a
+//! answer's other members are skipped unless they hold a canary-shaped
+//! span, which the tree's reading scans as text; `usage` is read as the
+//! tree reads it. Not light: any other member of a
 //! message (a string there may hold a canary: the tree's residual scan
 //! reads it), a member of the wrong type, a member twice, an `error`,
 //! anything after the answer. Those are read from the tree
@@ -227,9 +228,7 @@ impl<'de> Visitor<'de> for ChoiceSeed<'_, 'de> {
                 ChoiceMember::Logprobs => {
                     map.next_value::<Option<Refused>>()?;
                 }
-                ChoiceMember::Other => {
-                    map.next_value::<IgnoredAny>()?;
-                }
+                ChoiceMember::Other => skip_other(&mut map)?,
             }
         }
         let index = index.unwrap_or(position as u64).min(u64::from(u32::MAX)) as u32;
