@@ -233,8 +233,24 @@ impl Generation {
 
     /// Blocks until the generation ends and returns everything it produced.
     pub fn wait(self) -> Result<Completion, EngineError> {
+        self.wait_unless(&AtomicBool::new(false))
+    }
+
+    /// [`Generation::wait`], giving up once `abandoned` is set (the caller
+    /// went away): looked at with each token and every 100 ms
+    /// while none comes (a queued request). Giving up drops the generation,
+    /// which stops it and frees its KV pages, as dropping a stream does.
+    pub fn wait_unless(self, abandoned: &AtomicBool) -> Result<Completion, EngineError> {
         let (mut token_ids, mut text, mut logits) = (Vec::new(), String::new(), Vec::new());
-        for event in self {
+        loop {
+            if abandoned.load(Ordering::Relaxed) {
+                return Err(EngineError::Abandoned);
+            }
+            let event = match self.events.recv_timeout(ABANDON_POLL) {
+                Ok(event) => event,
+                Err(RecvTimeoutError::Timeout) => continue,
+                Err(RecvTimeoutError::Disconnected) => return Err(EngineError::ShutDown),
+            };
             match event {
                 Event::Token {
                     id,
@@ -260,9 +276,12 @@ impl Generation {
                 Event::Failed(e) => return Err(e),
             }
         }
-        Err(EngineError::ShutDown)
     }
 }
+
+/// How often [`Generation::wait_unless`] looks whether its caller went away
+/// while no token comes.
+const ABANDON_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl Iterator for Generation {
     type Item = Event;

@@ -96,6 +96,9 @@ pub enum EngineError {
     /// The engine stopped before the request finished.
     #[error("the engine shut down")]
     ShutDown,
+    /// The caller gave up waiting ([`Generation::wait_unless`]).
+    #[error("the caller went away")]
+    Abandoned,
     /// A bug: an invariant the engine maintains did not hold.
     #[error("internal error: {0}")]
     Internal(String),

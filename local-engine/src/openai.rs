@@ -11,6 +11,8 @@
 //! (`refuse_unsupported`). Penalties and `logit_bias` (token ids of
 //! another tokenizer) are sampling hints, ignored.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -219,6 +221,15 @@ pub fn start_chat(engine: &EngineHandle, body: &Value, model: &str) -> Result<Ch
     })
 }
 
+/// Sets its flag when dropped: tells a waiting thread its caller is gone.
+struct AbandonOnDrop(Arc<AtomicBool>);
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 /// A choice's `stop_reason` (as vLLM names it): the stop string the answer
 /// stopped at, else null.
 fn stop_reason(stop: &[String], finish: FinishReason) -> Value {
@@ -239,6 +250,13 @@ fn refuse_out_of_range(request: &serde_json::Map<String, Value>) -> Result<(), C
             format!("`{field}` must be {range}"),
         ))
     };
+    // `2.0` is no count of choices (and would pass for one below).
+    if request
+        .get("n")
+        .is_some_and(|n| !n.is_null() && n.as_i64().is_none() && n.as_u64().is_none())
+    {
+        return out_of_range("n", "a whole number");
+    }
     if number("n").is_some_and(|n| n < 1.0) {
         return out_of_range("n", "at least 1");
     }
@@ -381,7 +399,11 @@ impl ChatCall {
             stop,
             ..
         } = self;
-        let completion = tokio::task::spawn_blocking(move || generation.wait())
+        // The waiting thread gives up, and the generation stops, when this
+        // future is dropped (the client went away), as a stream's does.
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let _abandon = AbandonOnDrop(Arc::clone(&abandoned));
+        let completion = tokio::task::spawn_blocking(move || generation.wait_unless(&abandoned))
             .await
             .map_err(|error| ChatError::failed(error.to_string()))?
             .map_err(|error| ChatError::failed(error.to_string()))?;

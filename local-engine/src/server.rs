@@ -3,7 +3,8 @@
 //! `POST /v1/chat/completions` (streamed as SSE or not), `GET /v1/models`, `GET /health`.
 //! Errors use OpenAI's shape `{"error": {"message", "type", "param", "code"}}`; a request over
 //! the context window gets HTTP 400 with code `context_length_exceeded`, another path 404
-//! `unknown_url`, another method 405 `method_not_allowed`, as OpenAI answers them.
+//! `unknown_url`, another method 405 `method_not_allowed`, as OpenAI answers them; a body
+//! over 2 MiB 413 `request_too_large`.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use axum::http::{Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -81,7 +83,24 @@ async fn models(State(state): State<AppState>) -> Response {
     .into_response()
 }
 
-async fn chat_completions(State(state): State<AppState>, body: Bytes) -> Response {
+async fn chat_completions(
+    State(state): State<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    // A body that could not be read (over axum's 2 MiB default) is refused
+    // in OpenAI's shape, with the status axum gives it.
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => {
+            let status = rejection.status();
+            let code = if status == StatusCode::PAYLOAD_TOO_LARGE {
+                "request_too_large"
+            } else {
+                "invalid_body"
+            };
+            return plain_error(status, code, rejection.body_text());
+        }
+    };
     let request: Value = match serde_json::from_slice(&body) {
         Ok(request) => request,
         Err(e) => {

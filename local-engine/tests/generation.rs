@@ -112,3 +112,71 @@ fn chat_prompt_uses_the_model_template() {
         "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
     );
 }
+
+/// A caller that stops waiting for a whole answer stops its generation:
+/// the KV pages come back at once, not when `max_tokens` is reached. The
+/// same request run to its end first shows how long that would take.
+#[test]
+fn a_whole_answer_nobody_waits_for_stops_and_frees_its_pages() {
+    use std::time::{Duration, Instant};
+
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(
+        dir.path(),
+        &TinyModel {
+            // Greedy, this one writes 3,000 tokens without an end of text.
+            seed: 1,
+            max_position_embeddings: 4096,
+            ..TinyModel::default()
+        },
+    )
+    .unwrap();
+    let engine = Engine::start(EngineConfig {
+        kv_budget_bytes: 4 << 20,
+        ..EngineConfig::new(dir.path())
+    })
+    .unwrap();
+    let body = serde_json::json!({"model": "tiny", "max_tokens": 3000, "temperature": 0,
+        "messages": [{"role": "user", "content": "Tell a long story"}]});
+    let all_free = |engine: &EngineHandle| {
+        let stats = engine.stats();
+        stats.free_pages == stats.total_pages
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+
+    let started = Instant::now();
+    let whole = runtime
+        .block_on(
+            canarygate_engine::openai::start_chat(&engine, &body, "tiny")
+                .unwrap()
+                .complete(),
+        )
+        .unwrap();
+    let takes = started.elapsed();
+    assert_eq!(whole["choices"][0]["finish_reason"], "length", "{whole}");
+    assert!(all_free(&engine));
+
+    // The same request, its caller gone after a tenth of that.
+    runtime.block_on(async {
+        let call = canarygate_engine::openai::start_chat(&engine, &body, "tiny").unwrap();
+        let waited = tokio::time::timeout(takes / 10, call.complete()).await;
+        assert!(waited.is_err(), "done within a tenth of {takes:?}");
+    });
+    let dropped = Instant::now();
+    while !all_free(&engine) {
+        assert!(
+            dropped.elapsed() < takes / 3,
+            "pages still held {:?} after the caller left (the whole answer takes {takes:?})",
+            dropped.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!(
+        "whole answer {takes:?}; pages back {:?} after the caller left",
+        dropped.elapsed()
+    );
+}

@@ -671,18 +671,30 @@ async fn what_the_local_engine_cannot_serve_is_refused_in_each_apis_format() {
         assert_eq!(answer["error"]["param"], param, "{path}: {answer}");
     }
 
-    // `canarygate engine serve` refuses the same.
-    let response = client()
-        .post(format!("{}/v1/chat/completions", engine.url))
-        .json(&chat(json!({"n": 2})))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 400);
-    let answer: Value = response.json().await.unwrap();
-    assert_eq!(answer["error"]["param"], "n", "{answer}");
-    // Another path or method: OpenAI's errors, not empty bodies.
+    // `canarygate engine serve` refuses the same, and `n` 2.0 too (a float
+    // is no count; it was served as one choice).
+    for n in [json!(2), json!(2.0)] {
+        let response = client()
+            .post(format!("{}/v1/chat/completions", engine.url))
+            .json(&chat(json!({"n": n})))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "n = {n}");
+        let answer: Value = response.json().await.unwrap();
+        assert_eq!(answer["error"]["param"], "n", "{answer}");
+    }
+    // Another path or method, or a body over 2 MiB: OpenAI's errors, not
+    // empty bodies or plain text.
+    let huge = chat(json!({"messages": user(&"a".repeat(2_100_000))}));
     for (request, status, code) in [
+        (
+            client()
+                .post(format!("{}/v1/chat/completions", engine.url))
+                .json(&huge),
+            413,
+            "request_too_large",
+        ),
         (
             client().post(format!("{}/v1/completions", engine.url)),
             404,
