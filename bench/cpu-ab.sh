@@ -23,6 +23,10 @@
 #   AB_MODE      stream or non-stream [stream]
 #   AB_SIM_ARGS  further sim-provider arguments, e.g. `--decode-tps 1000` []
 #   AB_AUDIT     durable or background: the audit's durability [durable]
+#   AB_AFTER_INSTANCES  N > 1 runs AFTER as N processes of one worker thread
+#                each, the load spread over them and their CPU summed: what
+#                a thread per core would save, estimated (bench/README.md,
+#                12-07) [1]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -49,14 +53,28 @@ case ${AB_AUDIT:-durable} in
     ;;
   *) echo "AB_AUDIT must be durable or background" >&2; exit 2 ;;
 esac
+# url[NAME]: the load generator's target URL (URL1/v1|URL2/v1 for a pool);
+# pid[NAME]: the processes perf counts (PID1,PID2).
 declare -A url pid
+instances=${AB_AFTER_INSTANCES:-1}
 for name in before after; do
   bin=${name}_bin
   canarygate=${!bin}
-  start_canarygate_server "$name" "$config"
-  pid[$name]=$started_pid
-  url[$name]=$started_url
-  "$load" --target "$name=${url[$name]}/v1" --modes "$mode" --rounds 1 --seconds 2 --no-latency >/dev/null
+  if [ "$name" = after ] && [ "$instances" -gt 1 ]; then
+    # (`pids` is common.sh's list of what to stop at the end.)
+    pool_urls=() pool_pids=()
+    for n in $(seq 1 "$instances"); do
+      start_canarygate_server "after$n" "$config" --worker-threads 1
+      pool_urls+=("$started_url/v1") pool_pids+=("$started_pid")
+    done
+    url[$name]=$(IFS='|'; echo "${pool_urls[*]}")
+    pid[$name]=$(IFS=','; echo "${pool_pids[*]}")
+  else
+    start_canarygate_server "$name" "$config"
+    pid[$name]=$started_pid
+    url[$name]=$started_url/v1
+  fi
+  "$load" --target "$name=${url[$name]}" --modes "$mode" --rounds 1 --seconds 2 --no-latency >/dev/null
 done
 
 # Prints one line per build and round; each line ends with its numbers.
@@ -66,7 +84,7 @@ for round in $(seq 1 "$rounds"); do
     target_perf=$!
     perf stat -e task-clock -p "$sim_pid" -o "$work/sim.perf" &
     sim_perf=$!
-    requests=$("$load" --target "$name=${url[$name]}/v1" --modes "$mode" --rounds 1 \
+    requests=$("$load" --target "$name=${url[$name]}" --modes "$mode" --rounds 1 \
       --seconds "$seconds" --no-latency | grep -oE '\(([0-9]+) ok' | head -n 1 | tr -dc 0-9)
     kill -INT "$target_perf" "$sim_perf"
     wait "$target_perf" "$sim_perf" || true
