@@ -6,17 +6,21 @@ use canarygate_engine::{
 };
 
 fn engine() -> (tempfile::TempDir, EngineHandle) {
-    let dir = tempfile::tempdir().unwrap();
-    write_tiny_model(
-        dir.path(),
-        &TinyModel {
+    engine_of(
+        TinyModel {
             seed: 21,
             ..TinyModel::default()
         },
+        1 << 20,
     )
-    .unwrap();
+}
+
+/// An engine serving `model` with a KV pool of `kv_budget_bytes`.
+fn engine_of(model: TinyModel, kv_budget_bytes: usize) -> (tempfile::TempDir, EngineHandle) {
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_model(dir.path(), &model).unwrap();
     let engine = Engine::start(EngineConfig {
-        kv_budget_bytes: 1 << 20,
+        kv_budget_bytes,
         ..EngineConfig::new(dir.path())
     })
     .unwrap();
@@ -120,22 +124,15 @@ fn chat_prompt_uses_the_model_template() {
 fn a_whole_answer_nobody_waits_for_stops_and_frees_its_pages() {
     use std::time::{Duration, Instant};
 
-    let dir = tempfile::tempdir().unwrap();
-    write_tiny_model(
-        dir.path(),
-        &TinyModel {
+    let (_dir, engine) = engine_of(
+        TinyModel {
             // Greedy, this one writes 3,000 tokens without an end of text.
             seed: 1,
             max_position_embeddings: 4096,
             ..TinyModel::default()
         },
-    )
-    .unwrap();
-    let engine = Engine::start(EngineConfig {
-        kv_budget_bytes: 4 << 20,
-        ..EngineConfig::new(dir.path())
-    })
-    .unwrap();
+        4 << 20,
+    );
     let body = serde_json::json!({"model": "tiny", "max_tokens": 3000, "temperature": 0,
         "messages": [{"role": "user", "content": "Tell a long story"}]});
     let all_free = |engine: &EngineHandle| {
