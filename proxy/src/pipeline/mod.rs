@@ -326,3 +326,32 @@ fn provider_unavailable(served: &Result<Served, ApiError>) -> bool {
         Ok(Served::Stream(..)) => false,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bodys_parsed_size_is_bounded_by_its_values() {
+        // Small bodies are not counted.
+        assert_eq!(parsed_size_bound(&[b'0'; PARSE_COUNTED_FROM - 1]), None);
+        // An array of small numbers: one value per comma, and the array.
+        let numbers = format!("[{}0]", "0,".repeat(10_000));
+        let bound = parsed_size_bound(numbers.as_bytes()).unwrap();
+        assert_eq!(
+            bound,
+            numbers.len() as u64 + (10_000 + 1 + 1) * PARSED_BYTES_PER_VALUE
+        );
+        // Prose holds few values: its bound stays near its size.
+        let prose = format!(
+            r#"{{"messages":[{{"role":"user","content":"{}"}}]}}"#,
+            "the orbit of each planet was logged, ".repeat(1_000)
+        );
+        let bound = parsed_size_bound(prose.as_bytes()).unwrap();
+        assert!(
+            bound < 5 * prose.len() as u64,
+            "{bound} for {}",
+            prose.len()
+        );
+    }
+}
