@@ -17,7 +17,9 @@ use crate::wire::format::{AnswerView, ChoiceView, TextField, TextFields};
 use crate::wire::location::{Key, Location};
 
 /// The keys of a block that never hold model text: opaque tokens and ids.
-const OPAQUE_KEYS: [&str; 5] = ["signature", "data", "id", "tool_use_id", "type"];
+/// (A source's `data` is opaque only when it is `base64`: a document's
+/// plain-text source, a fetched page's, is text.)
+const OPAQUE_KEYS: [&str; 4] = ["signature", "id", "tool_use_id", "type"];
 
 /// Chat's finish reason for Anthropic's `stop_reason`: `end_turn` and
 /// `stop_sequence` stop, `pause_turn` (a server tool's long turn, to be
@@ -63,8 +65,11 @@ pub fn residual_strings(value: &Value, at: Location, key: &str, texts: &mut Text
             }
         }
         Value::Object(members) if at.has_room() => {
+            let base64 = members.get("type").and_then(Value::as_str) == Some("base64");
             for (position, (member, inner)) in members.iter().enumerate() {
-                residual_strings(inner, at.member(position), member, texts);
+                if !(base64 && member == "data") {
+                    residual_strings(inner, at.member(position), member, texts);
+                }
             }
         }
         _ => {}
@@ -100,7 +105,8 @@ pub fn block_texts(block: &Value, at: Location, texts: &mut TextFields) {
     }
 }
 
-/// A whole `message`, as the verifier reads it.
+/// A whole `message`, as the verifier reads it: its blocks, and any string
+/// of its other members (a provider's own) holding a canary-shaped span.
 pub fn read(answer: &Value) -> AnswerView {
     let mut texts = TextFields::new();
     if let Some(blocks) = answer.get("content").and_then(Value::as_array) {
@@ -110,6 +116,11 @@ pub fn read(answer: &Value) -> AnswerView {
                 Location::ROOT.key(Key::Content).index(position),
                 &mut texts,
             );
+        }
+    }
+    for (position, (member, value)) in answer.as_object().into_iter().flatten().enumerate() {
+        if !matches!(member.as_str(), "content" | "usage") {
+            residual_strings(value, Location::ROOT.member(position), member, &mut texts);
         }
     }
     AnswerView {
@@ -130,6 +141,30 @@ pub fn read(answer: &Value) -> AnswerView {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_fetched_text_and_the_messages_own_members_are_read_base64_is_not() {
+        let canary = "CG123456789012345";
+        let answer = json!({"type": "message", "provider_note": format!("see {canary}"),
+        "content": [
+            {"type": "web_fetch_tool_result", "tool_use_id": "srvtoolu_1", "content": {
+                "type": "web_fetch_result", "url": "https://x.test/",
+                "content": {"type": "document", "source": {"type": "text",
+                    "media_type": "text/plain", "data": format!("page text {canary}")}}}},
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                "data": format!("iVBOR{canary}")}},
+        ]});
+        let view = read(&answer);
+        let read: Vec<&str> = view.choices[0]
+            .texts
+            .iter()
+            .map(|field| field.text(&answer))
+            .collect();
+        assert_eq!(
+            read,
+            [format!("page text {canary}"), format!("see {canary}")]
+        );
+    }
 
     #[test]
     fn blocks_are_read_as_their_parts() {

@@ -6,8 +6,12 @@
 //! a `function_call`'s `arguments` the arguments of tool call N (N: the
 //! item's `output_index`); any other string holding a canary-shaped span is
 //! verified too. A stream carries the same texts as deltas of typed events;
-//! the `.done` events and `response.completed` repeat them whole and are
-//! not read (the writer rewrites them from what was delivered).
+//! the `.done` events and `response.completed` repeat them whole: their
+//! texts are not read (the writer rewrites them from what was delivered),
+//! but any other string in the items and the response they repeat is.
+//!
+//! Longer than 500 lines: about 200 of them are the unit tests, which read
+//! whole responses and stream events of every item kind.
 
 use canarygate_policies::canary::find_canaries;
 use canarygate_policies::sse::SseEvent;
@@ -102,7 +106,7 @@ fn item_texts(item: &Value, at: Location, output_index: u32, texts: &mut TextFie
                 // Annotations and the like (logprobs follow the text).
                 for (position, (key, value)) in part.as_object().into_iter().flatten().enumerate() {
                     if key != text && key != "logprobs" {
-                        residual(value, at.member(position), key, texts);
+                        residual(value, at.member(position), texts);
                     }
                 }
             }
@@ -115,7 +119,7 @@ fn item_texts(item: &Value, at: Location, output_index: u32, texts: &mut TextFie
                     if is_string(part, "text") {
                         push(texts, Part::Reasoning, at.index(index).key(Key::Text));
                     } else {
-                        residual(part, at.index(index), "", texts);
+                        residual(part, at.index(index), texts);
                     }
                 }
             }
@@ -135,7 +139,7 @@ fn item_texts(item: &Value, at: Location, output_index: u32, texts: &mut TextFie
     if let Some(members) = item.as_object() {
         for (position, (key, value)) in members.iter().enumerate() {
             if !known.contains(&key.as_str()) {
-                residual(value, at.member(position), key, texts);
+                residual(value, at.member(position), texts);
             }
         }
     }
@@ -149,24 +153,25 @@ fn push(texts: &mut TextFields, kind: Part, at: Location) {
     });
 }
 
-/// Pushes onto `texts` every string under `value` (at `at`, reached by
-/// member `key`) that holds a canary-shaped span, as a [`Part::Other`]
-/// field (function arguments are their own part). Strings nested deeper
-/// than a [`Location`] reaches are not looked at.
-pub fn residual(value: &Value, at: Location, key: &str, texts: &mut TextFields) {
+/// Pushes onto `texts` every string under `value` (at `at`) that holds a
+/// canary-shaped span, as a [`Part::Other`] field; an MCP call's or a custom
+/// tool's `arguments` too (a function call's are their own part, read by
+/// [`item_texts`]). Strings nested deeper than a [`Location`] reaches are
+/// not looked at.
+pub fn residual(value: &Value, at: Location, texts: &mut TextFields) {
     match value {
-        Value::String(text) if key != "arguments" && find_canaries(text).next().is_some() => {
+        Value::String(text) if find_canaries(text).next().is_some() => {
             let n = texts.len() as u32;
             push(texts, Part::Other(n), at);
         }
         Value::Array(items) if at.has_room() => {
             for (position, item) in items.iter().enumerate() {
-                residual(item, at.index(position), key, texts);
+                residual(item, at.index(position), texts);
             }
         }
         Value::Object(members) if at.has_room() => {
-            for (position, (member, inner)) in members.iter().enumerate() {
-                residual(inner, at.member(position), member, texts);
+            for (position, inner) in members.values().enumerate() {
+                residual(inner, at.member(position), texts);
             }
         }
         _ => {}
@@ -247,7 +252,7 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
             let choices = smallvec::smallvec![ChoiceView {
                 index: 0,
                 position: 0,
-                texts: TextFields::new(),
+                texts: repeated_texts(&kind, &data),
                 finish_reason: finish_of(response),
             }];
             let usage = usage_of(response);
@@ -268,10 +273,15 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
         if let Some(response) = data.get("response") {
             instructions_texts(response, Location::ROOT.key(Key::Response), &mut texts);
         }
+    } else if matches!(
+        kind.as_str(),
+        "response.output_item.added" | "response.output_item.done"
+    ) {
+        texts = repeated_texts(&kind, &data);
     } else if !WITHOUT_TEXT.contains(&kind.as_str()) {
         // An event of another kind (annotations, audio, custom tools...):
         // any canary-shaped text in it is verified.
-        residual(&data, Location::ROOT, "", &mut texts);
+        residual(&data, Location::ROOT, &mut texts);
     }
     let choices = if texts.is_empty() {
         Default::default()
@@ -302,6 +312,68 @@ pub fn is_end(event: &SseEvent) -> bool {
 pub fn response_texts(response: &Value) -> TextFields {
     let mut texts = output_texts(response, Location::ROOT);
     instructions_texts(response, Location::ROOT, &mut texts);
+    member_texts(response, Location::ROOT, &mut texts);
+    texts
+}
+
+/// The strings of a response's (at `at`) own members, beside its output,
+/// instructions and usage, that hold a canary-shaped span: [`Part::Other`]
+/// fields.
+fn member_texts(response: &Value, at: Location, texts: &mut TextFields) {
+    let Some(members) = response.as_object() else {
+        return;
+    };
+    for (position, (key, value)) in members.iter().enumerate() {
+        if !matches!(key.as_str(), "output" | "instructions" | "usage") {
+            residual(value, at.member(position), texts);
+        }
+    }
+}
+
+/// What a stream's events that repeat items whole (`output_item.added` and
+/// `.done`, the final response) hold besides the texts rewritten from what
+/// was delivered: their [`Part::Other`] fields (a web search's query, an
+/// MCP call's arguments, an item or member of a kind canarygate does not
+/// read), renumbered in order.
+fn repeated_texts(kind: &str, data: &Value) -> TextFields {
+    let member = |name: &str| {
+        data.as_object()?
+            .iter()
+            .enumerate()
+            .find(|(_, (key, _))| key.as_str() == name)
+            .map(|(position, (_, value))| (Location::ROOT.member(position), value))
+    };
+    let mut found = TextFields::new();
+    match kind {
+        "response.output_item.added" | "response.output_item.done" => {
+            if let Some((at, item)) = member("item") {
+                let index = data
+                    .get("output_index")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
+                item_texts(
+                    item,
+                    at,
+                    u32::try_from(index).unwrap_or(u32::MAX),
+                    &mut found,
+                );
+            }
+        }
+        _ => {
+            if let Some(response) = data.get("response") {
+                let at = Location::ROOT.key(Key::Response);
+                found = output_texts(response, at);
+                member_texts(response, at, &mut found);
+            }
+        }
+    }
+    let mut texts = TextFields::new();
+    for field in found {
+        if matches!(field.kind, Part::Other(_)) {
+            let n = texts.len() as u32;
+            push(&mut texts, Part::Other(n), field.at);
+        }
+    }
     texts
 }
 
@@ -314,7 +386,7 @@ fn instructions_texts(response: &Value, at: Location, texts: &mut TextFields) {
         .flat_map(|members| members.iter().enumerate())
         .find(|(_, (key, _))| key.as_str() == "instructions");
     if let Some((position, (_, value))) = instructions {
-        residual(value, at.member(position), "", texts);
+        residual(value, at.member(position), texts);
     }
 }
 
@@ -331,6 +403,53 @@ mod tests {
             data: data.to_string(),
             id: None,
         }
+    }
+
+    #[test]
+    fn strings_of_items_and_members_canarygate_does_not_read_are_verified() {
+        let canary = "CG123456789012345";
+        let items = json!([
+            {"type": "web_search_call", "id": "ws_1", "status": "completed",
+             "action": {"type": "search", "query": format!("who owns {canary}")}},
+            {"type": "mcp_call", "id": "mcp_1", "name": "lookup",
+             "arguments": format!("{{\"q\":\"{canary}\"}}")},
+        ]);
+        let response = json!({"id": "resp_1", "object": "response", "output": items,
+                              "provider_note": format!("cached for {canary}")});
+        // A whole response: the items' strings and the response's own member.
+        let texts = response_texts(&response);
+        let read: Vec<&str> = texts.iter().map(|field| field.text(&response)).collect();
+        assert_eq!(
+            read,
+            [
+                format!("who owns {canary}"),
+                format!("{{\"q\":\"{canary}\"}}"),
+                format!("cached for {canary}"),
+            ]
+        );
+        // A stream's events that repeat them whole.
+        let item_done = event(
+            json!({"type": "response.output_item.done", "output_index": 0,
+                                     "item": items[0], "sequence_number": 9}),
+        );
+        let EventView::Chunk(chunk) = read_tree(&item_done) else {
+            panic!("a chunk");
+        };
+        let fields: Vec<(Part, &str)> = chunk.choices[0]
+            .texts
+            .iter()
+            .map(|field| (field.kind, field.text(&chunk.event)))
+            .collect();
+        assert_eq!(
+            fields,
+            [(Part::Other(0), format!("who owns {canary}").as_str())]
+        );
+        let completed = event(json!({"type": "response.completed", "response": response,
+                                     "sequence_number": 10}));
+        let EventView::Final(chunk) = read_tree(&completed) else {
+            panic!("the final event");
+        };
+        assert_eq!(chunk.choices[0].texts.len(), 3);
     }
 
     #[test]
