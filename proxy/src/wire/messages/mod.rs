@@ -15,9 +15,9 @@
 //! `code` beside them ([`error`]). The local engine's answers are
 //! translated into messages and Messages events ([`local`]).
 //!
-//! Longer than 500 lines: nearly 470 of them are the unit tests of the
+//! Longer than 500 lines: about 500 of them are the unit tests of the
 //! format as a whole (a stream relayed end to end, an emptied block dropped,
-//! the allocation budget);
+//! strings read wherever a stream puts them, the allocation budget);
 //! the code is the first 140.
 
 mod answer;
@@ -285,6 +285,40 @@ mod tests {
         Messages::deliver_answer(&mut answer, &view, &spans, &verifier, &mut delivery);
         assert_eq!(answer["content"][0]["text"], "one two six ");
         assert_eq!(answer["stop_reason"], "max_tokens");
+    }
+
+    #[test]
+    fn a_streams_other_strings_are_verified_wherever_they_are() {
+        let canary = "CG123456789012345";
+        for (name, data, text) in [
+            (
+                "message_start",
+                json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                    "role": "assistant", "content": [], "note": format!("see {canary}"),
+                    "usage": {"input_tokens": 5, "output_tokens": 1}}}),
+                format!("see {canary}"),
+            ),
+            (
+                "content_block_stop",
+                json!({"type": "content_block_stop", "index": 0, "note": format!("[{canary}]")}),
+                format!("[{canary}]"),
+            ),
+            (
+                "message_delta",
+                json!({"type": "message_delta", "delta": {"stop_reason": "end_turn",
+                    "note": canary}, "usage": {"output_tokens": 9}}),
+                canary.to_owned(),
+            ),
+        ] {
+            let EventView::Chunk(chunk) = Messages::read_event(&sse(name, data)) else {
+                panic!("{name}: a chunk");
+            };
+            let read: Vec<(Part, &str)> = chunk
+                .texts()
+                .map(|field| (field.kind, field.text(&chunk.event)))
+                .collect();
+            assert_eq!(read, [(Part::Other(0), text.as_str())], "{name}");
+        }
     }
 
     fn sse(name: &str, data: Value) -> SseEvent {

@@ -8,7 +8,9 @@
 //! (`text_delta` is content, `thinking_delta` reasoning, `input_json_delta`
 //! the tool's arguments, `signature_delta` opaque) and `content_block_stop`,
 //! `message_delta` (the stop reason and cumulative usage), `message_stop`
-//! (the end marker), `ping`, and `error`. The SDK drops events without an
+//! (the end marker), `ping`, and `error`. Any other string in them (a
+//! provider's own member of the message, of a block's stop, of the delta)
+//! holding a canary-shaped span is verified too. The SDK drops events without an
 //! `event:` line, so every event is written with its name. An emptied delta
 //! is dropped; so is a text block whose every text was removed (the echo
 //! alone in its block, a block past the client's limit), start and stop,
@@ -65,6 +67,15 @@ pub fn read_event(event: &SseEvent) -> EventView {
     }
 }
 
+/// The member `name` of object `data`: its position and value.
+fn member<'a>(data: &'a Value, name: &str) -> Option<(usize, &'a Value)> {
+    data.as_object()?
+        .iter()
+        .enumerate()
+        .find(|(_, (key, _))| key.as_str() == name)
+        .map(|(position, (_, value))| (position, value))
+}
+
 /// [`read_event`] from the event's JSON tree.
 pub(super) fn read_tree(event: &SseEvent) -> EventView {
     let Ok(data) = serde_json::from_str::<Value>(&event.data) else {
@@ -83,7 +94,16 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
         "error" if is_error_value(&data) => return EventView::Error(message_of(&data)),
         "error" => return EventView::Error("error event without an error object".into()),
         "message_start" => {
-            carries_choice = false;
+            // The message's own members (a provider's), as a whole answer's.
+            if let Some((position, message)) = member(&data, "message") {
+                for (inner, (key, value)) in message.as_object().into_iter().flatten().enumerate() {
+                    if !matches!(key.as_str(), "content" | "usage") {
+                        let at = Location::ROOT.member(position).member(inner);
+                        residual_strings(value, at, key, &mut texts);
+                    }
+                }
+            }
+            carries_choice = !texts.is_empty();
             // Its output count is not the answer's: the final one comes in
             // `message_delta`.
             usage = usage_of(data.get("message").and_then(|message| message.get("usage"))).map(
@@ -100,8 +120,10 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
             &mut texts,
         ),
         "content_block_delta" => delta_texts(&data, &mut texts),
-        "content_block_stop" => {}
+        // Any string beside the index, the stop reason and the usage.
+        "content_block_stop" => residual_strings(&data, Location::ROOT, "", &mut texts),
         "message_delta" => {
+            residual_strings(&data, Location::ROOT, "", &mut texts);
             finish = data
                 .get("delta")
                 .and_then(|delta| delta.get("stop_reason"))
