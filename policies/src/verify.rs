@@ -523,12 +523,15 @@ pub enum Part {
     ReasoningAlias,
     /// A refusal's text.
     Refusal,
+    /// The transcript of a spoken reply (Chat's `audio.transcript`), which
+    /// a stream sends in pieces: scanned like content.
+    Transcript,
     /// The `function.arguments` of tool call `n` of the choice.
     ToolArguments(u32),
     /// The `arguments` of a legacy `function_call`.
     FunctionArguments,
     /// Any other string of the choice that holds something canary-shaped
-    /// (an unknown field, an audio transcript, a citation), number `n` of the
+    /// (an unknown field, a citation), number `n` of the
     /// answer: each is pushed whole, scanned, and its own canaries removed.
     Other(u32),
 }
@@ -540,7 +543,11 @@ impl Part {
     fn is_text(self) -> bool {
         matches!(
             self,
-            Part::Content | Part::Reasoning | Part::ReasoningAlias | Part::Refusal
+            Part::Content
+                | Part::Reasoning
+                | Part::ReasoningAlias
+                | Part::Refusal
+                | Part::Transcript
         )
     }
 }

@@ -276,6 +276,7 @@ impl AnswerTexts {
                         part,
                         Part::Content
                             | Part::Refusal
+                            | Part::Transcript
                             | Part::ToolArguments(_)
                             | Part::FunctionArguments
                     )
@@ -317,6 +318,7 @@ fn part_label(part: Part) -> String {
         Part::Content => "content".into(),
         Part::Reasoning | Part::ReasoningAlias => "reasoning".into(),
         Part::Refusal => "refusal".into(),
+        Part::Transcript => "spoken transcript".into(),
         Part::ToolArguments(n) => format!("tool call {n} arguments"),
         Part::FunctionArguments => "function call arguments".into(),
         Part::Other(n) => format!("other text {n}"),

@@ -866,7 +866,9 @@ async fn a_responses_stream_the_provider_ends_with_its_error_gets_no_second_one(
 /// A provider that answers each request honestly but lists, in a top-level
 /// `citations` member of its own (as Perplexity's answers carry), a URL
 /// holding the head canary of the request before it; or, asked about moons,
-/// in a `source` member of its own beside the choice's message or delta.
+/// in a `source` member of its own beside the choice's message or delta; or,
+/// asked about voices, in a spoken reply's transcript (streamed in two
+/// pieces that split the canary).
 async fn citing_upstream() -> String {
     use std::sync::{Arc, Mutex};
 
@@ -882,22 +884,48 @@ async fn citing_upstream() -> String {
         let earlier = last.lock().unwrap().replace(head).unwrap_or_default();
         let source = format!("https://sources.test/{earlier}");
         let text = format!("{opening}\nMercury, Venus.");
-        let beside = request.to_string().contains("moons");
+        let asked = request.to_string();
+        let beside = asked.contains("moons");
+        let spoken = asked.contains("voices");
         let (citations, source) = if beside {
             (json!([]), json!(source))
+        } else if spoken {
+            (json!([]), Value::Null)
         } else {
             (json!([source]), Value::Null)
         };
         if request["stream"] == true {
             let chunk = json!({"id": "c1", "citations": citations, "choices": [{"index": 0,
                 "delta": {"content": text}, "source": source, "finish_reason": null}]});
+            // A spoken reply's transcript, the canary split across two pieces.
+            let (first, second) = earlier.split_at(earlier.len() / 2);
+            let audio = |transcript: String| {
+                json!({"id": "c1", "choices": [{"index": 0,
+                    "delta": {"audio": {"id": "audio_1", "transcript": transcript}},
+                    "finish_reason": null}]})
+            };
+            let spoken_chunks = if spoken {
+                format!(
+                    "data: {}\n\ndata: {}\n\n",
+                    audio(format!("say {first}")),
+                    audio(second.to_owned())
+                )
+            } else {
+                String::new()
+            };
             let end = json!({"id": "c1", "citations": citations, "choices": [{"index": 0,
                 "delta": {}, "finish_reason": "stop"}]});
-            let body = format!("data: {chunk}\n\ndata: {end}\n\ndata: [DONE]\n\n");
+            let body = format!("data: {chunk}\n\n{spoken_chunks}data: {end}\n\ndata: [DONE]\n\n");
             ([("content-type", "text/event-stream")], body)
         } else {
+            let audio = if spoken {
+                json!({"id": "audio_1", "transcript": format!("say {earlier}")})
+            } else {
+                Value::Null
+            };
             let body = json!({"id": "c1", "object": "chat.completion", "citations": citations,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text,
+                                                     "audio": audio},
                              "source": source, "finish_reason": "stop"}]});
             ([("content-type", "application/json")], body.to_string())
         }
@@ -910,8 +938,8 @@ async fn citing_upstream() -> String {
 }
 
 /// Another request's canary in a member of the provider's own, outside the
-/// choices or beside a choice's message, is caught as it is in the text:
-/// whole and streamed.
+/// choices or beside a choice's message, or in a spoken reply's transcript
+/// split across chunks, is caught as it is in the text: whole and streamed.
 #[tokio::test]
 async fn another_requests_canary_outside_the_choices_is_caught() {
     let upstream = citing_upstream().await;
@@ -921,13 +949,18 @@ async fn another_requests_canary_outside_the_choices_is_caught() {
     // The first request has no earlier one to be given.
     let first = ask(&client, &proxy.url, "Name two planets", false).await;
     assert_eq!(first.status, 200, "{first:?}");
-    for question in ["Name two planets", "Name two moons"] {
+    for question in ["Name two planets", "Name two moons", "Name two voices"] {
         for stream in [false, true] {
             let outcome = ask(&client, &proxy.url, question, stream).await;
+            // Blocked before anything went out, or (the transcript coming
+            // after the released text) the stream ends in the error event.
+            let after_text = stream && question.contains("voices");
+            let status = if after_text { 200 } else { 502 };
             assert_eq!(
-                outcome.status, 502,
+                outcome.status, status,
                 "{question}, stream={stream}: {outcome:?}"
             );
+            assert!(!outcome.done, "{question}, stream={stream}: {outcome:?}");
             assert_eq!(
                 outcome.error_code.as_deref(),
                 Some("canarygate_verification_failed"),

@@ -208,8 +208,33 @@ pub fn read_choice(choice: &Value, position: usize, part: Key) -> ChoiceView {
     // Canary text may turn up anywhere the provider puts model output or the
     // prompt: any other string of the message that holds a canary-shaped span
     // is verified too.
-    let known =
-        |key: &str| TEXT_FIELDS.iter().any(|(field, _)| field.name() == key) || key == "role";
+    // A spoken reply's transcript, which a stream sends in pieces: a text
+    // of its own, so that its pieces join across chunks as a content's do.
+    let transcript = message.as_object().and_then(|members| {
+        let (audio_position, audio) = members
+            .iter()
+            .enumerate()
+            .find(|(_, (key, _))| key.as_str() == "audio")
+            .map(|(position, (_, audio))| (position, audio))?;
+        let (position, _) = audio
+            .as_object()?
+            .iter()
+            .enumerate()
+            .find(|(_, (key, value))| key.as_str() == "transcript" && value.is_string())?;
+        Some(at.member(audio_position).member(position))
+    });
+    if let Some(transcript) = transcript {
+        texts.push(TextField {
+            choice: index,
+            kind: Part::Transcript,
+            at: transcript,
+        });
+    }
+    let known = |key: &str| {
+        TEXT_FIELDS.iter().any(|(field, _)| field.name() == key)
+            || key == "role"
+            || (key == "audio" && transcript.is_some())
+    };
     residual_members(message, at, index, known, &mut texts);
     // And any string beside the message in the choice (a provider's own
     // member), but its index, finish, logprobs (verified as their own).

@@ -394,7 +394,15 @@ mod tests {
             .filter(|field| matches!(field.kind, Part::Other(_)))
             .map(|field| field.text(&answer))
             .collect();
-        assert_eq!(others, [format!("said {canary}"), format!("[{canary}]")]);
+        assert_eq!(others, [format!("[{canary}]")]);
+        // The transcript of a spoken reply is a text of its own.
+        let transcripts: Vec<&str> = view.choices[0]
+            .texts
+            .iter()
+            .filter(|field| field.kind == Part::Transcript)
+            .map(|field| field.text(&answer))
+            .collect();
+        assert_eq!(transcripts, [format!("said {canary}")]);
         // The arguments are read as their own part, once.
         assert_eq!(
             view.choices[0]
