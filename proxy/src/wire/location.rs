@@ -210,6 +210,17 @@ impl Location {
         self.then(Step::Member(position))
     }
 
+    /// Member `name` of `object` (the value this location points at): its
+    /// location, by position, and its value; `None` when there is none.
+    pub fn named<'a>(self, object: &'a Value, name: &str) -> Option<(Self, &'a Value)> {
+        object
+            .as_object()?
+            .iter()
+            .enumerate()
+            .find(|(_, (key, _))| key.as_str() == name)
+            .map(|(position, (_, value))| (self.member(position), value))
+    }
+
     /// Whether one more step fits.
     pub fn has_room(&self) -> bool {
         usize::from(self.len) < MAX_STEPS

@@ -210,19 +210,11 @@ pub fn read_choice(choice: &Value, position: usize, part: Key) -> ChoiceView {
     // is verified too.
     // A spoken reply's transcript, which a stream sends in pieces: a text
     // of its own, so that its pieces join across chunks as a content's do.
-    let transcript = message.as_object().and_then(|members| {
-        let (audio_position, audio) = members
-            .iter()
-            .enumerate()
-            .find(|(_, (key, _))| key.as_str() == "audio")
-            .map(|(position, (_, audio))| (position, audio))?;
-        let (position, _) = audio
-            .as_object()?
-            .iter()
-            .enumerate()
-            .find(|(_, (key, value))| key.as_str() == "transcript" && value.is_string())?;
-        Some(at.member(audio_position).member(position))
-    });
+    let transcript = at
+        .named(message, "audio")
+        .and_then(|(audio_at, audio)| audio_at.named(audio, "transcript"))
+        .filter(|(_, transcript)| transcript.is_string())
+        .map(|(transcript_at, _)| transcript_at);
     if let Some(transcript) = transcript {
         texts.push(TextField {
             choice: index,

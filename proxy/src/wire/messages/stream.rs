@@ -67,15 +67,6 @@ pub fn read_event(event: &SseEvent) -> EventView {
     }
 }
 
-/// The member `name` of object `data`: its position and value.
-fn member<'a>(data: &'a Value, name: &str) -> Option<(usize, &'a Value)> {
-    data.as_object()?
-        .iter()
-        .enumerate()
-        .find(|(_, (key, _))| key.as_str() == name)
-        .map(|(position, (_, value))| (position, value))
-}
-
 /// [`read_event`] from the event's JSON tree.
 pub(super) fn read_tree(event: &SseEvent) -> EventView {
     let Ok(data) = serde_json::from_str::<Value>(&event.data) else {
@@ -95,11 +86,10 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
         "error" => return EventView::Error("error event without an error object".into()),
         "message_start" => {
             // The message's own members (a provider's), as a whole answer's.
-            if let Some((position, message)) = member(&data, "message") {
+            if let Some((at, message)) = Location::ROOT.named(&data, "message") {
                 for (inner, (key, value)) in message.as_object().into_iter().flatten().enumerate() {
                     if !matches!(key.as_str(), "content" | "usage") {
-                        let at = Location::ROOT.member(position).member(inner);
-                        residual_strings(value, at, key, &mut texts);
+                        residual_strings(value, at.member(inner), key, &mut texts);
                     }
                 }
             }

@@ -336,17 +336,10 @@ fn member_texts(response: &Value, at: Location, texts: &mut TextFields) {
 /// MCP call's arguments, an item or member of a kind canarygate does not
 /// read), renumbered in order.
 fn repeated_texts(kind: &str, data: &Value) -> TextFields {
-    let member = |name: &str| {
-        data.as_object()?
-            .iter()
-            .enumerate()
-            .find(|(_, (key, _))| key.as_str() == name)
-            .map(|(position, (_, value))| (Location::ROOT.member(position), value))
-    };
     let mut found = TextFields::new();
     match kind {
         "response.output_item.added" | "response.output_item.done" => {
-            if let Some((at, item)) = member("item") {
+            if let Some((at, item)) = Location::ROOT.named(data, "item") {
                 let index = data
                     .get("output_index")
                     .and_then(Value::as_u64)
@@ -380,13 +373,8 @@ fn repeated_texts(kind: &str, data: &Value) -> TextFields {
 /// The `instructions` a response (at `at`) repeats, as a [`Part::Other`]
 /// field when they hold a canary-shaped span.
 fn instructions_texts(response: &Value, at: Location, texts: &mut TextFields) {
-    let instructions = response
-        .as_object()
-        .into_iter()
-        .flat_map(|members| members.iter().enumerate())
-        .find(|(_, (key, _))| key.as_str() == "instructions");
-    if let Some((position, (_, value))) = instructions {
-        residual(value, at.member(position), texts);
+    if let Some((at, instructions)) = at.named(response, "instructions") {
+        residual(instructions, at, texts);
     }
 }
 
