@@ -32,6 +32,11 @@
 //! span that could still grow into a canary (at most
 //! [`MAX_MATCH_BYTES`](crate::canary::MAX_MATCH_BYTES)) stays held until the
 //! next delta decides it, so a canary split across deltas is never released.
+//! When another text of the choice begins instead (the model moved from
+//! reasoning to content), the held span is decided as it stands and
+//! released, and kept: should its text resume, a canary begun in the held
+//! span and ended in the resumed text is still found, so a provider cannot
+//! hide one by interleaving texts.
 //! Release policy:
 //!
 //! - `verdict-first` (and every non-streamed answer): nothing is released
@@ -48,7 +53,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::canary::{Canary, Shape, Starts, find_canaries, match_at, starts_span};
 use crate::inject::{Injection, PassiveReason};
-use crate::registry::CanaryRegistry;
+use crate::registry::{CanaryRegistry, Registration};
 use crate::verify_config::{FailureAction, ReleasePolicy, VerifyConfig};
 
 /// Most characters before the first echoed canary: any text without a
@@ -526,6 +531,11 @@ pub enum Part {
     /// The transcript of a spoken reply (Chat's `audio.transcript`), which
     /// a stream sends in pieces: scanned like content.
     Transcript,
+    /// The text of entry `n` (by its `index`) of OpenRouter's
+    /// `reasoning_details` (a `reasoning.text`'s `text`, a
+    /// `reasoning.summary`'s `summary`), which repeats the reasoning in
+    /// pieces beside it: scanned like it.
+    ReasoningDetail(u32),
     /// The `function.arguments` of tool call `n` of the choice.
     ToolArguments(u32),
     /// The `arguments` of a legacy `function_call`.
@@ -548,7 +558,17 @@ impl Part {
                 | Part::ReasoningAlias
                 | Part::Refusal
                 | Part::Transcript
+                | Part::ReasoningDetail(_)
         )
+    }
+
+    /// The text this part is written with: the names of one reasoning come
+    /// in the same deltas, and one beginning does not end another.
+    fn sequence(self) -> Part {
+        match self {
+            Part::ReasoningAlias | Part::ReasoningDetail(_) => Part::Reasoning,
+            part => part,
+        }
     }
 }
 
@@ -596,6 +616,11 @@ struct Track {
     released: usize,
     /// Spans removed, in received bytes, in order.
     removed: Vec<Range<usize>>,
+    /// The span that was held when another text began, and the text
+    /// received since, while it could still grow into a canary: decided and
+    /// released, but still looked at with what follows
+    /// (`Verifier::check_carry`).
+    carry: String,
 }
 
 impl Track {
@@ -609,9 +634,9 @@ struct ChoiceState {
     /// Every text of the choice; `Content` always present.
     tracks: BTreeMap<Part, Track>,
     echo: EchoState,
-    /// The part pushed last (other strings aside): a model writes one part
-    /// after the other, so when the next begins, the last one's held tail
-    /// can grow no more and is decided.
+    /// The text pushed last (`Part::sequence`, other strings aside): a
+    /// model writes one text after the other, so when the next begins, the
+    /// last one's held tail is decided (and carried, `Track::carry`).
     last_part: Option<Part>,
 }
 
@@ -947,17 +972,25 @@ impl Verifier {
         let index = choice as usize;
         self.ensure_choices(index + 1);
         if !matches!(part, Part::Other(_)) {
-            let previous = self.choices[index].last_part.replace(part);
-            if let Some(previous) = previous.filter(|previous| *previous != part) {
-                self.process(index, previous, true, registry);
+            let previous = self.choices[index].last_part.replace(part.sequence());
+            if let Some(previous) = previous.filter(|previous| *previous != part.sequence()) {
+                let interrupted: Vec<Part> = self.choices[index]
+                    .tracks
+                    .keys()
+                    .copied()
+                    .filter(|held| held.sequence() == previous)
+                    .collect();
+                for held in interrupted {
+                    self.interrupt(index, held, registry);
+                }
             }
         }
-        self.choices[index]
-            .tracks
-            .entry(part)
-            .or_default()
-            .pending
-            .push_str(delta);
+        let track = self.choices[index].tracks.entry(part).or_default();
+        track.pending.push_str(delta);
+        if !track.carry.is_empty() {
+            let carry = std::mem::take(&mut track.carry);
+            self.check_carry(index, part, carry, delta, registry);
+        }
         self.process(index, part, false, registry);
         self.open(index, false);
         Some(index)
@@ -991,18 +1024,24 @@ impl Verifier {
     /// up is among them; most texts have none, and cost one `memchr` pass (two
     /// when they hold other than ASCII).
     pub fn spans_to_look_up(&self, choice: u32, part: Part, delta: &str) -> Vec<Canary> {
-        let pending = self
-            .track(choice, part)
-            .map_or("", |track| track.pending.as_str());
+        let (pending, carry) = self.track(choice, part).map_or(("", ""), |track| {
+            (track.pending.as_str(), track.carry.as_str())
+        });
         let has_start = |text: &str| Starts::new(text.as_bytes()).next().is_some();
-        if !has_start(pending) && !has_start(delta) {
+        if !has_start(pending) && !has_start(delta) && carry.is_empty() {
             return Vec::new();
         }
-        let text = format!("{pending}{delta}");
+        // Spans begun in the held text, and in a carried one.
+        let mut texts = vec![format!("{pending}{delta}")];
+        if !carry.is_empty() {
+            texts.push(format!("{carry}{delta}"));
+        }
         let mut spans = Vec::new();
-        for found in find_canaries(&text) {
-            if !self.own.contains(&found.canary) && !spans.contains(&found.canary) {
-                spans.push(found.canary);
+        for text in &texts {
+            for found in find_canaries(text) {
+                if !self.own.contains(&found.canary) && !spans.contains(&found.canary) {
+                    spans.push(found.canary);
+                }
             }
         }
         spans
@@ -1131,6 +1170,66 @@ impl Verifier {
             };
             state.content();
             self.choices.push(state);
+        }
+    }
+
+    /// Decides `part`'s held tail because another text of choice `index`
+    /// began: released as it stands, and what of it could still grow into a
+    /// canary carried (`Track::carry`).
+    fn interrupt(&mut self, index: usize, part: Part, registry: &dyn CanaryRegistry) {
+        let held = self.choices[index]
+            .tracks
+            .get(&part)
+            .map(|track| track.pending.clone())
+            .unwrap_or_default();
+        self.process(index, part, true, registry);
+        let bytes = held.as_bytes();
+        let partial = Starts::new(bytes)
+            .find(|&start| matches!(match_at(bytes, start), Shape::Partial { .. }));
+        if let (Some(start), Some(track)) = (partial, self.choices[index].tracks.get_mut(&part)) {
+            track.carry = held[start..].to_owned();
+        }
+    }
+
+    /// Looks at a `carry` of `part` of choice `index` with the `delta` that
+    /// resumes it: a canary begun in the carry and ended in the delta is
+    /// judged as any other (only another request's fails the answer; the
+    /// rest of it was released); what could still grow stays carried.
+    fn check_carry(
+        &mut self,
+        index: usize,
+        part: Part,
+        mut carry: String,
+        delta: &str,
+        registry: &dyn CanaryRegistry,
+    ) {
+        let carried = carry.len();
+        carry.push_str(delta);
+        let bytes = carry.as_bytes();
+        let mut starts = Starts::new(bytes);
+        let mut still_partial = None;
+        while let Some(start) = starts.next().filter(|&start| start < carried) {
+            match match_at(bytes, start) {
+                Shape::Complete { canary, end } => {
+                    let own = (&self.own, self.own_session.as_deref());
+                    if let SpanOwner::Foreign(owner) = owner_of(canary, own, registry) {
+                        self.findings.record_foreign(index as u32, owner);
+                        self.failed = true;
+                    }
+                    starts.skip_to(end);
+                }
+                Shape::Partial { .. } => {
+                    still_partial = Some(start);
+                    break;
+                }
+                Shape::NoMatch => {}
+            }
+        }
+        if let Some(start) = still_partial
+            && let Some(track) = self.choices[index].tracks.get_mut(&part)
+        {
+            carry.drain(..start);
+            track.carry = carry;
         }
     }
 
@@ -1448,6 +1547,48 @@ struct Findings {
     registry_degraded: bool,
 }
 
+impl Findings {
+    /// Counts a canary of another request, owned by `owner`, found in
+    /// choice `choice`.
+    fn record_foreign(&mut self, choice: u32, owner: Registration) {
+        self.foreign += 1;
+        if self.hits.len() < MAX_FOREIGN_EVIDENCE {
+            self.hits.push(ForeignHit {
+                choice,
+                session: owner.session,
+                request: owner.request,
+            });
+        }
+    }
+}
+
+/// Whose a canary-shaped span is.
+enum SpanOwner {
+    /// This request's, or an earlier turn's of a kept conversation.
+    Own,
+    /// Another request's.
+    Foreign(Registration),
+    /// No live canary's (a look-alike).
+    Nobody,
+}
+
+/// Whose `canary` is, for a request owning `own` in `own_session` (the
+/// registry asked only when it is not this request's).
+fn owner_of(
+    canary: Canary,
+    (own, own_session): (&[Canary; 2], Option<&str>),
+    registry: &dyn CanaryRegistry,
+) -> SpanOwner {
+    if own.contains(&canary) {
+        return SpanOwner::Own;
+    }
+    match registry.owner(&canary) {
+        Some(owner) if own_session == Some(owner.session.as_str()) => SpanOwner::Own,
+        Some(owner) => SpanOwner::Foreign(owner),
+        None => SpanOwner::Nobody,
+    }
+}
+
 /// Moves the decided part of the track's pending text to `ready`, without
 /// own canaries (the request's, and any of `own_session`'s; recorded as
 /// removed spans); keeps pending a suffix that may still grow into a canary
@@ -1493,31 +1634,19 @@ fn scan(
             }
             Shape::Partial { .. } | Shape::NoMatch => {}
             Shape::Complete { canary, end: stop } => {
-                // Own: this request's, or an earlier turn's of a kept
-                // conversation (the owner looked up only when needed).
-                let owner = (!own.contains(&canary))
-                    .then(|| registry.owner(&canary))
-                    .flatten();
-                let earlier_turn = own_session.is_some()
-                    && owner.as_ref().map(|owner| owner.session.as_str()) == own_session;
-                if own.contains(&canary) || earlier_turn {
-                    ready.push_str(&text[copied..start]);
-                    removed.push(*decided + start..*decided + stop);
-                    copied = stop;
-                    starts.skip_to(stop);
-                } else if let Some(owner) = owner {
-                    foreign = true;
-                    findings.foreign += 1;
-                    if findings.hits.len() < MAX_FOREIGN_EVIDENCE {
-                        findings.hits.push(ForeignHit {
-                            choice,
-                            session: owner.session,
-                            request: owner.request,
-                        });
+                match owner_of(canary, (own, own_session), registry) {
+                    SpanOwner::Own => {
+                        ready.push_str(&text[copied..start]);
+                        removed.push(*decided + start..*decided + stop);
+                        copied = stop;
+                        starts.skip_to(stop);
                     }
-                    starts.skip_to(stop);
-                } else {
-                    findings.lookalikes += 1;
+                    SpanOwner::Foreign(owner) => {
+                        foreign = true;
+                        findings.record_foreign(choice, owner);
+                        starts.skip_to(stop);
+                    }
+                    SpanOwner::Nobody => findings.lookalikes += 1,
                 }
             }
         }

@@ -1321,6 +1321,12 @@ fn spans_to_look_up_covers_part_switches() {
             .collect();
         pushes.push((Part::Content, content.clone()));
         pushes.push((Part::ToolArguments(0), arguments.clone()));
+        // And the reasoning resumed around another text: its held span,
+        // carried, is looked at with what resumes it.
+        let resumed = split_at(&reasoning, &[cut]);
+        pushes.push((Part::Reasoning, resumed[0].1.clone()));
+        pushes.push((Part::Refusal, "no".to_owned()));
+        pushes.push((Part::Reasoning, resumed[1].1.clone()));
         for (part, text) in &pushes {
             let named = verifier.spans_to_look_up(0, *part, text);
             recording.asked.lock().unwrap().clear();
@@ -1374,4 +1380,74 @@ fn a_kept_conversation_accepts_the_sessions_earlier_canaries_only() {
             assert_eq!(run.released[0], "As before (), the answer.");
         }
     }
+}
+
+/// A provider that interleaves another text between the pieces of a
+/// canary (a transcript, reasoning) cannot have the canary's first piece
+/// decided on its own: the pieces still join, and another request's canary
+/// fails the answer.
+#[test]
+fn a_canary_split_around_another_part_is_still_joined() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(10);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let (foreign, _) = other_canaries(2);
+    let foreign = foreign.to_string();
+    for between in [Part::Transcript, Part::Reasoning, Part::Refusal] {
+        for cut in 3..foreign.len() - 1 {
+            let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+            verifier.push(0, &format!("{} Fine. ", echo_of(&injection)), &registry);
+            verifier.push(0, &format!("Here: {}", &foreign[..cut]), &registry);
+            verifier.push_part(0, between, "x", &registry);
+            verifier.push(0, &format!("{} done.", &foreign[cut..]), &registry);
+            let finished = verifier.finish(&honest_facts(&injection, 1), &registry);
+            assert_eq!(
+                finished.verdict.failed_checks(),
+                [Check::ForeignCanary],
+                "cut at {cut}, {between:?} between"
+            );
+        }
+    }
+}
+
+/// A server that sends its reasoning under both names in every delta
+/// (`reasoning_content` and `reasoning`) has each name's pieces joined:
+/// the model quoting its own canary across deltas gets it removed from
+/// both, and another request's canary so split fails the answer.
+#[test]
+fn reasoning_sent_under_two_names_joins_each_names_pieces() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(10);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let head = injection.canaries.head.to_string();
+    let reasoning = format!("I must begin with {head} and then answer.");
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    for piece in reasoning.as_bytes().chunks(4) {
+        let piece = std::str::from_utf8(piece).unwrap();
+        verifier.push_part(0, Part::Reasoning, piece, &registry);
+        verifier.push_part(0, Part::ReasoningAlias, piece, &registry);
+    }
+    verifier.push(0, &format!("{} {ANSWER}", echo_of(&injection)), &registry);
+    let finished = verifier.finish(&honest_facts(&injection, 1), &registry);
+    assert!(finished.verdict.passed(), "{:?}", finished.verdict);
+    for part in [Part::Reasoning, Part::ReasoningAlias] {
+        let release = verifier.release_of(0, part);
+        assert_eq!(
+            shown(&reasoning, release.through, release.removed),
+            "I must begin with  and then answer.",
+            "{part:?}"
+        );
+    }
+
+    let (foreign, _) = other_canaries(3);
+    let leaking = format!("Recall {foreign} from before.");
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    for piece in leaking.as_bytes().chunks(4) {
+        let piece = std::str::from_utf8(piece).unwrap();
+        verifier.push_part(0, Part::Reasoning, piece, &registry);
+        verifier.push_part(0, Part::ReasoningAlias, piece, &registry);
+    }
+    verifier.push(0, &format!("{} {ANSWER}", echo_of(&injection)), &registry);
+    let finished = verifier.finish(&honest_facts(&injection, 1), &registry);
+    assert_eq!(finished.verdict.failed_checks(), [Check::ForeignCanary]);
 }
