@@ -316,7 +316,7 @@ impl AnswerTexts {
 fn part_label(part: Part) -> String {
     match part {
         Part::Content => "content".into(),
-        Part::Reasoning | Part::ReasoningAlias => "reasoning".into(),
+        Part::Reasoning | Part::ReasoningAlias | Part::ReasoningDetail(_) => "reasoning".into(),
         Part::Refusal => "refusal".into(),
         Part::Transcript => "spoken transcript".into(),
         Part::ToolArguments(n) => format!("tool call {n} arguments"),

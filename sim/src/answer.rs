@@ -59,6 +59,14 @@ impl ReasoningField {
         }
     }
 
+    /// OpenRouter's `reasoning_details` beside `reasoning`: the same text
+    /// as one `reasoning.text` entry; nothing for the others.
+    fn details(self, text: &str) -> Option<Value> {
+        (self == Self::Reasoning).then(
+            || json!([{"type": "reasoning.text", "text": text, "format": "unknown", "index": 0}]),
+        )
+    }
+
     /// `content` beside a reasoning delta.
     fn content_beside(self) -> Value {
         match self {
@@ -349,7 +357,11 @@ impl Answer {
                     "annotations": self.annotations(choice),
                 });
                 if let Some(field) = self.reasoning_field {
-                    message[field.name()] = json!(choice.reasoning.concat());
+                    let reasoning = choice.reasoning.concat();
+                    if let Some(details) = field.details(&reasoning) {
+                        message["reasoning_details"] = details;
+                    }
+                    message[field.name()] = json!(reasoning);
                 }
                 match &choice.said {
                     Said::Calls {
@@ -479,10 +491,11 @@ impl Answer {
         let mut events = Vec::new();
         if let Some(field) = self.reasoning_field {
             for token in &choice.reasoning {
-                events.push((
-                    json!({field.name(): token, "content": field.content_beside()}),
-                    Value::Null,
-                ));
+                let mut delta = json!({field.name(): token, "content": field.content_beside()});
+                if let Some(details) = field.details(token) {
+                    delta["reasoning_details"] = details;
+                }
+                events.push((delta, Value::Null));
             }
         }
         match &choice.said {

@@ -270,6 +270,24 @@ async fn reasoning_models(proxy: &Running) {
             .filter(|chunk| chunk["choices"][0]["delta"][field].is_string())
             .count();
         assert!(reasoning_chunks > 3, "reasoning kept its deltas: {body}");
+        // OpenRouter repeats the reasoning in `reasoning_details`, whole and
+        // in every delta: the same text reaches the client there too.
+        if model == "sim-reasoner-openrouter" {
+            let details = |value: &Value| {
+                value["reasoning_details"][0]["text"]
+                    .as_str()
+                    .map(str::to_owned)
+            };
+            assert_eq!(details(message).as_deref(), Some(reasoning), "{model}");
+            let streamed_details: String = chunks
+                .iter()
+                .filter_map(|chunk| details(&chunk["choices"][0]["delta"]))
+                .collect();
+            assert_eq!(
+                streamed_details, reasoning,
+                "{model}: the details, streamed"
+            );
+        }
         assert!(
             joined(&chunks, 0, "content").starts_with("You wrote: Explain tides"),
             "{body}"

@@ -22,6 +22,8 @@ struct Outcome {
     error_code: Option<String>,
     /// `x-canarygate-verdict`.
     verdict: Option<String>,
+    /// The body as the client got it.
+    body: String,
 }
 
 fn policy(dir: &ProxyDir, upstream: &str, release: &str, action: &str) -> std::path::PathBuf {
@@ -88,6 +90,7 @@ async fn ask(client: &reqwest::Client, url: &str, text: &str, stream: bool) -> O
             done: events.last().is_some_and(|data| data == "[DONE]"),
             error_code,
             verdict,
+            body,
         }
     } else {
         let value: Value = serde_json::from_str(&body).unwrap_or(Value::Null);
@@ -100,6 +103,7 @@ async fn ask(client: &reqwest::Client, url: &str, text: &str, stream: bool) -> O
             done: status == 200,
             error_code: value["error"]["code"].as_str().map(str::to_owned),
             verdict,
+            body,
         }
     }
 }
@@ -887,9 +891,17 @@ async fn citing_upstream() -> String {
         let asked = request.to_string();
         let beside = asked.contains("moons");
         let spoken = asked.contains("voices");
+        // Reasoning sent under two names (OpenRouter's `reasoning` and
+        // `reasoning_details`), quoting this request's canary split across
+        // two deltas (`thoughts`), or with another request's in the details
+        // alone (`secrets`); or another request's canary in the content,
+        // split around a piece of transcript (`threads`).
+        let thoughts = asked.contains("thoughts");
+        let secrets = asked.contains("secrets");
+        let threads = asked.contains("threads");
         let (citations, source) = if beside {
             (json!([]), json!(source))
-        } else if spoken {
+        } else if spoken || thoughts || secrets || threads {
             (json!([]), Value::Null)
         } else {
             (json!([source]), Value::Null)
@@ -913,9 +925,47 @@ async fn citing_upstream() -> String {
             } else {
                 String::new()
             };
+            let thought = |reasoning: String, detail: String| {
+                json!({"id": "c1", "choices": [{"index": 0, "delta": {"reasoning": reasoning,
+                    "reasoning_details": [{"type": "reasoning.text", "text": detail,
+                                           "format": "unknown", "index": 0}]},
+                    "finish_reason": null}]})
+            };
+            let own = opening.split_whitespace().next().unwrap_or("");
+            let (own_first, own_second) = own.split_at(own.len() / 2);
+            let thinking = if thoughts {
+                format!(
+                    "data: {}\n\ndata: {}\n\n",
+                    thought(
+                        format!("I begin with {own_first}"),
+                        format!("I begin with {own_first}")
+                    ),
+                    thought(format!("{own_second}."), format!("{own_second}."))
+                )
+            } else if secrets {
+                format!(
+                    "data: {}\n\ndata: {}\n\n",
+                    thought("Recall ".into(), format!("Recall {first}")),
+                    thought("it.".into(), format!("{second} it."))
+                )
+            } else {
+                String::new()
+            };
+            let threaded = if threads {
+                let around = json!({"id": "c1", "choices": [{"index": 0,
+                    "delta": {"content": format!(" and {first}"), "audio": {"transcript": "x"}},
+                    "finish_reason": null}]});
+                let rest = json!({"id": "c1", "choices": [{"index": 0,
+                    "delta": {"content": format!("{second}.")}, "finish_reason": null}]});
+                format!("data: {around}\n\ndata: {rest}\n\n")
+            } else {
+                String::new()
+            };
             let end = json!({"id": "c1", "citations": citations, "choices": [{"index": 0,
                 "delta": {}, "finish_reason": "stop"}]});
-            let body = format!("data: {chunk}\n\n{spoken_chunks}data: {end}\n\ndata: [DONE]\n\n");
+            let body = format!(
+                "{thinking}data: {chunk}\n\n{spoken_chunks}{threaded}data: {end}\n\ndata: [DONE]\n\n"
+            );
             ([("content-type", "text/event-stream")], body)
         } else {
             let audio = if spoken {
@@ -940,6 +990,10 @@ async fn citing_upstream() -> String {
 /// Another request's canary in a member of the provider's own, outside the
 /// choices or beside a choice's message, or in a spoken reply's transcript
 /// split across chunks, is caught as it is in the text: whole and streamed.
+/// So is one split across two chunks of OpenRouter's `reasoning_details`,
+/// or of the content around a piece of another text; and this request's
+/// own canary quoted in reasoning under two names, split across chunks, is
+/// removed from both.
 #[tokio::test]
 async fn another_requests_canary_outside_the_choices_is_caught() {
     let upstream = citing_upstream().await;
@@ -968,6 +1022,45 @@ async fn another_requests_canary_outside_the_choices_is_caught() {
             );
         }
     }
+    // The content's split comes in the same read as its start: blocked
+    // before anything went out, or the stream ends in the error event.
+    for (question, statuses) in [
+        ("Name two secrets", &[502][..]),
+        ("Name two threads", &[200, 502]),
+    ] {
+        let outcome = ask(&client, &proxy.url, question, true).await;
+        assert!(
+            statuses.contains(&outcome.status),
+            "{question}: {outcome:?}"
+        );
+        assert!(!outcome.done, "{question}: {outcome:?}");
+        assert_eq!(
+            outcome.error_code.as_deref(),
+            Some("canarygate_verification_failed"),
+            "{question}: {outcome:?}"
+        );
+    }
+    let outcome = ask(&client, &proxy.url, "Name two thoughts", true).await;
+    assert!(outcome.done, "{outcome:?}");
+    let events: Vec<Value> = sse_data(&outcome.body)
+        .iter()
+        .filter_map(|data| serde_json::from_str(data).ok())
+        .collect();
+    let delta = |event: &Value| event["choices"][0]["delta"].clone();
+    let reasoning: String = events
+        .iter()
+        .filter_map(|event| delta(event)["reasoning"].as_str().map(str::to_owned))
+        .collect();
+    let details: String = events
+        .iter()
+        .filter_map(|event| {
+            delta(event)["reasoning_details"][0]["text"]
+                .as_str()
+                .map(str::to_owned)
+        })
+        .collect();
+    assert_eq!(reasoning, "I begin with .", "{outcome:?}");
+    assert_eq!(details, reasoning, "{outcome:?}");
 }
 
 /// A provider whose stream never lets anything out: an event that never

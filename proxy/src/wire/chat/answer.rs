@@ -149,6 +149,45 @@ pub fn top_level_texts(value: &Value, choice: u32) -> TextFields {
     texts
 }
 
+/// Pushes onto `texts` the text of each entry of OpenRouter's
+/// `reasoning_details` (at `at`) of choice `choice`: a `reasoning.text`'s
+/// `text` or a `reasoning.summary`'s `summary`, as the entry's
+/// [`Part::ReasoningDetail`] (numbered by its `index`, which a stream's
+/// pieces of one entry share, else its position), and any other string of
+/// an entry that holds a canary-shaped span, as other text.
+fn reasoning_details(details: &Value, at: Location, choice: u32, texts: &mut TextFields) {
+    let Some(entries) = details.as_array() else {
+        return;
+    };
+    for (position, entry) in entries.iter().enumerate() {
+        let entry_at = at.index(position);
+        let number = entry
+            .get("index")
+            .and_then(Value::as_u64)
+            .and_then(|index| u32::try_from(index).ok())
+            .unwrap_or(position as u32);
+        let text = ["text", "summary"]
+            .into_iter()
+            .find(|key| entry.get(*key).is_some_and(Value::is_string));
+        if let Some(key) = text
+            && let Some((text_at, _)) = entry_at.named(entry, key)
+        {
+            texts.push(TextField {
+                choice,
+                kind: Part::ReasoningDetail(number),
+                at: text_at,
+            });
+        }
+        residual_members(
+            entry,
+            entry_at,
+            choice,
+            |member| Some(member) == text,
+            texts,
+        );
+    }
+}
+
 /// Choice `position` of an answer (`part` = `message`) or chunk (`delta`).
 pub fn read_choice(choice: &Value, position: usize, part: Key) -> ChoiceView {
     let index = index_of(choice, position);
@@ -222,10 +261,20 @@ pub fn read_choice(choice: &Value, position: usize, part: Key) -> ChoiceView {
             at: transcript,
         });
     }
+    // OpenRouter's `reasoning_details`, which repeat the reasoning in
+    // pieces: each entry's text is a text of its own, and its other strings
+    // (a signature, encrypted data) are scanned as any other.
+    let details = at
+        .named(message, "reasoning_details")
+        .filter(|(_, details)| details.is_array());
+    if let Some((details_at, details)) = details {
+        reasoning_details(details, details_at, index, &mut texts);
+    }
     let known = |key: &str| {
         TEXT_FIELDS.iter().any(|(field, _)| field.name() == key)
             || key == "role"
             || (key == "audio" && transcript.is_some())
+            || (key == "reasoning_details" && details.is_some())
     };
     residual_members(message, at, index, known, &mut texts);
     // And any string beside the message in the choice (a provider's own
@@ -242,5 +291,41 @@ pub fn read_choice(choice: &Value, position: usize, part: Key) -> ChoiceView {
             .get("finish_reason")
             .and_then(Value::as_str)
             .map(str::to_owned),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use canarygate_policies::verify::Part;
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn openrouters_reasoning_details_are_texts_of_their_own() {
+        let canary = "CG123456789012345";
+        let delta = json!({"choices": [{"index": 0, "delta": {
+            "reasoning": "I begin with CG1234",
+            "reasoning_details": [
+                {"type": "reasoning.text", "text": "I begin with CG1234", "index": 0, "format": "unknown"},
+                {"type": "reasoning.summary", "summary": "A plan.", "index": 3},
+                {"type": "reasoning.encrypted", "data": format!("x{canary}"), "index": 4},
+            ],
+        }}]});
+        let choices = read_choices(&delta, Key::Delta);
+        let texts: Vec<(Part, &str)> = choices[0]
+            .texts
+            .iter()
+            .map(|field| (field.kind, field.text(&delta)))
+            .collect();
+        assert_eq!(
+            texts,
+            [
+                (Part::Reasoning, "I begin with CG1234"),
+                (Part::ReasoningDetail(0), "I begin with CG1234"),
+                (Part::ReasoningDetail(3), "A plan."),
+                (Part::Other(3), &*format!("x{canary}")),
+            ]
+        );
     }
 }
