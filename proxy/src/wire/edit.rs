@@ -359,7 +359,7 @@ impl Delivery {
         self.track(index);
         let mut ranges = kept(span, release.removed);
         let removed_len = text.len() - ranges.iter().map(Range::len).sum::<usize>();
-        if removed_len > 0 {
+        if removed_len > 0 && is_generated_once(part) {
             let removed = join_removed(&mut self.scratch, text, &ranges);
             self.overhead_completion += self.counter.count(removed);
         }
@@ -481,6 +481,22 @@ impl Delivery {
     }
 }
 
+/// Whether text removed from `part` is completion tokens the provider
+/// billed once: the text a model generated (content, reasoning, refusals,
+/// call arguments), not a copy of it (reasoning under a second name,
+/// OpenRouter's details, a spoken reply's transcript) or of the request (the
+/// instructions a response repeats), nor a string of another field.
+fn is_generated_once(part: Part) -> bool {
+    matches!(
+        part,
+        Part::Content
+            | Part::Reasoning
+            | Part::Refusal
+            | Part::ToolArguments(_)
+            | Part::FunctionArguments
+    )
+}
+
 /// The bytes of `text` outside `ranges`, into `into` (cleared first).
 fn join_removed<'s>(into: &'s mut String, text: &str, ranges: &[Range<usize>]) -> &'s str {
     into.clear();
@@ -572,6 +588,36 @@ mod tests {
             delivery.overhead_header(),
             format!("prompt=40, completion={overhead}")
         );
+    }
+
+    /// Only text a model generated, once, counts as canarygate's completion
+    /// tokens: not a copy of it under another name, nor the request's
+    /// instructions a response repeats.
+    #[test]
+    fn removed_copies_are_not_counted_as_completion_tokens() {
+        let usage = UsageOptions {
+            client_wants_usage: true,
+            without_canarygate: true,
+            overhead_prompt: 0,
+        };
+        let mut delivery = Delivery::new(TokenCounter::default(), None, usage, 1);
+        let text = "I begin with CG123456789012345 now";
+        let release = Release {
+            through: usize::MAX,
+            removed: &[13..30],
+        };
+        for part in [
+            Part::ReasoningAlias,
+            Part::ReasoningDetail(0),
+            Part::Transcript,
+            Part::Other(0),
+        ] {
+            let edit = delivery.admit(0, part, text, 0..text.len(), release);
+            assert_eq!(apply(text, &edit.kept), "I begin with  now", "{part:?}");
+            assert_eq!(delivery.overhead_completion(), 0, "{part:?}");
+        }
+        delivery.admit(0, Part::Reasoning, text, 0..text.len(), release);
+        assert!(delivery.overhead_completion() > 0);
     }
 
     #[test]

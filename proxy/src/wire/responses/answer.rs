@@ -334,7 +334,7 @@ fn member_texts(response: &Value, at: Location, texts: &mut TextFields) {
 /// `.done`, the final response) hold besides the texts rewritten from what
 /// was delivered: their [`Part::Other`] fields (a web search's query, an
 /// MCP call's arguments, an item or member of a kind canarygate does not
-/// read), renumbered in order.
+/// read, the instructions the final response repeats), renumbered in order.
 fn repeated_texts(kind: &str, data: &Value) -> TextFields {
     let mut found = TextFields::new();
     match kind {
@@ -356,6 +356,7 @@ fn repeated_texts(kind: &str, data: &Value) -> TextFields {
             if let Some(response) = data.get("response") {
                 let at = Location::ROOT.key(Key::Response);
                 found = output_texts(response, at);
+                instructions_texts(response, at, &mut found);
                 member_texts(response, at, &mut found);
             }
         }
@@ -438,6 +439,30 @@ mod tests {
             panic!("the final event");
         };
         assert_eq!(chunk.choices[0].texts.len(), 3);
+        // The instructions the final response repeats are read as the first
+        // event's are: another request's there fail the answer.
+        let mut repeating = response.clone();
+        repeating["instructions"] = json!(format!("Be brief.\n\n[{canary}]"));
+        for kind in [
+            "response.created",
+            "response.completed",
+            "response.incomplete",
+        ] {
+            let data = json!({"type": kind, "response": repeating, "sequence_number": 1});
+            let (EventView::Chunk(chunk) | EventView::Final(chunk)) = read_tree(&event(data))
+            else {
+                panic!("{kind}: an event with texts");
+            };
+            let texts: Vec<&str> = chunk.choices[0]
+                .texts
+                .iter()
+                .map(|field| field.text(&chunk.event))
+                .collect();
+            assert!(
+                texts.contains(&format!("Be brief.\n\n[{canary}]").as_str()),
+                "{kind}: {texts:?}"
+            );
+        }
     }
 
     #[test]
