@@ -16,11 +16,6 @@ use serde_json::Value;
 use crate::wire::format::{AnswerView, ChoiceView, TextField, TextFields};
 use crate::wire::location::{Key, Location};
 
-/// The keys of a block that never hold model text: opaque tokens and ids.
-/// (A source's `data` is opaque only when it is `base64`: a document's
-/// plain-text source, a fetched page's, is text.)
-const OPAQUE_KEYS: [&str; 4] = ["signature", "id", "tool_use_id", "type"];
-
 /// Chat's finish reason for Anthropic's `stop_reason`: `end_turn` and
 /// `stop_sequence` stop, `pause_turn` (a server tool's long turn, to be
 /// continued by the client) stops too, `max_tokens` and
@@ -46,12 +41,14 @@ pub fn usage_of(usage: Option<&Value>) -> Option<ProviderUsage> {
 }
 
 /// Pushes onto `texts` every string under `value` (at `at`) that holds a
-/// canary-shaped span, as a [`Part::Other`] field; opaque keys are skipped.
-pub fn residual_strings(value: &Value, at: Location, key: &str, texts: &mut TextFields) {
+/// canary-shaped span, as a [`Part::Other`] field, signatures and ids
+/// included (no honest one holds a canary, and another request's fails the
+/// answer wherever it is); base64 data is skipped. (A source's `data` is
+/// opaque only when it is `base64`: a document's plain-text source, a
+/// fetched page's, is text.)
+pub fn residual_strings(value: &Value, at: Location, texts: &mut TextFields) {
     match value {
-        Value::String(text)
-            if !OPAQUE_KEYS.contains(&key) && find_canaries(text).next().is_some() =>
-        {
+        Value::String(text) if find_canaries(text).next().is_some() => {
             let n = texts.len() as u32;
             texts.push(TextField {
                 choice: 0,
@@ -61,14 +58,14 @@ pub fn residual_strings(value: &Value, at: Location, key: &str, texts: &mut Text
         }
         Value::Array(items) if at.has_room() => {
             for (position, item) in items.iter().enumerate() {
-                residual_strings(item, at.index(position), key, texts);
+                residual_strings(item, at.index(position), texts);
             }
         }
         Value::Object(members) if at.has_room() => {
             let base64 = members.get("type").and_then(Value::as_str) == Some("base64");
             for (position, (member, inner)) in members.iter().enumerate() {
                 if !(base64 && member == "data") {
-                    residual_strings(inner, at.member(position), member, texts);
+                    residual_strings(inner, at.member(position), texts);
                 }
             }
         }
@@ -100,7 +97,7 @@ pub fn block_texts(block: &Value, at: Location, texts: &mut TextFields) {
             if own.is_some_and(|(key, _)| key.name() == member) {
                 continue;
             }
-            residual_strings(value, at.member(position), member, texts);
+            residual_strings(value, at.member(position), texts);
         }
     }
 }
@@ -119,8 +116,8 @@ pub fn read(answer: &Value) -> AnswerView {
         }
     }
     for (position, (member, value)) in answer.as_object().into_iter().flatten().enumerate() {
-        if !matches!(member.as_str(), "content" | "usage") {
-            residual_strings(value, Location::ROOT.member(position), member, &mut texts);
+        if member != "content" {
+            residual_strings(value, Location::ROOT.member(position), &mut texts);
         }
     }
     AnswerView {
@@ -189,9 +186,10 @@ mod tests {
             texts,
             [
                 (Part::Reasoning, "let me think"),
+                (Part::Other(1), &*format!("sig{canary}")),
                 (Part::Content, "hello"),
-                (Part::Other(2), &*format!("[{canary}]")),
-                (Part::Other(3), &*format!("see {canary}")),
+                (Part::Other(3), &*format!("[{canary}]")),
+                (Part::Other(4), &*format!("see {canary}")),
             ]
         );
         assert_eq!(

@@ -718,6 +718,20 @@ mod tests {
                 cached_prompt_tokens: None,
             })
         );
+        // Content in `message_start` (real providers send none; SDKs take
+        // it as the message's first blocks) and its usage are read too.
+        let canary = "CG123456789012345";
+        let start = read(
+            "message_start",
+            json!({"type": "message_start", "message": {
+                "content": [{"type": "text", "text": format!("Ref {canary}.")}],
+                "usage": {"input_tokens": 5, "output_tokens": 1, "note": canary}}}),
+        );
+        let texts: Vec<&str> = start
+            .texts()
+            .map(|field| field.text(&start.event))
+            .collect();
+        assert_eq!(texts, [format!("Ref {canary}."), canary.to_owned()]);
         let error = sse(
             "error",
             json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),

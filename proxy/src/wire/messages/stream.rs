@@ -85,13 +85,11 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
         "error" if is_error_value(&data) => return EventView::Error(message_of(&data)),
         "error" => return EventView::Error("error event without an error object".into()),
         "message_start" => {
-            // The message's own members (a provider's), as a whole answer's.
+            // Every string of the message: its own members (a provider's),
+            // as a whole answer's, and its content, which real providers
+            // send empty but SDKs take as the message's first blocks.
             if let Some((at, message)) = Location::ROOT.named(&data, "message") {
-                for (inner, (key, value)) in message.as_object().into_iter().flatten().enumerate() {
-                    if !matches!(key.as_str(), "content" | "usage") {
-                        residual_strings(value, at.member(inner), key, &mut texts);
-                    }
-                }
+                residual_strings(message, at, &mut texts);
             }
             carries_choice = !texts.is_empty();
             // Its output count is not the answer's: the final one comes in
@@ -111,9 +109,9 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
         ),
         "content_block_delta" => delta_texts(&data, &mut texts),
         // Any string beside the index, the stop reason and the usage.
-        "content_block_stop" => residual_strings(&data, Location::ROOT, "", &mut texts),
+        "content_block_stop" => residual_strings(&data, Location::ROOT, &mut texts),
         "message_delta" => {
-            residual_strings(&data, Location::ROOT, "", &mut texts);
+            residual_strings(&data, Location::ROOT, &mut texts);
             finish = data
                 .get("delta")
                 .and_then(|delta| delta.get("stop_reason"))
@@ -124,7 +122,7 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
             usage = usage_of(data.get("usage"));
         }
         // Anything else (a new event type) is read for canary-shaped text.
-        _ => residual_strings(&data, Location::ROOT, "", &mut texts),
+        _ => residual_strings(&data, Location::ROOT, &mut texts),
     }
     let choices = if carries_choice {
         smallvec::smallvec![ChoiceView {
@@ -165,7 +163,7 @@ fn delta_texts(data: &Value, texts: &mut TextFields) {
         }
         Some(_) => {}
         // `citations_delta` and anything new.
-        None => residual_strings(delta, at, "delta", texts),
+        None => residual_strings(delta, at, texts),
     }
 }
 
