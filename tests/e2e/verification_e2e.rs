@@ -1328,3 +1328,180 @@ provider = "sim"
         "ended by the first-byte deadline, not the idle timeout: {waited:?}"
     );
 }
+
+/// Every string of `value`, in order.
+fn strings_of(value: &Value) -> Vec<String> {
+    match value {
+        Value::String(text) => vec![text.clone()],
+        Value::Array(items) => items.iter().flat_map(strings_of).collect(),
+        Value::Object(members) => members.values().flat_map(strings_of).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// A provider that streams the echo and its answer in the first text block
+/// (Messages) or content part (Responses), then the second half of the
+/// previous request's canary in a second one, then the first half back in
+/// the first: an SDK joins the blocks by index, and shows the canary whole.
+async fn reordering_upstream() -> String {
+    use std::sync::{Arc, Mutex};
+
+    use axum::extract::State;
+    use axum::http::Uri;
+    use axum::{Json, Router, routing::post};
+    type Last = Arc<Mutex<Option<String>>>;
+    async fn answer(
+        State(last): State<Last>,
+        uri: Uri,
+        Json(request): Json<Value>,
+    ) -> ([(&'static str, &'static str); 1], String) {
+        let texts = strings_of(&request);
+        let opening =
+            canarygate_policies::inject::obedient_opening(texts.iter().map(String::as_str))
+                .unwrap_or_default();
+        let head = opening.split_whitespace().next().unwrap_or("").to_owned();
+        let earlier = last.lock().unwrap().replace(head).unwrap_or_default();
+        let (first, second) = earlier.split_at(earlier.len() / 2);
+        let event = |data: Value| {
+            format!(
+                "event: {}\ndata: {data}\n\n",
+                data["type"].as_str().unwrap()
+            )
+        };
+        let body: String = if uri.path().ends_with("/messages") {
+            let start = |index: u64| {
+                json!({"type": "content_block_start", "index": index,
+                                            "content_block": {"type": "text", "text": ""}})
+            };
+            let delta = |index: u64, text: String| {
+                json!({"type": "content_block_delta",
+                "index": index, "delta": {"type": "text_delta", "text": text}})
+            };
+            [
+                json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                    "role": "assistant", "model": "m", "content": [], "stop_reason": null,
+                    "usage": {"input_tokens": 50, "output_tokens": 1}}}),
+                start(0),
+                delta(0, format!("{opening}\nParis is the capital.")),
+                start(1),
+                delta(1, format!("{second} end.")),
+                delta(0, format!(" Ref {first}")),
+                json!({"type": "content_block_stop", "index": 1}),
+                json!({"type": "content_block_stop", "index": 0}),
+                json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                       "usage": {"output_tokens": 30}}),
+                json!({"type": "message_stop"}),
+            ]
+            .into_iter()
+            .map(event)
+            .collect()
+        } else {
+            let delta = |content_index: u64, text: String| {
+                json!({
+                "type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0,
+                "content_index": content_index, "delta": text})
+            };
+            let part = |content_index: u64| {
+                json!({"type": "response.content_part.added",
+                "item_id": "msg_1", "output_index": 0, "content_index": content_index,
+                "part": {"type": "output_text", "text": "", "annotations": []}})
+            };
+            let response = |status: &str| {
+                json!({"id": "resp_1", "object": "response",
+                "status": status, "output": [], "usage": null})
+            };
+            [
+                json!({"type": "response.created", "response": response("in_progress")}),
+                json!({"type": "response.output_item.added", "output_index": 0,
+                       "item": {"type": "message", "id": "msg_1", "role": "assistant",
+                                "status": "in_progress", "content": []}}),
+                part(0),
+                delta(0, format!("{opening}\nParis is the capital.")),
+                part(1),
+                delta(1, format!("{second} end.")),
+                delta(0, format!(" Ref {first}")),
+                json!({"type": "response.completed", "response": response("completed")}),
+            ]
+            .into_iter()
+            .map(event)
+            .collect()
+        };
+        ([("content-type", "text/event-stream")], body)
+    }
+    let last: Last = Arc::default();
+    let app = Router::new()
+        .route("/v1/messages", post(answer))
+        .route("/v1/responses", post(answer))
+        .with_state(last);
+    serve_upstream(app).await
+}
+
+/// A text sent back to a block or content part the stream had already
+/// left ends the stream: the verifier reads a stream's texts in the order
+/// they come, SDKs join them by index, so the two would read different
+/// texts (here, another request's canary cut in two and put together
+/// again).
+#[tokio::test]
+async fn a_text_sent_back_to_an_earlier_block_ends_the_stream() {
+    let upstream = reordering_upstream().await;
+    let client = client();
+    let dir = ProxyDir::new();
+    let policy = dir.policy(&format!(
+        r#"
+[[providers]]
+name = "openai"
+base_url = "{upstream}/v1"
+context_window = 1048576
+
+[[providers]]
+name = "anthropic"
+api = "anthropic"
+base_url = "{upstream}/v1"
+context_window = 100000
+
+[[routes]]
+model = "claude-sim"
+provider = "anthropic"
+
+[[routes]]
+model = "*"
+provider = "openai"
+"#
+    ));
+    let proxy = start_proxy_with_policy(&dir, &policy, &[]);
+    for (path, body) in [
+        (
+            "/v1/messages",
+            json!({"model": "claude-sim", "max_tokens": 200, "stream": true,
+                   "messages": [{"role": "user", "content": "Capital of France?"}]}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": "gpt-sim", "stream": true, "input": "Capital of France?"}),
+        ),
+    ] {
+        // The first request primes the provider with a canary to give the
+        // second.
+        for attempt in 0..2 {
+            let response = client
+                .post(format!("{}{path}", proxy.url))
+                .bearer_auth("sk-e2e")
+                .header("anthropic-version", "2023-06-01")
+                .json(&body)
+                .send()
+                .await
+                .expect("request");
+            let status = response.status().as_u16();
+            let text = response.text().await.expect("body");
+            let ended = text.contains("message_stop") || text.contains("response.completed");
+            assert!(
+                [200, 502].contains(&status) && !ended,
+                "{path}, attempt {attempt}: {status} {text}"
+            );
+            assert!(
+                text.contains("already left"),
+                "{path}, attempt {attempt}: the reason is said: {text}"
+            );
+        }
+    }
+}

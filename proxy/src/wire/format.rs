@@ -153,6 +153,31 @@ pub struct Chunk {
     /// What a light chunk holds instead of its tree; `None` once `event`
     /// holds the tree.
     light: Option<Light>,
+    /// Where its text goes, for a format that addresses a stream's texts.
+    pub place: Option<TextPlace>,
+}
+
+/// Where a stream event's text goes in the answer a client assembles, for
+/// formats that address their texts: Messages' block `index`, the Responses
+/// API's `output_index` with its content or summary index. SDKs join a
+/// stream's texts by place, the verifier as they arrive, so the two read
+/// the same text only while no text goes back to an earlier place
+/// ([`StreamMemo::keeps_order`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TextPlace {
+    /// The block or output item.
+    pub item: u64,
+    /// Which list of the item the text is in (a reasoning item's summary
+    /// or content, below [`TextPlace::LISTS`]): lists are not ordered
+    /// between them.
+    pub list: u8,
+    /// Its index in that list.
+    pub index: u64,
+}
+
+impl TextPlace {
+    /// How many lists an item may have.
+    pub const LISTS: usize = 2;
 }
 
 /// What a light chunk holds instead of its tree.
@@ -187,6 +212,32 @@ pub struct StreamMemo {
     /// Times a frame was learnt; the learning stops after a few, for a
     /// provider whose events never repeat their frame.
     pub(crate) frames_learnt: u8,
+    /// The furthest item a text came from, and the furthest index in each
+    /// of its lists ([`StreamMemo::keeps_order`]).
+    furthest_place: Option<(u64, [u64; TextPlace::LISTS])>,
+}
+
+impl StreamMemo {
+    /// Whether a text at `place` keeps the order of the stream's texts so
+    /// far (no earlier item than the furthest, no earlier index in its list
+    /// of that item); it is then the furthest.
+    pub fn keeps_order(&mut self, place: TextPlace) -> bool {
+        let list = usize::from(place.list).min(TextPlace::LISTS - 1);
+        match &mut self.furthest_place {
+            Some((item, _)) if place.item < *item => false,
+            Some((item, indices)) if place.item == *item => {
+                let in_order = place.index >= indices[list];
+                indices[list] = indices[list].max(place.index);
+                in_order
+            }
+            furthest => {
+                let mut indices = [0; TextPlace::LISTS];
+                indices[list] = place.index;
+                *furthest = Some((place.item, indices));
+                true
+            }
+        }
+    }
 }
 
 /// An event's bytes around its one text, and what the event read as
@@ -222,6 +273,7 @@ impl Chunk {
             choices,
             usage,
             light: None,
+            place: None,
         }
     }
 
@@ -246,6 +298,7 @@ impl Chunk {
                 text,
                 keeps_other_fields,
             }),
+            place: None,
         }
     }
 
@@ -529,5 +582,34 @@ pub trait WireFormat: Send + Sync + 'static {
 pub fn put_text(value: &mut Value, field: &TextField, text: String) {
     if let Some(slot) = field.at.get_mut(value) {
         *slot = Value::String(text);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_streams_texts_keep_their_places_order() {
+        let place = |item, list, index| TextPlace { item, list, index };
+        let mut memo = StreamMemo::default();
+        for (at, in_order) in [
+            (place(0, 0, 0), true),
+            (place(0, 0, 0), true),
+            (place(0, 1, 2), true),
+            // Content and summary lists of one item are not ordered
+            // between them; each is in itself.
+            (place(0, 0, 1), true),
+            (place(0, 1, 1), false),
+            (place(0, 0, 0), false),
+            (place(2, 0, 0), true),
+            // Back to an earlier item, or its list's earlier index.
+            (place(1, 0, 5), false),
+            (place(2, 0, 3), true),
+            (place(2, 0, 2), false),
+            (place(3, 0, 0), true),
+        ] {
+            assert_eq!(memo.keeps_order(at), in_order, "{at:?}");
+        }
     }
 }

@@ -384,6 +384,13 @@ impl<W: WireFormat> VerifiedStream<W> {
             }
             EventView::Chunk(chunk) => (chunk, false),
         };
+        // A text that goes back to an earlier block or part: SDKs would
+        // join it where it goes, not where the verifier read it.
+        if let Some(place) = chunk.place
+            && !self.memo.keeps_order(place)
+        {
+            return self.interrupt("sent a text for a block it had already left".into());
+        }
         if chunk.usage.is_some() {
             self.usage = chunk.usage;
         }

@@ -18,7 +18,7 @@ use canarygate_policies::verify::Part;
 use serde::Deserialize;
 use smallvec::smallvec;
 
-use crate::wire::format::{ChoiceView, Chunk, TextField};
+use crate::wire::format::{ChoiceView, Chunk, TextField, TextPlace};
 use crate::wire::json_str::JsonStr;
 use crate::wire::location::{Key, Location};
 
@@ -28,10 +28,8 @@ use crate::wire::location::{Key, Location};
 struct LightEvent<'a> {
     #[serde(rename = "type", borrow)]
     kind: JsonStr<'a>,
-    /// The block's index: text is not addressed by it (the tree's reading
-    /// uses it only for a tool's arguments).
-    #[serde(rename = "index")]
-    _index: u64,
+    /// The block's index: where the text goes ([`Chunk::place`]).
+    index: u64,
     #[serde(borrow)]
     delta: LightDelta<'a>,
 }
@@ -50,7 +48,7 @@ struct LightDelta<'a> {
 
 /// The event whose data is `data`, when it is light (see the module docs).
 pub fn read(data: &str) -> Option<Chunk> {
-    let LightEvent { kind, delta, .. } = serde_json::from_str(data).ok()?;
+    let LightEvent { kind, index, delta } = serde_json::from_str(data).ok()?;
     if kind != *"content_block_delta" {
         return None;
     }
@@ -70,11 +68,18 @@ pub fn read(data: &str) -> Option<Chunk> {
         texts: smallvec![field],
         finish_reason: None,
     };
-    Some(Chunk::light(
-        smallvec![choice],
-        Some(text.in_data(data)),
-        false,
-    ))
+    let mut chunk = Chunk::light(smallvec![choice], Some(text.in_data(data)), false);
+    chunk.place = Some(block_place(index));
+    Some(chunk)
+}
+
+/// The place of a text in block `index` ([`Chunk::place`]).
+pub fn block_place(index: u64) -> TextPlace {
+    TextPlace {
+        item: index,
+        list: 0,
+        index: 0,
+    }
 }
 
 #[cfg(test)]
@@ -116,6 +121,10 @@ mod tests {
             let tree = tree(&data);
             assert!(light.is_light());
             assert_eq!(light.choices.len(), tree.choices.len(), "{data}");
+            // Its text goes to its block.
+            let index = serde_json::from_str::<Value>(&data).unwrap()["index"].as_u64();
+            assert_eq!(light.place, index.map(block_place), "{data}");
+            assert_eq!(light.place, tree.place, "{data}");
             for (ours, theirs) in light.choices.iter().zip(&tree.choices) {
                 assert_eq!(
                     (ours.index, ours.position, &ours.finish_reason),

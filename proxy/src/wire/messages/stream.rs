@@ -80,6 +80,7 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
     let mut finish = None;
     let mut usage = None;
     let mut carries_choice = true;
+    let mut place = None;
     match kind.as_str() {
         MESSAGE_STOP => return EventView::Done,
         "error" if is_error_value(&data) => return EventView::Error(message_of(&data)),
@@ -107,7 +108,14 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
             Location::ROOT.key(Key::ContentBlock),
             &mut texts,
         ),
-        "content_block_delta" => delta_texts(&data, &mut texts),
+        "content_block_delta" => {
+            delta_texts(&data, &mut texts);
+            place = data.get("index").and_then(Value::as_u64).filter(|_| {
+                texts
+                    .iter()
+                    .any(|field| matches!(field.kind, Part::Content | Part::Reasoning))
+            });
+        }
         // Any string beside the index, the stop reason and the usage.
         "content_block_stop" => residual_strings(&data, Location::ROOT, &mut texts),
         "message_delta" => {
@@ -134,7 +142,9 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
     } else {
         Default::default()
     };
-    EventView::Chunk(Chunk::parsed(data, choices, usage))
+    let mut chunk = Chunk::parsed(data, choices, usage);
+    chunk.place = place.map(super::light::block_place);
+    EventView::Chunk(chunk)
 }
 
 /// The text fields of a `content_block_delta`.

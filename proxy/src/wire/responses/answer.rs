@@ -18,7 +18,8 @@ use canarygate_policies::sse::SseEvent;
 use canarygate_policies::verify::{Part, ProviderUsage};
 use serde_json::Value;
 
-use crate::wire::format::{ChoiceView, Chunk, EventView, TextField, TextFields};
+use super::deliver::Slot;
+use crate::wire::format::{ChoiceView, Chunk, EventView, TextField, TextFields, TextPlace};
 use crate::wire::location::{Key, Location};
 
 /// `usage` of a response: `input_tokens` (cached ones included),
@@ -206,6 +207,36 @@ pub fn part_of_delta(kind: &str, output_index: Option<u64>) -> Option<Part> {
     })
 }
 
+/// Which text of its output item an event of type `kind` is about, as
+/// `content_index` and `summary_index` place it (0 when absent).
+pub fn slot_of(kind: &str, content_index: Option<u64>, summary_index: Option<u64>) -> Slot {
+    match kind {
+        "response.reasoning_summary_text.delta"
+        | "response.reasoning_summary_text.done"
+        | "response.reasoning_summary_part.added"
+        | "response.reasoning_summary_part.done" => Slot::Summary(summary_index.unwrap_or(0)),
+        "response.function_call_arguments.delta" | "response.function_call_arguments.done" => {
+            Slot::Arguments
+        }
+        _ => Slot::Content(content_index.unwrap_or(0)),
+    }
+}
+
+/// Where a delta of `part` in `slot` of output item `output_index` goes
+/// ([`Chunk::place`]): texts only (a call's arguments are its item's own).
+pub fn text_place(part: Part, output_index: u64, slot: Slot) -> Option<TextPlace> {
+    let (list, index) = match slot {
+        Slot::Content(index) => (0, index),
+        Slot::Summary(index) => (1, index),
+        Slot::Arguments => return None,
+    };
+    matches!(part, Part::Content | Part::Reasoning | Part::Refusal).then_some(TextPlace {
+        item: output_index,
+        list,
+        index,
+    })
+}
+
 /// Events that carry no model text of their own: the response's
 /// lifecycle, items and parts opening (empty), and the events that repeat
 /// streamed text whole (rewritten by the writer from what was delivered).
@@ -261,9 +292,13 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
         _ => {}
     }
     let mut texts = TextFields::new();
+    let mut place = None;
     if let Some(part) = delta_part(&kind, &data) {
         if data.get("delta").is_some_and(Value::is_string) {
             push(&mut texts, part, Location::ROOT.key(Key::Delta));
+            let index = |key: &str| data.get(key).and_then(Value::as_u64);
+            let slot = slot_of(&kind, index("content_index"), index("summary_index"));
+            place = text_place(part, index("output_index").unwrap_or(0), slot);
         }
     } else if matches!(
         kind.as_str(),
@@ -293,7 +328,9 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
             finish_reason: None,
         }]
     };
-    EventView::Chunk(Chunk::parsed(data, choices, None))
+    let mut chunk = Chunk::parsed(data, choices, None);
+    chunk.place = place;
+    EventView::Chunk(chunk)
 }
 
 /// Whether `event` ends a Responses stream: `response.completed`,

@@ -20,7 +20,7 @@ use serde::Deserialize;
 use serde::de::{Deserializer, Error as _, IgnoredAny, SeqAccess, Visitor};
 use smallvec::smallvec;
 
-use super::answer::part_of_delta;
+use super::answer::{part_of_delta, slot_of, text_place};
 use super::deliver::Slot;
 use crate::wire::format::{ChoiceView, Chunk, TextField};
 use crate::wire::json_str::JsonStr;
@@ -111,35 +111,19 @@ fn read_delta(data: &str) -> Option<(Delta<'_>, TextField, JsonStr<'_>)> {
     Some((delta, field, event.delta))
 }
 
-/// Which text of its output item an event of type `kind` is about, as
-/// `content_index` and `summary_index` place it (0 when absent).
-pub fn slot_of(kind: &str, content_index: Option<u64>, summary_index: Option<u64>) -> Slot {
-    match kind {
-        "response.reasoning_summary_text.delta"
-        | "response.reasoning_summary_text.done"
-        | "response.reasoning_summary_part.added"
-        | "response.reasoning_summary_part.done" => Slot::Summary(summary_index.unwrap_or(0)),
-        "response.function_call_arguments.delta" | "response.function_call_arguments.done" => {
-            Slot::Arguments
-        }
-        _ => Slot::Content(content_index.unwrap_or(0)),
-    }
-}
-
 /// The event whose data is `data`, when it is light (see the module docs).
 pub fn read(data: &str) -> Option<Chunk> {
-    let (_, field, text) = read_delta(data)?;
+    let (delta, field, text) = read_delta(data)?;
+    let place = text_place(field.kind, delta.output_index, delta.slot);
     let choice = ChoiceView {
         index: 0,
         position: 0,
         texts: smallvec![field],
         finish_reason: None,
     };
-    Some(Chunk::light(
-        smallvec![choice],
-        Some(text.in_data(data)),
-        false,
-    ))
+    let mut chunk = Chunk::light(smallvec![choice], Some(text.in_data(data)), false);
+    chunk.place = place;
+    Some(chunk)
 }
 
 /// The type and place of the light event whose data is `data`.
@@ -153,7 +137,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::wire::format::EventView;
+    use crate::wire::format::{EventView, TextPlace};
 
     /// The tree's reading of `data`.
     fn tree(data: &str) -> Chunk {
@@ -205,6 +189,7 @@ mod tests {
             let tree = tree(&data);
             assert!(light.is_light());
             assert_eq!(light.choices.len(), tree.choices.len(), "{data}");
+            assert_eq!(light.place, tree.place, "{data}");
             for (ours, theirs) in light.choices.iter().zip(&tree.choices) {
                 assert_eq!(
                     (ours.index, ours.position, &ours.finish_reason),
@@ -233,6 +218,42 @@ mod tests {
                 slot_of(&delta.kind, index("content_index"), index("summary_index"))
             );
         }
+    }
+
+    /// A text delta goes to its output item's content or summary part; a
+    /// call's arguments have no place among the texts.
+    #[test]
+    fn a_text_delta_has_its_place() {
+        let place = |data: Value| read(&data.to_string()).unwrap().place;
+        assert_eq!(
+            place(
+                json!({"type": "response.output_text.delta", "output_index": 2,
+                         "content_index": 1, "delta": "a"})
+            ),
+            Some(TextPlace {
+                item: 2,
+                list: 0,
+                index: 1
+            })
+        );
+        assert_eq!(
+            place(
+                json!({"type": "response.reasoning_summary_text.delta", "output_index": 0,
+                         "summary_index": 3, "delta": "a"})
+            ),
+            Some(TextPlace {
+                item: 0,
+                list: 1,
+                index: 3
+            })
+        );
+        assert_eq!(
+            place(
+                json!({"type": "response.function_call_arguments.delta", "output_index": 1,
+                         "delta": "{"})
+            ),
+            None
+        );
     }
 
     #[test]

@@ -21,13 +21,14 @@ use canarygate_policies::sse::{SpentBuffers, SseEvent, encode_data, encode_json}
 use canarygate_policies::verify::{Verdict, Verifier};
 use serde_json::{Value, json};
 
+use super::answer::slot_of;
 use super::answer::{delta_part, event_type, read_tree};
 use super::deliver::{
     Delivered, Shown, follow_logprobs, mark_cut, report_usage, restore_request_fields,
     rewrite_item, rewrite_part,
 };
 use super::error::error_event_json;
-use super::light::{Delta, delta_of, slot_of};
+use super::light::{Delta, delta_of};
 use crate::error::ApiError;
 use crate::wire::edit::{Delivery, apply};
 use crate::wire::format::{Chunk, EventView, Spans, StreamWriter, put_text};
