@@ -59,6 +59,11 @@ pub const ECHO_SLACK_TOKENS: u64 = 2;
 /// separators and [`ECHO_SLACK_TOKENS`].
 pub const MOST_TOKENS_PER_CANARY: u64 = 16;
 
+/// Fewest tokens a canary costs in the tokenizers canarygate knows: `CG` and
+/// five groups of three digits, in OpenAI's and Llama 3's (a tokenizer that
+/// merged longer runs of digits would spend fewer).
+pub const LEAST_TOKENS_PER_CANARY: u64 = 6;
+
 /// The most output tokens any request is allowed for its echo (two canaries
 /// at [`MOST_TOKENS_PER_CANARY`]): what a context check counts on before it
 /// knows the request's own.
@@ -171,6 +176,14 @@ impl EchoCost {
         self.tokens_per_canary
     }
 
+    /// The fewest output tokens `echoed` canaries cost a provider, its
+    /// count of an answer less them bounding the tokens of the rest: each at
+    /// this cost and at most [`LEAST_TOKENS_PER_CANARY`], which no tokenizer
+    /// canarygate knows goes below.
+    pub fn least(self, echoed: usize) -> u64 {
+        echoed as u64 * self.tokens_per_canary.min(LEAST_TOKENS_PER_CANARY)
+    }
+
     /// Output tokens added to the client's limit when `echoed` canaries are
     /// asked back: each with the space or line break after it, and
     /// [`ECHO_SLACK_TOKENS`]. None when nothing is echoed, or when the echo
@@ -186,6 +199,20 @@ impl EchoCost {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fewest tokens an echo costs is what the cheapest known tokenizer
+    /// spends on its canaries: never more than the cost it is allowed for.
+    #[test]
+    fn the_least_an_echo_costs_bounds_every_known_tokenizer_from_below() {
+        assert_eq!(EchoCost::DIGITS_IN_THREES.least(2), 12);
+        assert_eq!(EchoCost::DIGIT_BY_DIGIT.least(2), 12);
+        assert_eq!(EchoCost::measured(|_| 4).least(1), 4);
+        for cost in [EchoCost::DIGITS_IN_THREES, EchoCost::DIGIT_BY_DIGIT] {
+            for echoed in 0..3 {
+                assert!(cost.least(echoed) <= cost.allowance(echoed));
+            }
+        }
+    }
 
     #[test]
     fn openai_and_llama_3_models_are_costed_by_groups_of_three() {

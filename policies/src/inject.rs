@@ -142,6 +142,10 @@ pub struct Injection {
     /// Output tokens added to the client's limit for the echo
     /// ([`EchoCost::allowance`]); 0 when the limit was not raised.
     pub echo_allowance: u64,
+    /// The fewest output tokens the echo costs the provider
+    /// ([`EchoCost::least`]): what its count of an answer that echoed holds
+    /// beside the text the client gets.
+    pub echo_tokens_least: u64,
     /// The client asked for the usage chunk of a stream itself; when false the
     /// proxy added `stream_options.include_usage` and should not forward it.
     pub client_wants_usage: bool,
@@ -260,6 +264,7 @@ pub fn inject(
     let mut client_max_tokens = None;
     let mut echo_allowance = 0;
     let allowance = cost.allowance(expected.len());
+    let echo_tokens_least = cost.least(expected.len());
     for field in ["max_tokens", "max_completion_tokens"] {
         if let Some(limit) = body.get_mut(field)
             && let Some(value) = limit.as_u64()
@@ -290,6 +295,7 @@ pub fn inject(
         choices: choices as u32,
         client_max_tokens,
         echo_allowance,
+        echo_tokens_least,
         client_wants_usage,
         prompt_tokens_estimate: estimate.total,
         prompt_tokens_added: estimate.added,

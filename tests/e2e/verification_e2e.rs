@@ -1505,3 +1505,71 @@ provider = "openai"
         }
     }
 }
+
+/// A provider whose whole answer, after the echo, is `words` (from the
+/// prompt: `words: N`) and counts `usage: N` completion tokens, the echo's
+/// among them.
+async fn counting_upstream() -> String {
+    use axum::{Json, Router, routing::post};
+    async fn answer(Json(request): Json<Value>) -> Json<Value> {
+        let opening = canarygate_policies::inject::obedient_echo(&request).unwrap_or_default();
+        let asked = request["messages"].to_string();
+        let number = |key: &str| -> usize {
+            let at = asked.find(key).unwrap() + key.len();
+            asked[at..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .unwrap()
+        };
+        let text = vec!["Internationalisation"; number("words: ")].join(" ");
+        Json(
+            json!({"id": "c1", "object": "chat.completion", "model": "gpt-4o",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                "message": {"role": "assistant", "content": format!("{opening}\n{text}")}}],
+            "usage": {"prompt_tokens": 90, "completion_tokens": number("usage: "),
+                      "total_tokens": 90 + number("usage: ")}}),
+        )
+    }
+    serve_upstream(Router::new().route("/v1/chat/completions", post(answer))).await
+}
+
+/// A whole answer the provider counts within the client's `max_tokens` once
+/// the echo's tokens (13 for two canaries in OpenAI's tokenizers, 12 at
+/// least) are taken out reaches the client whole, though the estimate counts
+/// it over the limit; one the provider counts over the limit is cut.
+#[tokio::test]
+async fn an_answer_within_the_limit_but_for_its_echo_is_not_cut() {
+    let upstream = counting_upstream().await;
+    let client = client();
+    let dir = ProxyDir::new();
+    let proxy = start_proxy_with_policy(&dir, &policy(&dir, &upstream, "echo-first", "block"), &[]);
+    let words = 12;
+    let text = vec!["Internationalisation"; words].join(" ");
+    let limit = count_text(&text) - 2;
+    for (usage, cut) in [(limit + 12, false), (limit + 13, true)] {
+        let answer: Value = client
+            .post(format!("{}/v1/chat/completions", proxy.url))
+            .bearer_auth("sk-e2e")
+            .json(
+                &json!({"model": "gpt-4o", "max_tokens": limit, "messages": [
+                {"role": "user", "content": format!("words: {words}, usage: {usage}")}]}),
+            )
+            .send()
+            .await
+            .expect("request")
+            .json()
+            .await
+            .expect("an answer");
+        let choice = &answer["choices"][0];
+        let content = choice["message"]["content"].as_str().unwrap();
+        if cut {
+            assert!(content.len() < text.len(), "{answer}");
+            assert_eq!(choice["finish_reason"], "length", "{answer}");
+        } else {
+            assert_eq!(content, text, "{answer}");
+            assert_eq!(choice["finish_reason"], "stop", "{answer}");
+        }
+    }
+}

@@ -255,13 +255,15 @@ impl Delivery {
     }
 
     /// Takes the provider's count of a whole answer's output tokens
-    /// (`completion_tokens`, every choice's, the echo's included): within
-    /// the client's limit, nothing of the answer is cut, whatever the
-    /// estimate counts (it counts high, as a cut must; a long reasoning
-    /// counted high would lose an answer that fits).
-    pub fn fits_the_limit(&mut self, completion_tokens: Option<u64>) {
+    /// (`completion_tokens`, every choice's, the echo's included) and the
+    /// fewest of them the echoes took (`echo_tokens`, none when the echo
+    /// was not written): when the rest is within the client's limit,
+    /// nothing of the answer is cut, whatever the estimate counts (it counts
+    /// high, as a cut must; an answer that fits, or a long reasoning, counted
+    /// high would lose text).
+    pub fn fits_the_limit(&mut self, completion_tokens: Option<u64>, echo_tokens: u64) {
         if let (Some(limit), Some(tokens)) = (self.limit, completion_tokens) {
-            self.fits = tokens <= limit;
+            self.fits = tokens.saturating_sub(echo_tokens) <= limit;
         }
     }
 
@@ -634,9 +636,17 @@ mod tests {
         // Reasoning the estimate counts high: 8 "tokens" against a limit of 5.
         let thinking = "aaaaa bbbbb ccccc ddddd";
         let answer = "Yes.";
-        for (provider_count, cut) in [(Some(5), false), (Some(6), true), (None, true)] {
+        // The provider's count holds the echo's tokens: 12 at least for two
+        // canaries in OpenAI's tokenizers.
+        for (provider_count, echo, cut) in [
+            (Some(5), 0, false),
+            (Some(6), 0, true),
+            (None, 0, true),
+            (Some(17), 12, false),
+            (Some(18), 12, true),
+        ] {
             let mut delivery = Delivery::new(TokenCounter::default(), Some(5), usage, 1);
-            delivery.fits_the_limit(provider_count);
+            delivery.fits_the_limit(provider_count, echo);
             let reasoning = delivery.admit(0, Part::Reasoning, thinking, 0..23, release);
             let content = delivery.admit(0, Part::Content, answer, 0..4, release);
             assert_eq!(

@@ -239,6 +239,7 @@ pub fn place(
         );
     }
     let estimate = PromptEstimate::of(before, &messages(body), canaries.head);
+    let echo_tokens_least = cost.least(blocks.echo.len());
     Ok(Injection {
         canaries,
         echo: blocks.echo,
@@ -247,6 +248,7 @@ pub fn place(
         choices: choices as u32,
         client_max_tokens: Some(client_limit),
         echo_allowance,
+        echo_tokens_least,
         client_wants_usage,
         prompt_tokens_estimate: estimate.total,
         prompt_tokens_added: estimate.added,

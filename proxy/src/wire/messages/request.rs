@@ -271,6 +271,7 @@ pub fn place(
         ));
     }
     let estimate = PromptEstimate::of(prompt_tokens_before, &chat_messages(body), canaries.head);
+    let echo_tokens_least = cost.least(blocks.echo.len());
     Ok(Injection {
         canaries,
         echo: blocks.echo,
@@ -279,6 +280,7 @@ pub fn place(
         choices: 1,
         client_max_tokens,
         echo_allowance,
+        echo_tokens_least,
         // Anthropic always reports usage; nothing is asked on the client's behalf.
         client_wants_usage: true,
         prompt_tokens_estimate: estimate.total,

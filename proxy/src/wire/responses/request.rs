@@ -299,6 +299,7 @@ pub fn place(
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let estimate = PromptEstimate::of(before, &chat_messages(body), canaries.head);
+    let echo_tokens_least = cost.least(blocks.echo.len());
     Ok(Injection {
         canaries,
         echo: blocks.echo,
@@ -307,6 +308,7 @@ pub fn place(
         choices: 1,
         client_max_tokens,
         echo_allowance,
+        echo_tokens_least,
         // Usage always comes with `response.completed`.
         client_wants_usage: true,
         prompt_tokens_estimate: estimate.total,
