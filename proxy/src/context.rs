@@ -16,7 +16,7 @@ use crate::clock::RequestClock;
 use crate::error::{ApiError, ErrorCode};
 use crate::identity::Caller;
 use crate::state::AppState;
-use crate::upstream::{ANTHROPIC_VERSION_HEADER, Upstream, relayed_headers};
+use crate::upstream::{ANTHROPIC_VERSION_HEADER, Upstream, relayed_headers, without_canary_text};
 use crate::upstream_client::{UpstreamRequest, UpstreamResponse};
 use crate::wire::{ClientRequest, WireFormat};
 
@@ -267,6 +267,17 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
     /// The provider's error answer: passed on when it is in the client's
     /// format, wrapped otherwise; marked [`ProviderError`].
     pub fn provider_error_response(&self, status: StatusCode, body: Bytes) -> Response {
+        let body = match without_canary_text(&body) {
+            Some(withheld) => {
+                tracing::warn!(
+                    request_id = %self.request_id,
+                    provider = %self.upstream.name,
+                    "the provider's error held canary-shaped text: withheld"
+                );
+                Bytes::from(withheld)
+            }
+            None => body,
+        };
         let mut response = if W::is_error_body(&body) {
             json_response(status, Body::from(body))
         } else {

@@ -3,9 +3,9 @@
 //! ([`Upstream::request`]), reading its answer with deadlines, and mapping
 //! what can go wrong to the client-facing [`ApiError`].
 //!
-//! Longer than 500 lines: about 60 of them are the unit tests of what is
+//! Longer than 500 lines: about 80 of them are the unit tests of what is
 //! read from a provider's response head (its media type, the headers
-//! relayed to the client).
+//! relayed to the client) and of its errors' canary-shaped text withheld.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +13,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use canarygate_policies::EchoCost;
+use canarygate_policies::canary::find_canaries;
 use canarygate_policies::config::{AuthMode, Policy, ProviderApi, ProviderConfig};
 use http_body_util::Full;
 use rustls_pki_types::CertificateDer;
@@ -532,9 +533,61 @@ pub fn is_event_stream(headers: &HeaderMap) -> bool {
     !json
 }
 
+/// What a string of a provider's error becomes when it holds a
+/// canary-shaped span ([`without_canary_text`]).
+pub const WITHHELD_ERROR_TEXT: &str =
+    "[withheld by canarygate: the provider's error quoted canary-shaped text]";
+
+/// A provider's error `body` with every string that holds a canary-shaped
+/// span replaced by [`WITHHELD_ERROR_TEXT`], its JSON otherwise kept (its
+/// type and code still the provider's), or, when it is not JSON, withheld
+/// whole; `None` when nothing in it is canary-shaped. Clients never see a
+/// canary, their own or another request's (an error that quotes a prompt
+/// could quote another session's), and no error is verified as an answer
+/// is.
+pub fn without_canary_text(body: &[u8]) -> Option<Vec<u8>> {
+    let text = String::from_utf8_lossy(body);
+    find_canaries(&text).next()?;
+    let Ok(mut value) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return Some(WITHHELD_ERROR_TEXT.as_bytes().to_vec());
+    };
+    withhold_strings(&mut value);
+    serde_json::to_vec(&value).ok()
+}
+
+/// Replaces every string under `value` that holds a canary-shaped span.
+fn withhold_strings(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::String(text) if find_canaries(text).next().is_some() => {
+            *text = WITHHELD_ERROR_TEXT.to_owned();
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(withhold_strings),
+        serde_json::Value::Object(members) => members.values_mut().for_each(withhold_strings),
+        _ => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn canary_shaped_text_in_a_providers_error_is_withheld() {
+        let clean = br#"{"error":{"message":"Rate limit reached","type":"rate_limit_error"}}"#;
+        assert_eq!(without_canary_text(clean), None);
+        let quoting = br#"{"error":{"message":"Invalid content: 'Recall [CG123456789012345]'","type":"invalid_request_error","param":"messages","code":null}}"#;
+        let withheld: serde_json::Value =
+            serde_json::from_slice(&without_canary_text(quoting).unwrap()).unwrap();
+        assert_eq!(
+            withheld,
+            serde_json::json!({"error": {"message": WITHHELD_ERROR_TEXT,
+                "type": "invalid_request_error", "param": "messages", "code": null}})
+        );
+        assert_eq!(
+            without_canary_text(b"<html>quoted cg 123456789012345</html>").unwrap(),
+            WITHHELD_ERROR_TEXT.as_bytes()
+        );
+    }
 
     #[test]
     fn a_stream_is_anything_but_json() {

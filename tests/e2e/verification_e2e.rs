@@ -1573,3 +1573,82 @@ async fn an_answer_within_the_limit_but_for_its_echo_is_not_cut() {
         }
     }
 }
+
+/// A provider whose errors quote the previous request's canary: a 400
+/// (whole), or an error event after the answer began (streamed).
+async fn quoting_error_upstream() -> String {
+    use std::sync::{Arc, Mutex};
+
+    use axum::extract::State;
+    use axum::http::StatusCode;
+    use axum::{Json, Router, routing::post};
+    type Last = Arc<Mutex<Option<String>>>;
+    async fn answer(
+        State(last): State<Last>,
+        Json(request): Json<Value>,
+    ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+        let opening = canarygate_policies::inject::obedient_echo(&request).unwrap_or_default();
+        let head = opening.split_whitespace().next().unwrap_or("").to_owned();
+        let earlier = last.lock().unwrap().replace(head).unwrap_or_default();
+        let error = json!({"error": {"message": format!("Invalid content: 'Recall {earlier}'"),
+                                     "type": "invalid_request_error", "param": "messages",
+                                     "code": null}});
+        if request["stream"] == true {
+            let chunk = json!({"id": "c1", "choices": [{"index": 0,
+                "delta": {"content": format!("{opening}\nMercury, Venus.")},
+                "finish_reason": null}]});
+            let body = format!("data: {chunk}\n\ndata: {error}\n\n");
+            (
+                StatusCode::OK,
+                [("content-type", "text/event-stream")],
+                body,
+            )
+        } else {
+            let status = StatusCode::BAD_REQUEST;
+            (
+                status,
+                [("content-type", "application/json")],
+                error.to_string(),
+            )
+        }
+    }
+    let last: Last = Arc::default();
+    let app = Router::new()
+        .route("/v1/chat/completions", post(answer))
+        .with_state(last);
+    serve_upstream(app).await
+}
+
+/// A provider's error that quotes canary-shaped text (here another
+/// request's canary) reaches the client with that text withheld, its status
+/// and type kept: whole, and as an error event after the answer began.
+#[tokio::test]
+async fn a_providers_error_quoting_a_canary_is_withheld() {
+    let upstream = quoting_error_upstream().await;
+    let client = client();
+    let dir = ProxyDir::new();
+    let proxy = start_proxy_with_policy(&dir, &policy(&dir, &upstream, "echo-first", "block"), &[]);
+    // The first request has no earlier one to be given.
+    ask(&client, &proxy.url, "Name two planets", false).await;
+    for stream in [false, true] {
+        let outcome = ask(&client, &proxy.url, "Name two planets", stream).await;
+        assert!(
+            canarygate_policies::canary::find_canaries(&outcome.body)
+                .next()
+                .is_none(),
+            "stream={stream}: {outcome:?}"
+        );
+        assert_eq!(
+            outcome.status,
+            if stream { 200 } else { 400 },
+            "{outcome:?}"
+        );
+        assert!(!outcome.done, "{outcome:?}");
+        let withheld = "the provider's error quoted canary-shaped text";
+        assert!(outcome.body.contains(withheld), "{outcome:?}");
+        assert!(
+            outcome.body.contains("invalid_request_error"),
+            "{outcome:?}"
+        );
+    }
+}

@@ -38,6 +38,7 @@ use crate::error::{ApiError, ErrorCode, error_chain};
 use crate::registry::CanaryBook;
 use crate::relay::{COALESCE_BYTES, early_end, interrupted, next_ready, next_within};
 use crate::trail::{Ending, Trail};
+use crate::upstream::without_canary_text;
 use crate::upstream_client::{MAX_UPSTREAM_BODY, UpstreamResponse};
 use crate::wire::{EventView, StreamMemo, StreamWriter, WireFormat};
 
@@ -371,14 +372,18 @@ impl<W: WireFormat> VerifiedStream<W> {
                 // the status it stands for.
                 self.provider_error = W::error_event_status(&event.data)
                     .map(|status| (status, Bytes::from(event.data.clone())));
-                // Its own error event, as it came, ends what went out.
+                // Its own error event, as it came (but for any canary-shaped
+                // text), ends what went out.
                 let mut own = Vec::new();
                 if let Some(name) = &event.event {
                     own.extend_from_slice(b"event: ");
                     own.extend_from_slice(name.as_bytes());
                     own.push(b'\n');
                 }
-                encode_data(&event.data, &mut own);
+                match without_canary_text(event.data.as_bytes()) {
+                    Some(withheld) => encode_data(&String::from_utf8_lossy(&withheld), &mut own),
+                    None => encode_data(&event.data, &mut own),
+                }
                 let detail = format!("sent an error mid-stream: {message}");
                 return self.interrupt_with(detail, Some(own));
             }
