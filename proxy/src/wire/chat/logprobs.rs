@@ -3,6 +3,8 @@
 //! text) are edited the same way, so joining the delivered tokens gives the
 //! delivered content.
 
+use std::ops::Range;
+
 use canarygate_policies::canary::find_canaries;
 use serde_json::{Value, json};
 
@@ -24,29 +26,34 @@ fn entry_bytes(entry: &Value) -> Option<Vec<u8>> {
 }
 
 /// Edits list `list` (`content` or `refusal`) of `logprobs` (a choice's
-/// `logprobs` object) to follow `edit` of the field's `text`: entries wholly
-/// removed go, entries cut in part keep their kept bytes (and lose their
-/// alternatives, which were alternatives to another token). When the entries
-/// do not spell `text` they cannot be placed, and all of them go.
+/// `logprobs` object) to follow `edit` of the field's `text`
+/// ([`followed`]).
 pub fn follow(logprobs: &mut Value, list: &str, text: &str, edit: &FieldEdit) {
     if edit.unchanged() {
         return;
     }
-    let Some(entries) = logprobs.get_mut(list).and_then(Value::as_array_mut) else {
-        return;
-    };
+    if let Some(entries) = logprobs.get_mut(list).and_then(Value::as_array_mut) {
+        *entries = followed(std::mem::take(entries), text, &edit.kept);
+    }
+}
+
+/// Token `entries` (whose tokens, or `bytes`, spell `text`) as they follow
+/// the `kept` ranges of `text`: entries wholly removed go, entries cut in
+/// part keep their kept bytes (and lose their alternatives, which were
+/// alternatives to another token). When the entries do not spell `text`
+/// they cannot be placed, and all of them go.
+pub fn followed(entries: Vec<Value>, text: &str, kept: &[Range<usize>]) -> Vec<Value> {
     let spelled: Option<Vec<Vec<u8>>> = entries.iter().map(entry_bytes).collect();
     let Some(spelled) = spelled.filter(|spelled| spelled.concat() == text.as_bytes()) else {
-        entries.clear();
-        return;
+        return Vec::new();
     };
     let mut at = 0;
-    let mut kept = Vec::with_capacity(entries.len());
-    for (mut entry, bytes) in entries.drain(..).zip(spelled) {
+    let mut out = Vec::with_capacity(entries.len());
+    for (mut entry, bytes) in entries.into_iter().zip(spelled) {
         let span = at..at + bytes.len();
         at = span.end;
         let mut shown = Vec::new();
-        for range in &edit.kept {
+        for range in kept {
             let start = range.start.max(span.start);
             let end = range.end.min(span.end);
             if start < end {
@@ -54,15 +61,15 @@ pub fn follow(logprobs: &mut Value, list: &str, text: &str, edit: &FieldEdit) {
             }
         }
         if shown.len() == bytes.len() {
-            kept.push(entry);
+            out.push(entry);
         } else if !shown.is_empty() {
             entry["token"] = json!(String::from_utf8_lossy(&shown));
             entry["bytes"] = json!(shown);
             entry["top_logprobs"] = json!([]);
-            kept.push(entry);
+            out.push(entry);
         }
     }
-    *entries = kept;
+    out
 }
 
 /// Clears list `list` of `logprobs` unless its entries spell `delivered`

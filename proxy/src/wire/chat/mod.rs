@@ -41,6 +41,7 @@ use self::answer::read_choices;
 pub use self::answer::{index_of, map_choices, residual_members, usage_of};
 pub use self::deliver::Edited;
 use self::deliver::edit_fields;
+pub use self::logprobs::followed as followed_logprobs;
 pub use self::request::{check_stream_options, json_object, model_of, stream_of};
 pub use self::stream::{ChatStream, ChunkEditor};
 use crate::error::{ApiError, ErrorCode};

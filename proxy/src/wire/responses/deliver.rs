@@ -12,6 +12,7 @@ use canarygate_policies::inject::{ECHO_PHRASE, client_text};
 use canarygate_policies::verify::{Part, Verifier};
 use serde_json::{Value, json};
 
+use crate::wire::chat::followed_logprobs;
 use crate::wire::edit::{Delivery, apply};
 use crate::wire::format::{AnswerView, put_text};
 use crate::wire::location::{Key, Location};
@@ -42,27 +43,6 @@ pub struct Shown {
 
 /// What the client got of each text, by `(output_index, slot)`.
 pub type Delivered = BTreeMap<(u64, Slot), Shown>;
-
-/// The logprob entries of `entries` (whose tokens spell `text`) that lie
-/// wholly in `kept`; none when they do not spell the text.
-pub fn follow_logprobs(entries: &[Value], text: &str, kept: &[Range<usize>]) -> Vec<Value> {
-    let mut at = 0;
-    let mut out = Vec::new();
-    for entry in entries {
-        let Some(token) = entry.get("token").and_then(Value::as_str) else {
-            return Vec::new();
-        };
-        let range = at..at + token.len();
-        at = range.end;
-        if kept
-            .iter()
-            .any(|keep| keep.start <= range.start && range.end <= keep.end)
-        {
-            out.push(entry.clone());
-        }
-    }
-    if at == text.len() { out } else { Vec::new() }
-}
 
 /// Makes the request fields a response repeats the client's own again:
 /// `instructions` without canarygate's blocks (`null` when only ours were
@@ -246,7 +226,7 @@ pub fn deliver_answer(
         if let Some(logprobs) = at.key(Key::Logprobs).get_mut(answer)
             && let Some(entries) = logprobs.as_array().filter(|entries| !entries.is_empty())
         {
-            *logprobs = json!(follow_logprobs(entries, &text, &edit.kept));
+            *logprobs = json!(followed_logprobs(entries.to_vec(), &text, &edit.kept));
         }
         if let Some(annotations) = at
             .get_mut(answer)
@@ -305,10 +285,16 @@ mod tests {
         .unwrap();
         let echo = format!("{} {}\n", canaries.head, canaries.tail);
         let text = format!("{echo}one two six ten");
-        let tokens: Vec<Value> = [echo.as_str(), "one ", "two ", "six ", "ten"]
+        // A token that spans the echo's end, and "s" as a byte token (as
+        // providers write a token that is not whole UTF-8).
+        let mut tokens: Vec<Value> = [&echo[..echo.len() - 1], "\none ", "two "]
             .iter()
-            .map(|token| json!({"token": token, "logprob": -0.1}))
+            .map(|token| json!({"token": token, "logprob": -0.1, "bytes": token.as_bytes()}))
             .collect();
+        tokens.push(json!({"token": "bytes:\\x73", "logprob": -0.1, "bytes": [115]}));
+        for token in ["ix ", "ten"] {
+            tokens.push(json!({"token": token, "logprob": -0.1, "bytes": token.as_bytes()}));
+        }
         // Citations of "two" and of "ten" (past the client's limit), counted
         // in characters of the text as the provider wrote it.
         let two = echo.chars().count() + 4;
@@ -361,7 +347,11 @@ mod tests {
             .iter()
             .map(|entry| entry["token"].as_str().unwrap())
             .collect();
-        assert_eq!(kept, ["one ", "two ", "six "], "logprobs follow the text");
+        assert_eq!(
+            kept,
+            ["one ", "two ", "bytes:\\x73", "ix "],
+            "logprobs follow the text"
+        );
         assert_eq!(
             part["annotations"],
             json!([

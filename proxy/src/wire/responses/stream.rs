@@ -24,12 +24,12 @@ use serde_json::{Value, json};
 use super::answer::slot_of;
 use super::answer::{delta_part, event_type, read_tree};
 use super::deliver::{
-    Delivered, Shown, follow_logprobs, mark_cut, report_usage, restore_request_fields,
-    rewrite_item, rewrite_part,
+    Delivered, Shown, mark_cut, report_usage, restore_request_fields, rewrite_item, rewrite_part,
 };
 use super::error::error_event_json;
 use super::light::{Delta, delta_of};
 use crate::error::ApiError;
+use crate::wire::chat::followed_logprobs;
 use crate::wire::edit::{Delivery, apply};
 use crate::wire::format::{Chunk, EventView, Spans, StreamWriter, put_text};
 use crate::wire::positions::follow_annotations;
@@ -206,7 +206,7 @@ impl ResponsesStream {
                 shown.text.push_str(&kept);
                 shown.chars.push(&text, &edit.kept);
                 if let Some(entries) = original.get("logprobs").and_then(Value::as_array) {
-                    let followed = follow_logprobs(entries, &text, &edit.kept);
+                    let followed = followed_logprobs(entries.to_vec(), &text, &edit.kept);
                     if !edit.unchanged() {
                         data["logprobs"] = json!(followed);
                     }
