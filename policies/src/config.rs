@@ -266,6 +266,13 @@ pub struct Limits {
     pub first_byte_timeout_ms: u64,
     /// Longest silence allowed between two chunks of an answer.
     pub idle_timeout_ms: u64,
+    /// How long an `echo-first` stream may send the client nothing while
+    /// canarygate holds the provider's events for verification (a reasoning
+    /// model thinking before its echo): then the response head goes out,
+    /// its verdict pending, and an SSE comment, again every as long while
+    /// nothing else goes, so that clients' read timeouts do not fire. 0:
+    /// never.
+    pub stream_keepalive_ms: u64,
 }
 
 /// `limits.max_connections` when the policy sets none (lowered at start to
@@ -290,6 +297,7 @@ impl Default for Limits {
             connect_timeout_ms: 10_000,
             first_byte_timeout_ms: 300_000,
             idle_timeout_ms: 120_000,
+            stream_keepalive_ms: 15_000,
         }
     }
 }
@@ -654,6 +662,16 @@ impl Policy {
                 ));
             }
         }
+        if limits.stream_keepalive_ms > MAX_TIMEOUT_MS {
+            return Err((
+                None,
+                format!(
+                    "limits.stream_keepalive_ms must be 0 (never) or at most {MAX_TIMEOUT_MS} \
+                     (one day), not {}",
+                    limits.stream_keepalive_ms
+                ),
+            ));
+        }
         Ok(())
     }
 
@@ -996,6 +1014,26 @@ provider = "sim"
         assert_eq!(
             only_openai.api_serving("small", ProviderApi::Anthropic),
             Some(ProviderApi::Openai)
+        );
+    }
+
+    #[test]
+    fn a_keepalive_is_off_at_0_and_at_most_a_day() {
+        let with = |ms: u64| format!("[limits]\nstream_keepalive_ms = {ms}\n{MINIMAL}");
+        let off = Policy::from_toml_str(&with(0), "test.toml").unwrap();
+        assert_eq!(off.limits.stream_keepalive_ms, 0);
+        assert_eq!(
+            Policy::preset("default")
+                .unwrap()
+                .limits
+                .stream_keepalive_ms,
+            15_000
+        );
+        assert_eq!(Limits::default().stream_keepalive_ms, 15_000);
+        let error = error_of(&with(MAX_TIMEOUT_MS + 1));
+        assert!(
+            error.message.contains("limits.stream_keepalive_ms"),
+            "{error:?}"
         );
     }
 

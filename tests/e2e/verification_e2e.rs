@@ -3,6 +3,7 @@
 //! answer carrying another request's content is ever delivered.
 
 use std::collections::HashSet;
+use std::time::{Duration, Instant};
 
 use canarygate_policies::EchoCost;
 use canarygate_policies::tokens::count_text;
@@ -1650,5 +1651,118 @@ async fn a_providers_error_quoting_a_canary_is_withheld() {
             outcome.body.contains("invalid_request_error"),
             "{outcome:?}"
         );
+    }
+}
+
+/// A reasoning model that thinks for about 1.2 s (a reasoning delta every
+/// 100 ms) before its answer, which opens with the echo unless the prompt
+/// says `forget`.
+async fn slow_thinking_upstream() -> String {
+    use axum::body::{Body, Bytes};
+    use axum::http::Response;
+    use axum::{Json, Router, routing::post};
+    use futures_util::StreamExt;
+    async fn answer(Json(request): Json<Value>) -> Response<Body> {
+        let opening = canarygate_policies::inject::obedient_echo(&request).unwrap_or_default();
+        let opening = if request.to_string().contains("forget") {
+            "Mercury".to_owned()
+        } else {
+            opening
+        };
+        let chunk = |delta: Value| {
+            let chunk = json!({"id": "c1", "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": null}]});
+            Bytes::from(format!("data: {chunk}\n\n"))
+        };
+        let thoughts =
+            (0..12).map(move |n| chunk(json!({"reasoning_content": format!("step {n}. ")})));
+        let end =
+            json!({"id": "c1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+        let rest = [
+            chunk(json!({"content": format!("{opening}\nMercury, Venus.")})),
+            Bytes::from(format!("data: {end}\n\ndata: [DONE]\n\n")),
+        ];
+        let pieces = futures_util::stream::iter(thoughts.chain(rest)).then(|piece| async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok::<_, std::io::Error>(piece)
+        });
+        let mut response = Response::new(Body::from_stream(pieces));
+        response
+            .headers_mut()
+            .insert("content-type", "text/event-stream".parse().unwrap());
+        response
+    }
+    serve_upstream(Router::new().route("/v1/chat/completions", post(answer))).await
+}
+
+/// While an `echo-first` stream holds a long reasoning for its echo, the
+/// client gets the response head and a keep-alive comment every
+/// `limits.stream_keepalive_ms`, so its read timeout does not fire; the
+/// answer then flows as usual, and an echo that fails after the head ends
+/// the stream with the error event.
+#[tokio::test]
+async fn a_long_hold_sends_the_head_and_keep_alives() {
+    use futures_util::StreamExt;
+    let upstream = slow_thinking_upstream().await;
+    let dir = ProxyDir::new();
+    let policy = dir.policy(&format!(
+        r#"
+[[providers]]
+name = "sim"
+base_url = "{upstream}/v1"
+context_window = 1048576
+
+[[routes]]
+model = "*"
+provider = "sim"
+
+[limits]
+stream_keepalive_ms = 300
+"#
+    ));
+    let proxy = start_proxy_with_policy(&dir, &policy, &[]);
+    // A client that gives up after 700 ms without a byte.
+    let client = reqwest::Client::builder()
+        .read_timeout(Duration::from_millis(700))
+        .build()
+        .unwrap();
+    for (question, passes) in [("Name two planets", true), ("forget it", false)] {
+        let started = Instant::now();
+        let response = client
+            .post(format!("{}/v1/chat/completions", proxy.url))
+            .bearer_auth("sk-e2e")
+            .json(&json!({"model": "sim-reasoner", "stream": true,
+                          "messages": [{"role": "user", "content": question}]}))
+            .send()
+            .await
+            .expect("the head, before the read timeout");
+        assert!(
+            started.elapsed() < Duration::from_millis(1000),
+            "{question}"
+        );
+        assert_eq!(response.status(), 200, "{question}");
+        assert_eq!(
+            response.headers()["x-canarygate-verdict"],
+            "pending; release=echo-first"
+        );
+        let mut body = String::new();
+        let mut pieces = response.bytes_stream();
+        while let Some(piece) = pieces.next().await {
+            body.push_str(std::str::from_utf8(&piece.expect("no read timeout")).unwrap());
+        }
+        assert!(body.starts_with(": canarygate: verifying\n\n"), "{body}");
+        assert!(
+            body.matches(": canarygate: verifying").count() >= 2,
+            "{body}"
+        );
+        let events = sse_data(&body);
+        if passes {
+            assert_eq!(stream_content(&body), "Mercury, Venus.", "{body}");
+            assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{body}");
+        } else {
+            assert!(body.contains("canarygate_verification_failed"), "{body}");
+            assert!(!body.contains("[DONE]"), "{body}");
+            assert!(!body.contains("step 0"), "nothing of the answer: {body}");
+        }
     }
 }

@@ -26,6 +26,7 @@ use canarygate_audit::TopicScore;
 use canarygate_policies::sse::{SseEvent, SseParser, encode_data};
 use canarygate_policies::verify::{Decision, Facts, Finished, ProviderUsage, Verdict};
 use canarygate_policies::verify_config::{FailureAction, ReleasePolicy};
+use futures_util::{FutureExt, StreamExt};
 use http_body_util::{BodyDataStream, BodyExt};
 use hyper::body::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
@@ -46,6 +47,11 @@ use crate::wire::{EventView, StreamMemo, StreamWriter, WireFormat};
 /// the final verdict then goes in the stream's end marker where the format
 /// can carry it.
 const VERDICT_PENDING: &str = "pending; release=echo-first";
+
+/// What an `echo-first` stream sends while it holds the provider's events
+/// longer than `limits.stream_keepalive_ms`: an SSE comment, which clients
+/// skip, so their read timeouts do not fire.
+const KEEPALIVE_COMMENT: &[u8] = b": canarygate: verifying\n\n";
 
 /// Verifies the stream in `response` up to the point where the client can
 /// be answered, and decides.
@@ -158,6 +164,15 @@ struct VerifiedStream<W: WireFormat> {
     interruption: Option<String>,
     /// The interruption was the provider going silent past the idle timeout.
     stalled: bool,
+    /// Since when the provider has sent nothing, once a wait for it began
+    /// (`None` right after a read): the idle timeout counts from it.
+    idle_since: Option<Instant>,
+    /// How long the client may get nothing while events are held
+    /// (`limits.stream_keepalive_ms`, `echo-first` only).
+    keepalive: Option<Duration>,
+    /// Since when the client has got nothing, once a wait began (`None`
+    /// right after a write): a keep-alive comment is due a `keepalive` later.
+    quiet_since: Option<Instant>,
     /// The provider's own error event that interrupted the stream, in the
     /// format's error shape, with the HTTP status it stands for.
     provider_error: Option<(StatusCode, Bytes)>,
@@ -177,6 +192,10 @@ impl<W: WireFormat> VerifiedStream<W> {
         let first_byte_timeout =
             Duration::from_millis(context.state.policy.limits.first_byte_timeout_ms);
         let first_event_by = Some(attempt.sent_at + first_byte_timeout);
+        let keepalive_ms = context.state.policy.limits.stream_keepalive_ms;
+        let keepalive = (config.release == ReleasePolicy::EchoFirst && keepalive_ms > 0)
+            .then(|| Duration::from_millis(keepalive_ms));
+        let quiet_since = Some(attempt.sent_at);
         Self {
             upstream: response.into_body().into_data_stream(),
             parser: SseParser::new(),
@@ -203,6 +222,9 @@ impl<W: WireFormat> VerifiedStream<W> {
             verdict: None,
             interruption: None,
             stalled: false,
+            idle_since: None,
+            keepalive,
+            quiet_since,
             provider_error: None,
             topic_score: None,
             stopped_reading: false,
@@ -277,14 +299,32 @@ impl<W: WireFormat> VerifiedStream<W> {
 
     /// One upstream read and everything it completes.
     async fn advance(&mut self, clock: &mut RequestClock) {
-        let wait = match self.first_event_by {
-            None => self.idle_timeout,
-            Some(by) => by
-                .saturating_duration_since(Instant::now())
-                .min(self.idle_timeout),
-        };
+        // What is ready now needs no timer (and no read of the clock).
+        if let Some(next) = self.upstream.next().now_or_never() {
+            self.idle_since = None;
+            return self.take(next).await;
+        }
+        let now = Instant::now();
+        let idle_by = *self.idle_since.get_or_insert(now) + self.idle_timeout;
+        let by = self
+            .first_event_by
+            .map_or(idle_by, |first| first.min(idle_by));
+        // A keep-alive comment due before then ends the wait early.
+        let keepalive_due = self
+            .keepalive
+            .map(|keepalive| *self.quiet_since.get_or_insert(now) + keepalive)
+            .filter(|due| *due < by);
+        let wait = keepalive_due.unwrap_or(by).saturating_duration_since(now);
         match next_within(&mut self.upstream, clock, wait).await {
-            Err(detail) => {
+            Err(_) if keepalive_due.is_some() => {
+                self.out.extend_from_slice(KEEPALIVE_COMMENT);
+                self.quiet_since = Some(Instant::now());
+            }
+            Err(_) => {
+                let detail = format!(
+                    "sent nothing for {} ms (limits.idle_timeout_ms)",
+                    self.idle_timeout.as_millis()
+                );
                 self.stalled = true;
                 let detail = match self.first_event_by {
                     Some(by) if Instant::now() >= by => "sent no event by its first-byte deadline \
@@ -294,7 +334,10 @@ impl<W: WireFormat> VerifiedStream<W> {
                 };
                 self.interrupt(detail);
             }
-            Ok(next) => self.take(next).await,
+            Ok(next) => {
+                self.idle_since = None;
+                self.take(next).await;
+            }
         }
     }
 
@@ -532,7 +575,12 @@ impl<W: WireFormat> StreamSource for VerifiedStream<W> {
             if !self.out.is_empty() {
                 self.advance_ready(clock).await;
                 self.committed = true;
-                self.held_bytes = 0;
+                // A keep-alive alone sends nothing held: what is held stays
+                // bounded as before it.
+                if self.out != KEEPALIVE_COMMENT {
+                    self.held_bytes = 0;
+                }
+                self.quiet_since = None;
                 self.last_write = self.out.len().min(COALESCE_BYTES);
                 return Some(std::mem::take(&mut self.out));
             }
