@@ -854,6 +854,17 @@ pub enum BaseUrlError {
     /// No host after the scheme.
     #[error("base_url `{0}` has no host")]
     NoHost(String),
+    /// A user name or password before the host (the URL is not quoted: it
+    /// holds a secret).
+    #[error(
+        "a base_url holds a user name or password (user:password@host): canarygate does not \
+         send it, and a policy file is no place for a secret; authenticate with the client's \
+         key or the provider's api_key_env"
+    )]
+    UserInfo,
+    /// A query or fragment, which the endpoints' paths would be appended to.
+    #[error("base_url `{0}` carries a query or fragment; endpoints are appended to its path")]
+    QueryOrFragment(String),
 }
 
 fn check_base_url(url: &str) -> Result<(), BaseUrlError> {
@@ -861,8 +872,15 @@ fn check_base_url(url: &str) -> Result<(), BaseUrlError> {
         .strip_prefix("https://")
         .or_else(|| url.strip_prefix("http://"))
         .ok_or_else(|| BaseUrlError::NotHttp(url.to_owned()))?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err(BaseUrlError::UserInfo);
+    }
     if rest.is_empty() || rest.starts_with('/') {
         return Err(BaseUrlError::NoHost(url.to_owned()));
+    }
+    if rest.contains(['?', '#']) {
+        return Err(BaseUrlError::QueryOrFragment(url.to_owned()));
     }
     Ok(())
 }
@@ -1041,6 +1059,15 @@ provider = "sim"
     fn bad_base_url() {
         let error = error_of(&MINIMAL.replace("http://127.0.0.1:9/v1", "ftp://x"));
         assert_eq!(error.position.unwrap().0, 4);
+        // A password is refused without being quoted.
+        let error = error_of(&MINIMAL.replace("http://127.0.0.1:9/v1", "https://u:S3cret@x/v1"));
+        assert!(error.message.contains("user name or password"), "{error:?}");
+        assert!(!error.message.contains("S3cret"), "{error:?}");
+        assert_eq!(error.position.unwrap().0, 4);
+        for url in ["https://x/v1?api-version=1", "https://x/v1#part"] {
+            let error = error_of(&MINIMAL.replace("http://127.0.0.1:9/v1", url));
+            assert!(error.message.contains("query or fragment"), "{error:?}");
+        }
     }
 
     #[test]

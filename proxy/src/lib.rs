@@ -58,4 +58,4 @@ pub use identity::client_key_hash;
 pub use paths::local::LOCAL_REASON_HEADER;
 pub use probe_results::{PROBES_DIR, StoreError, store as store_probe_result};
 pub use server::{OpenFiles, ServeOptions, Server, StartError, Startup};
-pub use upstream::{UpstreamError, provider_api_key};
+pub use upstream::{UpstreamError, Upstreams, provider_api_key};

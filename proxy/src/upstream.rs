@@ -57,6 +57,16 @@ impl Upstreams {
             .map(Self)
     }
 
+    /// Builds every provider's client as [`Upstreams::build`] does (its
+    /// base URL, its `extra_ca_file`, its `tokenizer_file`), without the
+    /// provider keys of managed auth, which a check of the policy file may
+    /// run without: what `check-config` adds to the policy's own checks.
+    pub fn check(policy: &Policy) -> Result<(), UpstreamError> {
+        let mut unkeyed = policy.clone();
+        unkeyed.auth.mode = AuthMode::Passthrough;
+        Self::build(&unkeyed).map(drop)
+    }
+
     /// The provider at `index` in policy order.
     pub fn at(&self, index: usize) -> &Upstream {
         &self.0[index]
@@ -140,11 +150,6 @@ impl Upstream {
         if !matches!(base.scheme_str(), Some("http" | "https")) || base.host().is_none() {
             return Err(bad_url(
                 "is not an http:// or https:// URL with a host".into(),
-            ));
-        }
-        if base.query().is_some() {
-            return Err(bad_url(
-                "carries a query; endpoints are appended to it".into(),
             ));
         }
         let chat_completions_url = format!("{base_url}{CHAT_COMPLETIONS}")

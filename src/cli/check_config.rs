@@ -9,9 +9,13 @@ pub struct CheckConfigArgs {
     file: String,
 }
 
-/// Loads the policy; every error names the file, line and column.
+/// Loads the policy (every error names the file, line and column), then
+/// builds its providers' clients as `serve` does (their CA and tokenizer
+/// files read), without their managed keys.
 pub fn run(args: CheckConfigArgs) -> anyhow::Result<()> {
-    super::common::load_policy(Some(&args.file))?;
+    let policy = super::common::load_policy(Some(&args.file))?;
+    canarygate_proxy::Upstreams::check(&policy)
+        .map_err(|error| anyhow::anyhow!("{}: {error}", args.file))?;
     println!("{}: ok", args.file);
     Ok(())
 }

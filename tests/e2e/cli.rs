@@ -55,6 +55,45 @@ fn check_config_accepts_presets_and_reports_file_line_and_problem() {
     );
 }
 
+/// `check-config` refuses what `serve` would refuse at start: a provider's
+/// CA file that cannot be read, and a base URL with a password (named
+/// without it) or a query.
+#[test]
+fn check_config_refuses_what_serve_would() {
+    let dir = ProxyDir::new();
+    let provider = |line: &str| {
+        format!(
+            "[[providers]]\nname = \"p\"\n{line}\ncontext_window = 10\n\n\
+             [[routes]]\nmodel = \"*\"\nprovider = \"p\"\n"
+        )
+    };
+    for (line, said) in [
+        (
+            "base_url = \"https://x/v1\"\nextra_ca_file = \"/nonexistent/ca.pem\"",
+            "extra_ca_file /nonexistent/ca.pem cannot be read",
+        ),
+        (
+            "base_url = \"https://gwuser:S3cretPassw0rd@x/v1\"",
+            "user name or password",
+        ),
+        (
+            "base_url = \"https://x/openai?api-version=1\"",
+            "query or fragment",
+        ),
+    ] {
+        let path = dir.policy(&provider(line));
+        let bad = Command::new(binary())
+            .arg("check-config")
+            .arg(&path)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&bad.stderr);
+        assert!(!bad.status.success(), "{line}: {stderr}");
+        assert!(stderr.contains(said), "{line}: {stderr}");
+        assert!(!stderr.contains("S3cret"), "{stderr}");
+    }
+}
+
 #[test]
 fn serve_refuses_a_second_provider_override_and_a_missing_managed_key() {
     let dir = ProxyDir::new();
