@@ -262,9 +262,12 @@ pub struct Limits {
     pub client_write_timeout_ms: u64,
     /// Time allowed to open a connection to the provider.
     pub connect_timeout_ms: u64,
-    /// Time allowed from sending the request to the first byte of the answer.
+    /// Time allowed from sending the request to the first byte of the
+    /// answer (to a stream's first event), and for a whole answer's body
+    /// from its head.
     pub first_byte_timeout_ms: u64,
-    /// Longest silence allowed between two chunks of an answer.
+    /// Longest silence allowed between two chunks of a whole answer, or two
+    /// whole events of a verified stream.
     pub idle_timeout_ms: u64,
     /// How long an `echo-first` stream may send the client nothing while
     /// canarygate holds the provider's events for verification (a reasoning

@@ -17,7 +17,7 @@ use crate::error::{ApiError, ErrorCode};
 use crate::identity::Caller;
 use crate::state::AppState;
 use crate::upstream::{ANTHROPIC_VERSION_HEADER, Upstream, relayed_headers, without_canary_text};
-use crate::upstream_client::{UpstreamRequest, UpstreamResponse};
+use crate::upstream_client::{BodyDeadlines, UpstreamRequest, UpstreamResponse};
 use crate::wire::{ClientRequest, WireFormat};
 
 /// Response header carrying the id of the request (also in the audit log).
@@ -123,6 +123,15 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
     /// The policy's idle timeout between upstream chunks.
     pub fn idle_timeout(&self) -> Duration {
         Duration::from_millis(self.state.policy.limits.idle_timeout_ms)
+    }
+
+    /// How long reading a whole answer may take: the idle timeout between
+    /// its chunks, the first-byte timeout for all of it from its head.
+    pub fn body_deadlines(&self) -> BodyDeadlines {
+        BodyDeadlines {
+            idle: self.idle_timeout(),
+            whole: Duration::from_millis(self.state.policy.limits.first_byte_timeout_ms),
+        }
     }
 
     /// Sends `body` to the provider and waits (at most the first-byte

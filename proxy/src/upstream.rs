@@ -23,7 +23,8 @@ use crate::clock::RequestClock;
 use crate::error::{ApiError, ErrorCode, error_chain};
 use crate::identity::key_value;
 use crate::upstream_client::{
-    SendError, SendFailure, UpstreamClient, UpstreamRequest, UpstreamResponse, read_whole,
+    BodyDeadlines, SendError, SendFailure, UpstreamClient, UpstreamRequest, UpstreamResponse,
+    read_whole,
 };
 pub use crate::upstream_setup::{UpstreamError, provider_api_key};
 use crate::wire::edit::TokenCounter;
@@ -337,7 +338,14 @@ impl Upstream {
         };
         let status = response.status();
         let body = self
-            .read_whole(clock, response, idle)
+            .read_whole(
+                clock,
+                response,
+                BodyDeadlines {
+                    idle,
+                    whole: first_byte,
+                },
+            )
             .await
             .map_err(ModelsError::Canarygate)?;
         if !status.is_success() {
@@ -446,16 +454,16 @@ impl Upstream {
         }
     }
 
-    /// Reads a whole (non-streamed) answer, at most `idle_timeout` between
-    /// two chunks ([`crate::upstream_client::read_whole`]); the waits count
-    /// on `clock` as waiting on the provider.
+    /// Reads a whole (non-streamed) answer within `deadlines`
+    /// ([`crate::upstream_client::read_whole`]); the waits count on `clock`
+    /// as waiting on the provider.
     pub async fn read_whole(
         &self,
         clock: &mut RequestClock,
         response: UpstreamResponse,
-        idle_timeout: Duration,
+        deadlines: BodyDeadlines,
     ) -> Result<Bytes, ApiError> {
-        read_whole(&self.name, clock, response, idle_timeout).await
+        read_whole(&self.name, clock, response, deadlines).await
     }
 
     /// An error answer of the provider (`status`, `body`) that is not in the

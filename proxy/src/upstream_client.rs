@@ -126,16 +126,27 @@ impl UpstreamClient {
     }
 }
 
+/// How long reading a whole answer's body may take.
+#[derive(Debug, Clone, Copy)]
+pub struct BodyDeadlines {
+    /// The longest wait for its next chunk (`limits.idle_timeout_ms`).
+    pub idle: Duration,
+    /// The longest it may take, from its head (`limits.first_byte_timeout_ms`):
+    /// a provider that trickles bytes never waits long for the next.
+    pub whole: Duration,
+}
+
 /// Reads the whole body of `provider`'s `response` (at most
-/// [`MAX_UPSTREAM_BODY`]), waiting at most `idle_timeout` for each chunk; the
-/// waits count on `clock` as waiting on the provider. An answer that came in
-/// one chunk is returned as it is, uncopied.
+/// [`MAX_UPSTREAM_BODY`]) within `deadlines`; the waits count on `clock` as
+/// waiting on the provider. An answer that came in one chunk is returned as
+/// it is, uncopied.
 pub async fn read_whole(
     provider: &str,
     clock: &mut RequestClock,
     response: UpstreamResponse,
-    idle_timeout: Duration,
+    deadlines: BodyDeadlines,
 ) -> Result<Bytes, ApiError> {
+    let whole_by = tokio::time::Instant::now() + deadlines.whole;
     let mut body = response.into_body();
     let announced = usize::try_from(hyper::body::Body::size_hint(&body).exact().unwrap_or(0))
         .unwrap_or(MAX_UPSTREAM_BODY)
@@ -144,17 +155,28 @@ pub async fn read_whole(
     let mut single: Option<Bytes> = None;
     let mut joined = Vec::new();
     loop {
+        let idle_by = tokio::time::Instant::now() + deadlines.idle;
         match clock
-            .wait(tokio::time::timeout(idle_timeout, body.frame()))
+            .wait(tokio::time::timeout_at(idle_by.min(whole_by), body.frame()))
             .await
         {
-            Err(_) => {
+            Err(_) if idle_by < whole_by => {
                 return Err(ApiError::new(
                     ErrorCode::UpstreamTimeout,
                     format!(
                         "Provider `{provider}` stopped sending its answer for {} ms \
                          (limits.idle_timeout_ms).",
-                        idle_timeout.as_millis()
+                        deadlines.idle.as_millis()
+                    ),
+                ));
+            }
+            Err(_) => {
+                return Err(ApiError::new(
+                    ErrorCode::UpstreamTimeout,
+                    format!(
+                        "Provider `{provider}` did not finish sending its answer within {} ms \
+                         of its head (limits.first_byte_timeout_ms).",
+                        deadlines.whole.as_millis()
                     ),
                 ));
             }
@@ -322,7 +344,11 @@ mod tests {
         let mut clock = RequestClock::start(Arc::new(Metrics::new()));
         for _ in 0..3 {
             let response = client.send(get(&url)).await.unwrap();
-            let body = read_whole("sim", &mut clock, response, Duration::from_secs(5))
+            let deadlines = BodyDeadlines {
+                idle: Duration::from_secs(5),
+                whole: Duration::from_secs(5),
+            };
+            let body = read_whole("sim", &mut clock, response, deadlines)
                 .await
                 .unwrap();
             assert_eq!(&body[..], b"{\"answer\": \"in three chunks\"}");

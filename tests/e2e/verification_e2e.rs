@@ -1766,3 +1766,95 @@ stream_keepalive_ms = 300
         }
     }
 }
+
+/// A provider that keeps its connection busy without finishing: after the
+/// answer's first event (with the echo), a byte of an event that never ends
+/// every 100 ms (`trickle`), or a keep-alive comment every 100 ms
+/// (`comments`); a whole answer, one byte of its JSON every 100 ms.
+async fn trickling_upstream() -> String {
+    use axum::body::{Body, Bytes};
+    use axum::http::Response;
+    use axum::{Json, Router, routing::post};
+    use futures_util::StreamExt;
+    async fn answer(Json(request): Json<Value>) -> Response<Body> {
+        let opening = canarygate_policies::inject::obedient_echo(&request).unwrap_or_default();
+        let asked = request.to_string();
+        let first = json!({"id": "c1", "choices": [{"index": 0,
+            "delta": {"content": format!("{opening}\nMercury")}, "finish_reason": null}]});
+        let (opening, piece): (String, &'static [u8]) = if request["stream"] != true {
+            (String::new(), b" ")
+        } else if asked.contains("comments") {
+            (format!("data: {first}\n\n"), b": keep-alive\n\n")
+        } else {
+            (format!("data: {first}\n\ndata: {{\"id\": \"c1\""), b" ")
+        };
+        let pieces = futures_util::stream::iter(
+            std::iter::once(Bytes::from(opening))
+                .chain(std::iter::repeat_n(Bytes::from_static(piece), 300)),
+        )
+        .then(|piece| async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok::<_, std::io::Error>(piece)
+        });
+        let mut response = Response::new(Body::from_stream(pieces));
+        let kind = if request["stream"] == true {
+            "text/event-stream"
+        } else {
+            "application/json"
+        };
+        response
+            .headers_mut()
+            .insert("content-type", kind.parse().unwrap());
+        response
+    }
+    serve_upstream(Router::new().route("/v1/chat/completions", post(answer))).await
+}
+
+/// Bytes that never finish an event, comments alone, or a whole answer
+/// trickled a byte at a time keep no request open past its deadlines: a
+/// stream ends with the error event at the idle timeout since its last
+/// whole event, a whole answer with 504 at the first-byte timeout since its
+/// head.
+#[tokio::test]
+async fn a_provider_that_trickles_is_held_to_its_deadlines() {
+    let upstream = trickling_upstream().await;
+    let dir = ProxyDir::new();
+    let policy = dir.policy(&format!(
+        r#"
+[[providers]]
+name = "sim"
+base_url = "{upstream}/v1"
+context_window = 1048576
+
+[[routes]]
+model = "*"
+provider = "sim"
+
+[limits]
+idle_timeout_ms = 700
+first_byte_timeout_ms = 1500
+"#
+    ));
+    let proxy = start_proxy_with_policy(&dir, &policy, &[]);
+    let client = client();
+    for (question, stream) in [("trickle", true), ("comments", true), ("whole", false)] {
+        let started = Instant::now();
+        let outcome = ask(&client, &proxy.url, question, stream).await;
+        let took = started.elapsed();
+        assert!(took < Duration::from_secs(5), "{question}: {took:?}");
+        assert!(!outcome.done, "{question}: {outcome:?}");
+        if stream {
+            assert_eq!(outcome.status, 200, "{question}: {outcome:?}");
+            assert!(
+                outcome.body.contains("no whole event"),
+                "{question}: {outcome:?}"
+            );
+        } else {
+            assert_eq!(outcome.status, 504, "{question}: {outcome:?}");
+            assert!(
+                outcome.body.contains("first_byte_timeout_ms"),
+                "{outcome:?}"
+            );
+        }
+    }
+}

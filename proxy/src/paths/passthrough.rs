@@ -53,7 +53,7 @@ pub async fn serve<W: WireFormat>(
     let status = response.status();
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
     let body = upstream
-        .read_whole(trail.clock(), response, context.idle_timeout())
+        .read_whole(trail.clock(), response, context.body_deadlines())
         .await?;
     if !status.is_success() {
         return Ok(context.provider_error_response(status, body));

@@ -57,7 +57,7 @@ pub async fn serve<W: WireFormat>(
         return Ok(Served::Stream(head, PendingBody::new(relay)));
     }
     let body = upstream
-        .read_whole(trail.clock(), response, context.idle_timeout())
+        .read_whole(trail.clock(), response, context.body_deadlines())
         .await?;
     if !status.is_success() {
         return Ok(Served::Whole(context.provider_error_response(status, body)));

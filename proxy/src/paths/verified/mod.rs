@@ -192,7 +192,7 @@ async fn send<W: WireFormat>(
     if !status.is_success() {
         let body = context
             .upstream
-            .read_whole(trail.clock(), response, context.idle_timeout())
+            .read_whole(trail.clock(), response, context.body_deadlines())
             .await?;
         let refused = injection.echo_allowance > 0 && refuses_raised_limit(status, &body);
         let response = context.provider_error_response(status, body);

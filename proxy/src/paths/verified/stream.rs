@@ -164,8 +164,9 @@ struct VerifiedStream<W: WireFormat> {
     interruption: Option<String>,
     /// The interruption was the provider going silent past the idle timeout.
     stalled: bool,
-    /// Since when the provider has sent nothing, once a wait for it began
-    /// (`None` right after a read): the idle timeout counts from it.
+    /// Since when the provider has sent no whole event, once a wait for it
+    /// began (`None` right after one): the idle timeout counts from it, so
+    /// bytes that never end an event, and comments alone, do not put it off.
     idle_since: Option<Instant>,
     /// How long the client may get nothing while events are held
     /// (`limits.stream_keepalive_ms`, `echo-first` only).
@@ -301,14 +302,15 @@ impl<W: WireFormat> VerifiedStream<W> {
     async fn advance(&mut self, clock: &mut RequestClock) {
         // What is ready now needs no timer (and no read of the clock).
         if let Some(next) = self.upstream.next().now_or_never() {
-            self.idle_since = None;
             return self.take(next).await;
         }
         let now = Instant::now();
-        let idle_by = *self.idle_since.get_or_insert(now) + self.idle_timeout;
-        let by = self
-            .first_event_by
-            .map_or(idle_by, |first| first.min(idle_by));
+        // Until the first event, its own deadline (comments do not count);
+        // then the idle timeout.
+        let by = match self.first_event_by {
+            Some(first) => first,
+            None => *self.idle_since.get_or_insert(now) + self.idle_timeout,
+        };
         // A keep-alive comment due before then ends the wait early.
         let keepalive_due = self
             .keepalive
@@ -322,7 +324,7 @@ impl<W: WireFormat> VerifiedStream<W> {
             }
             Err(_) => {
                 let detail = format!(
-                    "sent nothing for {} ms (limits.idle_timeout_ms)",
+                    "sent no whole event for {} ms (limits.idle_timeout_ms)",
                     self.idle_timeout.as_millis()
                 );
                 self.stalled = true;
@@ -334,10 +336,7 @@ impl<W: WireFormat> VerifiedStream<W> {
                 };
                 self.interrupt(detail);
             }
-            Ok(next) => {
-                self.idle_since = None;
-                self.take(next).await;
-            }
+            Ok(next) => self.take(next).await,
         }
     }
 
@@ -384,6 +383,11 @@ impl<W: WireFormat> VerifiedStream<W> {
                 }
                 let mut events = std::mem::take(&mut self.events);
                 self.parser.feed(&bytes, &mut events);
+                // Only a whole event is progress: a provider that trickles
+                // bytes of one, or sends comments alone, is idle.
+                if !events.is_empty() {
+                    self.idle_since = None;
+                }
                 self.on_events(events).await;
                 while let Some(data) = self.writer.spent() {
                     self.parser.recycle(data);

@@ -28,7 +28,7 @@ pub async fn serve<W: WireFormat>(
     let status = response.status();
     let bytes = context
         .upstream
-        .read_whole(trail.clock(), response, context.idle_timeout())
+        .read_whole(trail.clock(), response, context.body_deadlines())
         .await?;
     // Read in place when the format knows the answer's shape and nothing
     // but its texts and finish reasons may change; else from its tree.
