@@ -276,6 +276,20 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
     /// The provider's error answer: passed on when it is in the client's
     /// format, wrapped otherwise; marked [`ProviderError`].
     pub fn provider_error_response(&self, status: StatusCode, body: Bytes) -> Response {
+        let body = match self
+            .caller
+            .without_credentials(&body, self.upstream.managed_key())
+        {
+            Some(withheld) => {
+                tracing::warn!(
+                    request_id = %self.request_id,
+                    provider = %self.upstream.name,
+                    "the provider's error quoted the credential it was sent: withheld"
+                );
+                Bytes::from(withheld)
+            }
+            None => body,
+        };
         let body = match without_canary_text(&body) {
             Some(withheld) => {
                 tracing::warn!(

@@ -37,7 +37,50 @@ impl Caller {
     pub fn passthrough_key(&self) -> Result<HeaderValue, ApiError> {
         key_value(&self.credential)
     }
+
+    /// `body` (a provider's answer) without the credentials of this request:
+    /// the caller's and `provider_key` (the provider's own, under managed
+    /// auth) each become [`WITHHELD_CREDENTIAL`]; `None` when neither is in
+    /// it. A provider that quotes the key it was sent (in a 401's message)
+    /// must not have it stored in a sample, nor, under managed auth, shown
+    /// to a client that holds only its own key.
+    pub fn without_credentials(
+        &self,
+        body: &[u8],
+        provider_key: Option<&HeaderValue>,
+    ) -> Option<Vec<u8>> {
+        let secrets = [
+            Some(self.credential.as_bytes()),
+            provider_key.map(HeaderValue::as_bytes),
+        ];
+        let mut withheld: Option<Vec<u8>> = None;
+        // Short values (an empty or test key) would match ordinary text.
+        for secret in secrets
+            .into_iter()
+            .flatten()
+            .filter(|secret| secret.len() >= 8)
+        {
+            let text = withheld.as_deref().unwrap_or(body);
+            if memchr::memmem::find(text, secret).is_none() {
+                continue;
+            }
+            let mut out = Vec::with_capacity(text.len());
+            let mut rest = text;
+            while let Some(at) = memchr::memmem::find(rest, secret) {
+                out.extend_from_slice(&rest[..at]);
+                out.extend_from_slice(WITHHELD_CREDENTIAL.as_bytes());
+                rest = &rest[at + secret.len()..];
+            }
+            out.extend_from_slice(rest);
+            withheld = Some(out);
+        }
+        withheld
+    }
 }
+
+/// What a credential quoted in a provider's answer becomes
+/// ([`Caller::without_credentials`]).
+pub const WITHHELD_CREDENTIAL: &str = "[credential withheld by canarygate]";
 
 /// An API key as a sensitive header value (never printed by `Debug`).
 pub fn key_value(key: &str) -> Result<HeaderValue, ApiError> {
@@ -226,6 +269,34 @@ mod tests {
             .authenticate(&headers(&[("authorization", "Bearer k1")]))
             .unwrap();
         assert_ne!(a.session_id, a_other.session_id);
+    }
+
+    #[test]
+    fn a_providers_answer_quoting_a_credential_loses_it() {
+        let auth = Authenticator::new(&AuthConfig::default(), [7; 32]);
+        let caller = auth
+            .authenticate(&headers(&[(
+                "authorization",
+                "Bearer sk-caller-0123456789",
+            )]))
+            .unwrap();
+        let body = br#"{"error":{"message":"Incorrect API key provided: sk-caller-0123456789 (and sk-caller-0123456789)."}}"#;
+        let withheld = caller.without_credentials(body, None).unwrap();
+        let text = String::from_utf8(withheld).unwrap();
+        assert!(!text.contains("sk-caller"), "{text}");
+        assert_eq!(text.matches(WITHHELD_CREDENTIAL).count(), 2, "{text}");
+        // The provider's own key, under managed auth.
+        let provider = HeaderValue::from_static("sk-provider-abcdefgh");
+        let body = b"bad key sk-provider-abcdefgh";
+        let withheld = caller.without_credentials(body, Some(&provider)).unwrap();
+        assert_eq!(
+            withheld,
+            format!("bad key {WITHHELD_CREDENTIAL}").as_bytes()
+        );
+        assert_eq!(
+            caller.without_credentials(b"nothing here", Some(&provider)),
+            None
+        );
     }
 
     #[test]

@@ -1858,3 +1858,112 @@ first_byte_timeout_ms = 1500
         }
     }
 }
+
+/// A provider that refuses every key with a 401 quoting it, as a gateway
+/// may.
+async fn key_quoting_upstream() -> String {
+    use axum::http::{HeaderMap, StatusCode};
+    use axum::{Router, routing::post};
+    async fn answer(headers: HeaderMap) -> (StatusCode, [(&'static str, &'static str); 1], String) {
+        let key = headers["authorization"]
+            .to_str()
+            .unwrap()
+            .trim_start_matches("Bearer ")
+            .to_owned();
+        let error = json!({"error": {"message": format!("Incorrect API key provided: {key}."),
+                                     "type": "invalid_request_error", "code": "invalid_api_key"}});
+        (
+            StatusCode::UNAUTHORIZED,
+            [("content-type", "application/json")],
+            error.to_string(),
+        )
+    }
+    serve_upstream(Router::new().route("/v1/chat/completions", post(answer))).await
+}
+
+/// The key a provider's error quotes back reaches neither the client nor
+/// the audit store (every answer sampled): both keep the provider's error,
+/// the key withheld.
+#[tokio::test]
+async fn a_key_quoted_in_a_providers_error_is_withheld() {
+    let upstream = key_quoting_upstream().await;
+    let dir = ProxyDir::new();
+    let policy = dir.policy(&format!(
+        r#"
+[[providers]]
+name = "sim"
+base_url = "{upstream}/v1"
+context_window = 1048576
+
+[[routes]]
+model = "*"
+provider = "sim"
+
+[audit]
+sample_rate = 1.0
+"#
+    ));
+    let proxy = start_proxy_with_policy(&dir, &policy, &[]);
+    let key = "sk-e2e-quoted-0123456789";
+    for stream in [false, true] {
+        let response = client()
+            .post(format!("{}/v1/chat/completions", proxy.url))
+            .bearer_auth(key)
+            .json(&json!({"model": "m", "stream": stream,
+                          "messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .expect("request");
+        assert_eq!(response.status(), 401);
+        let body = response.text().await.unwrap();
+        assert!(!body.contains(key), "{body}");
+        assert!(body.contains("credential withheld by canarygate"), "{body}");
+        assert!(body.contains("invalid_api_key"), "{body}");
+    }
+    drop(proxy);
+    let records = audit_export(&dir.data());
+    assert_eq!(records.len(), 2, "{records:?}");
+    // The samples keep the error, its key withheld.
+    let sampled = std::process::Command::new(binary())
+        .args(["audit", "--data"])
+        .arg(dir.data())
+        .args(["show", &records[0]["id"].to_string()])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&sampled.stdout);
+    assert!(
+        shown.contains("credential withheld by canarygate"),
+        "{shown} {} {}",
+        String::from_utf8_lossy(&sampled.stderr),
+        records[0]
+    );
+    for file in walk(&dir.data()) {
+        let bytes = std::fs::read(&file).unwrap();
+        assert!(
+            lacks(&bytes, key.as_bytes()),
+            "{}: holds the key",
+            file.display()
+        );
+    }
+}
+
+/// Whether `haystack` does not hold `needle`.
+fn lacks(haystack: &[u8], needle: &[u8]) -> bool {
+    !haystack
+        .windows(needle.len())
+        .any(|window| window == needle)
+}
+
+/// Every file under `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
