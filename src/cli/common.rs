@@ -48,19 +48,39 @@ pub fn announce(line: &str) {
     let _ = stdout.flush();
 }
 
-/// Resolves on Ctrl-C or SIGTERM.
+/// Waits for the first SIGINT (Ctrl-C), SIGTERM or SIGHUP: the server then
+/// stops accepting and lets the requests in flight finish (each within its
+/// own deadlines). A second such signal ends the process at once, those
+/// requests with it (every record already acknowledged is durable).
 pub async fn shutdown_signal() {
+    wait_for_signal().await;
+    tracing::info!(
+        "shutting down: finishing the requests in flight (a second signal stops at once)"
+    );
+    tokio::spawn(async {
+        wait_for_signal().await;
+        tracing::warn!("a second signal: stopping now, with requests still in flight");
+        std::process::exit(130);
+    });
+}
+
+/// The next SIGINT, SIGTERM or SIGHUP (Ctrl-C alone where there are no
+/// others).
+async fn wait_for_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => return ctrl_c.await.unwrap_or(()),
-            };
+        use tokio::signal::unix::{SignalKind, signal};
+        let (Ok(mut term), Ok(mut hangup)) = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::hangup()),
+        ) else {
+            return ctrl_c.await.unwrap_or(());
+        };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}
+            _ = hangup.recv() => {}
         }
     }
     #[cfg(not(unix))]

@@ -1967,3 +1967,39 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     }
     files
 }
+
+/// SIGHUP, like SIGTERM, lets the requests in flight finish, then `serve`
+/// exits; a second signal stops it at once, with a request the provider
+/// keeps open still in flight.
+#[tokio::test]
+async fn a_signal_lets_requests_finish_and_a_second_stops_at_once() {
+    let slow = slow_thinking_upstream().await;
+    let stuck = trickling_upstream().await;
+    for (upstream, question) in [(slow, "Name two planets"), (stuck, "trickle")] {
+        let dir = ProxyDir::new();
+        let mut proxy =
+            start_proxy_with_policy(&dir, &policy(&dir, &upstream, "echo-first", "block"), &[]);
+        let url = proxy.url.clone();
+        let asked = tokio::spawn(async move { ask(&client(), &url, question, true).await });
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        proxy.signal("HUP");
+        if question == "trickle" {
+            assert_eq!(
+                proxy.exited_within(Duration::from_millis(600)),
+                None,
+                "draining"
+            );
+            proxy.signal("TERM");
+            let status = proxy.exited_within(Duration::from_secs(3));
+            assert!(status.is_some(), "a second signal stops it");
+            asked.abort();
+        } else {
+            let outcome = asked.await.unwrap();
+            assert!(outcome.done, "the stream in flight finished: {outcome:?}");
+            let status = proxy.exited_within(Duration::from_secs(5));
+            assert!(status.is_some_and(|status| status.success()), "{status:?}");
+            let records = audit_export(&dir.data());
+            assert_eq!(records.len(), 1, "its record written: {records:?}");
+        }
+    }
+}

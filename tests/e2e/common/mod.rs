@@ -59,6 +59,33 @@ impl Running {
         Self { child, url }
     }
 
+    /// Sends `signal` (`TERM`, `HUP`, ...) with `kill(1)`.
+    pub fn signal(&self, signal: &str) {
+        let sent = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .expect("kill(1)");
+        assert!(sent.success(), "kill -{signal}");
+    }
+
+    /// Its exit status once it exits within `within`; `None` while it runs.
+    pub fn exited_within(
+        &mut self,
+        within: std::time::Duration,
+    ) -> Option<std::process::ExitStatus> {
+        let until = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= until {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     /// Sends SIGKILL and waits.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
