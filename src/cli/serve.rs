@@ -77,6 +77,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let runtime = runtime_with_workers(args.worker_threads.map(usize::from))?;
     let workers = runtime.metrics().num_workers();
     runtime.block_on(async move {
+        survive_file_size_limit();
         let server = Server::bind(ServeOptions {
             policy,
             listen: args.listen,
@@ -101,6 +102,20 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         server.run(shutdown_signal()).await?;
         Ok(())
     })
+}
+
+/// Gives SIGXFSZ a handler of the process's own. A write past the
+/// file-size limit (`ulimit -f`, systemd's `LimitFSIZE=`) raises it, and its
+/// default action ends the process, requests in flight and all; handled, the
+/// write fails (`EFBIG`) and the audit log reports it as it reports a full
+/// disk.
+fn survive_file_size_limit() {
+    #[cfg(unix)]
+    if let Err(error) =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::from_raw(libc::SIGXFSZ))
+    {
+        tracing::warn!(%error, "cannot handle SIGXFSZ: a write past the file-size limit ends the process");
+    }
 }
 
 /// Says, once, what the audit store keeps in clear, and who may read it.

@@ -988,3 +988,41 @@ async fn serve_refuses_a_data_dir_others_can_read_unless_the_policy_allows() {
         .mode();
     assert_eq!(mode & 0o777, 0o600);
 }
+
+/// Under a file-size limit (`ulimit -f`, systemd's `LimitFSIZE=`), a write
+/// of the audit store past it fails as a full disk's would: `serve` is not
+/// killed (SIGXFSZ) and goes on answering.
+#[tokio::test]
+async fn a_file_size_limit_does_not_kill_serve() {
+    let sim = start_sim(&[]);
+    let dir = ProxyDir::new();
+    let policy = plain_policy(&dir, &sim.url, "[audit]\nsample_rate = 1.0\n");
+    let mut command = Command::new("/bin/sh");
+    command
+        .arg("-c")
+        // 2000 blocks of 512 bytes: about 1 MB per file.
+        .arg("ulimit -f 2000 && exec \"$@\"")
+        .arg("sh")
+        .arg(binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "--data"])
+        .arg(dir.data())
+        .arg("--config")
+        .arg(&policy);
+    let mut proxy = Running::start_command(command, &[("CANARYGATE_LOG", "error")]);
+    let big = "word ".repeat(100_000);
+    for round in 0..6 {
+        let response = client()
+            .post(format!("{}/v1/chat/completions", proxy.url))
+            .bearer_auth("sk-e2e")
+            .json(&chat_body("sim-model", &format!("{big}{round}"), false))
+            .send()
+            .await
+            .unwrap_or_else(|error| panic!("round {round}: serve is gone: {error}"));
+        assert!(
+            [200, 500].contains(&response.status().as_u16()),
+            "round {round}: {}",
+            response.status()
+        );
+    }
+    assert_eq!(proxy.exited_within(Duration::from_millis(300)), None);
+}
