@@ -31,7 +31,7 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -121,6 +121,12 @@ pub struct Activity {
     /// Since when writing to the socket has been blocked, or [`NO_BYTE`]
     /// when the last write went through.
     write_blocked_ms: AtomicU64,
+    /// The socket's descriptor, -1 until it is known: the watchdog asks how
+    /// much it still holds to send ([`Activity::client_read_since_blocked`]).
+    socket: AtomicI32,
+    /// What the socket held to send when writing last blocked, or when the
+    /// watchdog last saw the client read ([`NO_BYTE`]: unknown).
+    unsent_when_blocked: AtomicU64,
     evicted: AtomicBool,
     /// Wakes the watchdog: a request started or the last one finished, a
     /// first byte arrived, an eviction.
@@ -142,6 +148,8 @@ impl Activity {
             idle_since_ms: AtomicU64::new(0),
             first_byte_ms: AtomicU64::new(NO_BYTE),
             write_blocked_ms: AtomicU64::new(NO_BYTE),
+            socket: AtomicI32::new(-1),
+            unsent_when_blocked: AtomicU64::new(NO_BYTE),
             evicted: AtomicBool::new(false),
             changed: Notify::new(),
             went_idle,
@@ -184,12 +192,47 @@ impl Activity {
         }
     }
 
+    /// Bytes the socket still holds to send (written, not yet acknowledged
+    /// by the client): Linux's `SIOCOUTQ`; `None` where it cannot be asked.
+    fn unsent(&self) -> Option<u64> {
+        let socket = self.socket.load(Ordering::Acquire);
+        if socket < 0 {
+            return None;
+        }
+        #[cfg(target_os = "linux")]
+        {
+            let mut unsent: libc::c_int = 0;
+            // SAFETY: `SIOCOUTQ` (`TIOCOUTQ` on sockets) writes one int to the
+            // pointer, which points at one; `socket` is this connection's own
+            // descriptor, open while its watchdog runs.
+            let asked = unsafe { libc::ioctl(socket, libc::TIOCOUTQ, &mut unsent) };
+            (asked == 0).then(|| u64::try_from(unsent).unwrap_or(0))
+        }
+        #[cfg(not(target_os = "linux"))]
+        None
+    }
+
+    /// Whether the client read some of what the socket held to send since
+    /// writing blocked (or since the last time this said so): a client that
+    /// reads slowly but steadily leaves writes blocked for long spells (the
+    /// kernel wakes a writer only once a third of its buffer is free), and
+    /// is not stuck.
+    fn client_read_since_blocked(&self) -> bool {
+        let Some(unsent) = self.unsent() else {
+            return false;
+        };
+        let before = self.unsent_when_blocked.swap(unsent, Ordering::AcqRel);
+        unsent < before
+    }
+
     /// Notes how a write to the socket went: blocked (the first blocked
     /// write of a spell wakes the watchdog) or through.
     fn write_polled<T>(&self, polled: &Poll<T>) {
         let blocked = self.write_blocked_ms.load(Ordering::Acquire);
         match (polled.is_pending(), blocked == NO_BYTE) {
             (true, true) => {
+                self.unsent_when_blocked
+                    .store(self.unsent().unwrap_or(NO_BYTE), Ordering::Release);
                 self.write_blocked_ms
                     .store(self.now_ms(), Ordering::Release);
                 self.changed.notify_one();
@@ -263,6 +306,16 @@ async fn watch(activity: &Activity, deadlines: &ConnectionDeadlines) -> Closed {
         if blocked_since != NO_BYTE {
             let (deadline, now) = (blocked_since.saturating_add(write_limit), activity.now_ms());
             if now >= deadline {
+                if activity.client_read_since_blocked() {
+                    // Still reading: a new spell from now.
+                    let _ = activity.write_blocked_ms.compare_exchange(
+                        blocked_since,
+                        now,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    );
+                    continue;
+                }
                 return Closed::WriteStuck;
             }
             tokio::select! {
@@ -296,6 +349,10 @@ pub async fn serve(
     shared: Arc<Shared>,
     mut shutdown: watch::Receiver<()>,
 ) {
+    #[cfg(unix)]
+    activity
+        .socket
+        .store(std::os::fd::AsRawFd::as_raw_fd(&stream), Ordering::Release);
     let io = TokioIo::new(WatchedStream {
         stream,
         activity: Arc::clone(&activity),
@@ -569,5 +626,60 @@ mod tests {
             .unwrap();
         assert_eq!(closed, Closed::WriteStuck);
         assert!(blocked_at.elapsed() >= Duration::from_millis(290));
+    }
+
+    /// A client that reads slowly but steadily leaves the server's writes
+    /// blocked for spells longer than the write deadline (the kernel wakes
+    /// a writer once a third of its buffer is free): it is not stuck. One
+    /// that stops reading is.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn a_client_reading_slowly_but_steadily_is_not_stuck() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        let connection = activity();
+        connection
+            .socket
+            .store(std::os::fd::AsRawFd::as_raw_fd(&server), Ordering::Release);
+        let _request = connection.request_started(Version::HTTP_11);
+        let watched = {
+            let connection = Arc::clone(&connection);
+            tokio::spawn(async move { watch(&connection, &DEADLINES).await })
+        };
+        let mut writer = WatchedStream {
+            stream: server,
+            activity: Arc::clone(&connection),
+        };
+        let writing = tokio::spawn(async move {
+            let chunk = vec![b'x'; 64 * 1024];
+            while writer.write_all(&chunk).await.is_ok() {}
+        });
+        // About 1.6 MB/s, for 1.5 s: five write deadlines. (On loopback,
+        // whose segments are 64 KiB, a receiver reports the room it made
+        // once it is two segments: a client must read more than that in a
+        // deadline for the server to see it read.)
+        let mut buffer = vec![0; 16 * 1024];
+        let reading_until = Instant::now() + Duration::from_millis(1500);
+        let mut read = 0;
+        while Instant::now() < reading_until {
+            read += client.read(&mut buffer).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(read > 100_000, "{read}");
+        assert!(
+            !watched.is_finished(),
+            "a reading client was taken for stuck"
+        );
+        // It stops reading: stuck within the deadline and a check.
+        let closed = tokio::time::timeout(Duration::from_secs(3), watched)
+            .await
+            .expect("the write deadline fires")
+            .unwrap();
+        assert_eq!(closed, Closed::WriteStuck);
+        writing.abort();
     }
 }
