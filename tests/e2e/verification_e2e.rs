@@ -1512,7 +1512,7 @@ provider = "openai"
 /// among them.
 async fn counting_upstream() -> String {
     use axum::{Json, Router, routing::post};
-    async fn answer(Json(request): Json<Value>) -> Json<Value> {
+    async fn answer(Json(request): Json<Value>) -> ([(&'static str, &'static str); 1], String) {
         let opening = canarygate_policies::inject::obedient_echo(&request).unwrap_or_default();
         let asked = request["messages"].to_string();
         let number = |key: &str| -> usize {
@@ -1525,13 +1525,46 @@ async fn counting_upstream() -> String {
                 .unwrap()
         };
         let text = vec!["Internationalisation"; number("words: ")].join(" ");
-        Json(
-            json!({"id": "c1", "object": "chat.completion", "model": "gpt-4o",
-            "choices": [{"index": 0, "finish_reason": "stop",
-                "message": {"role": "assistant", "content": format!("{opening}\n{text}")}}],
-            "usage": {"prompt_tokens": 90, "completion_tokens": number("usage: "),
-                      "total_tokens": 90 + number("usage: ")}}),
-        )
+        let usage = json!({"prompt_tokens": 90, "completion_tokens": number("usage: "),
+                           "total_tokens": 90 + number("usage: ")});
+        if request["stream"] != true {
+            let answer = json!({"id": "c1", "object": "chat.completion", "model": "gpt-4o",
+                "choices": [{"index": 0, "finish_reason": "stop",
+                    "message": {"role": "assistant", "content": format!("{opening}\n{text}")}}],
+                "usage": usage});
+            return ([("content-type", "application/json")], answer.to_string());
+        }
+        // Streamed: reasoning first (`thoughts: N` pieces of it), then the
+        // text a word a chunk, then the usage OpenAI sends last.
+        let chunk = |delta: Value, finish: Value| {
+            let chunk = json!({"id": "c1", "object": "chat.completion.chunk",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]});
+            format!("data: {chunk}\n\n")
+        };
+        let mut body = String::new();
+        for _ in 0..number("thoughts: ") {
+            body.push_str(&chunk(
+                json!({"reasoning_content": "Considering "}),
+                Value::Null,
+            ));
+        }
+        body.push_str(&chunk(
+            json!({"content": format!("{opening}\n")}),
+            Value::Null,
+        ));
+        for (position, word) in text.split(' ').enumerate() {
+            let word = if position == 0 {
+                word.to_owned()
+            } else {
+                format!(" {word}")
+            };
+            body.push_str(&chunk(json!({"content": word}), Value::Null));
+        }
+        body.push_str(&chunk(json!({}), json!("stop")));
+        let last = json!({"id": "c1", "object": "chat.completion.chunk", "choices": [],
+                          "usage": usage});
+        body.push_str(&format!("data: {last}\n\ndata: [DONE]\n\n"));
+        ([("content-type", "text/event-stream")], body)
     }
     serve_upstream(Router::new().route("/v1/chat/completions", post(answer))).await
 }
@@ -1539,7 +1572,9 @@ async fn counting_upstream() -> String {
 /// A whole answer the provider counts within the client's `max_tokens` once
 /// the echo's tokens (13 for two canaries in OpenAI's tokenizers, 12 at
 /// least) are taken out reaches the client whole, though the estimate counts
-/// it over the limit; one the provider counts over the limit is cut.
+/// it over the limit; one the provider counts over the limit is cut. So
+/// does a stream, its reasoning counted against the limit too: text the
+/// count as it goes would cut waits for the provider's count at the end.
 #[tokio::test]
 async fn an_answer_within_the_limit_but_for_its_echo_is_not_cut() {
     let upstream = counting_upstream().await;
@@ -1571,6 +1606,42 @@ async fn an_answer_within_the_limit_but_for_its_echo_is_not_cut() {
         } else {
             assert_eq!(content, text, "{answer}");
             assert_eq!(choice["finish_reason"], "stop", "{answer}");
+        }
+    }
+    // Streamed after 20 pieces of reasoning, 80 tokens by the estimate (as
+    // the content's 12 words are 84), against a limit of 100: the count as
+    // it goes would cut the content after a few words.
+    let limit = 100;
+    for (usage, cut) in [(limit + 12, false), (limit + 13, true)] {
+        let body = client
+            .post(format!("{}/v1/chat/completions", proxy.url))
+            .bearer_auth("sk-e2e")
+            .json(
+                &json!({"model": "gpt-4o", "max_tokens": limit, "stream": true,
+                "messages": [{"role": "user",
+                    "content": format!("words: {words}, usage: {usage}, thoughts: 20")}]}),
+            )
+            .send()
+            .await
+            .expect("request")
+            .text()
+            .await
+            .expect("a stream");
+        let content = stream_content(&body);
+        let finish = sse_data(&body)
+            .iter()
+            .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+            .find_map(|chunk| {
+                chunk["choices"][0]["finish_reason"]
+                    .as_str()
+                    .map(str::to_owned)
+            });
+        if cut {
+            assert!(content.len() < text.len(), "{body}");
+            assert_eq!(finish.as_deref(), Some("length"), "{body}");
+        } else {
+            assert_eq!(content, text, "{body}");
+            assert_eq!(finish.as_deref(), Some("stop"), "{body}");
         }
     }
 }

@@ -383,6 +383,41 @@ impl Delivery {
         }
     }
 
+    /// Whether [`Delivery::admit`] would cut field `text` of `part` of
+    /// choice `choice` (which carried bytes `span`) at the client's limit
+    /// now, by the count as it goes; nothing is accounted for. A stream may
+    /// hold such text until the provider's own count at its end says
+    /// whether the answer fits ([`Delivery::fits_the_limit`]).
+    pub fn would_cut(
+        &mut self,
+        choice: u32,
+        part: Part,
+        text: &str,
+        span: Range<usize>,
+        release: Release<'_>,
+    ) -> bool {
+        let Some(limit) = self.limit_of(part).filter(|_| choice < self.choices) else {
+            return false;
+        };
+        let index = choice as usize;
+        self.track(index);
+        if self.cut[index] {
+            return true;
+        }
+        let left = limit.saturating_sub(self.used[index]);
+        // No count gives a text more tokens than bytes: far from the limit,
+        // nothing to count.
+        if text.len() as u64 <= left {
+            return false;
+        }
+        if keeps_whole(span.clone(), release.removed, text.len()) {
+            return self.counter.count(text) > left;
+        }
+        let ranges = kept(span, release.removed);
+        let shown = join_kept(&mut self.scratch, text, &ranges);
+        self.counter.count(shown) > left
+    }
+
     /// [`Delivery::admit`] for a field expected to pass whole: when `admit`
     /// would leave it unchanged, accounts for it as `admit` does and returns
     /// true; otherwise changes nothing and returns false (the caller then
@@ -620,6 +655,38 @@ mod tests {
         }
         delivery.admit(0, Part::Reasoning, text, 0..text.len(), release);
         assert!(delivery.overhead_completion() > 0);
+    }
+
+    /// `would_cut` says what `admit` would do, and accounts for nothing.
+    #[test]
+    fn would_cut_foresees_admit_and_counts_nothing() {
+        let usage = UsageOptions {
+            client_wants_usage: true,
+            without_canarygate: false,
+            overhead_prompt: 0,
+        };
+        let release = Release {
+            through: usize::MAX,
+            removed: &[],
+        };
+        // Words of up to four letters: one token each by the estimate.
+        let mut delivery = Delivery::new(TokenCounter::default(), Some(3), usage, 1);
+        assert!(!delivery.would_cut(0, Part::Content, "one two", 0..7, release));
+        assert!(delivery.would_cut(0, Part::Content, "one two six ten", 0..15, release));
+        // Nothing was counted: the first two words still fit.
+        assert!(
+            delivery
+                .admit(0, Part::Content, "one two", 0..7, release)
+                .unchanged()
+        );
+        assert!(delivery.would_cut(0, Part::Content, " six ten", 7..15, release));
+        assert!(!delivery.would_cut(
+            0,
+            Part::ToolArguments(0),
+            "{\"a\": 1, \"b\": 2}",
+            0..16,
+            release
+        ));
     }
 
     #[test]

@@ -420,6 +420,9 @@ pub trait StreamWriter: Send + 'static {
     }
     /// What was delivered so far: budgets, cuts, canarygate's own tokens.
     fn delivery(&self) -> &Delivery;
+    /// The same, to give it the provider's own count at the end
+    /// ([`Delivery::fits_the_limit`]) before the last flush.
+    fn delivery_mut(&mut self) -> &mut Delivery;
     /// The end marker, carrying the final verdict and canarygate's token
     /// overhead where the format can.
     fn done(&self, verdict: &Verdict) -> Vec<u8>;

@@ -12,7 +12,7 @@ use canarygate_policies::canary::Canary;
 use canarygate_policies::inject::{Injection, MAX_CHOICES};
 use canarygate_policies::registry::Registration;
 use canarygate_policies::topic::{self, TopicAction};
-use canarygate_policies::verify::{Decision, Part, Verdict, Verifier};
+use canarygate_policies::verify::{Check, Decision, Part, Status, Verdict, Verifier};
 use canarygate_policies::verify_config::FailureAction;
 
 use crate::body::Served;
@@ -61,6 +61,21 @@ pub struct Attempt {
 }
 
 impl Attempt {
+    /// The fewest of the provider's output tokens its answer's echoes took,
+    /// when `verdict` says every choice wrote one (none otherwise): what its
+    /// count holds beside the text the client gets
+    /// ([`Delivery::fits_the_limit`](crate::wire::edit::Delivery::fits_the_limit)).
+    pub fn echo_tokens_counted(&self, verdict: &Verdict) -> u64 {
+        let echoed = verdict
+            .result(Check::Echo)
+            .is_some_and(|echo| echo.status == Status::Pass);
+        if echoed {
+            self.injection.echo_tokens_least * u64::from(self.injection.choices)
+        } else {
+            0
+        }
+    }
+
     /// Feeds every text field of `choices` (read from `value`, a whole
     /// answer or one stream event) to the verifier, in order, and records
     /// the choices' finish reasons in `reasons`. `before_text` runs before

@@ -500,6 +500,13 @@ impl<W: WireFormat> VerifiedStream<W> {
             .decide(&finished.verdict, self.action, released);
         match decision {
             Decision::Deliver | Decision::Flag => {
+                // Text held for the client's limit passes whole if the
+                // provider's own count says the answer fits.
+                let echo_tokens = self.attempt.echo_tokens_counted(&finished.verdict);
+                self.writer.delivery_mut().fits_the_limit(
+                    self.usage.and_then(|usage| usage.completion_tokens),
+                    echo_tokens,
+                );
                 self.writer
                     .flush(&self.attempt.verifier, true, &mut self.out);
                 if let Some(detail) = self.writer.failure() {

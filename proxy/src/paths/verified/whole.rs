@@ -5,7 +5,7 @@
 
 use axum::body::Body;
 use axum::http::HeaderValue;
-use canarygate_policies::verify::{Check, Decision, Facts, Status};
+use canarygate_policies::verify::{Decision, Facts};
 use serde_json::Value;
 
 use super::attempt::{Attempt, Decided, blocked, elapsed_ms};
@@ -125,16 +125,7 @@ pub async fn serve<W: WireFormat>(
         Decision::Fallback => Decided::Fallback,
         Decision::Block => Decided::Served(Served::Whole(blocked(context, verdict))),
         Decision::Deliver | Decision::Flag => {
-            // The provider's count holds the echo, when every choice wrote it.
-            let echoed = verdict
-                .result(Check::Echo)
-                .is_some_and(|echo| echo.status == Status::Pass);
-            let injection = &attempt.injection;
-            let echo_tokens = if echoed {
-                injection.echo_tokens_least * u64::from(injection.choices)
-            } else {
-                0
-            };
+            let echo_tokens = attempt.echo_tokens_counted(verdict);
             let delivery = &mut attempt.delivery;
             delivery.fits_the_limit(usage.and_then(|usage| usage.completion_tokens), echo_tokens);
             let verifier = &attempt.verifier;

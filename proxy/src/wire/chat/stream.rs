@@ -90,6 +90,10 @@ pub struct ChatStream<E = ChatChunks> {
     failure: Option<&'static str>,
     /// Data of chunks written out ([`StreamWriter::spent`]).
     spent: SpentBuffers,
+    /// A chunk's text would have been cut at the client's limit by the
+    /// count as it goes: it and every chunk after it wait for the stream's
+    /// end, where the provider's own count may say the answer fits.
+    over_budget: bool,
 }
 
 impl ChatStream {
@@ -110,6 +114,7 @@ impl<E: ChunkEditor> ChatStream<E> {
             editor,
             failure: None,
             spent: SpentBuffers::default(),
+            over_budget: false,
         }
     }
 
@@ -130,6 +135,21 @@ impl<E: ChunkEditor> ChatStream<E> {
             && held.chunk.texts().zip(&held.spans).all(|(field, span)| {
                 verifier.release_of(field.choice, field.kind).through >= span.end
             })
+    }
+
+    /// Whether writing `held` now would cut a text of it at the client's
+    /// limit ([`Delivery::would_cut`]).
+    fn would_cut(delivery: &mut Delivery, held: &Held, verifier: &Verifier) -> bool {
+        let texts = held.chunk.with_data(&held.data);
+        held.chunk.texts().zip(&held.spans).any(|(field, span)| {
+            delivery.would_cut(
+                field.choice,
+                field.kind,
+                texts.text(field),
+                span.clone(),
+                verifier.release_of(field.choice, field.kind),
+            )
+        })
     }
 
     /// Whether a light chunk (see [`Chunk::light`]) goes out as the
@@ -307,7 +327,11 @@ impl<E: ChunkEditor> StreamWriter for ChatStream<E> {
             if self.failure.is_some() {
                 return;
             }
-            if !at_end && !Self::ready(held, verifier) {
+            if !at_end && (self.over_budget || !Self::ready(held, verifier)) {
+                return;
+            }
+            if !at_end && Self::would_cut(&mut self.delivery, held, verifier) {
+                self.over_budget = true;
                 return;
             }
             let Held {
@@ -328,6 +352,10 @@ impl<E: ChunkEditor> StreamWriter for ChatStream<E> {
 
     fn delivery(&self) -> &Delivery {
         &self.delivery
+    }
+
+    fn delivery_mut(&mut self) -> &mut Delivery {
+        &mut self.delivery
     }
 
     fn done(&self, verdict: &Verdict) -> Vec<u8> {

@@ -429,6 +429,10 @@ impl StreamWriter for MessagesStream {
         &self.delivery
     }
 
+    fn delivery_mut(&mut self) -> &mut Delivery {
+        &mut self.delivery
+    }
+
     fn done(&self, verdict: &Verdict) -> Vec<u8> {
         let mut tail = b": x-canarygate-verdict ".to_vec();
         tail.extend_from_slice(verdict.header_value().as_bytes());

@@ -348,6 +348,10 @@ impl StreamWriter for ResponsesStream {
         &self.delivery
     }
 
+    fn delivery_mut(&mut self) -> &mut Delivery {
+        &mut self.delivery
+    }
+
     fn ended_by_provider_error(&self) -> bool {
         self.last_was_error
     }
