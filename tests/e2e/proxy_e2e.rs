@@ -452,7 +452,7 @@ provider = "sim"
     assert_openai_error(wrong, 401, "invalid_api_key").await;
 
     // Neither key is written anywhere under the data directory.
-    for entry in walk(&dir.data()) {
+    for entry in files_under(&dir.data()) {
         let bytes = std::fs::read(&entry).unwrap();
         let text = String::from_utf8_lossy(&bytes);
         assert!(
@@ -460,21 +460,6 @@ provider = "sim"
             "{entry:?}"
         );
     }
-}
-
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut files = Vec::new();
-    if let Ok(entries) = std::fs::read_dir(dir) {
-        for entry in entries.flatten() {
-            let path = entry.path();
-            if path.is_dir() {
-                files.extend(walk(&path));
-            } else {
-                files.push(path);
-            }
-        }
-    }
-    files
 }
 
 #[tokio::test]

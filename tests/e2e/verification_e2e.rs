@@ -28,22 +28,8 @@ struct Outcome {
 }
 
 fn policy(dir: &ProxyDir, upstream: &str, release: &str, action: &str) -> std::path::PathBuf {
-    dir.policy(&format!(
-        r#"
-[[providers]]
-name = "sim"
-base_url = "{upstream}/v1"
-context_window = 1048576
-
-[[routes]]
-model = "*"
-provider = "sim"
-
-[verify]
-release = "{release}"
-action = "{action}"
-"#
-    ))
+    let verify = format!("[verify]\nrelease = \"{release}\"\naction = \"{action}\"\n");
+    verified_policy(dir, upstream, &verify)
 }
 
 /// A unique word for request `index`: survives the sim's tokenizer whole.
@@ -1704,12 +1690,7 @@ async fn a_providers_error_quoting_a_canary_is_withheld() {
     ask(&client, &proxy.url, "Name two planets", false).await;
     for stream in [false, true] {
         let outcome = ask(&client, &proxy.url, "Name two planets", stream).await;
-        assert!(
-            canarygate_policies::canary::find_canaries(&outcome.body)
-                .next()
-                .is_none(),
-            "stream={stream}: {outcome:?}"
-        );
+        assert!(!holds_canary(&outcome.body), "stream={stream}: {outcome:?}");
         assert_eq!(
             outcome.status,
             if stream { 200 } else { 400 },
@@ -1725,6 +1706,24 @@ async fn a_providers_error_quoting_a_canary_is_withheld() {
     }
 }
 
+/// A provider's answer of media type `kind` whose body is `pieces`, each
+/// sent 100 ms after the one before.
+fn paced(
+    pieces: impl Iterator<Item = axum::body::Bytes> + Send + 'static,
+    kind: &'static str,
+) -> axum::http::Response<axum::body::Body> {
+    use futures_util::StreamExt;
+    let pieces = futures_util::stream::iter(pieces).then(|piece| async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        Ok::<_, std::io::Error>(piece)
+    });
+    let mut response = axum::http::Response::new(axum::body::Body::from_stream(pieces));
+    response
+        .headers_mut()
+        .insert("content-type", kind.parse().unwrap());
+    response
+}
+
 /// A reasoning model that thinks for about 1.2 s (a reasoning delta every
 /// 100 ms) before its answer, which opens with the echo unless the prompt
 /// says `forget`.
@@ -1732,7 +1731,6 @@ async fn slow_thinking_upstream() -> String {
     use axum::body::{Body, Bytes};
     use axum::http::Response;
     use axum::{Json, Router, routing::post};
-    use futures_util::StreamExt;
     async fn answer(Json(request): Json<Value>) -> Response<Body> {
         let opening = canarygate_policies::inject::obedient_echo(&request).unwrap_or_default();
         let opening = if request.to_string().contains("forget") {
@@ -1753,15 +1751,7 @@ async fn slow_thinking_upstream() -> String {
             chunk(json!({"content": format!("{opening}\nMercury, Venus.")})),
             Bytes::from(format!("data: {end}\n\ndata: [DONE]\n\n")),
         ];
-        let pieces = futures_util::stream::iter(thoughts.chain(rest)).then(|piece| async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            Ok::<_, std::io::Error>(piece)
-        });
-        let mut response = Response::new(Body::from_stream(pieces));
-        response
-            .headers_mut()
-            .insert("content-type", "text/event-stream".parse().unwrap());
-        response
+        paced(thoughts.chain(rest), "text/event-stream")
     }
     serve_upstream(Router::new().route("/v1/chat/completions", post(answer))).await
 }
@@ -1776,21 +1766,7 @@ async fn a_long_hold_sends_the_head_and_keep_alives() {
     use futures_util::StreamExt;
     let upstream = slow_thinking_upstream().await;
     let dir = ProxyDir::new();
-    let policy = dir.policy(&format!(
-        r#"
-[[providers]]
-name = "sim"
-base_url = "{upstream}/v1"
-context_window = 1048576
-
-[[routes]]
-model = "*"
-provider = "sim"
-
-[limits]
-stream_keepalive_ms = 300
-"#
-    ));
+    let policy = verified_policy(&dir, &upstream, "[limits]\nstream_keepalive_ms = 300\n");
     let proxy = start_proxy_with_policy(&dir, &policy, &[]);
     // A client that gives up after 700 ms without a byte.
     let client = reqwest::Client::builder()
@@ -1846,7 +1822,6 @@ async fn trickling_upstream() -> String {
     use axum::body::{Body, Bytes};
     use axum::http::Response;
     use axum::{Json, Router, routing::post};
-    use futures_util::StreamExt;
     async fn answer(Json(request): Json<Value>) -> Response<Body> {
         let opening = canarygate_policies::inject::obedient_echo(&request).unwrap_or_default();
         let asked = request.to_string();
@@ -1859,24 +1834,14 @@ async fn trickling_upstream() -> String {
         } else {
             (format!("data: {first}\n\ndata: {{\"id\": \"c1\""), b" ")
         };
-        let pieces = futures_util::stream::iter(
-            std::iter::once(Bytes::from(opening))
-                .chain(std::iter::repeat_n(Bytes::from_static(piece), 300)),
-        )
-        .then(|piece| async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            Ok::<_, std::io::Error>(piece)
-        });
-        let mut response = Response::new(Body::from_stream(pieces));
         let kind = if request["stream"] == true {
             "text/event-stream"
         } else {
             "application/json"
         };
-        response
-            .headers_mut()
-            .insert("content-type", kind.parse().unwrap());
-        response
+        let pieces = std::iter::once(Bytes::from(opening))
+            .chain(std::iter::repeat_n(Bytes::from_static(piece), 300));
+        paced(pieces, kind)
     }
     serve_upstream(Router::new().route("/v1/chat/completions", post(answer))).await
 }
@@ -1890,22 +1855,11 @@ async fn trickling_upstream() -> String {
 async fn a_provider_that_trickles_is_held_to_its_deadlines() {
     let upstream = trickling_upstream().await;
     let dir = ProxyDir::new();
-    let policy = dir.policy(&format!(
-        r#"
-[[providers]]
-name = "sim"
-base_url = "{upstream}/v1"
-context_window = 1048576
-
-[[routes]]
-model = "*"
-provider = "sim"
-
-[limits]
-idle_timeout_ms = 700
-first_byte_timeout_ms = 1500
-"#
-    ));
+    let policy = verified_policy(
+        &dir,
+        &upstream,
+        "[limits]\nidle_timeout_ms = 700\nfirst_byte_timeout_ms = 1500\n",
+    );
     let proxy = start_proxy_with_policy(&dir, &policy, &[]);
     let client = client();
     for (question, stream) in [("trickle", true), ("comments", true), ("whole", false)] {
@@ -1959,21 +1913,7 @@ async fn key_quoting_upstream() -> String {
 async fn a_key_quoted_in_a_providers_error_is_withheld() {
     let upstream = key_quoting_upstream().await;
     let dir = ProxyDir::new();
-    let policy = dir.policy(&format!(
-        r#"
-[[providers]]
-name = "sim"
-base_url = "{upstream}/v1"
-context_window = 1048576
-
-[[routes]]
-model = "*"
-provider = "sim"
-
-[audit]
-sample_rate = 1.0
-"#
-    ));
+    let policy = verified_policy(&dir, &upstream, "[audit]\nsample_rate = 1.0\n");
     let proxy = start_proxy_with_policy(&dir, &policy, &[]);
     let key = "sk-e2e-quoted-0123456789";
     for stream in [false, true] {
@@ -2008,7 +1948,7 @@ sample_rate = 1.0
         String::from_utf8_lossy(&sampled.stderr),
         records[0]
     );
-    for file in walk(&dir.data()) {
+    for file in files_under(&dir.data()) {
         let bytes = std::fs::read(&file).unwrap();
         assert!(
             lacks(&bytes, key.as_bytes()),
@@ -2023,20 +1963,6 @@ fn lacks(haystack: &[u8], needle: &[u8]) -> bool {
     !haystack
         .windows(needle.len())
         .any(|window| window == needle)
-}
-
-/// Every file under `dir`.
-fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            files.extend(walk(&path));
-        } else {
-            files.push(path);
-        }
-    }
-    files
 }
 
 /// SIGHUP, like SIGTERM, lets the requests in flight finish, then `serve`

@@ -249,6 +249,42 @@ pub fn python() -> PathBuf {
     venv
 }
 
+/// Writes a policy that verifies every model's answers from provider `sim`
+/// at `upstream`, with `extra` sections (`[verify]`, `[limits]`, `[audit]`)
+/// appended.
+pub fn verified_policy(dir: &ProxyDir, upstream: &str, extra: &str) -> PathBuf {
+    dir.policy(&format!(
+        r#"
+[[providers]]
+name = "sim"
+base_url = "{upstream}/v1"
+context_window = 1048576
+
+[[routes]]
+model = "*"
+provider = "sim"
+
+{extra}"#
+    ))
+}
+
+/// Every file under `dir`, its subdirectories' included (none when it
+/// cannot be read).
+pub fn files_under(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                files.extend(files_under(&path));
+            } else {
+                files.push(path);
+            }
+        }
+    }
+    files
+}
+
 /// Writes a policy for a plain proxy (`[verify] enabled = false`) to
 /// `upstream`, with `extra` sections (`[limits]`, `[audit]`) appended.
 pub fn plain_policy(dir: &ProxyDir, upstream: &str, extra: &str) -> PathBuf {
