@@ -276,31 +276,13 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
     /// The provider's error answer: passed on when it is in the client's
     /// format, wrapped otherwise; marked [`ProviderError`].
     pub fn provider_error_response(&self, status: StatusCode, body: Bytes) -> Response {
-        let body = match self
-            .caller
-            .without_credentials(&body, self.upstream.managed_key())
-        {
-            Some(withheld) => {
-                tracing::warn!(
-                    request_id = %self.request_id,
-                    provider = %self.upstream.name,
-                    "the provider's error quoted the credential it was sent: withheld"
-                );
-                Bytes::from(withheld)
-            }
-            None => body,
-        };
-        let body = match without_canary_text(&body) {
-            Some(withheld) => {
-                tracing::warn!(
-                    request_id = %self.request_id,
-                    provider = %self.upstream.name,
-                    "the provider's error held canary-shaped text: withheld"
-                );
-                Bytes::from(withheld)
-            }
-            None => body,
-        };
+        // What it quotes of the request is withheld: the key it was sent,
+        // and canary-shaped text (it may quote another session's prompt).
+        let body = self.withheld(body, "the credential it was sent", |body| {
+            self.caller
+                .without_credentials(body, self.upstream.managed_key())
+        });
+        let body = self.withheld(body, "canary-shaped text", without_canary_text);
         let mut response = if W::is_error_body(&body) {
             json_response(status, Body::from(body))
         } else {
@@ -309,6 +291,27 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
         self.tag(&mut response, None, Speaker::Provider);
         response.extensions_mut().insert(ProviderError);
         response
+    }
+
+    /// The provider's error `body` less what `withhold` takes out of it
+    /// (logged as its quoting `what`).
+    fn withheld(
+        &self,
+        body: Bytes,
+        what: &str,
+        withhold: impl FnOnce(&[u8]) -> Option<Vec<u8>>,
+    ) -> Bytes {
+        match withhold(&body) {
+            Some(withheld) => {
+                tracing::warn!(
+                    request_id = %self.request_id,
+                    provider = %self.upstream.name,
+                    "the provider's error quoted {what}: withheld"
+                );
+                Bytes::from(withheld)
+            }
+            None => body,
+        }
     }
 
     /// Adds the provider's relayed headers (those the response lacks), the

@@ -187,27 +187,12 @@ fn embedding_model() -> std::path::PathBuf {
 }
 
 fn topic_policy(dir: &ProxyDir, upstream: &str, action: &str) -> std::path::PathBuf {
-    dir.policy(&format!(
-        r#"
-[[providers]]
-name = "sim"
-base_url = "{upstream}/v1"
-context_window = 1048576
-
-[[routes]]
-model = "*"
-provider = "sim"
-
-[audit]
-sample_rate = 0.0
-
-[topic]
-model_dir = "{}"
-action = "{action}"
-timeout_ms = 5000
-"#,
+    let sections = format!(
+        "[audit]\nsample_rate = 0.0\n\n[topic]\nmodel_dir = \"{}\"\naction = \"{action}\"\n\
+         timeout_ms = 5000\n",
         embedding_model().display()
-    ))
+    );
+    verified_policy(dir, upstream, &sections)
 }
 
 /// Two questions on unrelated topics, asked in JSON mode: no echo is asked,

@@ -630,6 +630,22 @@ provider = "sim"
     }
 }
 
+/// The head canary of the request a provider answered last, which it
+/// gives the next: another request's canary, registered and live.
+type LastHead = std::sync::Arc<std::sync::Mutex<Option<String>>>;
+
+/// What an obedient model opens its answer to `request` with (the request's
+/// texts read wherever its API keeps them), and the head canary of the
+/// request before it (empty for the first); this one's is kept for the next.
+fn opening_and_earlier(last: &LastHead, request: &Value) -> (String, String) {
+    let texts = strings_of(request);
+    let opening = canarygate_policies::inject::obedient_opening(texts.iter().map(String::as_str))
+        .unwrap_or_default();
+    let head = opening.split_whitespace().next().unwrap_or("").to_owned();
+    let earlier = last.lock().unwrap().replace(head).unwrap_or_default();
+    (opening, earlier)
+}
+
 /// Serves `app` as a provider on a free port; returns its base URL.
 async fn serve_upstream(app: axum::Router) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -861,18 +877,13 @@ async fn a_responses_stream_the_provider_ends_with_its_error_gets_no_second_one(
 /// asked about voices, in a spoken reply's transcript (streamed in two
 /// pieces that split the canary).
 async fn citing_upstream() -> String {
-    use std::sync::{Arc, Mutex};
-
     use axum::extract::State;
     use axum::{Json, Router, routing::post};
-    type Last = Arc<Mutex<Option<String>>>;
     async fn answer(
-        State(last): State<Last>,
+        State(last): State<LastHead>,
         Json(request): Json<Value>,
     ) -> ([(&'static str, &'static str); 1], String) {
-        let opening = canarygate_policies::inject::obedient_echo(&request).unwrap_or_default();
-        let head = opening.split_whitespace().next().unwrap_or("").to_owned();
-        let earlier = last.lock().unwrap().replace(head).unwrap_or_default();
+        let (opening, earlier) = opening_and_earlier(&last, &request);
         let source = format!("https://sources.test/{earlier}");
         let text = format!("{opening}\nMercury, Venus.");
         let asked = request.to_string();
@@ -967,7 +978,7 @@ async fn citing_upstream() -> String {
             ([("content-type", "application/json")], body.to_string())
         }
     }
-    let last: Last = Arc::default();
+    let last: LastHead = LastHead::default();
     let app = Router::new()
         .route("/v1/chat/completions", post(answer))
         .with_state(last);
@@ -1331,23 +1342,15 @@ fn strings_of(value: &Value) -> Vec<String> {
 /// previous request's canary in a second one, then the first half back in
 /// the first: an SDK joins the blocks by index, and shows the canary whole.
 async fn reordering_upstream() -> String {
-    use std::sync::{Arc, Mutex};
-
     use axum::extract::State;
     use axum::http::Uri;
     use axum::{Json, Router, routing::post};
-    type Last = Arc<Mutex<Option<String>>>;
     async fn answer(
-        State(last): State<Last>,
+        State(last): State<LastHead>,
         uri: Uri,
         Json(request): Json<Value>,
     ) -> ([(&'static str, &'static str); 1], String) {
-        let texts = strings_of(&request);
-        let opening =
-            canarygate_policies::inject::obedient_opening(texts.iter().map(String::as_str))
-                .unwrap_or_default();
-        let head = opening.split_whitespace().next().unwrap_or("").to_owned();
-        let earlier = last.lock().unwrap().replace(head).unwrap_or_default();
+        let (opening, earlier) = opening_and_earlier(&last, &request);
         let (first, second) = earlier.split_at(earlier.len() / 2);
         let event = |data: Value| {
             format!(
@@ -1415,7 +1418,7 @@ async fn reordering_upstream() -> String {
         };
         ([("content-type", "text/event-stream")], body)
     }
-    let last: Last = Arc::default();
+    let last: LastHead = LastHead::default();
     let app = Router::new()
         .route("/v1/messages", post(answer))
         .route("/v1/responses", post(answer))
@@ -1635,19 +1638,14 @@ async fn an_answer_within_the_limit_but_for_its_echo_is_not_cut() {
 /// A provider whose errors quote the previous request's canary: a 400
 /// (whole), or an error event after the answer began (streamed).
 async fn quoting_error_upstream() -> String {
-    use std::sync::{Arc, Mutex};
-
     use axum::extract::State;
     use axum::http::StatusCode;
     use axum::{Json, Router, routing::post};
-    type Last = Arc<Mutex<Option<String>>>;
     async fn answer(
-        State(last): State<Last>,
+        State(last): State<LastHead>,
         Json(request): Json<Value>,
     ) -> (StatusCode, [(&'static str, &'static str); 1], String) {
-        let opening = canarygate_policies::inject::obedient_echo(&request).unwrap_or_default();
-        let head = opening.split_whitespace().next().unwrap_or("").to_owned();
-        let earlier = last.lock().unwrap().replace(head).unwrap_or_default();
+        let (opening, earlier) = opening_and_earlier(&last, &request);
         let error = json!({"error": {"message": format!("Invalid content: 'Recall {earlier}'"),
                                      "type": "invalid_request_error", "param": "messages",
                                      "code": null}});
@@ -1670,7 +1668,7 @@ async fn quoting_error_upstream() -> String {
             )
         }
     }
-    let last: Last = Arc::default();
+    let last: LastHead = LastHead::default();
     let app = Router::new()
         .route("/v1/chat/completions", post(answer))
         .with_state(last);
