@@ -267,7 +267,7 @@ pub struct Limits {
     /// from its head.
     pub first_byte_timeout_ms: u64,
     /// Longest silence allowed between two chunks of a whole answer, or two
-    /// whole events of a verified stream.
+    /// whole events of a stream.
     pub idle_timeout_ms: u64,
     /// How long an `echo-first` stream may send the client nothing while
     /// canarygate holds the provider's events for verification (a reasoning

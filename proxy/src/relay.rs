@@ -19,7 +19,7 @@
 
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use canarygate_policies::sse::{SseEvent, SseParser, encode_data};
@@ -127,6 +127,10 @@ pub struct Relay<W> {
     parser: SseParser,
     events: Vec<SseEvent>,
     idle_timeout: Duration,
+    /// Until the first event, when it must have come (the provider's
+    /// first-byte deadline; comments before it do not put it off). `None`
+    /// once it came, or for the local engine.
+    first_event_by: Option<Instant>,
     /// Who sends the events (the provider's name, or `local`).
     source: String,
     /// The last bytes: the end marker or the error event.
@@ -137,15 +141,16 @@ pub struct Relay<W> {
 }
 
 impl<W: WireFormat> Relay<W> {
-    /// Relays the SSE body of the provider's `response`; the permit is held
-    /// until it ends.
+    /// Relays the SSE body of the provider's `response`, whose first event
+    /// must come by `first_event_by`; the permit is held until it ends.
     pub fn provider(
         response: UpstreamResponse,
         provider: String,
         idle_timeout: Duration,
+        first_event_by: Instant,
         permit: OwnedSemaphorePermit,
     ) -> Self {
-        Self::new(
+        let mut relay = Self::new(
             Box::pin(
                 response
                     .into_body()
@@ -155,7 +160,9 @@ impl<W: WireFormat> Relay<W> {
             provider,
             idle_timeout,
             permit,
-        )
+        );
+        relay.first_event_by = Some(first_event_by);
+        relay
     }
 
     /// Relays an SSE stream produced in this process (the local engine's).
@@ -179,6 +186,7 @@ impl<W: WireFormat> Relay<W> {
             parser: SseParser::new(),
             events: Vec::new(),
             idle_timeout,
+            first_event_by: None,
             source,
             tail: None,
             interrupted: false,
@@ -191,9 +199,28 @@ impl<W: WireFormat> Relay<W> {
     /// then takes what else is ready, up to [`COALESCE_BYTES`].
     async fn read(&mut self, clock: &mut RequestClock) -> Vec<u8> {
         let mut out = Vec::new();
+        // Since when no whole event came: bytes of one that never ends, and
+        // comments alone, do not put the idle timeout off.
+        let mut idle_since = None;
         while out.is_empty() && self.tail.is_none() {
-            match next_within(&mut self.upstream, clock, self.idle_timeout).await {
-                Err(detail) => self.interrupt(&detail),
+            if let Some(next) = self.upstream.next().now_or_never() {
+                self.take(next, &mut out);
+                continue;
+            }
+            let now = Instant::now();
+            let by = match self.first_event_by {
+                Some(first) => first,
+                None => *idle_since.get_or_insert(now) + self.idle_timeout,
+            };
+            match next_within(&mut self.upstream, clock, by.saturating_duration_since(now)).await {
+                Err(_) if self.first_event_by.is_some() => self.interrupt(
+                    "sent no event by its first-byte deadline (limits.first_byte_timeout_ms), \
+                     keep-alives aside",
+                ),
+                Err(_) => self.interrupt(&format!(
+                    "sent no whole event for {} ms (limits.idle_timeout_ms)",
+                    self.idle_timeout.as_millis()
+                )),
                 Ok(next) => self.take(next, &mut out),
             }
         }
@@ -216,6 +243,9 @@ impl<W: WireFormat> Relay<W> {
             Some(Err(error)) => self.interrupt(&format!("stream failed: {}", error_chain(&*error))),
             Some(Ok(bytes)) => {
                 self.parser.feed(&bytes, &mut self.events);
+                if !self.events.is_empty() {
+                    self.first_event_by = None;
+                }
                 for event in self.events.drain(..) {
                     let start = out.len();
                     if let Some(name) = &event.event {

@@ -1852,32 +1852,37 @@ async fn trickling_upstream() -> String {
 #[tokio::test]
 async fn a_provider_that_trickles_is_held_to_its_deadlines() {
     let upstream = trickling_upstream().await;
-    let dir = ProxyDir::new();
-    let policy = verified_policy(
-        &dir,
-        &upstream,
-        "[limits]\nidle_timeout_ms = 700\nfirst_byte_timeout_ms = 1500\n",
-    );
-    let proxy = start_proxy_with_policy(&dir, &policy, &[]);
     let client = client();
-    for (question, stream) in [("trickle", true), ("comments", true), ("whole", false)] {
-        let started = Instant::now();
-        let outcome = ask(&client, &proxy.url, question, stream).await;
-        let took = started.elapsed();
-        assert!(took < Duration::from_secs(5), "{question}: {took:?}");
-        assert!(!outcome.done, "{question}: {outcome:?}");
-        if stream {
-            assert_eq!(outcome.status, 200, "{question}: {outcome:?}");
-            assert!(
-                outcome.body.contains("no whole event"),
-                "{question}: {outcome:?}"
-            );
+    let limits = "[limits]\nidle_timeout_ms = 700\nfirst_byte_timeout_ms = 1500\n";
+    // Verified, and relayed as it comes (checks off).
+    for plain in [false, true] {
+        let dir = ProxyDir::new();
+        let policy = if plain {
+            plain_policy(&dir, &upstream, limits)
         } else {
-            assert_eq!(outcome.status, 504, "{question}: {outcome:?}");
-            assert!(
-                outcome.body.contains("first_byte_timeout_ms"),
-                "{outcome:?}"
-            );
+            verified_policy(&dir, &upstream, limits)
+        };
+        let proxy = start_proxy_with_policy(&dir, &policy, &[]);
+        for (question, stream) in [("trickle", true), ("comments", true), ("whole", false)] {
+            let started = Instant::now();
+            let outcome = ask(&client, &proxy.url, question, stream).await;
+            let took = started.elapsed();
+            let what = format!("{question}, plain {plain}");
+            assert!(took < Duration::from_secs(5), "{what}: {took:?}");
+            assert!(!outcome.done, "{what}: {outcome:?}");
+            if stream {
+                assert_eq!(outcome.status, 200, "{what}: {outcome:?}");
+                assert!(
+                    outcome.body.contains("no whole event"),
+                    "{what}: {outcome:?}"
+                );
+            } else {
+                assert_eq!(outcome.status, 504, "{what}: {outcome:?}");
+                assert!(
+                    outcome.body.contains("first_byte_timeout_ms"),
+                    "{outcome:?}"
+                );
+            }
         }
     }
 }

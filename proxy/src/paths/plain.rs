@@ -2,7 +2,7 @@
 //! upstream untouched unless the model name changes, and the answer comes
 //! back as the provider sent it, streams through the [`Relay`].
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
 use canarygate_policies::tokens::count_chat_messages;
@@ -47,10 +47,13 @@ pub async fn serve<W: WireFormat>(
         let permit = permit
             .take()
             .ok_or_else(|| ApiError::internal("the request's concurrency slot is gone"))?;
+        let first_byte_timeout =
+            Duration::from_millis(context.state.policy.limits.first_byte_timeout_ms);
         let relay = Relay::<W>::provider(
             response,
             upstream.name.clone(),
             context.idle_timeout(),
+            sent_at + first_byte_timeout,
             permit,
         );
         let head = context.event_stream_response(None);
