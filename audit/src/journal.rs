@@ -454,6 +454,16 @@ impl Journal {
             .write_all(frames)
             .and_then(|()| self.segment.sync_data());
         match result {
+            Ok(()) if segment_deleted(&self.segment) => {
+                // Written and synced into a file nobody can open again (its
+                // data directory removed): nothing of it is durable, and
+                // nothing after it would be.
+                let message = "audit journal segment was deleted (was the data directory \
+                               removed?): records can no longer be kept; restart serve"
+                    .to_owned();
+                self.broken = Some(message.clone());
+                Err(AuditError::Storage(message))
+            }
             Ok(()) => {
                 self.segment_len += frames.len() as u64;
                 Ok(())
@@ -595,6 +605,24 @@ fn remove_if_present(path: &Path) -> Result<(), AuditError> {
 }
 
 /// Makes `journal`'s entry names durable.
+/// Whether `segment` no longer has a name in the filesystem (its link count
+/// is 0): what `rm -rf` of the data directory leaves an open file. One
+/// `fstat` per synced batch.
+fn segment_deleted(segment: &File) -> bool {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        segment
+            .metadata()
+            .is_ok_and(|metadata| metadata.nlink() == 0)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = segment;
+        false
+    }
+}
+
 fn sync_dir(journal: &Path) -> Result<(), AuditError> {
     File::open(journal)
         .and_then(|dir| dir.sync_all())

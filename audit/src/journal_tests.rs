@@ -252,6 +252,27 @@ fn a_busy_journal_overwrites_a_preallocated_segment_that_a_crash_keeps() {
     assert_eq!(segment_files(dir.path()), Vec::<String>::new());
 }
 
+/// A data directory removed while its writer runs: a batch synced into
+/// the deleted segment is not durable, so it fails, and so does every
+/// later one.
+#[test]
+fn a_deleted_segment_fails_its_batch_and_every_later_one() {
+    let dir = private_tempdir();
+    let store = RedbStore::open_writable(dir.path()).unwrap();
+    let mut journal = Journal::open(dir.path(), &store).unwrap();
+    let mut records = Records::new();
+    let mut frames = Vec::new();
+    records.encode(&mut journal, 1, &mut frames);
+    journal.append(&frames).unwrap();
+    fs::remove_dir_all(dir.path().join(JOURNAL_DIR)).unwrap();
+    for n in 2..4 {
+        frames.clear();
+        records.encode(&mut journal, n, &mut frames);
+        let error = journal.append(&frames).unwrap_err();
+        assert!(error.to_string().contains("was deleted"), "{error}");
+    }
+}
+
 #[test]
 fn one_writer_per_data_directory() {
     let dir = private_tempdir();
