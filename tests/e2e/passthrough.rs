@@ -224,3 +224,98 @@ async fn unverifiable_endpoints_are_forwarded_and_recorded_or_refused() {
         "nothing was forwarded"
     );
 }
+
+/// A provider that answers any path with which provider it is and what it
+/// was sent.
+async fn naming_upstream(name: &'static str) -> String {
+    use axum::Router;
+    use axum::http::{HeaderMap, Uri};
+    let app = Router::new().fallback(move |uri: Uri, headers: HeaderMap| async move {
+        let header = |key: &str| {
+            headers
+                .get(key)
+                .map(|value| value.to_str().unwrap().to_owned())
+        };
+        axum::Json(json!({"provider": name, "path": uri.path(),
+                          "x-api-key": header("x-api-key"),
+                          "authorization": header("authorization"),
+                          "anthropic-version": header("anthropic-version")}))
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
+/// A passthrough path of Anthropic's API (`/v1/messages/batches`), or any
+/// listed path an Anthropic client asks for, goes to the Anthropic
+/// provider with Anthropic's headers; an OpenAI client's to the OpenAI one.
+#[tokio::test]
+async fn anthropic_passthrough_paths_go_to_the_anthropic_provider() {
+    let openai = naming_upstream("openai").await;
+    let anthropic = naming_upstream("anthropic").await;
+    let dir = ProxyDir::new();
+    let policy = dir.policy(&format!(
+        r#"
+[[providers]]
+name = "openai"
+base_url = "{openai}/v1"
+context_window = 4096
+
+[[providers]]
+name = "anthropic"
+api = "anthropic"
+base_url = "{anthropic}/v1"
+context_window = 4096
+
+[[routes]]
+model = "*"
+provider = "openai"
+
+[[routes]]
+model = "*"
+provider = "anthropic"
+
+[endpoints]
+passthrough = ["/v1/messages/batches", "/v1/files"]
+"#
+    ));
+    let proxy = start_proxy_with_policy(&dir, &policy, &[]);
+    let http = client();
+    let batches: Value = http
+        .post(format!("{}/v1/messages/batches", proxy.url))
+        .header("x-api-key", "sk-ant-test")
+        .header("anthropic-version", "2023-06-01")
+        .json(&json!({"requests": []}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(batches["provider"], "anthropic", "{batches}");
+    assert_eq!(batches["path"], "/v1/messages/batches", "{batches}");
+    assert_eq!(batches["x-api-key"], "sk-ant-test", "{batches}");
+    assert!(batches["anthropic-version"].is_string(), "{batches}");
+    let files: Value = http
+        .post(format!("{}/v1/files", proxy.url))
+        .bearer_auth("sk-test")
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(files["provider"], "openai", "{files}");
+    // A path of Anthropic's that is not listed: Anthropic's error shape.
+    let unknown = http
+        .post(format!("{}/v1/messages/nothing", proxy.url))
+        .header("x-api-key", "sk-ant-test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+    let error: Value = unknown.json().await.unwrap();
+    assert_eq!(error["type"], "error", "{error}");
+}

@@ -291,10 +291,18 @@ async fn passthrough_or_unknown(
     request_id: Option<axum::Extension<RequestId>>,
     request: Request,
 ) -> Response {
+    // Anthropic's paths (`/v1/messages/batches`), or an Anthropic client's,
+    // go to an Anthropic provider, with its headers and errors.
+    let anthropic =
+        request.uri().path().starts_with("/v1/messages/") || anthropic_client(request.headers());
     if let Some(axum::Extension(request_id)) = request_id
         && state.policy.endpoints.passes_through(request.uri().path())
     {
-        return forward::<Chat>(state, request_id, request, PASSTHROUGH, true, false).await;
+        return if anthropic {
+            forward::<Messages>(state, request_id, request, PASSTHROUGH, true, false).await
+        } else {
+            forward::<Chat>(state, request_id, request, PASSTHROUGH, true, false).await
+        };
     }
     let error = ApiError::new(
         ErrorCode::UnknownUrl,
@@ -305,7 +313,7 @@ async fn passthrough_or_unknown(
             request.uri().path()
         ),
     );
-    if request.uri().path().starts_with("/v1/messages/") {
+    if anthropic {
         error_response::<Messages>(&error)
     } else {
         error_response::<Chat>(&error)
