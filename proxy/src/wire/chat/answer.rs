@@ -125,26 +125,15 @@ pub fn map_choices(value: &Value, read: impl Fn(&Value, usize) -> ChoiceView) ->
     choices
 }
 
-/// Metadata members of an answer or chunk, never model output: the ones
-/// the light reading skips unread too (`light::TopMember`).
-pub(super) const METADATA: [&str; 7] = [
-    "id",
-    "object",
-    "created",
-    "model",
-    "system_fingerprint",
-    "service_tier",
-    "obfuscation",
-];
-
 /// The strings under an answer's (or chunk's) members other than
-/// `choices`, `usage`, `error` and its metadata (a provider's own:
-/// Perplexity's `citations` and `search_results`) that hold a canary-shaped
-/// span, as [`Part::Other`] fields of choice `choice`: another request's
-/// canary there fails the answer, and canarygate's own is removed.
+/// `choices`, `usage` and `error` (its metadata, `id` and `model` among
+/// them, and a provider's own: Perplexity's `citations` and
+/// `search_results`) that hold a canary-shaped span, as [`Part::Other`]
+/// fields of choice `choice`: another request's canary there fails the
+/// answer, and canarygate's own is removed.
 pub fn top_level_texts(value: &Value, choice: u32) -> TextFields {
     let mut texts = TextFields::new();
-    let known = |key: &str| matches!(key, "choices" | "usage" | "error") || METADATA.contains(&key);
+    let known = |key: &str| matches!(key, "choices" | "usage" | "error");
     residual_members(value, Location::ROOT, choice, known, &mut texts);
     texts
 }
@@ -272,7 +261,6 @@ pub fn read_choice(choice: &Value, position: usize, part: Key) -> ChoiceView {
     }
     let known = |key: &str| {
         TEXT_FIELDS.iter().any(|(field, _)| field.name() == key)
-            || key == "role"
             || (key == "audio" && transcript.is_some())
             || (key == "reasoning_details" && details.is_some())
     };

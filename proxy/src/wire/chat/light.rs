@@ -50,8 +50,9 @@ use crate::wire::location::{Key, Location};
 
 /// The members of a chunk (or a whole answer, [`super::light_answer`])
 /// that a light reading looks at: `choices`, `usage`, and `error`, which
-/// must not be there; the metadata every chunk carries is skipped, and any
-/// other member too unless it holds a canary-shaped span ([`skip_other`]).
+/// must not be there; any other member (the metadata every chunk carries,
+/// a provider's own) is skipped unless it holds a canary-shaped span
+/// ([`skip_other`]).
 #[derive(Deserialize)]
 #[serde(field_identifier, rename_all = "snake_case")]
 pub(super) enum TopMember {
@@ -62,16 +63,8 @@ pub(super) enum TopMember {
     Usage,
     /// Any `error`, even `null`, is the tree's to judge.
     Error,
-    /// Metadata, never model output: skipped unread.
-    Id,
-    Object,
-    Created,
-    Model,
-    SystemFingerprint,
-    ServiceTier,
-    Obfuscation,
-    /// A member of the provider's own (OpenRouter's `provider`,
-    /// Perplexity's `citations`): see [`skip_other`].
+    /// `id`, `model`, `obfuscation`, OpenRouter's `provider`, Perplexity's
+    /// `citations`...: see [`skip_other`].
     #[serde(other)]
     Other,
 }
@@ -209,7 +202,10 @@ impl<'de: 'a, 'a> Deserialize<'de> for LightDelta<'a> {
                     seen.first(member as u8)?;
                     let text = match member {
                         DeltaMember::Role => {
-                            let role = map.next_value::<Option<IgnoredAny>>()?;
+                            let role = map.next_value::<Option<&'de RawValue>>()?;
+                            if role.is_some_and(|role| find_canaries(role.get()).next().is_some()) {
+                                return Err(M::Error::custom("not read lightly"));
+                            }
                             delta.keeps_other_fields |= role.is_some();
                             None
                         }
@@ -398,9 +394,6 @@ impl<'de: 'a, 'a> Visitor<'de> for ChunkSeed<'_, 'a> {
                 }
                 TopMember::Error => return Err(M::Error::custom("not read lightly")),
                 TopMember::Other => skip_other(&mut map)?,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
             }
         }
         Ok(())
@@ -657,7 +650,10 @@ fn after_choices(tail: &str, scratch: &mut String) -> Option<()> {
         return end.trim_start_matches(WHITESPACE).is_empty().then_some(());
     }
     let members = tail.strip_prefix(',')?;
-    if let Some(light) = plain_members(members.as_bytes()) {
+    // A canary-shaped span there is the parser's to find, and the tree's.
+    if find_canaries(members).next().is_none()
+        && let Some(light) = plain_members(members.as_bytes())
+    {
         return light.then_some(());
     }
     // A member follows the comma (a trailing comma is no JSON).
@@ -923,22 +919,45 @@ mod tests {
         }
     }
 
-    /// The members the light reading skips unread are the ones the tree's
-    /// reading leaves out of its scan, and no others.
+    /// Another request's canary in a chunk's metadata (`id`, `model`,
+    /// `obfuscation`), its delta's `role`, or a member after `choices`,
+    /// read in place or through a frame, is not light: the tree reads it as
+    /// text, as SDKs show it.
     #[test]
-    fn the_metadata_skipped_unread_is_the_trees() {
-        for name in super::super::answer::METADATA {
-            let member: TopMember = serde_json::from_str(&format!("\"{name}\"")).unwrap();
+    fn canary_text_in_metadata_role_and_later_members_is_the_trees() {
+        let canary = "CG123456789012345";
+        for data in [
+            format!(r#"{{"id":"{canary}","choices":[{{"index":0,"delta":{{"content":"a"}}}}]}}"#),
+            format!(
+                r#"{{"model":"m {canary}","choices":[{{"index":0,"delta":{{"content":"a"}}}}]}}"#
+            ),
+            format!(r#"{{"choices":[{{"index":0,"delta":{{"role":"assistant {canary}"}}}}]}}"#),
+            format!(
+                r#"{{"choices":[{{"index":0,"delta":{{"content":"a"}}}}],"obfuscation":"{canary}"}}"#
+            ),
+        ] {
+            assert!(read(&data).is_none(), "light: {data}");
+            let tree = tree(&data);
+            let texts: Vec<&str> = tree
+                .texts()
+                .map(|field| tree.with_data(&data).text(field))
+                .collect();
             assert!(
-                !matches!(
-                    member,
-                    TopMember::Other | TopMember::Choices | TopMember::Usage | TopMember::Error
-                ),
-                "{name}"
+                texts.iter().any(|text| text.contains(canary)),
+                "{data}: {texts:?}"
             );
         }
-        let other: TopMember = serde_json::from_str(r#""citations""#).unwrap();
-        assert!(matches!(other, TopMember::Other));
+        // After a chunk that taught the stream its frame, a later one whose
+        // members after `choices` hold a canary is still read from its tree.
+        let first =
+            r#"{"id":"c1","choices":[{"index":0,"delta":{"content":"a"}}],"obfuscation":"xyz"}"#;
+        let later = format!(
+            r#"{{"id":"c1","choices":[{{"index":0,"delta":{{"content":"b"}}}}],"obfuscation":"{canary}"}}"#
+        );
+        let mut memo = StreamMemo::default();
+        read_in_stream(first, &mut memo).expect("light");
+        read_in_stream(first, &mut memo).expect("light");
+        assert!(read_in_stream(&later, &mut memo).is_none(), "{later}");
     }
 
     #[test]

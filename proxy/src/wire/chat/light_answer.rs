@@ -24,9 +24,7 @@ use std::ops::Range;
 
 use canarygate_policies::verify::{Part, ProviderUsage};
 use serde::Deserialize;
-use serde::de::{
-    DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
-};
+use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
 use super::light::{Members, Refused, TopMember, skip_other};
@@ -146,9 +144,6 @@ impl<'de> Visitor<'de> for AnswerSeed<'_, 'de> {
                 }
                 TopMember::Error => return Err(M::Error::custom("not read lightly")),
                 TopMember::Other => skip_other(&mut map)?,
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
             }
         }
         Ok(())
@@ -328,10 +323,8 @@ impl<'de> Visitor<'de> for MessageSeed<'_, 'de> {
         while let Some(member) = map.next_key::<MessageMember>()? {
             seen.first(member as u8)?;
             match member {
-                // Never read as text (as in the tree's reading).
-                MessageMember::Role => {
-                    map.next_value::<IgnoredAny>()?;
-                }
+                // Scanned, as the tree's reading scans it.
+                MessageMember::Role => skip_other(&mut map)?,
                 MessageMember::ReasoningContent => self.message.reasoning_content = text(&mut map)?,
                 MessageMember::Reasoning => self.message.reasoning = text(&mut map)?,
                 MessageMember::Content => self.message.content = text(&mut map)?,

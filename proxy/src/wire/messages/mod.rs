@@ -683,6 +683,11 @@ mod tests {
         eprintln!("{}", tally.report("messages text delta"));
     }
 
+    /// Another request's canary, as a string beside a text.
+    fn canary_beside() -> &'static str {
+        "CG123456789012345"
+    }
+
     #[test]
     fn stream_events_are_read_as_their_parts() {
         let read = |name: &str, data: Value| match Messages::read_event(&sse(name, data)) {
@@ -718,6 +723,22 @@ mod tests {
                 cached_prompt_tokens: None,
             })
         );
+        // A string beside a delta's text, in the delta or the event.
+        for data in [
+            json!({"type": "content_block_delta", "index": 0,
+                   "delta": {"type": "text_delta", "text": "hi", "note": canary_beside()}}),
+            json!({"type": "content_block_delta", "index": 0, "note": canary_beside(),
+                   "delta": {"type": "text_delta", "text": "hi"}}),
+            json!({"type": "content_block_delta", "index": 0,
+                   "delta": {"type": "signature_delta", "signature": canary_beside()}}),
+        ] {
+            let chunk = read("content_block_delta", data.clone());
+            let texts: Vec<&str> = chunk
+                .texts()
+                .map(|field| field.text(&chunk.event))
+                .collect();
+            assert!(texts.contains(&canary_beside()), "{data}: {texts:?}");
+        }
         // Content in `message_start` (real providers send none; SDKs take
         // it as the message's first blocks) and its usage are read too.
         let canary = "CG123456789012345";

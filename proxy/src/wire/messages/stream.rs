@@ -160,20 +160,27 @@ fn delta_texts(data: &Value, texts: &mut TextFields) {
         Some("text_delta") => Some((Key::Text, Part::Content)),
         Some("thinking_delta") => Some((Key::Thinking, Part::Reasoning)),
         Some("input_json_delta") => Some((Key::PartialJson, Part::ToolArguments(index))),
-        Some("signature_delta") => return,
+        // `signature_delta`, `citations_delta` and anything new.
         _ => None,
     };
-    match own {
-        Some((key, kind)) if delta.get(key.name()).is_some_and(Value::is_string) => {
-            texts.push(TextField {
-                choice: 0,
-                kind,
-                at: at.key(key),
-            });
+    let own = own.filter(|(key, _)| delta.get(key.name()).is_some_and(Value::is_string));
+    if let Some((key, kind)) = own {
+        texts.push(TextField {
+            choice: 0,
+            kind,
+            at: at.key(key),
+        });
+    }
+    // Any other string of the delta, or of the event beside it.
+    for (position, (member, value)) in delta.as_object().into_iter().flatten().enumerate() {
+        if own.is_none_or(|(key, _)| key.name() != member) {
+            residual_strings(value, at.member(position), texts);
         }
-        Some(_) => {}
-        // `citations_delta` and anything new.
-        None => residual_strings(delta, at, texts),
+    }
+    for (position, (member, value)) in data.as_object().into_iter().flatten().enumerate() {
+        if member != "delta" {
+            residual_strings(value, Location::ROOT.member(position), texts);
+        }
     }
 }
 

@@ -300,6 +300,13 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
             let slot = slot_of(&kind, index("content_index"), index("summary_index"));
             place = text_place(part, index("output_index").unwrap_or(0), slot);
         }
+        // Any other string beside the text (its item's id, the padding),
+        // but its logprobs, which follow the text.
+        for (position, (key, value)) in data.as_object().into_iter().flatten().enumerate() {
+            if !matches!(key.as_str(), "delta" | "logprobs") {
+                residual(value, Location::ROOT.member(position), &mut texts);
+            }
+        }
     } else if matches!(
         kind.as_str(),
         "response.created" | "response.queued" | "response.in_progress"

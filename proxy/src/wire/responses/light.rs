@@ -16,6 +16,7 @@
 
 use std::borrow::Cow;
 
+use canarygate_policies::canary::find_canaries;
 use serde::Deserialize;
 use serde::de::{Deserializer, Error as _, IgnoredAny, SeqAccess, Visitor};
 use smallvec::smallvec;
@@ -33,7 +34,7 @@ struct LightEvent<'a> {
     #[serde(rename = "type", borrow)]
     kind: JsonStr<'a>,
     #[serde(rename = "item_id", borrow, default)]
-    _item_id: Option<JsonStr<'a>>,
+    item_id: Option<JsonStr<'a>>,
     #[serde(default)]
     output_index: Option<u64>,
     #[serde(default)]
@@ -48,7 +49,7 @@ struct LightEvent<'a> {
     _logprobs: Option<EmptyList>,
     /// Random padding OpenAI adds against length side channels.
     #[serde(rename = "obfuscation", borrow, default)]
-    _obfuscation: Option<JsonStr<'a>>,
+    obfuscation: Option<JsonStr<'a>>,
 }
 
 /// An empty JSON array, and nothing else.
@@ -94,6 +95,15 @@ pub struct Delta<'a> {
 /// The delta whose data is `data` and its text, when it is light.
 fn read_delta(data: &str) -> Option<(Delta<'_>, TextField, JsonStr<'_>)> {
     let event: LightEvent<'_> = serde_json::from_str(data).ok()?;
+    // A canary-shaped span beside the text is the tree's to read.
+    let beside = [&event.item_id, &event.obfuscation];
+    if beside
+        .into_iter()
+        .flatten()
+        .any(|text| find_canaries(&text.0).next().is_some())
+    {
+        return None;
+    }
     let kind = event.kind.0;
     let part = part_of_delta(&kind, event.output_index)?;
     let slot = slot_of(&kind, event.content_index, event.summary_index);
@@ -254,6 +264,32 @@ mod tests {
             ),
             None
         );
+    }
+
+    /// A canary-shaped span beside a delta's text (its item's id, the
+    /// padding) is read from the tree, which verifies it.
+    #[test]
+    fn canary_text_beside_a_delta_is_the_trees() {
+        let canary = "CG123456789012345";
+        for beside in [
+            json!({"obfuscation": canary}),
+            json!({"item_id": format!("msg_{canary}")}),
+        ] {
+            let mut data = json!({"type": "response.output_text.delta", "output_index": 0,
+                                  "content_index": 0, "delta": "Hi"});
+            for (key, value) in beside.as_object().unwrap() {
+                data[key] = value.clone();
+            }
+            let data = data.to_string();
+            assert!(read(&data).is_none(), "{data}");
+            let tree = tree(&data);
+            let texts: Vec<&str> = tree
+                .texts()
+                .map(|field| tree.with_data(&data).text(field))
+                .collect();
+            assert_eq!(texts.len(), 2, "{data}: {texts:?}");
+            assert!(texts[1].contains(canary), "{data}: {texts:?}");
+        }
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 use std::ops::Range;
 
 use canarygate_policies::sse::{SpentBuffers, SseEvent, encode_data, encode_json};
-use canarygate_policies::verify::{Verdict, Verifier};
+use canarygate_policies::verify::{Part, Verdict, Verifier};
 use serde_json::{Value, json};
 
 use super::answer::slot_of;
@@ -201,7 +201,8 @@ impl ResponsesStream {
                 verifier.release_of(field.choice, field.kind),
             );
             let kept = apply(&text, &edit.kept);
-            if delta_part(&kind, &original).is_some() {
+            // The delta's text, not a string beside it.
+            if delta_part(&kind, &original).is_some() && !matches!(field.kind, Part::Other(_)) {
                 let shown = self.delivered.entry((output_index, slot)).or_default();
                 shown.text.push_str(&kept);
                 shown.chars.push(&text, &edit.kept);
