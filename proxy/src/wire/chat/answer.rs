@@ -126,14 +126,14 @@ pub fn map_choices(value: &Value, read: impl Fn(&Value, usize) -> ChoiceView) ->
 }
 
 /// The strings under an answer's (or chunk's) members other than
-/// `choices`, `usage` and `error` (its metadata, `id` and `model` among
-/// them, and a provider's own: Perplexity's `citations` and
+/// `choices` and `error` (its metadata, `id` and `model` among them, its
+/// usage, and a provider's own: Perplexity's `citations` and
 /// `search_results`) that hold a canary-shaped span, as [`Part::Other`]
 /// fields of choice `choice`: another request's canary there fails the
 /// answer, and canarygate's own is removed.
 pub fn top_level_texts(value: &Value, choice: u32) -> TextFields {
     let mut texts = TextFields::new();
-    let known = |key: &str| matches!(key, "choices" | "usage" | "error");
+    let known = |key: &str| matches!(key, "choices" | "error");
     residual_members(value, Location::ROOT, choice, known, &mut texts);
     texts
 }

@@ -22,6 +22,7 @@
 use std::fmt;
 use std::ops::Range;
 
+use canarygate_policies::canary::find_canaries;
 use canarygate_policies::verify::{Part, ProviderUsage};
 use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
@@ -139,7 +140,14 @@ impl<'de> Visitor<'de> for AnswerSeed<'_, 'de> {
                 }
                 TopMember::Usage => {
                     seen.first(1)?;
-                    let usage = map.next_value::<Option<UsageCounts>>()?;
+                    // Its counts; a string of its own that is canary-shaped
+                    // is the tree's to scan.
+                    let raw = map.next_value::<&'de RawValue>()?;
+                    if find_canaries(raw.get()).next().is_some() {
+                        return Err(M::Error::custom("not read lightly"));
+                    }
+                    let usage: Option<UsageCounts> =
+                        serde_json::from_str(raw.get()).map_err(M::Error::custom)?;
                     self.0.view.usage = usage.and_then(UsageCounts::usage);
                 }
                 TopMember::Error => return Err(M::Error::custom("not read lightly")),
@@ -442,8 +450,12 @@ mod tests {
             r#"{"choices":[{"index":0,"message":{"audio":{"transcript":"t"}}}]}"#,
             r#"{"choices":[{"index":0,"message":{"content":"a","annotations":[{"type":"url_citation","url_citation":{"title":"t"}}]}}]}"#,
             r#"{"choices":[{"index":0,"message":{"content":"a","custom":"b"}}]}"#,
-            // A provider's own member holding a canary-shaped span.
+            // A provider's own member holding a canary-shaped span; the
+            // metadata, the role or the usage holding one.
             r#"{"citations":["https://x.test/CG123456789012345"],"choices":[{"index":0,"message":{"content":"a"}}]}"#,
+            r#"{"id":"CG123456789012345","choices":[{"index":0,"message":{"content":"a"}}]}"#,
+            r#"{"choices":[{"index":0,"message":{"role":"CG123456789012345","content":"a"}}]}"#,
+            r#"{"choices":[],"usage":{"prompt_tokens":1,"note":"CG123456789012345"}}"#,
             // Logprobs (edited with the text), an error.
             r#"{"choices":[{"index":0,"message":{"content":"a"},"logprobs":{"content":[]}}]}"#,
             r#"{"error":{"message":"overloaded"}}"#,
