@@ -76,27 +76,21 @@ pub async fn next_ready<S: Stream + Unpin>(
         .await
 }
 
-/// The next item of `upstream`, waiting at most `idle_timeout` (the wait
-/// counts on `clock` as waiting on the provider); `Err` with what to tell
-/// the client when nothing came in time.
+/// The next item of `upstream`, waiting at most what `wait` says (asked
+/// only when nothing is ready now: what is ready needs no timer, and no
+/// read of the clock); the wait counts on `clock` as waiting on the
+/// provider. `Err` when nothing came in time.
 pub async fn next_within<S: Stream + Unpin>(
     upstream: &mut S,
     clock: &mut RequestClock,
-    idle_timeout: Duration,
-) -> Result<Option<S::Item>, String> {
-    // What is ready now needs no timer (and no read of the clock).
+    wait: impl FnOnce() -> Duration,
+) -> Result<Option<S::Item>, tokio::time::error::Elapsed> {
     if let Some(item) = upstream.next().now_or_never() {
         return Ok(item);
     }
     clock
-        .wait(tokio::time::timeout(idle_timeout, upstream.next()))
+        .wait(tokio::time::timeout(wait(), upstream.next()))
         .await
-        .map_err(|_| {
-            format!(
-                "sent nothing for {} ms (limits.idle_timeout_ms)",
-                idle_timeout.as_millis()
-            )
-        })
 }
 
 /// How a stream that ended without its end marker ended, for the error event.
@@ -203,16 +197,16 @@ impl<W: WireFormat> Relay<W> {
         // comments alone, do not put the idle timeout off.
         let mut idle_since = None;
         while out.is_empty() && self.tail.is_none() {
-            if let Some(next) = self.upstream.next().now_or_never() {
-                self.take(next, &mut out);
-                continue;
-            }
-            let now = Instant::now();
-            let by = match self.first_event_by {
-                Some(first) => first,
-                None => *idle_since.get_or_insert(now) + self.idle_timeout,
+            let (first_event_by, idle_timeout) = (self.first_event_by, self.idle_timeout);
+            let wait = || {
+                let now = Instant::now();
+                let by = match first_event_by {
+                    Some(first) => first,
+                    None => *idle_since.get_or_insert(now) + idle_timeout,
+                };
+                by.saturating_duration_since(now)
             };
-            match next_within(&mut self.upstream, clock, by.saturating_duration_since(now)).await {
+            match next_within(&mut self.upstream, clock, wait).await {
                 Err(_) if self.first_event_by.is_some() => self.interrupt(
                     "sent no event by its first-byte deadline (limits.first_byte_timeout_ms), \
                      keep-alives aside",

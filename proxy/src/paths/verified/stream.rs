@@ -26,7 +26,6 @@ use canarygate_audit::TopicScore;
 use canarygate_policies::sse::{SseEvent, SseParser, encode_data};
 use canarygate_policies::verify::{Decision, Facts, Finished, ProviderUsage, Verdict};
 use canarygate_policies::verify_config::{FailureAction, ReleasePolicy};
-use futures_util::{FutureExt, StreamExt};
 use http_body_util::{BodyDataStream, BodyExt};
 use hyper::body::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
@@ -300,23 +299,23 @@ impl<W: WireFormat> VerifiedStream<W> {
 
     /// One upstream read and everything it completes.
     async fn advance(&mut self, clock: &mut RequestClock) {
-        // What is ready now needs no timer (and no read of the clock).
-        if let Some(next) = self.upstream.next().now_or_never() {
-            return self.take(next).await;
-        }
-        let now = Instant::now();
-        // Until the first event, its own deadline (comments do not count);
-        // then the idle timeout.
-        let by = match self.first_event_by {
-            Some(first) => first,
-            None => *self.idle_since.get_or_insert(now) + self.idle_timeout,
+        // The wait, worked out (and the clock read) only when nothing is
+        // ready: until the first event, its own deadline (comments do not
+        // count), then the idle timeout; a keep-alive comment due before
+        // then ends it early.
+        let mut keepalive_due = None;
+        let wait = || {
+            let now = Instant::now();
+            let by = match self.first_event_by {
+                Some(first) => first,
+                None => *self.idle_since.get_or_insert(now) + self.idle_timeout,
+            };
+            keepalive_due = self
+                .keepalive
+                .map(|keepalive| *self.quiet_since.get_or_insert(now) + keepalive)
+                .filter(|due| *due < by);
+            keepalive_due.unwrap_or(by).saturating_duration_since(now)
         };
-        // A keep-alive comment due before then ends the wait early.
-        let keepalive_due = self
-            .keepalive
-            .map(|keepalive| *self.quiet_since.get_or_insert(now) + keepalive)
-            .filter(|due| *due < by);
-        let wait = keepalive_due.unwrap_or(by).saturating_duration_since(now);
         match next_within(&mut self.upstream, clock, wait).await {
             Err(_) if keepalive_due.is_some() => {
                 self.out.extend_from_slice(KEEPALIVE_COMMENT);
