@@ -388,13 +388,13 @@ impl Delivery {
     /// now, by the count as it goes; nothing is accounted for. A stream may
     /// hold such text until the provider's own count at its end says
     /// whether the answer fits ([`Delivery::fits_the_limit`]).
-    pub fn would_cut(
+    pub fn would_cut<'r>(
         &mut self,
         choice: u32,
         part: Part,
         text: &str,
         span: Range<usize>,
-        release: Release<'_>,
+        release: impl FnOnce() -> Release<'r>,
     ) -> bool {
         let Some(limit) = self.limit_of(part).filter(|_| choice < self.choices) else {
             return false;
@@ -410,6 +410,7 @@ impl Delivery {
         if text.len() as u64 <= left {
             return false;
         }
+        let release = release();
         if keeps_whole(span.clone(), release.removed, text.len()) {
             return self.counter.count(text) > left;
         }
@@ -671,21 +672,21 @@ mod tests {
         };
         // Words of up to four letters: one token each by the estimate.
         let mut delivery = Delivery::new(TokenCounter::default(), Some(3), usage, 1);
-        assert!(!delivery.would_cut(0, Part::Content, "one two", 0..7, release));
-        assert!(delivery.would_cut(0, Part::Content, "one two six ten", 0..15, release));
+        assert!(!delivery.would_cut(0, Part::Content, "one two", 0..7, || release));
+        assert!(delivery.would_cut(0, Part::Content, "one two six ten", 0..15, || release));
         // Nothing was counted: the first two words still fit.
         assert!(
             delivery
                 .admit(0, Part::Content, "one two", 0..7, release)
                 .unchanged()
         );
-        assert!(delivery.would_cut(0, Part::Content, " six ten", 7..15, release));
+        assert!(delivery.would_cut(0, Part::Content, " six ten", 7..15, || release));
         assert!(!delivery.would_cut(
             0,
             Part::ToolArguments(0),
             "{\"a\": 1, \"b\": 2}",
             0..16,
-            release
+            || release
         ));
     }
 

@@ -147,7 +147,7 @@ impl<E: ChunkEditor> ChatStream<E> {
                 field.kind,
                 texts.text(field),
                 span.clone(),
-                verifier.release_of(field.choice, field.kind),
+                || verifier.release_of(field.choice, field.kind),
             )
         })
     }
