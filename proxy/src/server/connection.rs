@@ -124,8 +124,8 @@ pub struct Activity {
     /// The socket's descriptor, -1 until it is known: the watchdog asks how
     /// much it still holds to send ([`Activity::client_read_since_blocked`]).
     socket: AtomicI32,
-    /// What the socket held to send when writing last blocked, or when the
-    /// watchdog last saw the client read ([`NO_BYTE`]: unknown).
+    /// What the socket held to send when the watchdog saw writing block, or
+    /// last saw the client read ([`NO_BYTE`]: unknown).
     unsent_when_blocked: AtomicU64,
     evicted: AtomicBool,
     /// Wakes the watchdog: a request started or the last one finished, a
@@ -231,8 +231,6 @@ impl Activity {
         let blocked = self.write_blocked_ms.load(Ordering::Acquire);
         match (polled.is_pending(), blocked == NO_BYTE) {
             (true, true) => {
-                self.unsent_when_blocked
-                    .store(self.unsent().unwrap_or(NO_BYTE), Ordering::Release);
                 self.write_blocked_ms
                     .store(self.now_ms(), Ordering::Release);
                 self.changed.notify_one();
@@ -298,22 +296,32 @@ enum Closed {
 /// request on it, writing to it stayed blocked too long, or it was evicted.
 async fn watch(activity: &Activity, deadlines: &ConnectionDeadlines) -> Closed {
     let write_limit = u64::try_from(deadlines.write.as_millis()).unwrap_or(u64::MAX);
+    // The spell of blocked writes last seen: what the socket held to send is
+    // noted when one begins (here, off the write's path).
+    let mut spell = NO_BYTE;
     loop {
         if activity.evicted.load(Ordering::Acquire) {
             return Closed::Evicted;
         }
         let blocked_since = activity.write_blocked_ms.load(Ordering::Acquire);
+        if blocked_since != NO_BYTE && blocked_since != spell {
+            spell = blocked_since;
+            activity
+                .unsent_when_blocked
+                .store(activity.unsent().unwrap_or(NO_BYTE), Ordering::Release);
+        }
         if blocked_since != NO_BYTE {
             let (deadline, now) = (blocked_since.saturating_add(write_limit), activity.now_ms());
             if now >= deadline {
                 if activity.client_read_since_blocked() {
                     // Still reading: a new spell from now.
-                    let _ = activity.write_blocked_ms.compare_exchange(
-                        blocked_since,
-                        now,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    );
+                    if activity
+                        .write_blocked_ms
+                        .compare_exchange(blocked_since, now, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                    {
+                        spell = now;
+                    }
                     continue;
                 }
                 return Closed::WriteStuck;
