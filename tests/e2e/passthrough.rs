@@ -241,10 +241,7 @@ async fn naming_upstream(name: &'static str) -> String {
                           "authorization": header("authorization"),
                           "anthropic-version": header("anthropic-version")}))
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
+    serve_upstream(app).await
 }
 
 /// A passthrough path of Anthropic's API (`/v1/messages/batches`), or any

@@ -646,14 +646,6 @@ fn opening_and_earlier(last: &LastHead, request: &Value) -> (String, String) {
     (opening, earlier)
 }
 
-/// Serves `app` as a provider on a free port; returns its base URL.
-async fn serve_upstream(app: axum::Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    url
-}
-
 /// A provider whose first chunk holds the echo and text beside a number no
 /// JSON tree holds (`1e400`): the chunk must be edited (the echo removed)
 /// and cannot be. Returns its base URL.

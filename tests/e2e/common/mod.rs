@@ -268,6 +268,14 @@ provider = "sim"
     ))
 }
 
+/// Serves `app` as a provider on a free port; returns its base URL.
+pub async fn serve_upstream(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    url
+}
+
 /// Every file under `dir`, its subdirectories' included (none when it
 /// cannot be read).
 pub fn files_under(dir: &Path) -> Vec<PathBuf> {
