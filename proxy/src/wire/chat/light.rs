@@ -5,9 +5,10 @@
 //! passed on to the client exactly as the provider sent it, or, while a
 //! model calls a tool, one piece of the call's arguments. Such a chunk is
 //! read in place: the parser's visitors fill the chunk's choice views as
-//! they meet its members, the members canarygate never reads (`id`,
-//! `model`, `created`, `system_fingerprint`, ...) are skipped without being
-//! allocated, and nothing else is built but the text itself.
+//! they meet its members, the members canarygate does not read as text
+//! (`id`, `model`, `created`, `system_fingerprint`, ...) are only searched
+//! for a canary-shaped span, without being allocated, and nothing else is
+//! built but the text itself.
 //!
 //! Any other shape is not light and [`read`] says so; the caller reads it
 //! from its tree ([`super::answer::read_choice`]), which gives what this
