@@ -1291,22 +1291,11 @@ async fn keep_alive_upstream() -> String {
 async fn a_stream_of_keep_alives_alone_ends_by_the_first_byte_deadline() {
     let upstream = keep_alive_upstream().await;
     let dir = ProxyDir::new();
-    let policy_path = dir.policy(&format!(
-        r#"
-[limits]
-first_byte_timeout_ms = 1500
-idle_timeout_ms = 5000
-
-[[providers]]
-name = "sim"
-base_url = "{upstream}/v1"
-context_window = 1048576
-
-[[routes]]
-model = "*"
-provider = "sim"
-"#
-    ));
+    let policy_path = verified_policy(
+        &dir,
+        &upstream,
+        "[limits]\nfirst_byte_timeout_ms = 1500\nidle_timeout_ms = 5000\n",
+    );
     let proxy = start_proxy_with_policy(&dir, &policy_path, &[]);
     let started = std::time::Instant::now();
     let outcome = ask(&client(), &proxy.url, "Name two planets", true).await;
