@@ -568,14 +568,18 @@ pub fn without_canary_text(body: &[u8]) -> Option<Vec<u8>> {
     serde_json::to_vec(&value).ok()
 }
 
-/// Replaces every string under `value` that holds a canary-shaped span.
+/// Replaces every string under `value` that holds a canary-shaped span,
+/// and drops every member whose name holds one.
 fn withhold_strings(value: &mut serde_json::Value) {
     match value {
         serde_json::Value::String(text) if find_canaries(text).next().is_some() => {
             *text = WITHHELD_ERROR_TEXT.to_owned();
         }
         serde_json::Value::Array(items) => items.iter_mut().for_each(withhold_strings),
-        serde_json::Value::Object(members) => members.values_mut().for_each(withhold_strings),
+        serde_json::Value::Object(members) => {
+            members.retain(|name, _| find_canaries(name).next().is_none());
+            members.values_mut().for_each(withhold_strings);
+        }
         _ => {}
     }
 }
@@ -595,6 +599,14 @@ mod tests {
             withheld,
             serde_json::json!({"error": {"message": WITHHELD_ERROR_TEXT,
                 "type": "invalid_request_error", "param": "messages", "code": null}})
+        );
+        // A member named after one goes.
+        let named = br#"{"error":{"message":"Bad field","type":"invalid_request_error","x_CG123456789012345":1}}"#;
+        let withheld: serde_json::Value =
+            serde_json::from_slice(&without_canary_text(named).unwrap()).unwrap();
+        assert_eq!(
+            withheld,
+            serde_json::json!({"error": {"message": "Bad field", "type": "invalid_request_error"}})
         );
         assert_eq!(
             without_canary_text(b"<html>quoted cg 123456789012345</html>").unwrap(),

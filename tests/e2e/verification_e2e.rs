@@ -1477,6 +1477,263 @@ provider = "openai"
     }
 }
 
+/// A provider that answers every API with the echo and a short text, and
+/// puts the previous request's head canary where canarygate cannot edit
+/// it: in a member's name (`place:name` in the prompt) or in the finish
+/// reason (`place:finish`: Chat's and completions' `finish_reason`, Messages'
+/// `stop_reason`, a response's `status`).
+async fn renaming_upstream() -> String {
+    use axum::extract::State;
+    use axum::http::Uri;
+    use axum::{Json, Router, routing::post};
+    async fn answer(
+        State(last): State<LastHead>,
+        uri: Uri,
+        Json(request): Json<Value>,
+    ) -> ([(&'static str, &'static str); 1], String) {
+        let (opening, earlier) = opening_and_earlier(&last, &request);
+        let asked = request.to_string();
+        let named = asked.contains("place:name") && !earlier.is_empty();
+        let finish = |normal: &str| {
+            if asked.contains("place:finish") && !earlier.is_empty() {
+                format!("{normal} {earlier}")
+            } else {
+                normal.to_owned()
+            }
+        };
+        let text = format!("{opening}\nParis.");
+        let stream = request["stream"] == true;
+        let path = uri.path();
+        let mut extra = serde_json::Map::new();
+        if named {
+            extra.insert(format!("x_{earlier}"), json!(1));
+        }
+        let extra = Value::Object(extra);
+        let merge = |mut value: Value| {
+            for (key, inner) in extra.as_object().unwrap() {
+                value[key] = inner.clone();
+            }
+            value
+        };
+        let sse = |events: Vec<Value>, done: bool| {
+            let mut body: String = events
+                .iter()
+                .map(|data| match data["type"].as_str() {
+                    Some(kind) => format!("event: {kind}\ndata: {data}\n\n"),
+                    None => format!("data: {data}\n\n"),
+                })
+                .collect();
+            if done {
+                body.push_str("data: [DONE]\n\n");
+            }
+            body
+        };
+        let body = if path.ends_with("/chat/completions") {
+            let usage = json!({"prompt_tokens": 60, "completion_tokens": 20, "total_tokens": 80});
+            if stream {
+                let chunk = |delta: Value, finish: Value| {
+                    json!({"id": "c1", "object": "chat.completion.chunk", "model": "m",
+                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+                };
+                sse(
+                    vec![
+                        chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+                        merge(chunk(json!({"content": text}), Value::Null)),
+                        chunk(json!({}), json!(finish("stop"))),
+                        json!({"id": "c1", "choices": [], "usage": usage}),
+                    ],
+                    true,
+                )
+            } else {
+                json!({"id": "c1", "object": "chat.completion", "model": "m",
+                       "choices": [{"index": 0,
+                                    "message": merge(json!({"role": "assistant", "content": text})),
+                                    "finish_reason": finish("stop")}],
+                       "usage": usage})
+                .to_string()
+            }
+        } else if path.ends_with("/completions") {
+            let choice = |text: &str, finish: Value| {
+                merge(json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish}))
+            };
+            let answer = |choices: Value| {
+                json!({"id": "c1", "object": "text_completion", "model": "m", "choices": choices,
+                       "usage": {"prompt_tokens": 60, "completion_tokens": 20,
+                                 "total_tokens": 80}})
+            };
+            if stream {
+                sse(
+                    vec![
+                        answer(json!([choice(&text, Value::Null)])),
+                        answer(json!([choice("", json!(finish("stop")))])),
+                    ],
+                    true,
+                )
+            } else {
+                answer(json!([choice(&text, json!(finish("stop")))])).to_string()
+            }
+        } else if path.ends_with("/responses") {
+            let response = |status: String, output: Value| {
+                json!({"id": "resp_1", "object": "response", "status": status, "output": output,
+                       "usage": {"input_tokens": 60, "output_tokens": 20, "total_tokens": 80}})
+            };
+            let part = merge(json!({"type": "output_text", "text": text, "annotations": []}));
+            let item = json!({"type": "message", "id": "msg_1", "role": "assistant",
+                              "status": "completed", "content": [part]});
+            if stream {
+                let delta = json!({"type": "response.output_text.delta", "item_id": "msg_1",
+                                   "output_index": 0, "content_index": 0, "delta": text});
+                sse(
+                    vec![
+                        json!({"type": "response.created",
+                               "response": response("in_progress".into(), json!([]))}),
+                        json!({"type": "response.output_item.added", "output_index": 0,
+                               "item": {"type": "message", "id": "msg_1", "role": "assistant",
+                                        "status": "in_progress", "content": []}}),
+                        merge(delta),
+                        json!({"type": "response.completed",
+                               "response": response(finish("completed"), json!([item]))}),
+                    ],
+                    false,
+                )
+            } else {
+                response(finish("completed"), json!([item])).to_string()
+            }
+        } else {
+            let block = merge(json!({"type": "text", "text": text}));
+            if stream {
+                sse(
+                    vec![
+                        json!({"type": "message_start", "message": {"id": "msg_1",
+                               "type": "message", "role": "assistant", "model": "m",
+                               "content": [], "stop_reason": null,
+                               "usage": {"input_tokens": 60, "output_tokens": 1}}}),
+                        json!({"type": "content_block_start", "index": 0,
+                               "content_block": {"type": "text", "text": ""}}),
+                        json!({"type": "content_block_delta", "index": 0,
+                               "delta": {"type": "text_delta", "text": text}}),
+                        json!({"type": "content_block_stop", "index": 0}),
+                        merge(json!({"type": "message_delta",
+                                     "delta": {"stop_reason": finish("end_turn")},
+                                     "usage": {"output_tokens": 20}})),
+                        json!({"type": "message_stop"}),
+                    ],
+                    false,
+                )
+            } else {
+                json!({"id": "msg_1", "type": "message", "role": "assistant", "model": "m",
+                       "content": [block], "stop_reason": finish("end_turn"),
+                       "usage": {"input_tokens": 60, "output_tokens": 20}})
+                .to_string()
+            }
+        };
+        let kind = if stream {
+            "text/event-stream"
+        } else {
+            "application/json"
+        };
+        ([("content-type", kind)], body)
+    }
+    let last: LastHead = LastHead::default();
+    let app = Router::new()
+        .route("/v1/chat/completions", post(answer))
+        .route("/v1/completions", post(answer))
+        .route("/v1/responses", post(answer))
+        .route("/v1/messages", post(answer))
+        .with_state(last);
+    serve_upstream(app).await
+}
+
+/// Another request's canary where canarygate cannot edit it (a member's
+/// name) or in a finish reason fails the answer, in every API, whole and
+/// streamed: the client never sees it.
+#[tokio::test]
+async fn another_requests_canary_in_a_name_or_a_finish_fails_the_answer() {
+    let upstream = renaming_upstream().await;
+    let client = client();
+    let dir = ProxyDir::new();
+    let policy = dir.policy(&format!(
+        r#"
+[[providers]]
+name = "openai"
+base_url = "{upstream}/v1"
+context_window = 1048576
+
+[[providers]]
+name = "anthropic"
+api = "anthropic"
+base_url = "{upstream}/v1"
+context_window = 100000
+
+[[routes]]
+model = "claude-sim"
+provider = "anthropic"
+
+[[routes]]
+model = "*"
+provider = "openai"
+"#
+    ));
+    let proxy = start_proxy_with_policy(&dir, &policy, &[]);
+    let send = |path: &'static str, text: &str, stream: bool| {
+        let body = match path {
+            "/v1/chat/completions" => json!({"model": "gpt-sim", "stream": stream,
+                "messages": [{"role": "user", "content": text}]}),
+            "/v1/completions" => json!({"model": "gpt-sim", "stream": stream, "prompt": text}),
+            "/v1/responses" => json!({"model": "gpt-sim", "stream": stream, "input": text}),
+            _ => json!({"model": "claude-sim", "max_tokens": 200, "stream": stream,
+                        "messages": [{"role": "user", "content": text}]}),
+        };
+        let request = client
+            .post(format!("{}{path}", proxy.url))
+            .bearer_auth("sk-e2e")
+            .header("anthropic-version", "2023-06-01")
+            .json(&body);
+        async move {
+            let response = request.send().await.expect("request");
+            let status = response.status().as_u16();
+            let verdict = response
+                .headers()
+                .get("x-canarygate-verdict")
+                .map(|value| value.to_str().unwrap().to_owned());
+            (status, verdict, response.text().await.expect("body"))
+        }
+    };
+    // The first request has no earlier one to be given; an honest answer.
+    let (status, verdict, body) = send("/v1/chat/completions", "Capital?", false).await;
+    assert_eq!(status, 200, "{verdict:?} {body}");
+    let mut failures = Vec::new();
+    for path in [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/messages",
+    ] {
+        for place in ["name", "finish"] {
+            if path == "/v1/completions" && place == "name" {
+                // Read by the same code as Chat's choices.
+                continue;
+            }
+            for stream in [false, true] {
+                let case = format!("{path} {place} stream={stream}");
+                let asked = format!("Capital? place:{place}");
+                let (status, verdict, body) = send(path, &asked, stream).await;
+                // Blocked before anything went out, or (the place coming
+                // after the released text) the stream ends in the error event.
+                let failed = if stream && status == 200 {
+                    body.contains("canarygate_verification_failed")
+                } else {
+                    status == 502 && verdict.is_some_and(|v| v.contains("foreign_canary"))
+                };
+                if holds_canary(&body) || !failed {
+                    failures.push(format!("{case}: {status} {body}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 /// A provider whose whole answer, after the echo, is `words` (from the
 /// prompt: `words: N`) and counts `usage: N` completion tokens, the echo's
 /// among them.

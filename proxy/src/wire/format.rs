@@ -10,6 +10,7 @@ use std::ops::Range;
 
 use axum::http::StatusCode;
 use canarygate_policies::EchoCost;
+use canarygate_policies::canary::{CANONICAL_LEN, find_canaries};
 use canarygate_policies::config::ProviderApi;
 use canarygate_policies::inject::{Injection, RequestCanaries};
 use canarygate_policies::sse::SseEvent;
@@ -50,7 +51,7 @@ pub struct TextField {
 impl TextField {
     /// The text in `value` (the answer or event the field was read from).
     pub fn text<'a>(&self, value: &'a Value) -> &'a str {
-        self.at.get(value).and_then(Value::as_str).unwrap_or("")
+        self.at.text(value).unwrap_or("")
     }
 }
 
@@ -579,6 +580,64 @@ pub trait WireFormat: Send + Sync + 'static {
     /// A translator for the local engine's stream answering `request`,
     /// whose prompt the engine counts at `prompt_tokens`.
     fn local_stream(request: &Value, prompt_tokens: u64) -> Self::LocalStream;
+}
+
+/// Pushes onto `texts`, as [`Part::Other`] fields of choice `choice`, the
+/// name of every member anywhere under `value` (at `at`) that holds a
+/// canary-shaped span. A name is read, never edited: another request's
+/// canary there fails the answer, and the request's own stays (no provider
+/// names a member after a marker it was sent). Names shorter than a canary
+/// are not searched, nor anything deeper than a [`Location`] reaches.
+pub fn canary_shaped_names(value: &Value, at: Location, choice: u32, texts: &mut TextFields) {
+    if !at.has_room() {
+        return;
+    }
+    match value {
+        Value::Object(members) => {
+            for (position, (name, inner)) in members.iter().enumerate() {
+                if name.len() >= CANONICAL_LEN && find_canaries(name).next().is_some() {
+                    let n = texts.len() as u32;
+                    texts.push(TextField {
+                        choice,
+                        kind: Part::Other(n),
+                        at: at.name(position),
+                    });
+                }
+                canary_shaped_names(inner, at.member(position), choice, texts);
+            }
+        }
+        Value::Array(items) => {
+            for (position, item) in items.iter().enumerate() {
+                canary_shaped_names(item, at.index(position), choice, texts);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Takes out of `choices` the fields that are members' names
+/// ([`canary_shaped_names`]), with their spans (`spans` in the order of the
+/// choices' fields): a name is read by the verifier, never delivered, and
+/// the edits of the texts around it may move it.
+pub fn drop_names(choices: &mut [ChoiceView], spans: &mut Spans) {
+    let is_name = |field: &TextField| field.at.is_name();
+    if !choices.iter().flat_map(|choice| &choice.texts).any(is_name) {
+        return;
+    }
+    let mut kept = Spans::new();
+    let mut next = 0;
+    for choice in choices {
+        choice.texts.retain(|field| {
+            let span = spans.get(next).cloned();
+            next += 1;
+            let keep = !is_name(field);
+            if keep && let Some(span) = span {
+                kept.push(span);
+            }
+            keep
+        });
+    }
+    *spans = kept;
 }
 
 /// Puts `text` at `field.at` in `value` (the provider's answer or event).

@@ -114,6 +114,10 @@ pub enum Step {
     /// The member at this position of an object (members keep the order
     /// they were read in): for names known only at run time.
     Member(usize),
+    /// The name of the member at this position of an object: a string
+    /// that can be read ([`Location::text`]) but not replaced. Last step
+    /// only.
+    Name(usize),
 }
 
 /// A [`Step`] in 4 bytes, as a [`Location`] holds it: the kind of step in
@@ -130,6 +134,7 @@ impl PackedStep {
     const KEY: u32 = 0;
     const INDEX: u32 = 1;
     const MEMBER: u32 = 2;
+    const NAME: u32 = 3;
 
     /// `step` packed, or `None` for a position over [`Self::MAX_POSITION`].
     fn new(step: Step) -> Option<Self> {
@@ -137,6 +142,7 @@ impl PackedStep {
             Step::Key(key) => (Self::KEY, key as usize),
             Step::Index(index) => (Self::INDEX, index),
             Step::Member(position) => (Self::MEMBER, position),
+            Step::Name(position) => (Self::NAME, position),
         };
         (payload <= Self::MAX_POSITION).then_some(Self((kind << Self::KIND_SHIFT) | payload as u32))
     }
@@ -146,7 +152,8 @@ impl PackedStep {
         match self.0 >> Self::KIND_SHIFT {
             Self::KEY => Step::Key(Key::ALL[payload]),
             Self::INDEX => Step::Index(payload),
-            _ => Step::Member(payload),
+            Self::MEMBER => Step::Member(payload),
+            _ => Step::Name(payload),
         }
     }
 }
@@ -210,6 +217,11 @@ impl Location {
         self.then(Step::Member(position))
     }
 
+    /// The name of the member at `position` of an object.
+    pub fn name(self, position: usize) -> Self {
+        self.then(Step::Name(position))
+    }
+
     /// Member `name` of `object` (the value this location points at): its
     /// location, by position, and its value; `None` when there is none.
     pub fn named<'a>(self, object: &'a Value, name: &str) -> Option<(Self, &'a Value)> {
@@ -219,6 +231,11 @@ impl Location {
             .enumerate()
             .find(|(_, (key, _))| key.as_str() == name)
             .map(|(position, (_, value))| (self.member(position), value))
+    }
+
+    /// Whether it ends in a member's name ([`Location::name`]).
+    pub fn is_name(&self) -> bool {
+        matches!(self.steps().last(), Some(Step::Name(_)))
     }
 
     /// Whether one more step fits.
@@ -237,7 +254,8 @@ impl Location {
         self.steps[..len].iter().map(|packed| packed.unpack())
     }
 
-    /// The value there, if any.
+    /// The value there, if any (none where a member's name is: a name is
+    /// not a value).
     pub fn get<'a>(&self, mut value: &'a Value) -> Option<&'a Value> {
         if self.len == Self::NOWHERE {
             return None;
@@ -247,12 +265,28 @@ impl Location {
                 Step::Key(key) => value.get(key.name())?,
                 Step::Index(index) => value.get(index)?,
                 Step::Member(position) => value.as_object()?.values().nth(position)?,
+                Step::Name(_) => return None,
             };
         }
         Some(value)
     }
 
-    /// The value there, to replace, if any.
+    /// The string there, if any: a string value, or a member's name.
+    pub fn text<'a>(&self, value: &'a Value) -> Option<&'a str> {
+        let len = usize::from(self.len);
+        match self.steps().last() {
+            Some(Step::Name(position)) => {
+                let mut parent = *self;
+                parent.len = (len - 1) as u8;
+                let members = parent.get(value)?.as_object()?;
+                members.keys().nth(position).map(String::as_str)
+            }
+            _ => self.get(value)?.as_str(),
+        }
+    }
+
+    /// The value there, to replace, if any (none where a member's name is:
+    /// a name is not replaced).
     pub fn get_mut<'a>(&self, mut value: &'a mut Value) -> Option<&'a mut Value> {
         if self.len == Self::NOWHERE {
             return None;
@@ -262,6 +296,7 @@ impl Location {
                 Step::Key(key) => value.get_mut(key.name())?,
                 Step::Index(index) => value.get_mut(index)?,
                 Step::Member(position) => value.as_object_mut()?.values_mut().nth(position)?,
+                Step::Name(_) => return None,
             };
         }
         Some(value)
@@ -288,6 +323,19 @@ mod tests {
         let mut edited = value.clone();
         *at.key(Key::Content).get_mut(&mut edited).unwrap() = serde_json::json!("yo");
         assert_eq!(edited["choices"][0]["delta"]["content"], "yo");
+    }
+
+    #[test]
+    fn a_name_step_reads_a_members_name_and_never_replaces_it() {
+        let mut value = serde_json::json!({"choices": [{"delta": {"content": "hi", "x_CG1": 1}}]});
+        let delta = Location::ROOT.key(Key::Choices).index(0).key(Key::Delta);
+        assert_eq!(delta.name(1).text(&value), Some("x_CG1"));
+        assert_eq!(delta.name(0).text(&value), Some("content"));
+        assert_eq!(delta.name(2).text(&value), None);
+        assert_eq!(delta.key(Key::Content).text(&value), Some("hi"));
+        assert_eq!(delta.member(1).text(&value), None, "a number is no text");
+        assert_eq!(delta.name(1).get(&value), None, "a name is not a value");
+        assert!(delta.name(1).get_mut(&mut value).is_none());
     }
 
     #[test]

@@ -40,7 +40,7 @@ use crate::relay::{COALESCE_BYTES, early_end, interrupted, next_ready, next_with
 use crate::trail::{Ending, Trail};
 use crate::upstream::without_canary_text;
 use crate::upstream_client::{MAX_UPSTREAM_BODY, UpstreamResponse};
-use crate::wire::{EventView, StreamMemo, StreamWriter, WireFormat};
+use crate::wire::{EventView, StreamMemo, StreamWriter, WireFormat, drop_names};
 
 /// `x-canarygate-verdict` of a stream whose verdict comes after the head;
 /// the final verdict then goes in the stream's end marker where the format
@@ -409,7 +409,7 @@ impl<W: WireFormat> VerifiedStream<W> {
 
     async fn on_event(&mut self, event: SseEvent) {
         self.first_event_by = None;
-        let (chunk, last) = match W::read_stream_event(&event, &mut self.memo) {
+        let (mut chunk, last) = match W::read_stream_event(&event, &mut self.memo) {
             EventView::Done => return self.finalize(Some(true)).await,
             EventView::Final(chunk) => (chunk, true),
             EventView::Malformed => return self.interrupt("sent an event that is not JSON".into()),
@@ -450,7 +450,7 @@ impl<W: WireFormat> VerifiedStream<W> {
         // pushed is canarygate's time, not the provider's.
         let arrived_ms = (!self.ttft_seen).then(|| elapsed_ms(self.attempt.sent_at));
         let ttft_seen = &mut self.ttft_seen;
-        let (spans, stop) = self
+        let (mut spans, stop) = self
             .attempt
             .feed(
                 &self.registry,
@@ -465,6 +465,7 @@ impl<W: WireFormat> VerifiedStream<W> {
                 },
             )
             .await;
+        drop_names(&mut chunk.choices, &mut spans);
         self.writer.take(chunk, event, spans);
         if last {
             return self.finalize(Some(true)).await;

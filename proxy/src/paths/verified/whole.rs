@@ -14,7 +14,7 @@ use crate::context::{OVERHEAD_HEADER, RequestContext};
 use crate::error::{ApiError, ErrorCode};
 use crate::trail::Trail;
 use crate::upstream_client::UpstreamResponse;
-use crate::wire::{AnswerView, LightAnswer, WireFormat};
+use crate::wire::{AnswerView, LightAnswer, WireFormat, drop_names};
 
 /// Verifies the whole answer in `response` and decides.
 pub async fn serve<W: WireFormat>(
@@ -79,7 +79,7 @@ pub async fn serve<W: WireFormat>(
     let mut finish_reasons = Vec::new();
     // Each field's span of its part, in the order of the view's fields. A
     // stop here (ttft) withholds the answer, so nothing is read.
-    let spans = if stop {
+    let mut spans = if stop {
         Default::default()
     } else {
         let (spans, _) = match &read {
@@ -132,6 +132,7 @@ pub async fn serve<W: WireFormat>(
             let body = match &mut read {
                 Read::Light { answer, light } => light.deliver(answer, &spans, verifier, delivery),
                 Read::Tree { answer, view } => {
+                    drop_names(&mut view.choices, &mut spans);
                     W::deliver_answer(answer, view, &spans, verifier, delivery);
                     // Written straight into bytes (a `Value`'s `to_string`
                     // goes through the formatter a few bytes at a time),

@@ -6,7 +6,7 @@ use canarygate_policies::canary::find_canaries;
 use canarygate_policies::verify::{Part, ProviderUsage};
 use serde_json::Value;
 
-use crate::wire::format::{ChoiceView, Choices, TextField, TextFields};
+use crate::wire::format::{ChoiceView, Choices, TextField, TextFields, canary_shaped_names};
 use crate::wire::location::{Key, Location};
 
 /// `usage` of an answer or chunk, when it reports prompt tokens (with the
@@ -112,7 +112,16 @@ pub fn map_choices(value: &Value, read: impl Fn(&Value, usize) -> ChoiceView) ->
     let texts = top_level_texts(value, first);
     if !texts.is_empty() {
         match choices.first_mut() {
-            Some(choice) => choice.texts.extend(texts),
+            // Numbered after the choice's own: each other string its own.
+            Some(choice) => {
+                for field in texts {
+                    let n = choice.texts.len() as u32;
+                    choice.texts.push(TextField {
+                        kind: Part::Other(n),
+                        ..field
+                    });
+                }
+            }
             // No choice to carry them: one that is not in the array.
             None => choices.push(ChoiceView {
                 index: 0,
@@ -130,11 +139,13 @@ pub fn map_choices(value: &Value, read: impl Fn(&Value, usize) -> ChoiceView) ->
 /// usage, and a provider's own: Perplexity's `citations` and
 /// `search_results`) that hold a canary-shaped span, as [`Part::Other`]
 /// fields of choice `choice`: another request's canary there fails the
-/// answer, and canarygate's own is removed.
+/// answer, and canarygate's own is removed. And every member name of the
+/// answer, `choices` included, that holds one ([`canary_shaped_names`]).
 pub fn top_level_texts(value: &Value, choice: u32) -> TextFields {
     let mut texts = TextFields::new();
     let known = |key: &str| matches!(key, "choices" | "error");
     residual_members(value, Location::ROOT, choice, known, &mut texts);
+    canary_shaped_names(value, Location::ROOT, choice, &mut texts);
     texts
 }
 
@@ -237,18 +248,26 @@ pub fn read_choice(choice: &Value, position: usize, part: Key) -> ChoiceView {
     // prompt: any other string of the message that holds a canary-shaped span
     // is verified too.
     // A spoken reply's transcript, which a stream sends in pieces: a text
-    // of its own, so that its pieces join across chunks as a content's do.
-    let transcript = at
-        .named(message, "audio")
+    // of its own, so that its pieces join across chunks as a content's do;
+    // the audio's other strings (its id) are scanned as any other.
+    let audio = at.named(message, "audio");
+    let transcript = audio
         .and_then(|(audio_at, audio)| audio_at.named(audio, "transcript"))
         .filter(|(_, transcript)| transcript.is_string())
         .map(|(transcript_at, _)| transcript_at);
-    if let Some(transcript) = transcript {
+    if let (Some(transcript), Some((audio_at, audio))) = (transcript, audio) {
         texts.push(TextField {
             choice: index,
             kind: Part::Transcript,
             at: transcript,
         });
+        residual_members(
+            audio,
+            audio_at,
+            index,
+            |key| key == "transcript",
+            &mut texts,
+        );
     }
     // OpenRouter's `reasoning_details`, which repeat the reasoning in
     // pieces: each entry's text is a text of its own, and its other strings
@@ -266,9 +285,9 @@ pub fn read_choice(choice: &Value, position: usize, part: Key) -> ChoiceView {
     };
     residual_members(message, at, index, known, &mut texts);
     // And any string beside the message in the choice (a provider's own
-    // member), but its index, finish, logprobs (verified as their own).
-    let beside =
-        |key: &str| key == part.name() || matches!(key, "index" | "finish_reason" | "logprobs");
+    // member, the finish reason), but its index and logprobs (verified as
+    // their own).
+    let beside = |key: &str| key == part.name() || matches!(key, "index" | "logprobs");
     let choice_at = Location::ROOT.key(Key::Choices).index(position);
     residual_members(choice, choice_at, index, beside, &mut texts);
     ChoiceView {
@@ -315,5 +334,66 @@ mod tests {
                 (Part::Other(3), &*format!("x{canary}")),
             ]
         );
+    }
+    #[test]
+    fn canary_shaped_names_and_finishes_are_text_fields_read_from_the_tree() {
+        let canary = "CG123456789012345";
+        let name = format!("x_{canary}");
+        let finish = format!("stop {canary}");
+        let chunks = [
+            json!({"id": "c1", &name: 1, "choices": [{"index": 0, "delta": {"content": "hi"},
+                   "finish_reason": null}]}),
+            json!({"id": "c1", "choices": [{"index": 0, "delta": {"content": "hi"},
+                   "finish_reason": null, &name: {"a": 1}}]}),
+            json!({"id": "c1", "choices": [{"index": 0, "delta": {"content": "hi"},
+                   "finish_reason": null}], "usage": null, "extra": [{&name: null}]}),
+            json!({"id": "c1", "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}),
+        ];
+        for (chunk, read) in chunks.iter().zip([&name, &name, &name, &finish]) {
+            let data = chunk.to_string();
+            assert!(
+                super::super::light::read(&data).is_none(),
+                "the tree's to read: {data}"
+            );
+            let read_tree = |chunk: &Value| read_choices(chunk, Key::Delta);
+            let crate::wire::EventView::Chunk(tree) =
+                super::super::read_chunk_tree(&data, read_tree)
+            else {
+                panic!("a chunk: {data}");
+            };
+            let others: Vec<&str> = tree.choices[0]
+                .texts
+                .iter()
+                .filter(|field| matches!(field.kind, Part::Other(_)))
+                .map(|field| field.text(&tree.event))
+                .collect();
+            assert_eq!(others, [read.as_str()], "{data}");
+        }
+        // A whole answer, likewise.
+        for answer in [
+            json!({"choices": [{"index": 0, "message": {"content": "hi", &name: null},
+                   "finish_reason": "stop"}]}),
+            json!({"choices": [{"index": 0, "message": {"content": "hi"},
+                   "finish_reason": finish}]}),
+        ] {
+            assert!(
+                super::super::light_answer::read(&answer.to_string()).is_none(),
+                "{answer}"
+            );
+            let choices = read_choices(&answer, Key::Message);
+            assert!(
+                choices[0].texts.iter().any(|field| {
+                    matches!(field.kind, Part::Other(_))
+                        && canarygate_policies::canary::find_canaries(field.text(&answer))
+                            .next()
+                            .is_some()
+                }),
+                "{answer}"
+            );
+        }
+        // Names shorter than a canary, and canary-free ones, stay light.
+        let plain = json!({"id": "c1", "x_CG123": 1, "choices": [{"index": 0,
+                           "delta": {"content": "hi"}, "finish_reason": "stop"}]});
+        assert!(super::super::light::read(&plain.to_string()).is_some());
     }
 }

@@ -32,10 +32,11 @@
 //! spellings providers use, `json_text.rs`, alone and after other chunks of
 //! their stream).
 
+use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 
-use canarygate_policies::canary::find_canaries;
+use canarygate_policies::canary::{CANONICAL_LEN, find_canaries};
 use canarygate_policies::verify::Part;
 use serde::Deserialize;
 use serde::de::{
@@ -53,9 +54,8 @@ use crate::wire::location::{Key, Location};
 /// that a light reading looks at: `choices`, `usage`, and `error`, which
 /// must not be there; any other member (the metadata every chunk carries,
 /// a provider's own) is skipped unless it holds a canary-shaped span
-/// ([`skip_other`]).
-#[derive(Deserialize)]
-#[serde(field_identifier, rename_all = "snake_case")]
+/// ([`skip_other`]) or its name does ([`member_name`]).
+#[derive(Clone, Copy)]
 pub(super) enum TopMember {
     Choices,
     /// A chunk's usage is read from the tree (`null`, OpenAI's chunks
@@ -66,8 +66,31 @@ pub(super) enum TopMember {
     Error,
     /// `id`, `model`, `obfuscation`, OpenRouter's `provider`, Perplexity's
     /// `citations`...: see [`skip_other`].
-    #[serde(other)]
     Other,
+}
+
+impl<'de> Deserialize<'de> for TopMember {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(match &*member_name(deserializer)? {
+            "choices" => TopMember::Choices,
+            "usage" => TopMember::Usage,
+            "error" => TopMember::Error,
+            _ => TopMember::Other,
+        })
+    }
+}
+
+/// A member's name, where a light reading takes any name: an error for one
+/// that holds a canary-shaped span, which the tree's reading scans
+/// ([`crate::wire::format::canary_shaped_names`]).
+pub(super) fn member_name<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Cow<'de, str>, D::Error> {
+    let JsonStr(name) = JsonStr::deserialize(deserializer)?;
+    if name.len() >= CANONICAL_LEN && find_canaries(&name).next().is_some() {
+        return Err(D::Error::custom("not read lightly"));
+    }
+    Ok(name)
 }
 
 /// Skips the value of a top-level member a light reading does not read
@@ -453,6 +476,13 @@ impl<'de: 'a, 'a> Visitor<'de> for ChoiceSeed<'_, 'a> {
                 ChoiceMember::Delta => delta = map.next_value::<Option<LightDelta<'de>>>()?,
                 ChoiceMember::FinishReason => {
                     finish_reason = map.next_value::<Option<String>>()?;
+                    // A canary-shaped finish is the tree's to scan.
+                    if finish_reason
+                        .as_deref()
+                        .is_some_and(|finish| find_canaries(finish).next().is_some())
+                    {
+                        return Err(M::Error::custom("not read lightly"));
+                    }
                 }
                 ChoiceMember::Logprobs => {
                     map.next_value::<Option<Refused>>()?;

@@ -28,23 +28,34 @@ use serde::Deserialize;
 use serde::de::{DeserializeSeed, Deserializer, Error as _, MapAccess, SeqAccess, Visitor};
 use serde_json::value::RawValue;
 
-use super::light::{Members, Refused, TopMember, skip_other};
+use super::light::{Members, Refused, TopMember, member_name, skip_other};
 use crate::wire::format::{AnswerView, ChoiceView, LightAnswer, LightField, TextField, TextFields};
 use crate::wire::location::{Key, Location};
 
 /// A choice's finish reason when the client's limit cut it.
 const CUT_REASON: &str = "length";
 
-/// The members of a choice that are read.
-#[derive(Clone, Copy, Deserialize)]
-#[serde(field_identifier, rename_all = "snake_case")]
+/// The members of a choice that are read; any other is skipped unless it
+/// or its name holds a canary-shaped span ([`skip_other`], [`member_name`]).
+#[derive(Clone, Copy)]
 enum ChoiceMember {
     Index,
     Message,
     FinishReason,
     Logprobs,
-    #[serde(other)]
     Other,
+}
+
+impl<'de> Deserialize<'de> for ChoiceMember {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Ok(match &*member_name(deserializer)? {
+            "index" => ChoiceMember::Index,
+            "message" => ChoiceMember::Message,
+            "finish_reason" => ChoiceMember::FinishReason,
+            "logprobs" => ChoiceMember::Logprobs,
+            _ => ChoiceMember::Other,
+        })
+    }
 }
 
 /// The members a light message may have.
@@ -222,6 +233,10 @@ impl<'de> Visitor<'de> for ChoiceSeed<'_, 'de> {
                 ChoiceMember::FinishReason => {
                     finish = match map.next_value::<Option<&'de RawValue>>()? {
                         None => None,
+                        // A canary-shaped finish is the tree's to scan.
+                        Some(raw) if find_canaries(raw.get()).next().is_some() => {
+                            return Err(M::Error::custom("not read lightly"));
+                        }
                         Some(raw) => Some(
                             LightField::of(reading.answer, raw)
                                 .ok_or_else(|| M::Error::custom("not read lightly"))?,

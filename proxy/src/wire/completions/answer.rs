@@ -11,8 +11,9 @@ use crate::wire::format::{AnswerView, ChoiceView, Choices, EventView, TextField,
 use crate::wire::location::{Key, Location};
 
 /// Members of a choice read on their own: the text, and what is not model
-/// output (`logprobs` follow the text, [`super::logprobs`]).
-const KNOWN: [&str; 4] = ["text", "index", "finish_reason", "logprobs"];
+/// output (`logprobs` follow the text, [`super::logprobs`]). The finish
+/// reason is a string like any other: scanned when canary-shaped.
+const KNOWN: [&str; 3] = ["text", "index", "logprobs"];
 
 /// Choice `position` of an answer's or chunk's `choices`.
 pub fn read_choice(choice: &Value, position: usize) -> ChoiceView {

@@ -232,7 +232,8 @@ mod tests {
         let mut spans = crate::wire::Spans::new();
         for field in view.choices.iter().flat_map(|choice| &choice.texts) {
             let text = field.text(&answer);
-            spans.push(0..text.len());
+            let start = verifier.received(field.choice, field.kind);
+            spans.push(start..start + text.len());
             verifier.push_part_positions(field.choice, field.kind, text, &registry);
         }
         let finished = verifier.finish(
@@ -244,6 +245,10 @@ mod tests {
             &registry,
         );
         assert!(finished.verdict.passed(), "{:?}", finished.verdict);
+        // The tokens in `top_logprobs` are members' names: read, not
+        // delivered.
+        let mut view = view;
+        crate::wire::drop_names(&mut view.choices, &mut spans);
         Completions::deliver_answer(&mut answer, &view, &spans, &verifier, &mut delivery);
         let choices = &answer["choices"];
         assert_eq!(choices[0]["text"], "Hi there");
@@ -300,6 +305,10 @@ mod tests {
                 spans.push(start..start + text.len());
                 verifier.push_part_positions(field.choice, field.kind, text, &registry);
             }
+            // The token in `top_logprobs` is a member's name: read, not
+            // delivered.
+            let mut chunk = chunk;
+            crate::wire::drop_names(&mut chunk.choices, &mut spans);
             writer.take(chunk, event, spans);
             writer.flush(&verifier, false, &mut out);
         }

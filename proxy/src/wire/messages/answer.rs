@@ -13,7 +13,7 @@ use canarygate_policies::canary::find_canaries;
 use canarygate_policies::verify::{Part, ProviderUsage};
 use serde_json::Value;
 
-use crate::wire::format::{AnswerView, ChoiceView, TextField, TextFields};
+use crate::wire::format::{AnswerView, ChoiceView, TextField, TextFields, canary_shaped_names};
 use crate::wire::location::{Key, Location};
 
 /// Chat's finish reason for Anthropic's `stop_reason`: `end_turn` and
@@ -120,6 +120,7 @@ pub fn read(answer: &Value) -> AnswerView {
             residual_strings(value, Location::ROOT.member(position), &mut texts);
         }
     }
+    canary_shaped_names(answer, Location::ROOT, 0, &mut texts);
     AnswerView {
         choices: smallvec::smallvec![ChoiceView {
             index: 0,

@@ -30,7 +30,7 @@ use super::deliver::{cut_stop_reason, edit_texts};
 use super::error::{is_error_value, message_of};
 use crate::wire::edit::Delivery;
 use crate::wire::format::{
-    ChoiceView, Chunk, EventView, Spans, StreamWriter, TextField, TextFields,
+    ChoiceView, Chunk, EventView, Spans, StreamWriter, TextField, TextFields, canary_shaped_names,
 };
 use crate::wire::location::{Key, Location};
 
@@ -132,6 +132,9 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
         // Anything else (a new event type) is read for canary-shaped text.
         _ => residual_strings(&data, Location::ROOT, &mut texts),
     }
+    let before_names = texts.len();
+    canary_shaped_names(&data, Location::ROOT, 0, &mut texts);
+    carries_choice |= texts.len() > before_names;
     let choices = if carries_choice {
         smallvec::smallvec![ChoiceView {
             index: 0,

@@ -19,7 +19,9 @@ use canarygate_policies::verify::{Part, ProviderUsage};
 use serde_json::Value;
 
 use super::deliver::Slot;
-use crate::wire::format::{ChoiceView, Chunk, EventView, TextField, TextFields, TextPlace};
+use crate::wire::format::{
+    ChoiceView, Chunk, EventView, TextField, TextFields, TextPlace, canary_shaped_names,
+};
 use crate::wire::location::{Key, Location};
 
 /// `usage` of a response: `input_tokens` (cached ones included),
@@ -280,10 +282,12 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
         // from it.
         "response.completed" | "response.incomplete" | "response.failed" => {
             let response = data.get("response").unwrap_or(&Value::Null);
+            let mut texts = repeated_texts(&kind, &data);
+            canary_shaped_names(&data, Location::ROOT, 0, &mut texts);
             let choices = smallvec::smallvec![ChoiceView {
                 index: 0,
                 position: 0,
-                texts: repeated_texts(&kind, &data),
+                texts,
                 finish_reason: finish_of(response),
             }];
             let usage = usage_of(response);
@@ -325,6 +329,7 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
         // any canary-shaped text in it is verified.
         residual(&data, Location::ROOT, &mut texts);
     }
+    canary_shaped_names(&data, Location::ROOT, 0, &mut texts);
     let choices = if texts.is_empty() {
         Default::default()
     } else {
@@ -351,12 +356,14 @@ pub fn is_end(event: &SseEvent) -> bool {
     })
 }
 
-/// The texts of a whole response: its output's, and the instructions it
-/// repeats when they hold a canary-shaped span.
+/// The texts of a whole response: its output's, the instructions it
+/// repeats when they hold a canary-shaped span, and any other string or
+/// member name that holds one.
 pub fn response_texts(response: &Value) -> TextFields {
     let mut texts = output_texts(response, Location::ROOT);
     instructions_texts(response, Location::ROOT, &mut texts);
     member_texts(response, Location::ROOT, &mut texts);
+    canary_shaped_names(response, Location::ROOT, 0, &mut texts);
     texts
 }
 
