@@ -262,6 +262,19 @@ pub fn find_canaries(text: &str) -> impl Iterator<Item = CanaryMatch> + '_ {
     })
 }
 
+/// Whether `text` may be part of a canary-shaped span that other text
+/// joined to it completes: it has a character a span may start with, or it
+/// begins with one a span may go on with (anything but an ASCII letter
+/// other than `G`). A text for which this is false neither holds, begins
+/// nor ends such a span.
+pub fn may_join_a_canary(text: &str) -> bool {
+    let goes_on = text
+        .bytes()
+        .next()
+        .is_some_and(|first| !first.is_ascii_alphabetic() || first.eq_ignore_ascii_case(&b'G'));
+    goes_on || Starts::new(text.as_bytes()).next().is_some()
+}
+
 /// The bytes of a text where a span may start, in order: each `C` or `c`,
 /// and each fullwidth or Cyrillic one. Both kinds are found with `memchr`,
 /// each search resumed where it stopped, so a scan reads the text once
@@ -559,6 +572,19 @@ mod tests {
 
     fn sample() -> Canary {
         Canary::from_random([0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0x0f, 0xed])
+    }
+
+    #[test]
+    fn only_text_that_neither_holds_begins_nor_ends_a_span_cannot_join_one() {
+        for text in ["assistant", "tool", "Paris", ""] {
+            assert!(!may_join_a_canary(text), "{text:?}");
+        }
+        // Holds a start (a `C`), or goes on with a digit, a separator or `G`.
+        for text in [
+            "function", "x CG12", "345 end", " 678", "G123", "gold", "\\u0043", "１２",
+        ] {
+            assert!(may_join_a_canary(text), "{text:?}");
+        }
     }
 
     #[test]

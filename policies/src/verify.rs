@@ -543,6 +543,9 @@ pub enum Part {
     /// Any other string of the choice that holds something canary-shaped
     /// (an unknown field, a citation), number `n` of the
     /// answer: each is pushed whole, scanned, and its own canaries removed.
+    /// A span that could still grow into a canary at the end of one is
+    /// looked at with the next string pushed under the same number (a
+    /// stream's strings that clients join across chunks share one).
     Other(u32),
 }
 
@@ -992,6 +995,11 @@ impl Verifier {
             self.check_carry(index, part, carry, delta, registry);
         }
         self.process(index, part, false, registry);
+        if matches!(part, Part::Other(_)) {
+            // Decided whole, but its tail may begin a canary the next string
+            // under the same number ends.
+            self.carry_tail(index, part, delta);
+        }
         self.open(index, false);
         Some(index)
     }
@@ -1183,11 +1191,25 @@ impl Verifier {
             .map(|track| track.pending.clone())
             .unwrap_or_default();
         self.process(index, part, true, registry);
-        let bytes = held.as_bytes();
+        self.carry_tail(index, part, &held);
+    }
+
+    /// Carries the span at the end of `text`, decided, that could still grow
+    /// into a canary, for `part` of choice `index` to look at with what
+    /// comes next ([`Verifier::check_carry`]), unless a carry is kept
+    /// already.
+    fn carry_tail(&mut self, index: usize, part: Part, text: &str) {
+        let Some(track) = self.choices[index].tracks.get_mut(&part) else {
+            return;
+        };
+        if !track.carry.is_empty() {
+            return;
+        }
+        let bytes = text.as_bytes();
         let partial = Starts::new(bytes)
             .find(|&start| matches!(match_at(bytes, start), Shape::Partial { .. }));
-        if let (Some(start), Some(track)) = (partial, self.choices[index].tracks.get_mut(&part)) {
-            track.carry = held[start..].to_owned();
+        if let Some(start) = partial {
+            track.carry = text[start..].to_owned();
         }
     }
 

@@ -1410,6 +1410,45 @@ fn a_canary_split_around_another_part_is_still_joined() {
     }
 }
 
+/// Another string's pieces pushed under one number (a stream's unknown
+/// delta field, which SDKs join across chunks) are joined at a canary
+/// split between them: another request's fails the answer. Under two
+/// numbers they are two strings; and a request's own canary so split is
+/// no failure.
+#[test]
+fn other_strings_under_one_number_join_at_a_split_canary() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(10);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let (foreign, _) = other_canaries(2);
+    let foreign = foreign.to_string();
+    let own = injection.canaries.head.to_string();
+    for cut in 1..foreign.len() {
+        for (canary, numbers, fails) in [
+            (&foreign, [7, 7], true),
+            (&foreign, [7, 8], false),
+            (&own, [7, 7], false),
+        ] {
+            let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+            verifier.push(0, &format!("{} Fine.", echo_of(&injection)), &registry);
+            let first = format!("note {}", &canary[..cut]);
+            let second = format!("{} end", &canary[cut..]);
+            for (number, text) in numbers.into_iter().zip([first, second]) {
+                let named = verifier.spans_to_look_up(0, Part::Other(number), &text);
+                verifier.push_part(0, Part::Other(number), &text, &registry);
+                if fails && number == 7 && text.ends_with("end") {
+                    let (found, _) = other_canaries(2);
+                    assert!(named.contains(&found), "cut {cut}: named {named:?}");
+                }
+            }
+            let finished = verifier.finish(&honest_facts(&injection, 1), &registry);
+            let failed = finished.verdict.failed_checks() == [Check::ForeignCanary];
+            assert_eq!(failed, fails, "cut {cut}, {numbers:?}, {canary}");
+            assert!(fails || finished.verdict.passed(), "cut {cut}");
+        }
+    }
+}
+
 /// A server that sends its reasoning under both names in every delta
 /// (`reasoning_content` and `reasoning`) has each name's pieces joined:
 /// the model quoting its own canary across deltas gets it removed from

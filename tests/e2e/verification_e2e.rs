@@ -1481,7 +1481,9 @@ provider = "openai"
 /// puts the previous request's head canary where canarygate cannot edit
 /// it: in a member's name (`place:name` in the prompt) or in the finish
 /// reason (`place:finish`: Chat's and completions' `finish_reason`, Messages'
-/// `stop_reason`, a response's `status`).
+/// `stop_reason`, a response's `status`); or, in a Chat stream, split
+/// across two chunks' pieces of a delta's field canarygate does not know
+/// (`place:split`), which SDKs join.
 async fn renaming_upstream() -> String {
     use axum::extract::State;
     use axum::http::Uri;
@@ -1535,15 +1537,24 @@ async fn renaming_upstream() -> String {
                     json!({"id": "c1", "object": "chat.completion.chunk", "model": "m",
                            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
                 };
-                sse(
-                    vec![
-                        chunk(json!({"role": "assistant", "content": ""}), Value::Null),
-                        merge(chunk(json!({"content": text}), Value::Null)),
-                        chunk(json!({}), json!(finish("stop"))),
-                        json!({"id": "c1", "choices": [], "usage": usage}),
-                    ],
-                    true,
-                )
+                let mut events = vec![
+                    chunk(json!({"role": "assistant", "content": ""}), Value::Null),
+                    merge(chunk(json!({"content": text}), Value::Null)),
+                ];
+                if asked.contains("place:split") {
+                    let (first, second) = earlier.split_at(earlier.len() / 2);
+                    events.push(chunk(
+                        json!({"x_note": format!("see {first}")}),
+                        Value::Null,
+                    ));
+                    events.push(chunk(
+                        json!({"x_note": format!("{second} end")}),
+                        Value::Null,
+                    ));
+                }
+                events.push(chunk(json!({}), json!(finish("stop"))));
+                events.push(json!({"id": "c1", "choices": [], "usage": usage}));
+                sse(events, true)
             } else {
                 json!({"id": "c1", "object": "chat.completion", "model": "m",
                        "choices": [{"index": 0,
@@ -1646,7 +1657,8 @@ async fn renaming_upstream() -> String {
 
 /// Another request's canary where canarygate cannot edit it (a member's
 /// name) or in a finish reason fails the answer, in every API, whole and
-/// streamed: the client never sees it.
+/// streamed, and so does one split across a Chat stream's pieces of a field
+/// canarygate does not know: the client never sees it.
 #[tokio::test]
 async fn another_requests_canary_in_a_name_or_a_finish_fails_the_answer() {
     let upstream = renaming_upstream().await;
@@ -1709,12 +1721,15 @@ provider = "openai"
         "/v1/responses",
         "/v1/messages",
     ] {
-        for place in ["name", "finish"] {
+        for place in ["name", "finish", "split"] {
             if path == "/v1/completions" && place == "name" {
                 // Read by the same code as Chat's choices.
                 continue;
             }
             for stream in [false, true] {
+                if place == "split" && !(stream && path == "/v1/chat/completions") {
+                    continue;
+                }
                 let case = format!("{path} {place} stream={stream}");
                 let asked = format!("Capital? place:{place}");
                 let (status, verdict, body) = send(path, &asked, stream).await;

@@ -6,6 +6,7 @@ use canarygate_policies::canary::find_canaries;
 use canarygate_policies::verify::{Part, ProviderUsage};
 use serde_json::Value;
 
+use super::joined::{self, joined_strings, path_step};
 use crate::wire::format::{ChoiceView, Choices, TextField, TextFields, canary_shaped_names};
 use crate::wire::location::{Key, Location};
 
@@ -283,7 +284,24 @@ pub fn read_choice(choice: &Value, position: usize, part: Key) -> ChoiceView {
             || (key == "audio" && transcript.is_some())
             || (key == "reasoning_details" && details.is_some())
     };
-    residual_members(message, at, index, known, &mut texts);
+    match (part, message.as_object()) {
+        // A stream's delta: its strings join across chunks (but a spoken
+        // reply's audio data, which is scanned chunk by chunk rather than
+        // kept whole).
+        (Key::Delta, Some(members)) => {
+            let root = path_step(joined::ROOT, b'.', b"delta");
+            for (position, (key, value)) in members.iter().enumerate() {
+                let member_at = at.member(position);
+                if key == "audio" && !known(key) {
+                    residual_strings(value, member_at, index, key, &mut texts);
+                } else if !known(key) {
+                    let path = path_step(root, b'.', key.as_bytes());
+                    joined_strings(value, member_at, (index, path), key, &mut texts);
+                }
+            }
+        }
+        _ => residual_members(message, at, index, known, &mut texts),
+    }
     // And any string beside the message in the choice (a provider's own
     // member, the finish reason), but its index and logprobs (verified as
     // their own).

@@ -36,7 +36,7 @@ use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 
-use canarygate_policies::canary::{CANONICAL_LEN, find_canaries};
+use canarygate_policies::canary::{CANONICAL_LEN, find_canaries, may_join_a_canary};
 use canarygate_policies::verify::Part;
 use serde::Deserialize;
 use serde::de::{
@@ -227,7 +227,18 @@ impl<'de: 'a, 'a> Deserialize<'de> for LightDelta<'a> {
                     let text = match member {
                         DeltaMember::Role => {
                             let role = map.next_value::<Option<&'de RawValue>>()?;
-                            if role.is_some_and(|role| find_canaries(role.get()).next().is_some()) {
+                            // One that may join a canary with the next
+                            // chunk's is the tree's to read (as a joined
+                            // string, `super::joined::joined_strings`).
+                            let joins = |role: &RawValue| {
+                                let quoted = role.get();
+                                let inner = quoted
+                                    .strip_prefix('"')
+                                    .and_then(|role| role.strip_suffix('"'));
+                                inner.is_some_and(may_join_a_canary)
+                                    || find_canaries(quoted).next().is_some()
+                            };
+                            if role.is_some_and(joins) {
                                 return Err(M::Error::custom("not read lightly"));
                             }
                             delta.keeps_other_fields |= role.is_some();

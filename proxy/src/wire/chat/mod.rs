@@ -15,6 +15,7 @@
 
 mod answer;
 mod deliver;
+mod joined;
 #[cfg(test)]
 mod json_text;
 mod light;
