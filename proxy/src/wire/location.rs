@@ -235,7 +235,9 @@ impl Location {
 
     /// Whether it ends in a member's name ([`Location::name`]).
     pub fn is_name(&self) -> bool {
-        matches!(self.steps().last(), Some(Step::Name(_)))
+        self.len != Self::NOWHERE
+            && self.len > 0
+            && self.steps[usize::from(self.len) - 1].0 >> PackedStep::KIND_SHIFT == PackedStep::NAME
     }
 
     /// Whether one more step fits.
@@ -273,16 +275,16 @@ impl Location {
 
     /// The string there, if any: a string value, or a member's name.
     pub fn text<'a>(&self, value: &'a Value) -> Option<&'a str> {
-        let len = usize::from(self.len);
-        match self.steps().last() {
-            Some(Step::Name(position)) => {
-                let mut parent = *self;
-                parent.len = (len - 1) as u8;
-                let members = parent.get(value)?.as_object()?;
-                members.keys().nth(position).map(String::as_str)
-            }
-            _ => self.get(value)?.as_str(),
+        if !self.is_name() {
+            return self.get(value)?.as_str();
         }
+        let mut parent = *self;
+        parent.len -= 1;
+        let Step::Name(position) = self.steps[usize::from(parent.len)].unpack() else {
+            return None;
+        };
+        let members = parent.get(value)?.as_object()?;
+        members.keys().nth(position).map(String::as_str)
     }
 
     /// The value there, to replace, if any (none where a member's name is:
