@@ -32,6 +32,33 @@ fn policy(dir: &ProxyDir, upstream: &str, release: &str, action: &str) -> std::p
     verified_policy(dir, upstream, &verify)
 }
 
+/// A policy with an OpenAI provider and an Anthropic one (for model
+/// `claude-sim`), both at `upstream`.
+fn two_apis_policy(dir: &ProxyDir, upstream: &str) -> std::path::PathBuf {
+    dir.policy(&format!(
+        r#"
+[[providers]]
+name = "openai"
+base_url = "{upstream}/v1"
+context_window = 1048576
+
+[[providers]]
+name = "anthropic"
+api = "anthropic"
+base_url = "{upstream}/v1"
+context_window = 100000
+
+[[routes]]
+model = "claude-sim"
+provider = "anthropic"
+
+[[routes]]
+model = "*"
+provider = "openai"
+"#
+    ))
+}
+
 /// A unique word for request `index`: survives the sim's tokenizer whole.
 fn marker(index: usize) -> String {
     format!("zq{index:05}")
@@ -1417,28 +1444,7 @@ async fn a_text_sent_back_to_an_earlier_block_ends_the_stream() {
     let upstream = reordering_upstream().await;
     let client = client();
     let dir = ProxyDir::new();
-    let policy = dir.policy(&format!(
-        r#"
-[[providers]]
-name = "openai"
-base_url = "{upstream}/v1"
-context_window = 1048576
-
-[[providers]]
-name = "anthropic"
-api = "anthropic"
-base_url = "{upstream}/v1"
-context_window = 100000
-
-[[routes]]
-model = "claude-sim"
-provider = "anthropic"
-
-[[routes]]
-model = "*"
-provider = "openai"
-"#
-    ));
+    let policy = two_apis_policy(&dir, &upstream);
     let proxy = start_proxy_with_policy(&dir, &policy, &[]);
     for (path, body) in [
         (
@@ -1664,28 +1670,7 @@ async fn another_requests_canary_in_a_name_or_a_finish_fails_the_answer() {
     let upstream = renaming_upstream().await;
     let client = client();
     let dir = ProxyDir::new();
-    let policy = dir.policy(&format!(
-        r#"
-[[providers]]
-name = "openai"
-base_url = "{upstream}/v1"
-context_window = 1048576
-
-[[providers]]
-name = "anthropic"
-api = "anthropic"
-base_url = "{upstream}/v1"
-context_window = 100000
-
-[[routes]]
-model = "claude-sim"
-provider = "anthropic"
-
-[[routes]]
-model = "*"
-provider = "openai"
-"#
-    ));
+    let policy = two_apis_policy(&dir, &upstream);
     let proxy = start_proxy_with_policy(&dir, &policy, &[]);
     let send = |path: &'static str, text: &str, stream: bool| {
         let body = match path {
@@ -1884,6 +1869,172 @@ async fn an_answer_within_the_limit_but_for_its_echo_is_not_cut() {
         } else {
             assert_eq!(content, text, "{body}");
             assert_eq!(finish.as_deref(), Some("stop"), "{body}");
+        }
+    }
+}
+
+/// A provider that streams a Messages or Responses answer: the echo, then
+/// `words: N` words one event each, and `usage: N` output tokens at the end.
+async fn counting_stream_upstream() -> String {
+    use axum::http::Uri;
+    use axum::{Json, Router, routing::post};
+    async fn answer(
+        uri: Uri,
+        Json(request): Json<Value>,
+    ) -> ([(&'static str, &'static str); 1], String) {
+        let texts = strings_of(&request);
+        let opening =
+            canarygate_policies::inject::obedient_opening(texts.iter().map(String::as_str))
+                .unwrap_or_default();
+        let asked = request.to_string();
+        let number = |key: &str| -> usize {
+            let at = asked.find(key).unwrap() + key.len();
+            asked[at..]
+                .chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .unwrap()
+        };
+        let mut pieces = vec![format!("{opening}\n")];
+        for position in 0..number("words: ") {
+            let space = if position == 0 { "" } else { " " };
+            pieces.push(format!("{space}Internationalisation"));
+        }
+        let usage = number("usage: ");
+        let text: String = pieces.concat();
+        let events: Vec<Value> = if uri.path().ends_with("/messages") {
+            let mut events = vec![
+                json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
+                       "role": "assistant", "model": "claude-sim", "content": [],
+                       "stop_reason": null, "usage": {"input_tokens": 90, "output_tokens": 1}}}),
+                json!({"type": "content_block_start", "index": 0,
+                       "content_block": {"type": "text", "text": ""}}),
+            ];
+            events.extend(pieces.iter().map(|piece| {
+                json!({"type": "content_block_delta", "index": 0,
+                       "delta": {"type": "text_delta", "text": piece}})
+            }));
+            events.extend([
+                json!({"type": "content_block_stop", "index": 0}),
+                json!({"type": "message_delta", "delta": {"stop_reason": "end_turn"},
+                       "usage": {"output_tokens": usage}}),
+                json!({"type": "message_stop"}),
+            ]);
+            events
+        } else {
+            let part = |text: &str| json!({"type": "output_text", "text": text, "annotations": []});
+            let item = |status: &str, content: Value| {
+                json!({"type": "message", "id": "msg_1", "role": "assistant", "status": status,
+                       "content": content})
+            };
+            let place = json!({"item_id": "msg_1", "output_index": 0, "content_index": 0});
+            let with = |kind: &str, more: Value| {
+                let mut event = place.clone();
+                event["type"] = json!(kind);
+                for (key, value) in more.as_object().unwrap() {
+                    event[key] = value.clone();
+                }
+                event
+            };
+            let response = |status: &str, output: Value, usage: Value| {
+                json!({"id": "resp_1", "object": "response", "status": status,
+                       "output": output, "usage": usage})
+            };
+            let mut events = vec![
+                json!({"type": "response.created",
+                       "response": response("in_progress", json!([]), Value::Null)}),
+                json!({"type": "response.output_item.added", "output_index": 0,
+                       "item": item("in_progress", json!([]))}),
+                with("response.content_part.added", json!({"part": part("")})),
+            ];
+            events.extend(
+                pieces
+                    .iter()
+                    .map(|piece| with("response.output_text.delta", json!({"delta": piece}))),
+            );
+            events.extend([
+                with("response.output_text.done", json!({"text": text})),
+                with("response.content_part.done", json!({"part": part(&text)})),
+                json!({"type": "response.output_item.done", "output_index": 0,
+                       "item": item("completed", json!([part(&text)]))}),
+                json!({"type": "response.completed", "response": response("completed",
+                       json!([item("completed", json!([part(&text)]))]),
+                       json!({"input_tokens": 90, "output_tokens": usage,
+                              "total_tokens": 90 + usage}))}),
+            ]);
+            events
+        };
+        let body = events
+            .iter()
+            .map(|data| {
+                format!(
+                    "event: {}\ndata: {data}\n\n",
+                    data["type"].as_str().unwrap()
+                )
+            })
+            .collect();
+        ([("content-type", "text/event-stream")], body)
+    }
+    let app = Router::new()
+        .route("/v1/messages", post(answer))
+        .route("/v1/responses", post(answer));
+    serve_upstream(app).await
+}
+
+/// A Messages or Responses stream that the provider counts within the
+/// client's limit reaches the client whole, though the count as it goes
+/// would cut it (the text waits for the provider's count at the end); one
+/// the provider counts over the limit is cut.
+#[tokio::test]
+async fn a_messages_or_responses_stream_within_the_limit_is_not_cut() {
+    let upstream = counting_stream_upstream().await;
+    let client = client();
+    let dir = ProxyDir::new();
+    let proxy = start_proxy_with_policy(&dir, &two_apis_policy(&dir, &upstream), &[]);
+    let words = 12;
+    let text = vec!["Internationalisation"; words].join(" ");
+    // Below the estimate's count of the text (84), at or above the
+    // provider's.
+    let limit = count_text(&text) - 4;
+    for (path, delta_type) in [
+        ("/v1/messages", "content_block_delta"),
+        ("/v1/responses", "response.output_text.delta"),
+    ] {
+        for (usage, cut) in [(limit, false), (limit + 40, true)] {
+            let asked = format!("words: {words}, usage: {usage}");
+            let body = if path == "/v1/messages" {
+                json!({"model": "claude-sim", "max_tokens": limit, "stream": true,
+                       "messages": [{"role": "user", "content": asked}]})
+            } else {
+                json!({"model": "gpt-4o", "max_output_tokens": limit, "stream": true,
+                       "input": asked})
+            };
+            let body = client
+                .post(format!("{}{path}", proxy.url))
+                .bearer_auth("sk-e2e")
+                .header("anthropic-version", "2023-06-01")
+                .json(&body)
+                .send()
+                .await
+                .expect("request")
+                .text()
+                .await
+                .expect("a stream");
+            let delivered: String = sse_data(&body)
+                .iter()
+                .filter_map(|data| serde_json::from_str::<Value>(data).ok())
+                .filter(|event| event["type"] == delta_type)
+                .filter_map(|event| {
+                    let piece = event["delta"]["text"].as_str().or(event["delta"].as_str());
+                    piece.map(str::to_owned)
+                })
+                .collect();
+            if cut {
+                assert!(delivered.len() < text.len(), "{path}: {body}");
+            } else {
+                assert_eq!(delivered, text, "{path}: {body}");
+            }
         }
     }
 }

@@ -213,6 +213,9 @@ pub struct StreamMemo {
     /// Times a frame was learnt; the learning stops after a few, for a
     /// provider whose events never repeat their frame.
     pub(crate) frames_learnt: u8,
+    /// The prompt's usage an opening event reported (Messages'
+    /// `message_start`), which a later event's output count alone completes.
+    pub(crate) opening_usage: Option<ProviderUsage>,
     /// The furthest item a text came from, and the furthest index in each
     /// of its lists ([`StreamMemo::keeps_order`]).
     furthest_place: Option<(u64, [u64; TextPlace::LISTS])>,
@@ -347,6 +350,30 @@ impl Chunk {
     /// the strings of its text fields are read from.
     pub fn with_data<'a>(&'a self, data: &'a str) -> ChunkTexts<'a> {
         ChunkTexts { chunk: self, data }
+    }
+
+    /// Whether writing the chunk (read from `data`, its fields having
+    /// carried `spans`) now would cut a text of it at the client's limit,
+    /// by the count as it goes ([`Delivery::would_cut`]): a stream holds
+    /// such a chunk, and every one after it, until the provider's own count
+    /// at its end says whether the answer fits ([`Delivery::fits_the_limit`]).
+    pub fn would_be_cut(
+        &self,
+        data: &str,
+        spans: &Spans,
+        delivery: &mut Delivery,
+        verifier: &Verifier,
+    ) -> bool {
+        let texts = self.with_data(data);
+        self.texts().zip(spans).any(|(field, span)| {
+            delivery.would_cut(
+                field.choice,
+                field.kind,
+                texts.text(field),
+                span.clone(),
+                || verifier.release_of(field.choice, field.kind),
+            )
+        })
     }
 }
 

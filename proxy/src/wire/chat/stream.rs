@@ -137,21 +137,6 @@ impl<E: ChunkEditor> ChatStream<E> {
             })
     }
 
-    /// Whether writing `held` now would cut a text of it at the client's
-    /// limit ([`Delivery::would_cut`]).
-    fn would_cut(delivery: &mut Delivery, held: &Held, verifier: &Verifier) -> bool {
-        let texts = held.chunk.with_data(&held.data);
-        held.chunk.texts().zip(&held.spans).any(|(field, span)| {
-            delivery.would_cut(
-                field.choice,
-                field.kind,
-                texts.text(field),
-                span.clone(),
-                || verifier.release_of(field.choice, field.kind),
-            )
-        })
-    }
-
     /// Whether a light chunk (see [`Chunk::light`]) goes out as the
     /// provider sent it: no choice of it was cut at the client's limit
     /// (its finish reason stays), and its text, if any, passes whole. Then
@@ -330,7 +315,11 @@ impl<E: ChunkEditor> StreamWriter for ChatStream<E> {
             if !at_end && (self.over_budget || !Self::ready(held, verifier)) {
                 return;
             }
-            if !at_end && Self::would_cut(&mut self.delivery, held, verifier) {
+            if !at_end
+                && held
+                    .chunk
+                    .would_be_cut(&held.data, &held.spans, &mut self.delivery, verifier)
+            {
                 self.over_budget = true;
                 return;
             }

@@ -45,7 +45,7 @@ use self::local::MessagesLocal;
 use self::stream::MessagesStream;
 use crate::error::ApiError;
 use crate::wire::edit::Delivery;
-use crate::wire::format::{AnswerView, ClientRequest, EventView, WireFormat};
+use crate::wire::format::{AnswerView, ClientRequest, EventView, StreamMemo, WireFormat};
 
 /// Anthropic's Messages API.
 pub struct Messages;
@@ -106,6 +106,36 @@ impl WireFormat for Messages {
 
     fn read_event(event: &SseEvent) -> EventView {
         stream::read_event(event)
+    }
+
+    /// [`stream::read_event`], each `message_delta`'s output count (alone
+    /// in its usage, as Anthropic sends it) completed with the prompt's
+    /// that `message_start` reported: the answer's count, which says at the
+    /// end whether text held for the client's limit fits.
+    fn read_stream_event(event: &SseEvent, memo: &mut StreamMemo) -> EventView {
+        let mut view = stream::read_event(event);
+        if let EventView::Chunk(chunk) = &mut view {
+            match chunk.usage {
+                Some(usage) if usage.completion_tokens.is_none() => {
+                    memo.opening_usage = Some(usage);
+                }
+                Some(_) => {}
+                None => {
+                    let output = chunk
+                        .event
+                        .get("usage")
+                        .and_then(|usage| usage.get("output_tokens"))
+                        .and_then(Value::as_u64);
+                    if let (Some(opening), Some(output)) = (memo.opening_usage, output) {
+                        chunk.usage = Some(ProviderUsage {
+                            completion_tokens: Some(output),
+                            ..opening
+                        });
+                    }
+                }
+            }
+        }
+        view
     }
 
     fn is_end_marker(event: &SseEvent) -> bool {

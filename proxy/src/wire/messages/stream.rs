@@ -225,6 +225,10 @@ pub struct MessagesStream {
     failure: Option<&'static str>,
     /// Buffers of events written out ([`StreamWriter::spent`]).
     spent: SpentBuffers,
+    /// An event's text would have been cut at the client's limit by the
+    /// count as it goes: it and every event after it wait for the stream's
+    /// end, where the provider's own count may say the answer fits.
+    over_budget: bool,
 }
 
 impl MessagesStream {
@@ -239,6 +243,7 @@ impl MessagesStream {
             dropped_blocks: 0,
             failure: None,
             spent: SpentBuffers::default(),
+            over_budget: false,
         }
     }
 
@@ -413,7 +418,22 @@ impl StreamWriter for MessagesStream {
 
     fn flush(&mut self, verifier: &Verifier, at_end: bool, out: &mut Vec<u8>) {
         while let Some(held) = self.held.front() {
-            if self.failure.is_some() || (!at_end && !Self::ready(held, verifier)) {
+            if self.failure.is_some()
+                || (!at_end && (self.over_budget || !Self::ready(held, verifier)))
+            {
+                return;
+            }
+            // Text the count as it goes would cut waits, with all that
+            // follows it, for the provider's own count at the end.
+            if !at_end
+                && held.chunk.would_be_cut(
+                    &held.event.data,
+                    &held.spans,
+                    &mut self.delivery,
+                    verifier,
+                )
+            {
+                self.over_budget = true;
                 return;
             }
             let Held {

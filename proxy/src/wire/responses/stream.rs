@@ -69,6 +69,10 @@ pub struct ResponsesStream {
     failure: Option<&'static str>,
     /// Buffers of events written out ([`StreamWriter::spent`]).
     spent: SpentBuffers,
+    /// An event's text would have been cut at the client's limit by the
+    /// count as it goes: it and every event after it wait for the stream's
+    /// end, where the provider's own count may say the answer fits.
+    over_budget: bool,
     /// The highest `sequence_number` of the events written out: canarygate's
     /// own error event follows it.
     last_sequence: Option<u64>,
@@ -90,6 +94,7 @@ impl ResponsesStream {
             delivered: Delivered::new(),
             failure: None,
             spent: SpentBuffers::default(),
+            over_budget: false,
             last_sequence: None,
             last_was_error: false,
         }
@@ -323,7 +328,22 @@ impl StreamWriter for ResponsesStream {
 
     fn flush(&mut self, verifier: &Verifier, at_end: bool, out: &mut Vec<u8>) {
         while let Some(held) = self.held.front() {
-            if self.failure.is_some() || (!at_end && !Self::ready(held, verifier)) {
+            if self.failure.is_some()
+                || (!at_end && (self.over_budget || !Self::ready(held, verifier)))
+            {
+                return;
+            }
+            // Text the count as it goes would cut waits, with all that
+            // follows it, for the provider's own count at the end.
+            if !at_end
+                && held.chunk.would_be_cut(
+                    &held.event.data,
+                    &held.spans,
+                    &mut self.delivery,
+                    verifier,
+                )
+            {
+                self.over_budget = true;
                 return;
             }
             let Held {
