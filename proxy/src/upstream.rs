@@ -506,14 +506,21 @@ const RELAYED_PREFIXES: [&str; 2] = ["x-ratelimit-", "anthropic-ratelimit-"];
 /// obey over their own rule), the provider's request id, processing time
 /// and API version. An allowlist: hop-by-hop headers, `set-cookie` and anything
 /// else the provider (or a CDN in front of it) sends never reach the client.
+/// A header whose name or value holds a canary-shaped span is not passed
+/// on: SDKs show request ids (and clients log them), and no real one holds
+/// a canary.
 pub fn relayed_headers(headers: &HeaderMap) -> HeaderMap {
     let mut relayed = HeaderMap::new();
     for (name, value) in headers {
         let text = name.as_str();
-        if RELAYED_HEADERS.contains(&text)
+        let listed = RELAYED_HEADERS.contains(&text)
             || RELAYED_PREFIXES
                 .iter()
-                .any(|prefix| text.starts_with(prefix))
+                .any(|prefix| text.starts_with(prefix));
+        let canary_shaped = |text: &str| find_canaries(text).next().is_some();
+        if listed
+            && !canary_shaped(text)
+            && !canary_shaped(&String::from_utf8_lossy(value.as_bytes()))
         {
             relayed.append(name.clone(), value.clone());
         }
@@ -643,7 +650,7 @@ mod tests {
     }
 
     #[test]
-    fn retry_hints_and_rate_limits_are_relayed_and_nothing_else() {
+    fn retry_hints_and_rate_limits_are_relayed_and_nothing_else_canary_shaped() {
         let mut headers = HeaderMap::new();
         for (name, value) in [
             ("x-should-retry", "false"),
@@ -652,6 +659,9 @@ mod tests {
             ("anthropic-ratelimit-tokens-limit", "100"),
             ("set-cookie", "a=b"),
             ("cf-ray", "1"),
+            // Canary-shaped, in a value or in a name: not passed on.
+            ("x-request-id", "req_CG123456789012345"),
+            ("x-ratelimit-cg123456789012345", "1"),
         ] {
             headers.insert(
                 axum::http::HeaderName::from_static(name),

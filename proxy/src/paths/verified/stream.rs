@@ -412,7 +412,11 @@ impl<W: WireFormat> VerifiedStream<W> {
         let (mut chunk, last) = match W::read_stream_event(&event, &mut self.memo) {
             EventView::Done => return self.finalize(Some(true)).await,
             EventView::Final(chunk) => (chunk, true),
-            EventView::Malformed => return self.interrupt("sent an event that is not JSON".into()),
+            EventView::Malformed => {
+                return self.interrupt(
+                    "sent an event that cannot be read (not JSON, or not of its API)".into(),
+                );
+            }
             EventView::Error(message) => {
                 // Before anything went out, its error is the answer, with
                 // the status it stands for.

@@ -339,6 +339,11 @@ mod tests {
                     "note": canary}, "usage": {"output_tokens": 9}}),
                 canary.to_owned(),
             ),
+            (
+                "ping",
+                json!({"type": "ping", "note": format!("x{canary}")}),
+                format!("x{canary}"),
+            ),
         ] {
             let EventView::Chunk(chunk) = Messages::read_event(&sse(name, data)) else {
                 panic!("{name}: a chunk");
@@ -349,6 +354,14 @@ mod tests {
                 .collect();
             assert_eq!(read, [(Part::Other(0), text.as_str())], "{name}");
         }
+        // An event's name goes out as it came: one holding a canary is no
+        // event of a stream.
+        let named = sse(
+            &format!("content_block_delta {canary}"),
+            json!({"type": "content_block_delta", "index": 0,
+                   "delta": {"type": "text_delta", "text": "hi"}}),
+        );
+        assert!(matches!(Messages::read_event(&named), EventView::Malformed));
     }
 
     fn sse(name: &str, data: Value) -> SseEvent {

@@ -21,6 +21,7 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
+use canarygate_policies::canary::find_canaries;
 use canarygate_policies::sse::{SpentBuffers, SseEvent, encode_data, encode_json};
 use canarygate_policies::verify::{Part, ProviderUsage, Verdict, Verifier};
 use serde_json::Value;
@@ -61,6 +62,16 @@ const UNEDITABLE: &str = "sent an event that must be edited and cannot be";
 /// thinking delta without its tree ([`light`](super::light)), any other
 /// event from its tree.
 pub fn read_event(event: &SseEvent) -> EventView {
+    // The event's name goes to the client as the provider wrote it, and
+    // SDKs read it: one with a canary-shaped span in it is no event of a
+    // real stream.
+    if event
+        .event
+        .as_deref()
+        .is_some_and(|name| find_canaries(name).next().is_some())
+    {
+        return EventView::Malformed;
+    }
     match super::light::read(&event.data) {
         Some(chunk) => EventView::Chunk(chunk),
         None => read_tree(event),
@@ -102,7 +113,11 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
                 },
             );
         }
-        "ping" => carries_choice = false,
+        // Nothing of a choice, but any string in it is read.
+        "ping" => {
+            residual_strings(&data, Location::ROOT, &mut texts);
+            carries_choice = !texts.is_empty();
+        }
         "content_block_start" => block_texts(
             &data["content_block"],
             Location::ROOT.key(Key::ContentBlock),
