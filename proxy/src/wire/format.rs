@@ -642,13 +642,18 @@ pub fn canary_shaped_names(value: &Value, at: Location, choice: u32, texts: &mut
     }
 }
 
-/// Takes out of `choices` the fields that are members' names
-/// ([`canary_shaped_names`]), with their spans (`spans` in the order of the
-/// choices' fields): a name is read by the verifier, never delivered, and
-/// the edits of the texts around it may move it.
-pub fn drop_names(choices: &mut [ChoiceView], spans: &mut Spans) {
-    let is_name = |field: &TextField| field.at.is_name();
-    if !choices.iter().flat_map(|choice| &choice.texts).any(is_name) {
+/// Takes out of `choices` the fields that are read only (a member's name,
+/// [`canary_shaped_names`]; a token of logprobs: [`Location::read_only`]),
+/// with their spans (`spans` in the order of the choices' fields): the
+/// verifier reads them, the delivery never writes them, and the edits of
+/// the texts around them may move them.
+pub fn drop_read_only(choices: &mut [ChoiceView], spans: &mut Spans) {
+    let is_read_only = |field: &TextField| field.at.is_read_only();
+    if !choices
+        .iter()
+        .flat_map(|choice| &choice.texts)
+        .any(is_read_only)
+    {
         return;
     }
     let mut kept = Spans::new();
@@ -657,7 +662,7 @@ pub fn drop_names(choices: &mut [ChoiceView], spans: &mut Spans) {
         choice.texts.retain(|field| {
             let span = spans.get(next).cloned();
             next += 1;
-            let keep = !is_name(field);
+            let keep = !is_read_only(field);
             if keep && let Some(span) = span {
                 kept.push(span);
             }

@@ -167,6 +167,8 @@ pub struct Location {
     /// Steps taken; [`Location::NOWHERE`] for a location that cannot be
     /// held.
     len: u8,
+    /// The string there is read, never written ([`Location::read_only`]).
+    read_only: bool,
 }
 
 impl Location {
@@ -174,6 +176,7 @@ impl Location {
     pub const ROOT: Self = Self {
         steps: [PackedStep(0); MAX_STEPS],
         len: 0,
+        read_only: false,
     };
 
     /// The `len` of a location past the last element a step can name: it
@@ -217,9 +220,18 @@ impl Location {
         self.then(Step::Member(position))
     }
 
-    /// The name of the member at `position` of an object.
+    /// The name of the member at `position` of an object: read only.
     pub fn name(self, position: usize) -> Self {
-        self.then(Step::Name(position))
+        self.then(Step::Name(position)).read_only()
+    }
+
+    /// The same place, and every place under it, read only: the verifier
+    /// reads the string there, and the client gets it as the provider sent
+    /// it (a member's name; a token of logprobs, which follow the text they
+    /// spell and move when it is edited).
+    pub fn read_only(mut self) -> Self {
+        self.read_only = true;
+        self
     }
 
     /// Member `name` of `object` (the value this location points at): its
@@ -234,10 +246,15 @@ impl Location {
     }
 
     /// Whether it ends in a member's name ([`Location::name`]).
-    pub fn is_name(&self) -> bool {
+    fn is_name(&self) -> bool {
         self.len != Self::NOWHERE
             && self.len > 0
             && self.steps[usize::from(self.len) - 1].0 >> PackedStep::KIND_SHIFT == PackedStep::NAME
+    }
+
+    /// Whether the string there is read only ([`Location::read_only`]).
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
     }
 
     /// Whether one more step fits.

@@ -60,5 +60,5 @@ pub mod responses;
 
 pub use format::{
     AnswerView, ChoiceView, ClientRequest, EventView, LightAnswer, LocalStream, Spans, StreamMemo,
-    StreamWriter, TextSource, WireFormat, drop_names,
+    StreamWriter, TextSource, WireFormat, drop_read_only,
 };

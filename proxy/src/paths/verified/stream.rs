@@ -40,7 +40,7 @@ use crate::relay::{COALESCE_BYTES, early_end, interrupted, next_ready, next_with
 use crate::trail::{Ending, Trail};
 use crate::upstream::without_canary_text;
 use crate::upstream_client::{MAX_UPSTREAM_BODY, UpstreamResponse};
-use crate::wire::{EventView, StreamMemo, StreamWriter, WireFormat, drop_names};
+use crate::wire::{EventView, StreamMemo, StreamWriter, WireFormat, drop_read_only};
 
 /// `x-canarygate-verdict` of a stream whose verdict comes after the head;
 /// the final verdict then goes in the stream's end marker where the format
@@ -469,7 +469,7 @@ impl<W: WireFormat> VerifiedStream<W> {
                 },
             )
             .await;
-        drop_names(&mut chunk.choices, &mut spans);
+        drop_read_only(&mut chunk.choices, &mut spans);
         self.writer.take(chunk, event, spans);
         if last {
             return self.finalize(Some(true)).await;

@@ -14,7 +14,7 @@ use crate::context::{OVERHEAD_HEADER, RequestContext};
 use crate::error::{ApiError, ErrorCode};
 use crate::trail::Trail;
 use crate::upstream_client::UpstreamResponse;
-use crate::wire::{AnswerView, LightAnswer, WireFormat, drop_names};
+use crate::wire::{AnswerView, LightAnswer, WireFormat, drop_read_only};
 
 /// Verifies the whole answer in `response` and decides.
 pub async fn serve<W: WireFormat>(
@@ -132,7 +132,7 @@ pub async fn serve<W: WireFormat>(
             let body = match &mut read {
                 Read::Light { answer, light } => light.deliver(answer, &spans, verifier, delivery),
                 Read::Tree { answer, view } => {
-                    drop_names(&mut view.choices, &mut spans);
+                    drop_read_only(&mut view.choices, &mut spans);
                     W::deliver_answer(answer, view, &spans, verifier, delivery);
                     // Written straight into bytes (a `Value`'s `to_string`
                     // goes through the formatter a few bytes at a time),

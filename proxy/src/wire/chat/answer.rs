@@ -64,6 +64,15 @@ fn residual_strings(value: &Value, at: Location, choice: u32, key: &str, texts: 
     }
 }
 
+/// Pushes onto `texts`, as read-only [`Part::Other`] fields of choice
+/// `choice` ([`Location::read_only`]), every string under `value` (at `at`)
+/// that holds a canary-shaped span: for logprobs, whose tokens follow the
+/// text they spell (another request's canary there fails the answer; the
+/// delivery moves them with the text, never writes them).
+pub fn read_only_strings(value: &Value, at: Location, choice: u32, texts: &mut TextFields) {
+    residual_strings(value, at.read_only(), choice, "", texts);
+}
+
 /// Pushes onto `texts`, as [`Part::Other`] fields of choice `choice`, every
 /// string under the members of `object` (at `at`) that holds a canary-shaped
 /// span, except under the members `known` says are read as their own parts
@@ -303,11 +312,14 @@ pub fn read_choice(choice: &Value, position: usize, part: Key) -> ChoiceView {
         _ => residual_members(message, at, index, known, &mut texts),
     }
     // And any string beside the message in the choice (a provider's own
-    // member, the finish reason), but its index and logprobs (verified as
-    // their own).
+    // member, the finish reason), but its index, and its logprobs (read
+    // only, below).
     let beside = |key: &str| key == part.name() || matches!(key, "index" | "logprobs");
     let choice_at = Location::ROOT.key(Key::Choices).index(position);
     residual_members(choice, choice_at, index, beside, &mut texts);
+    if let Some((logprobs_at, logprobs)) = choice_at.named(choice, "logprobs") {
+        read_only_strings(logprobs, logprobs_at, index, &mut texts);
+    }
     ChoiceView {
         index,
         position,
@@ -325,6 +337,34 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn logprobs_tokens_are_read_only() {
+        let canary = "CG123456789012345";
+        let entry = json!({"token": "Hi", "logprob": -0.1,
+                           "top_logprobs": [{"token": format!("x{canary}"), "logprob": -2.0}]});
+        for (answer, part) in [
+            (
+                json!({"choices": [{"index": 0, "message": {"content": "Hi"},
+                    "logprobs": {"content": [entry]}, "finish_reason": "stop"}]}),
+                Key::Message,
+            ),
+            (
+                json!({"choices": [{"index": 0, "delta": {"content": "Hi"},
+                    "logprobs": {"content": [entry]}, "finish_reason": null}]}),
+                Key::Delta,
+            ),
+        ] {
+            let choices = read_choices(&answer, part);
+            let others: Vec<(&str, bool)> = choices[0]
+                .texts
+                .iter()
+                .filter(|field| matches!(field.kind, Part::Other(_)))
+                .map(|field| (field.text(&answer), field.at.is_read_only()))
+                .collect();
+            assert_eq!(others, [(format!("x{canary}").as_str(), true)], "{answer}");
+        }
+    }
 
     #[test]
     fn openrouters_reasoning_details_are_texts_of_their_own() {

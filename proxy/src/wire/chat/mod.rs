@@ -39,7 +39,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use self::answer::read_choices;
-pub use self::answer::{index_of, map_choices, residual_members, usage_of};
+pub use self::answer::{index_of, map_choices, read_only_strings, residual_members, usage_of};
 pub use self::deliver::Edited;
 use self::deliver::edit_fields;
 pub use self::logprobs::followed as followed_logprobs;

@@ -6,13 +6,16 @@ use canarygate_policies::sse::SseEvent;
 use canarygate_policies::verify::Part;
 use serde_json::Value;
 
-use crate::wire::chat::{index_of, map_choices, read_chunk_tree, residual_members, usage_of};
+use crate::wire::chat::{
+    index_of, map_choices, read_chunk_tree, read_only_strings, residual_members, usage_of,
+};
 use crate::wire::format::{AnswerView, ChoiceView, Choices, EventView, TextField, TextFields};
 use crate::wire::location::{Key, Location};
 
 /// Members of a choice read on their own: the text, and what is not model
-/// output (`logprobs` follow the text, [`super::logprobs`]). The finish
-/// reason is a string like any other: scanned when canary-shaped.
+/// output (`logprobs` follow the text, [`super::logprobs`], their tokens
+/// read only). The finish reason is a string like any other: scanned when
+/// canary-shaped.
 const KNOWN: [&str; 3] = ["text", "index", "logprobs"];
 
 /// Choice `position` of an answer's or chunk's `choices`.
@@ -30,6 +33,9 @@ pub fn read_choice(choice: &Value, position: usize) -> ChoiceView {
     // A provider's own fields (SGLang's `matched_stop`, vLLM's
     // `stop_reason`) may repeat prompt or output text.
     residual_members(choice, at, index, |key| KNOWN.contains(&key), &mut texts);
+    if let Some((logprobs_at, logprobs)) = at.named(choice, "logprobs") {
+        read_only_strings(logprobs, logprobs_at, index, &mut texts);
+    }
     ChoiceView {
         index,
         position,

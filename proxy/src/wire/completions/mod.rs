@@ -248,7 +248,7 @@ mod tests {
         // The tokens in `top_logprobs` are members' names: read, not
         // delivered.
         let mut view = view;
-        crate::wire::drop_names(&mut view.choices, &mut spans);
+        crate::wire::drop_read_only(&mut view.choices, &mut spans);
         Completions::deliver_answer(&mut answer, &view, &spans, &verifier, &mut delivery);
         let choices = &answer["choices"];
         assert_eq!(choices[0]["text"], "Hi there");
@@ -308,7 +308,7 @@ mod tests {
             // The token in `top_logprobs` is a member's name: read, not
             // delivered.
             let mut chunk = chunk;
-            crate::wire::drop_names(&mut chunk.choices, &mut spans);
+            crate::wire::drop_read_only(&mut chunk.choices, &mut spans);
             writer.take(chunk, event, spans);
             writer.flush(&verifier, false, &mut out);
         }

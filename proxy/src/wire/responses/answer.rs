@@ -10,7 +10,7 @@
 //! texts are not read (the writer rewrites them from what was delivered),
 //! but any other string in the items and the response they repeat is.
 //!
-//! Longer than 500 lines: about 200 of them are the unit tests, which read
+//! Longer than 500 lines: about 280 of them are the unit tests, which read
 //! whole responses and stream events of every item kind.
 
 use canarygate_policies::canary::find_canaries;
@@ -283,6 +283,7 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
         "response.completed" | "response.incomplete" | "response.failed" => {
             let response = data.get("response").unwrap_or(&Value::Null);
             let mut texts = repeated_texts(&kind, &data);
+            beside_texts(&kind, &data, &mut texts);
             canary_shaped_names(&data, Location::ROOT, 0, &mut texts);
             let choices = smallvec::smallvec![ChoiceView {
                 index: 0,
@@ -305,26 +306,30 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
             place = text_place(part, index("output_index").unwrap_or(0), slot);
         }
         // Any other string beside the text (its item's id, the padding),
-        // but its logprobs, which follow the text.
+        // its logprobs' read only (they follow the text).
         for (position, (key, value)) in data.as_object().into_iter().flatten().enumerate() {
-            if !matches!(key.as_str(), "delta" | "logprobs") {
-                residual(value, Location::ROOT.member(position), &mut texts);
+            let at = Location::ROOT.member(position);
+            match key.as_str() {
+                "delta" => {}
+                "logprobs" => residual(value, at.read_only(), &mut texts),
+                _ => residual(value, at, &mut texts),
             }
         }
     } else if matches!(
         kind.as_str(),
-        "response.created" | "response.queued" | "response.in_progress"
+        "response.created"
+            | "response.queued"
+            | "response.in_progress"
+            | "response.output_item.added"
+            | "response.output_item.done"
     ) {
-        // The instructions the response repeats hold canarygate's blocks.
-        if let Some(response) = data.get("response") {
-            instructions_texts(response, Location::ROOT.key(Key::Response), &mut texts);
-        }
-    } else if matches!(
-        kind.as_str(),
-        "response.output_item.added" | "response.output_item.done"
-    ) {
+        // The response or item they repeat (the instructions hold
+        // canarygate's blocks), and what is beside it.
         texts = repeated_texts(&kind, &data);
-    } else if !WITHOUT_TEXT.contains(&kind.as_str()) {
+        beside_texts(&kind, &data, &mut texts);
+    } else if WITHOUT_TEXT.contains(&kind.as_str()) {
+        beside_texts(&kind, &data, &mut texts);
+    } else {
         // An event of another kind (annotations, audio, custom tools...):
         // any canary-shaped text in it is verified.
         residual(&data, Location::ROOT, &mut texts);
@@ -343,6 +348,55 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
     let mut chunk = Chunk::parsed(data, choices, None);
     chunk.place = place;
     EventView::Chunk(chunk)
+}
+
+/// Pushes onto `texts` every string of a Responses event of type `kind`
+/// (`data`) that holds a canary-shaped span, but what is read on its own
+/// (the `response` or `item` it repeats, [`repeated_texts`]) and what the
+/// stream's writer rewrites from what was delivered: the text a `.done`
+/// event repeats, a part's text. Logprobs are read only. Anything else
+/// passes to the client as the provider sent it (an `error` member, which
+/// SDKs raise, a part's annotations, ids), so another request's canary
+/// there fails the answer.
+fn beside_texts(kind: &str, data: &Value, texts: &mut TextFields) {
+    let Some(members) = data.as_object() else {
+        return;
+    };
+    let repeats = |key: &str| match kind {
+        "response.output_item.added" | "response.output_item.done" => key == "item",
+        "response.output_text.done"
+        | "response.reasoning_summary_text.done"
+        | "response.reasoning_text.done" => key == "text",
+        "response.refusal.done" => key == "refusal",
+        "response.function_call_arguments.done" => key == "arguments",
+        "response.created"
+        | "response.queued"
+        | "response.in_progress"
+        | "response.completed"
+        | "response.incomplete"
+        | "response.failed" => key == "response",
+        _ => false,
+    };
+    for (position, (key, value)) in members.iter().enumerate() {
+        let at = Location::ROOT.member(position);
+        if repeats(key) {
+            continue;
+        }
+        match key.as_str() {
+            "logprobs" => residual(value, at.read_only(), texts),
+            "part" => {
+                for (position, (key, inner)) in value.as_object().into_iter().flatten().enumerate()
+                {
+                    match key.as_str() {
+                        "text" | "refusal" => {}
+                        "logprobs" => residual(inner, at.member(position).read_only(), texts),
+                        _ => residual(inner, at.member(position), texts),
+                    }
+                }
+            }
+            _ => residual(value, at, texts),
+        }
+    }
 }
 
 /// Whether `event` ends a Responses stream: `response.completed`,
@@ -513,6 +567,64 @@ mod tests {
                 texts.contains(&format!("Be brief.\n\n[{canary}]").as_str()),
                 "{kind}: {texts:?}"
             );
+        }
+    }
+
+    /// What an event repeats and the writer rewrites from what was
+    /// delivered (a `.done` event's text, a part's text) is not read; any
+    /// other string of it is, wherever it is, logprobs read only.
+    #[test]
+    fn every_string_an_event_passes_on_as_it_came_is_read() {
+        let canary = "CG123456789012345";
+        let seen = format!("x{canary}");
+        let place = json!({"item_id": "msg_1", "output_index": 0, "content_index": 0});
+        let with = |kind: &str, more: Value| {
+            let mut data = place.clone();
+            data["type"] = json!(kind);
+            for (key, value) in more.as_object().unwrap() {
+                data[key] = value.clone();
+            }
+            data
+        };
+        let response = json!({"id": "resp_1", "status": "in_progress", "output": [],
+                              "metadata": {"note": seen}});
+        let part = json!({"type": "output_text", "text": format!("{canary} repeated"),
+                          "annotations": [{"type": "url_citation", "title": seen}]});
+        let cases = [
+            json!({"type": "response.created", "response": response}),
+            json!({"type": "response.in_progress", "response": response}),
+            json!({"type": "response.created", "response": {"output": []},
+                   "error": {"message": seen}}),
+            json!({"type": "response.completed", "response": {"output": []}, "note": seen}),
+            with("response.content_part.added", json!({"part": part})),
+            with("response.content_part.done", json!({"part": part})),
+            with(
+                "response.output_text.done",
+                json!({"text": format!("{canary} repeated"),
+                                                     "note": seen}),
+            ),
+            with(
+                "response.output_text.delta",
+                json!({"delta": "hi",
+                "logprobs": [{"token": seen, "logprob": -0.1, "top_logprobs": []}]}),
+            ),
+            json!({"type": "response.output_item.done", "output_index": 0, "note": seen,
+                   "item": {"type": "message", "id": "msg_1", "role": "assistant",
+                            "content": [{"type": "output_text", "text": canary}]}}),
+        ];
+        for data in cases {
+            let (EventView::Chunk(chunk) | EventView::Final(chunk)) =
+                read_tree(&event(data.clone()))
+            else {
+                panic!("{data}: an event");
+            };
+            let read: Vec<(&str, bool)> = chunk
+                .texts()
+                .filter(|field| matches!(field.kind, Part::Other(_)))
+                .map(|field| (field.text(&chunk.event), field.at.is_read_only()))
+                .collect();
+            let logprobs = data.get("logprobs").is_some();
+            assert_eq!(read, [(seen.as_str(), logprobs)], "{data}");
         }
     }
 
