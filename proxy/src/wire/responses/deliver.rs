@@ -111,6 +111,41 @@ pub fn rewrite_item(item: &mut Value, output_index: u64, delivered: &Delivered, 
     }
 }
 
+/// Whether `item` (at `output_index` of the output) holds text that no
+/// delta of the stream delivered (`delivered` has no entry for its slot):
+/// rewritten from what was delivered, it would reach the client empty.
+pub fn item_repeats_undelivered(item: &Value, output_index: u64, delivered: &Delivered) -> bool {
+    let missing = |slot: Slot| !delivered.contains_key(&(output_index, slot));
+    let parts_missing = |key: &str, slot: fn(u64) -> Slot| {
+        item.get(key)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .any(|(index, part)| part_has_text(part) && missing(slot(index as u64)))
+    };
+    match item.get("type").and_then(Value::as_str) {
+        Some("message") => parts_missing("content", Slot::Content),
+        Some("reasoning") => {
+            parts_missing("summary", Slot::Summary) || parts_missing("content", Slot::Content)
+        }
+        Some("function_call") => has_text(item.get("arguments")) && missing(Slot::Arguments),
+        _ => false,
+    }
+}
+
+/// Whether a content or summary part holds text (or a refusal).
+pub fn part_has_text(part: &Value) -> bool {
+    has_text(part.get("text")) || has_text(part.get("refusal"))
+}
+
+/// Whether `value` is a string that is not empty.
+pub fn has_text(value: Option<&Value>) -> bool {
+    value
+        .and_then(Value::as_str)
+        .is_some_and(|text| !text.is_empty())
+}
+
 /// Sets a content or summary part to `shown`.
 pub fn rewrite_part(part: &mut Value, shown: &Shown) {
     let key = if part.get("type").and_then(Value::as_str) == Some("refusal") {

@@ -10,7 +10,7 @@
 //! Every event goes out with its `event:` line; one that nothing changed as
 //! the provider's own data.
 //!
-//! Longer than 500 lines: about 300 of them are the unit tests, which relay
+//! Longer than 500 lines: about 510 of them are the unit tests, which relay
 //! whole streams through the writer's private state (the delivered texts,
 //! the rewritten `.done` events, the allocation budget).
 
@@ -24,7 +24,8 @@ use serde_json::{Value, json};
 use super::answer::slot_of;
 use super::answer::{delta_part, event_type, read_tree};
 use super::deliver::{
-    Delivered, Shown, mark_cut, report_usage, restore_request_fields, rewrite_item, rewrite_part,
+    Delivered, Shown, Slot, has_text, item_repeats_undelivered, mark_cut, part_has_text,
+    report_usage, restore_request_fields, rewrite_item, rewrite_part,
 };
 use super::error::error_event_json;
 use super::light::{Delta, delta_of};
@@ -84,6 +85,12 @@ pub struct ResponsesStream {
 /// tree (unreachable for what the light reading accepts; never passed on
 /// unedited).
 const UNEDITABLE: &str = "sent an event that must be edited and cannot be";
+
+/// [`ResponsesStream::failure`] of an event that repeats text no delta
+/// delivered: rewritten from what was delivered, the text would reach the
+/// client empty, and it was never verified as it came.
+const REPEATED_UNDELIVERED: &str =
+    "sent text only in an event that repeats it (no delta carried it), which cannot be relayed";
 
 impl ResponsesStream {
     /// A writer delivering by `delivery`.
@@ -223,6 +230,10 @@ impl ResponsesStream {
                 put_text(data, field, kept);
             }
         }
+        if self.repeats_undelivered(&kind, &original, output_index, slot) {
+            self.failure = Some(REPEATED_UNDELIVERED);
+            return;
+        }
         let cut = self.delivery.was_cut(0);
         // Read where it is: a delta's text grows with the answer.
         let nothing_shown = Shown::default();
@@ -307,6 +318,42 @@ impl ResponsesStream {
             encode_json(data, out);
         }
         self.wrote(number);
+    }
+}
+
+impl ResponsesStream {
+    /// Whether event `data` of type `kind` (at `output_index` and `slot`)
+    /// repeats text that no delta of the stream delivered: a `.done`
+    /// event's text, a part's, an item's, the response's output.
+    fn repeats_undelivered(&self, kind: &str, data: &Value, output_index: u64, slot: Slot) -> bool {
+        let delivered = &self.delivered;
+        let missing = |slot: Slot| !delivered.contains_key(&(output_index, slot));
+        match kind {
+            "response.output_text.done"
+            | "response.reasoning_summary_text.done"
+            | "response.reasoning_text.done" => has_text(data.get("text")) && missing(slot),
+            "response.refusal.done" => has_text(data.get("refusal")) && missing(slot),
+            "response.function_call_arguments.done" => {
+                has_text(data.get("arguments")) && missing(Slot::Arguments)
+            }
+            "response.content_part.added"
+            | "response.content_part.done"
+            | "response.reasoning_summary_part.added"
+            | "response.reasoning_summary_part.done" => {
+                data.get("part").is_some_and(part_has_text) && missing(slot)
+            }
+            "response.output_item.added" | "response.output_item.done" => data
+                .get("item")
+                .is_some_and(|item| item_repeats_undelivered(item, output_index, delivered)),
+            _ => data
+                .get("response")
+                .and_then(|response| response.get("output"))
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+                .any(|(index, item)| item_repeats_undelivered(item, index as u64, delivered)),
+        }
     }
 }
 
@@ -581,6 +628,52 @@ mod tests {
         }
         let injection = place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
         (injection, body, canaries)
+    }
+
+    /// Text that only an event repeating it carries (a function call's
+    /// arguments in `function_call_arguments.done` and the item, no delta)
+    /// would be rewritten from what was delivered, nothing: the stream ends
+    /// with an error instead of passing the call on empty.
+    #[test]
+    fn text_no_delta_carried_ends_the_stream() {
+        let canaries = RequestCanaries::mint();
+        let mut body = json!({"model": "m", "input": "Weather in Paris?", "stream": true,
+                              "tools": [{"type": "function", "name": "weather",
+                                         "parameters": {"type": "object"}}]});
+        let injection = place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
+        let registry = MemoryRegistry::new(b"test");
+        let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
+        let mut writer = writer(None);
+        let call = |arguments: &str| {
+            json!({"type": "function_call", "id": "fc_1", "call_id": "call_1",
+                   "name": "weather", "arguments": arguments, "status": "completed"})
+        };
+        let events = [
+            json!({"type": "response.output_item.added", "output_index": 0, "item": call("")}),
+            json!({"type": "response.function_call_arguments.done", "item_id": "fc_1",
+                   "output_index": 0, "arguments": "{\"city\":\"Paris\"}"}),
+        ];
+        let mut out = Vec::new();
+        for data in events {
+            let event = SseEvent {
+                event: Some(data["type"].as_str().unwrap().to_owned()),
+                data: data.to_string(),
+                id: None,
+            };
+            let EventView::Chunk(chunk) = read_event(&event) else {
+                panic!("a chunk");
+            };
+            let spans = feed(&chunk, &event.data, &mut verifier, &registry);
+            writer.take(chunk, event, spans);
+            writer.flush(&verifier, false, &mut out);
+        }
+        writer.flush(&verifier, true, &mut out);
+        assert_eq!(writer.failure(), Some(REPEATED_UNDELIVERED));
+        let written = String::from_utf8(out).unwrap();
+        assert!(
+            !written.contains("function_call_arguments.done"),
+            "{written}"
+        );
     }
 
     /// A response that failed before any text is the provider's failure,
