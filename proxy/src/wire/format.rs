@@ -351,21 +351,34 @@ impl Chunk {
     pub fn with_data<'a>(&'a self, data: &'a str) -> ChunkTexts<'a> {
         ChunkTexts { chunk: self, data }
     }
+}
 
-    /// Whether writing the chunk (read from `data`, its fields having
-    /// carried `spans`) now would cut a text of it at the client's limit,
-    /// by the count as it goes ([`Delivery::would_cut`]): a stream holds
-    /// such a chunk, and every one after it, until the provider's own count
-    /// at its end says whether the answer fits ([`Delivery::fits_the_limit`]).
-    pub fn would_be_cut(
-        &self,
+/// A stream's hold for the client's limit: from the first chunk whose text
+/// the count as it goes would cut ([`Delivery::would_cut`]), that chunk and
+/// every one after it wait for the stream's end, where the provider's own
+/// count says whether the answer fits ([`Delivery::fits_the_limit`]).
+#[derive(Debug, Default)]
+pub struct LimitHold {
+    /// A chunk would have been cut: the rest waits for the end.
+    holding: bool,
+}
+
+impl LimitHold {
+    /// Whether `chunk` (read from `data`, its fields having carried
+    /// `spans`), ready to go out before the stream's end, may go now.
+    pub fn lets_out(
+        &mut self,
+        chunk: &Chunk,
         data: &str,
         spans: &Spans,
         delivery: &mut Delivery,
         verifier: &Verifier,
     ) -> bool {
-        let texts = self.with_data(data);
-        self.texts().zip(spans).any(|(field, span)| {
+        if self.holding {
+            return false;
+        }
+        let texts = chunk.with_data(data);
+        self.holding = chunk.texts().zip(spans).any(|(field, span)| {
             delivery.would_cut(
                 field.choice,
                 field.kind,
@@ -373,7 +386,8 @@ impl Chunk {
                 span.clone(),
                 || verifier.release_of(field.choice, field.kind),
             )
-        })
+        });
+        !self.holding
     }
 }
 

@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::deliver::{Edited, edit_fields};
 use crate::wire::edit::{Delivery, apply};
-use crate::wire::format::{ChoiceView, Chunk, Spans, StreamWriter, TextField, put_text};
+use crate::wire::format::{ChoiceView, Chunk, LimitHold, Spans, StreamWriter, TextField, put_text};
 
 /// Edits one chunk for the client, as the format's whole answers are edited:
 /// its text `fields` (each with the span of its part it carried) become what
@@ -90,10 +90,8 @@ pub struct ChatStream<E = ChatChunks> {
     failure: Option<&'static str>,
     /// Data of chunks written out ([`StreamWriter::spent`]).
     spent: SpentBuffers,
-    /// A chunk's text would have been cut at the client's limit by the
-    /// count as it goes: it and every chunk after it wait for the stream's
-    /// end, where the provider's own count may say the answer fits.
-    over_budget: bool,
+    /// Chunks held for the client's limit until the stream's end.
+    limit_hold: LimitHold,
 }
 
 impl ChatStream {
@@ -114,7 +112,7 @@ impl<E: ChunkEditor> ChatStream<E> {
             editor,
             failure: None,
             spent: SpentBuffers::default(),
-            over_budget: false,
+            limit_hold: LimitHold::default(),
         }
     }
 
@@ -309,18 +307,16 @@ impl<E: ChunkEditor> StreamWriter for ChatStream<E> {
 
     fn flush(&mut self, verifier: &Verifier, at_end: bool, out: &mut Vec<u8>) {
         while let Some(held) = self.held.front() {
-            if self.failure.is_some() {
-                return;
-            }
-            if !at_end && (self.over_budget || !Self::ready(held, verifier)) {
-                return;
-            }
-            if !at_end
-                && held
-                    .chunk
-                    .would_be_cut(&held.data, &held.spans, &mut self.delivery, verifier)
-            {
-                self.over_budget = true;
+            let goes = at_end
+                || (Self::ready(held, verifier)
+                    && self.limit_hold.lets_out(
+                        &held.chunk,
+                        &held.data,
+                        &held.spans,
+                        &mut self.delivery,
+                        verifier,
+                    ));
+            if self.failure.is_some() || !goes {
                 return;
             }
             let Held {

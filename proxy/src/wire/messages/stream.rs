@@ -31,7 +31,8 @@ use super::deliver::{cut_stop_reason, edit_texts};
 use super::error::{is_error_value, message_of};
 use crate::wire::edit::Delivery;
 use crate::wire::format::{
-    ChoiceView, Chunk, EventView, Spans, StreamWriter, TextField, TextFields, canary_shaped_names,
+    ChoiceView, Chunk, EventView, LimitHold, Spans, StreamWriter, TextField, TextFields,
+    canary_shaped_names,
 };
 use crate::wire::location::{Key, Location};
 
@@ -240,10 +241,8 @@ pub struct MessagesStream {
     failure: Option<&'static str>,
     /// Buffers of events written out ([`StreamWriter::spent`]).
     spent: SpentBuffers,
-    /// An event's text would have been cut at the client's limit by the
-    /// count as it goes: it and every event after it wait for the stream's
-    /// end, where the provider's own count may say the answer fits.
-    over_budget: bool,
+    /// Chunks held for the client's limit until the stream's end.
+    limit_hold: LimitHold,
 }
 
 impl MessagesStream {
@@ -258,7 +257,7 @@ impl MessagesStream {
             dropped_blocks: 0,
             failure: None,
             spent: SpentBuffers::default(),
-            over_budget: false,
+            limit_hold: LimitHold::default(),
         }
     }
 
@@ -433,22 +432,16 @@ impl StreamWriter for MessagesStream {
 
     fn flush(&mut self, verifier: &Verifier, at_end: bool, out: &mut Vec<u8>) {
         while let Some(held) = self.held.front() {
-            if self.failure.is_some()
-                || (!at_end && (self.over_budget || !Self::ready(held, verifier)))
-            {
-                return;
-            }
-            // Text the count as it goes would cut waits, with all that
-            // follows it, for the provider's own count at the end.
-            if !at_end
-                && held.chunk.would_be_cut(
-                    &held.event.data,
-                    &held.spans,
-                    &mut self.delivery,
-                    verifier,
-                )
-            {
-                self.over_budget = true;
+            let goes = at_end
+                || (Self::ready(held, verifier)
+                    && self.limit_hold.lets_out(
+                        &held.chunk,
+                        &held.event.data,
+                        &held.spans,
+                        &mut self.delivery,
+                        verifier,
+                    ));
+            if self.failure.is_some() || !goes {
                 return;
             }
             let Held {

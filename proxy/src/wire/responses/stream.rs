@@ -32,7 +32,7 @@ use super::light::{Delta, delta_of};
 use crate::error::ApiError;
 use crate::wire::chat::followed_logprobs;
 use crate::wire::edit::{Delivery, apply};
-use crate::wire::format::{Chunk, EventView, Spans, StreamWriter, put_text};
+use crate::wire::format::{Chunk, EventView, LimitHold, Spans, StreamWriter, put_text};
 use crate::wire::positions::follow_annotations;
 
 /// One event of a provider's Responses stream, as the verifier reads it: a
@@ -70,10 +70,8 @@ pub struct ResponsesStream {
     failure: Option<&'static str>,
     /// Buffers of events written out ([`StreamWriter::spent`]).
     spent: SpentBuffers,
-    /// An event's text would have been cut at the client's limit by the
-    /// count as it goes: it and every event after it wait for the stream's
-    /// end, where the provider's own count may say the answer fits.
-    over_budget: bool,
+    /// Chunks held for the client's limit until the stream's end.
+    limit_hold: LimitHold,
     /// The highest `sequence_number` of the events written out: canarygate's
     /// own error event follows it.
     last_sequence: Option<u64>,
@@ -101,7 +99,7 @@ impl ResponsesStream {
             delivered: Delivered::new(),
             failure: None,
             spent: SpentBuffers::default(),
-            over_budget: false,
+            limit_hold: LimitHold::default(),
             last_sequence: None,
             last_was_error: false,
         }
@@ -375,22 +373,16 @@ impl StreamWriter for ResponsesStream {
 
     fn flush(&mut self, verifier: &Verifier, at_end: bool, out: &mut Vec<u8>) {
         while let Some(held) = self.held.front() {
-            if self.failure.is_some()
-                || (!at_end && (self.over_budget || !Self::ready(held, verifier)))
-            {
-                return;
-            }
-            // Text the count as it goes would cut waits, with all that
-            // follows it, for the provider's own count at the end.
-            if !at_end
-                && held.chunk.would_be_cut(
-                    &held.event.data,
-                    &held.spans,
-                    &mut self.delivery,
-                    verifier,
-                )
-            {
-                self.over_budget = true;
+            let goes = at_end
+                || (Self::ready(held, verifier)
+                    && self.limit_hold.lets_out(
+                        &held.chunk,
+                        &held.event.data,
+                        &held.spans,
+                        &mut self.delivery,
+                        verifier,
+                    ));
+            if self.failure.is_some() || !goes {
                 return;
             }
             let Held {
