@@ -838,16 +838,10 @@ async fn erring_responses_upstream() -> String {
             json!({"type": "error", "sequence_number": 3, "code": "server_error",
                    "message": "The server had an error.", "param": null}),
         ];
-        let body: String = events
-            .iter()
-            .map(|event| {
-                format!(
-                    "event: {}\ndata: {event}\n\n",
-                    event["type"].as_str().unwrap()
-                )
-            })
-            .collect();
-        ([("content-type", "text/event-stream")], body)
+        (
+            [("content-type", "text/event-stream")],
+            typed_events(&events),
+        )
     }
     let app = Router::new().route("/v1/responses", post(answer));
     serve_upstream(app).await
@@ -1335,6 +1329,20 @@ async fn a_stream_of_keep_alives_alone_ends_by_the_first_byte_deadline() {
     );
 }
 
+/// `events` as an SSE body, each named by its `type` (as Messages and
+/// Responses streams name theirs).
+fn typed_events(events: &[Value]) -> String {
+    events
+        .iter()
+        .map(|data| {
+            format!(
+                "event: {}\ndata: {data}\n\n",
+                data["type"].as_str().unwrap()
+            )
+        })
+        .collect()
+}
+
 /// Every string of `value`, in order.
 fn strings_of(value: &Value) -> Vec<String> {
     match value {
@@ -1360,13 +1368,7 @@ async fn reordering_upstream() -> String {
     ) -> ([(&'static str, &'static str); 1], String) {
         let (opening, earlier) = opening_and_earlier(&last, &request);
         let (first, second) = earlier.split_at(earlier.len() / 2);
-        let event = |data: Value| {
-            format!(
-                "event: {}\ndata: {data}\n\n",
-                data["type"].as_str().unwrap()
-            )
-        };
-        let body: String = if uri.path().ends_with("/messages") {
+        let body = typed_events(&if uri.path().ends_with("/messages") {
             let start = |index: u64| {
                 json!({"type": "content_block_start", "index": index,
                                             "content_block": {"type": "text", "text": ""}})
@@ -1375,7 +1377,7 @@ async fn reordering_upstream() -> String {
                 json!({"type": "content_block_delta",
                 "index": index, "delta": {"type": "text_delta", "text": text}})
             };
-            [
+            vec![
                 json!({"type": "message_start", "message": {"id": "msg_1", "type": "message",
                     "role": "assistant", "model": "m", "content": [], "stop_reason": null,
                     "usage": {"input_tokens": 50, "output_tokens": 1}}}),
@@ -1390,9 +1392,6 @@ async fn reordering_upstream() -> String {
                        "usage": {"output_tokens": 30}}),
                 json!({"type": "message_stop"}),
             ]
-            .into_iter()
-            .map(event)
-            .collect()
         } else {
             let delta = |content_index: u64, text: String| {
                 json!({
@@ -1408,7 +1407,7 @@ async fn reordering_upstream() -> String {
                 json!({"id": "resp_1", "object": "response",
                 "status": status, "output": [], "usage": null})
             };
-            [
+            vec![
                 json!({"type": "response.created", "response": response("in_progress")}),
                 json!({"type": "response.output_item.added", "output_index": 0,
                        "item": {"type": "message", "id": "msg_1", "role": "assistant",
@@ -1420,10 +1419,7 @@ async fn reordering_upstream() -> String {
                 delta(0, format!(" Ref {first}")),
                 json!({"type": "response.completed", "response": response("completed")}),
             ]
-            .into_iter()
-            .map(event)
-            .collect()
-        };
+        });
         ([("content-type", "text/event-stream")], body)
     }
     let last: LastHead = LastHead::default();
@@ -1965,16 +1961,10 @@ async fn counting_stream_upstream() -> String {
             ]);
             events
         };
-        let body = events
-            .iter()
-            .map(|data| {
-                format!(
-                    "event: {}\ndata: {data}\n\n",
-                    data["type"].as_str().unwrap()
-                )
-            })
-            .collect();
-        ([("content-type", "text/event-stream")], body)
+        (
+            [("content-type", "text/event-stream")],
+            typed_events(&events),
+        )
     }
     let app = Router::new()
         .route("/v1/messages", post(answer))
