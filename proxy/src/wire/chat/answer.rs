@@ -94,6 +94,30 @@ pub fn residual_members(
     }
 }
 
+/// Whether every `index` of a chunk's choices and of their tool calls that
+/// is there is a count. SDKs place a piece by it (Node's accumulator at
+/// `choices[index]`, where `-1` or `0.5` is a property no final answer
+/// shows, and `"1"` is 1): canarygate, which reads a choice by its
+/// position when it has no count, would join pieces the SDK keeps apart.
+pub fn indexes_are_counts(chunk: &Value) -> bool {
+    let counted = |item: &Value| {
+        item.get("index")
+            .is_none_or(|index| index.as_u64().is_some())
+    };
+    chunk
+        .get("choices")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .all(|choice| {
+            let calls = choice
+                .get("delta")
+                .and_then(|delta| delta.get("tool_calls"))
+                .and_then(Value::as_array);
+            counted(choice) && calls.into_iter().flatten().all(counted)
+        })
+}
+
 /// Every choice of `value`'s `choices` (none when it is not an array),
 /// each read by [`read_choice`] with its text under `part`.
 pub fn read_choices(value: &Value, part: Key) -> Choices {
@@ -337,6 +361,25 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn an_index_that_is_no_count_is_told() {
+        let chunk = |choice: Value, call: Value| json!({"choices": [{"index": choice, "delta": {"tool_calls": [{"index": call}]}}]});
+        assert!(indexes_are_counts(&chunk(json!(0), json!(1))));
+        assert!(indexes_are_counts(
+            &json!({"choices": [{"delta": {"content": "a"}}]})
+        ));
+        for (choice, call) in [
+            (json!(-1), json!(0)),
+            (json!("0"), json!(0)),
+            (json!(0), json!(0.5)),
+        ] {
+            assert!(
+                !indexes_are_counts(&chunk(choice.clone(), call.clone())),
+                "{choice} {call}"
+            );
+        }
+    }
 
     #[test]
     fn logprobs_tokens_are_read_only() {

@@ -67,6 +67,17 @@ pub(super) fn joined_strings(
     }
 }
 
+/// The [`Part::Other`] of a string that SDKs join across a stream's events
+/// sharing `keys` (a Responses delta of a kind canarygate does not read as
+/// text: its type and its item's index), numbered as [`joined_strings`]
+/// numbers a delta's.
+pub fn joined_other(keys: &[&[u8]]) -> Part {
+    let path = keys
+        .iter()
+        .fold(ROOT, |path, key| path_step(path, b'.', key));
+    Part::Other(path | JOINED)
+}
+
 /// `path` one step further, by `tag` and `bytes` (FNV-1a, 31 bits).
 pub(super) fn path_step(path: u32, tag: u8, bytes: &[u8]) -> u32 {
     let mut hash = path;

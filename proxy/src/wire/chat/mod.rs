@@ -42,6 +42,7 @@ use self::answer::read_choices;
 pub use self::answer::{index_of, map_choices, read_only_strings, residual_members, usage_of};
 pub use self::deliver::Edited;
 use self::deliver::edit_fields;
+pub use self::joined::joined_other;
 pub use self::logprobs::followed as followed_logprobs;
 pub use self::request::{check_stream_options, json_object, model_of, stream_of};
 pub use self::stream::{ChatStream, ChunkEditor};
@@ -295,6 +296,9 @@ pub fn read_chunk_tree(data: &str, choices_of: impl FnOnce(&Value) -> Choices) -
             .and_then(Value::as_str)
             .unwrap_or("no message");
         return EventView::Error(message.to_owned());
+    }
+    if !answer::indexes_are_counts(&chunk) {
+        return EventView::Malformed;
     }
     let choices = choices_of(&chunk);
     let usage = usage_of(&chunk);

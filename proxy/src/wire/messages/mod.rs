@@ -362,6 +362,17 @@ mod tests {
                    "delta": {"type": "text_delta", "text": "hi"}}),
         );
         assert!(matches!(Messages::read_event(&named), EventView::Malformed));
+        // A block named by anything but a count is no block SDKs and
+        // canarygate would both read as the same.
+        for index in [json!(-1), json!("1"), json!(0.5), Value::Null] {
+            let data = json!({"type": "content_block_delta", "index": index,
+                              "delta": {"type": "text_delta", "text": "hi"}});
+            let event = sse("content_block_delta", data);
+            assert!(
+                matches!(Messages::read_event(&event), EventView::Malformed),
+                "{index}"
+            );
+        }
     }
 
     fn sse(name: &str, data: Value) -> SseEvent {

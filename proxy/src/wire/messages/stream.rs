@@ -88,6 +88,12 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
         return EventView::Malformed;
     }
     let kind = event_type(event, &data).to_owned();
+    // A block's events name it by a count, which SDKs place it by (Node's
+    // at `content[index]`, where `-1` is no block and `"1"` is 1): any other
+    // would have canarygate join pieces the SDK keeps apart.
+    if kind.starts_with("content_block_") && data.get("index").and_then(Value::as_u64).is_none() {
+        return EventView::Malformed;
+    }
     let mut texts = TextFields::new();
     let mut finish = None;
     let mut usage = None;

@@ -10,15 +10,16 @@
 //! texts are not read (the writer rewrites them from what was delivered),
 //! but any other string in the items and the response they repeat is.
 //!
-//! Longer than 500 lines: about 280 of them are the unit tests, which read
+//! Longer than 500 lines: about 300 of them are the unit tests, which read
 //! whole responses and stream events of every item kind.
 
-use canarygate_policies::canary::find_canaries;
+use canarygate_policies::canary::{find_canaries, may_join_a_canary};
 use canarygate_policies::sse::SseEvent;
 use canarygate_policies::verify::{Part, ProviderUsage};
 use serde_json::Value;
 
 use super::deliver::Slot;
+use crate::wire::chat::joined_other;
 use crate::wire::format::{
     ChoiceView, Chunk, EventView, TextField, TextFields, TextPlace, canary_shaped_names,
 };
@@ -329,9 +330,35 @@ pub(super) fn read_tree(event: &SseEvent) -> EventView {
         beside_texts(&kind, &data, &mut texts);
     } else if WITHOUT_TEXT.contains(&kind.as_str()) {
         beside_texts(&kind, &data, &mut texts);
+    } else if let (true, Some(delta)) = (
+        kind.ends_with(".delta"),
+        data.get("delta").and_then(Value::as_str),
+    ) {
+        // A delta of a kind not read as text (a custom tool's input, an MCP
+        // call's arguments, code): SDKs join its pieces by item, so its
+        // pieces are one string (`chat::joined`), and its other strings are
+        // read as any.
+        if may_join_a_canary(delta) {
+            let index = |key: &str| data.get(key).and_then(Value::as_u64).unwrap_or(0);
+            let keys = [
+                kind.as_bytes(),
+                &index("output_index").to_le_bytes(),
+                &index("content_index").to_le_bytes(),
+            ];
+            push(
+                &mut texts,
+                joined_other(&keys),
+                Location::ROOT.key(Key::Delta),
+            );
+        }
+        for (position, (key, value)) in data.as_object().into_iter().flatten().enumerate() {
+            if key != "delta" {
+                residual(value, Location::ROOT.member(position), &mut texts);
+            }
+        }
     } else {
-        // An event of another kind (annotations, audio, custom tools...):
-        // any canary-shaped text in it is verified.
+        // An event of another kind (annotations, audio...): any
+        // canary-shaped text in it is verified.
         residual(&data, Location::ROOT, &mut texts);
     }
     canary_shaped_names(&data, Location::ROOT, 0, &mut texts);
@@ -626,6 +653,26 @@ mod tests {
             let logprobs = data.get("logprobs").is_some();
             assert_eq!(read, [(seen.as_str(), logprobs)], "{data}");
         }
+    }
+
+    /// The pieces of a delta not read as text (a custom tool's input) are
+    /// one string per item, which SDKs join: one number across events.
+    #[test]
+    fn deltas_of_other_kinds_are_joined_by_item() {
+        let number = |output_index: u64, delta: &str| {
+            let data = json!({"type": "response.custom_tool_call_input.delta",
+                              "output_index": output_index, "item_id": "ct_1", "delta": delta});
+            let EventView::Chunk(chunk) = read_tree(&event(data)) else {
+                panic!("a chunk");
+            };
+            chunk.texts().map(|field| field.kind).collect::<Vec<_>>()
+        };
+        let first = number(1, "print('CG1234");
+        assert_eq!(first.len(), 1);
+        assert_eq!(number(1, "5678')"), first);
+        assert_ne!(number(2, "5678')"), first);
+        // A piece that cannot be part of a canary is not read.
+        assert!(number(1, "hello").is_empty());
     }
 
     #[test]

@@ -290,6 +290,28 @@ pub fn deliver_answer(
         answer["max_output_tokens"] = restored["max_output_tokens"].clone();
     }
     report_usage(answer, delivery);
+    restate_output_text(answer);
+}
+
+/// A response's `output_text`, when the provider sent one (SDKs compute it
+/// themselves, but Node's stream keeps one that is there): the text of its
+/// messages' `output_text` parts as delivered, not the provider's.
+pub fn restate_output_text(response: &mut Value) {
+    if !response.get("output_text").is_some_and(Value::is_string) {
+        return;
+    }
+    let text: String = response
+        .get("output")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|item| item["type"] == "message")
+        .filter_map(|item| item.get("content").and_then(Value::as_array))
+        .flatten()
+        .filter(|part| part["type"] == "output_text")
+        .filter_map(|part| part.get("text").and_then(Value::as_str))
+        .collect();
+    response["output_text"] = json!(text);
 }
 
 #[cfg(test)]
@@ -301,6 +323,22 @@ mod tests {
     use canarygate_policies::verify_config::{EchoMode, VerifyConfig};
 
     use super::*;
+
+    #[test]
+    fn a_responses_output_text_is_its_delivered_messages() {
+        let mut response = json!({"output_text": "Berlin, and the echo", "output": [
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "Hm."}]},
+            {"type": "message", "content": [{"type": "output_text", "text": "Paris"},
+                                            {"type": "refusal", "refusal": "no"}]},
+            {"type": "message", "content": [{"type": "output_text", "text": " is it."}]},
+        ]});
+        restate_output_text(&mut response);
+        assert_eq!(response["output_text"], "Paris is it.");
+        // None sent, none made.
+        let mut without = json!({"output": []});
+        restate_output_text(&mut without);
+        assert_eq!(without, json!({"output": []}));
+    }
     use crate::wire::edit::{TokenCounter, UsageOptions};
     use crate::wire::format::ChoiceView;
     use crate::wire::responses::answer::response_texts;

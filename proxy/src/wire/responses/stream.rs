@@ -25,7 +25,7 @@ use super::answer::slot_of;
 use super::answer::{delta_part, event_type, read_tree};
 use super::deliver::{
     Delivered, Shown, Slot, has_text, item_repeats_undelivered, mark_cut, part_has_text,
-    report_usage, restore_request_fields, rewrite_item, rewrite_part,
+    report_usage, restate_output_text, restore_request_fields, rewrite_item, rewrite_part,
 };
 use super::error::error_event_json;
 use super::light::{Delta, delta_of};
@@ -293,6 +293,7 @@ impl ResponsesStream {
                         }
                     }
                     report_usage(response, &self.delivery);
+                    restate_output_text(response);
                     if cut && kind == "response.completed" {
                         mark_cut(response);
                         data["type"] = json!("response.incomplete");
