@@ -650,7 +650,7 @@ mod tests {
     }
 
     #[test]
-    fn retry_hints_and_rate_limits_are_relayed_and_nothing_else_canary_shaped() {
+    fn retry_hints_and_rate_limits_are_relayed_and_nothing_else() {
         let mut headers = HeaderMap::new();
         for (name, value) in [
             ("x-should-retry", "false"),

@@ -9,7 +9,7 @@
 //! next string under that number: a canary split across chunks is read as
 //! the client's SDK puts it together.
 
-use canarygate_policies::canary::may_join_a_canary;
+use canarygate_policies::canary::{find_canaries, may_join_a_canary};
 use canarygate_policies::verify::Part;
 use serde_json::Value;
 
@@ -26,8 +26,8 @@ const JOINED: u32 = 1 << 31;
 /// Pushes onto `texts` every string under `value` (at `at`, reached by
 /// member `key`) of a stream's delta that SDKs join with the string at the
 /// same path in the chunks before (openai-python's stream helper joins
-/// every string of a delta but `index` and `type`), except tool and
-/// function arguments (their own parts): a [`Part::Other`] field numbered
+/// every string of a delta but `index` and `type`, which are read whole),
+/// except tool and function arguments (their own parts): a [`Part::Other`] field numbered
 /// by `path` (member names, and a listed entry's `index`), so that the
 /// verifier reads a canary split across chunks as the client's SDK puts it
 /// together. Only strings that may be part of a canary are pushed
@@ -40,6 +40,18 @@ pub(super) fn joined_strings(
     texts: &mut TextFields,
 ) {
     match value {
+        // Replaced by each chunk's, not joined: read whole.
+        Value::String(text)
+            if matches!(key, "index" | "type") && find_canaries(text).next().is_some() =>
+        {
+            let n = texts.len() as u32;
+            texts.push(TextField {
+                choice,
+                kind: Part::Other(n),
+                at,
+            });
+        }
+        Value::String(_) if matches!(key, "index" | "type") => {}
         Value::String(text) if key != "arguments" && may_join_a_canary(text) => {
             texts.push(TextField {
                 choice,
@@ -118,17 +130,18 @@ mod tests {
         };
         let (first, second) = (others(&first), others(&second));
         let texts: Vec<&str> = first.iter().map(|(_, text)| text.as_str()).collect();
-        // The role cannot join a canary: not pushed.
-        assert_eq!(texts, ["see CG1234", "call_1", "function", "look_CG12"]);
+        // The role cannot join a canary, and the call's `type` is replaced,
+        // not joined: neither is pushed.
+        assert_eq!(texts, ["see CG1234", "call_1", "look_CG12"]);
         let numbers: HashSet<u32> = first.iter().map(|(n, _)| *n).collect();
-        assert_eq!(numbers.len(), 4, "one number per path: {first:?}");
+        assert_eq!(numbers.len(), 3, "one number per path: {first:?}");
         assert!(numbers.iter().all(|n| n & JOINED != 0));
         // The next chunk's pieces go under their path's number, wherever
         // they stand in the delta.
         assert_eq!(
             second,
             [
-                (first[3].0, "345".to_owned()),
+                (first[2].0, "345".to_owned()),
                 (first[0].0, "56789 end".to_owned())
             ]
         );
