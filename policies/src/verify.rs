@@ -936,6 +936,9 @@ impl Verifier {
     /// dropped where it is instead of returned, so a delta costs no string
     /// of its own. Returns [`Step::stop`]. Mixing it with `push_part` on one
     /// verifier leaves `push_part`'s releases without the text this dropped.
+    /// Other strings are not kept for [`Finished::parts`] either: a stream
+    /// may send one under the same number in every event (a field clients
+    /// join), and the caller reads them where they are.
     pub fn push_part_positions(
         &mut self,
         choice: u32,
@@ -943,12 +946,14 @@ impl Verifier {
         delta: &str,
         registry: &dyn CanaryRegistry,
     ) -> bool {
-        if let Some(index) = self.scan_part(choice, part, delta, registry)
-            && part.is_text()
-            && self.may_release(index, false)
+        let Some(index) = self.scan_part(choice, part, delta, registry) else {
+            return self.stopped();
+        };
+        let other = matches!(part, Part::Other(_));
+        if (other || part.is_text() && self.may_release(index, false))
             && let Some(track) = self.choices[index].tracks.get_mut(&part)
         {
-            self.released_any |= !track.ready.is_empty();
+            self.released_any |= !other && !track.ready.is_empty();
             track.ready.clear();
         }
         self.stopped()

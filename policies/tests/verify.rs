@@ -1449,6 +1449,31 @@ fn other_strings_under_one_number_join_at_a_split_canary() {
     }
 }
 
+/// A caller that reads releases as positions gets no other string kept
+/// for the end: a stream may send one under the same number in every
+/// event, and the verifier would hold all of them.
+#[test]
+fn other_strings_pushed_as_positions_are_not_kept() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(10);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    verifier.push_part_positions(0, Part::Content, &echo_of(&injection), &registry);
+    let piece = "x".repeat(1024);
+    for _ in 0..1000 {
+        verifier.push_part_positions(0, Part::Other(7), &piece, &registry);
+    }
+    let finished = verifier.finish(&honest_facts(&injection, 1), &registry);
+    assert!(finished.verdict.passed(), "{:?}", finished.verdict);
+    let kept: usize = finished
+        .parts
+        .iter()
+        .filter(|part| matches!(part.part, Part::Other(_)))
+        .map(|part| part.text.len())
+        .sum();
+    assert_eq!(kept, 0);
+}
+
 /// A server that sends its reasoning under both names in every delta
 /// (`reasoning_content` and `reasoning`) has each name's pieces joined:
 /// the model quoting its own canary across deltas gets it removed from
