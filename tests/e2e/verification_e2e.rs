@@ -59,6 +59,38 @@ provider = "openai"
     ))
 }
 
+/// A request asking `text` of an API by its `path` under [`two_apis_policy`]:
+/// Chat, legacy completions, Responses (model `gpt-sim`) or Messages
+/// (`claude-sim`, `max_tokens` 200).
+fn api_body(path: &str, text: &str, stream: bool) -> Value {
+    match path {
+        "/v1/chat/completions" => json!({"model": "gpt-sim", "stream": stream,
+            "messages": [{"role": "user", "content": text}]}),
+        "/v1/completions" => json!({"model": "gpt-sim", "stream": stream, "prompt": text}),
+        "/v1/responses" => json!({"model": "gpt-sim", "stream": stream, "input": text}),
+        _ => json!({"model": "claude-sim", "max_tokens": 200, "stream": stream,
+                    "messages": [{"role": "user", "content": text}]}),
+    }
+}
+
+/// Sends `body` to `path` of the proxy at `url`, with what either API's
+/// clients send (a bearer key, Anthropic's version header).
+async fn send_api(
+    client: &reqwest::Client,
+    url: &str,
+    path: &str,
+    body: &Value,
+) -> reqwest::Response {
+    client
+        .post(format!("{url}{path}"))
+        .bearer_auth("sk-e2e")
+        .header("anthropic-version", "2023-06-01")
+        .json(body)
+        .send()
+        .await
+        .expect("request")
+}
+
 /// A unique word for request `index`: survives the sim's tokenizer whole.
 fn marker(index: usize) -> String {
     format!("zq{index:05}")
@@ -1442,28 +1474,12 @@ async fn a_text_sent_back_to_an_earlier_block_ends_the_stream() {
     let dir = ProxyDir::new();
     let policy = two_apis_policy(&dir, &upstream);
     let proxy = start_proxy_with_policy(&dir, &policy, &[]);
-    for (path, body) in [
-        (
-            "/v1/messages",
-            json!({"model": "claude-sim", "max_tokens": 200, "stream": true,
-                   "messages": [{"role": "user", "content": "Capital of France?"}]}),
-        ),
-        (
-            "/v1/responses",
-            json!({"model": "gpt-sim", "stream": true, "input": "Capital of France?"}),
-        ),
-    ] {
+    for path in ["/v1/messages", "/v1/responses"] {
+        let body = api_body(path, "Capital of France?", true);
         // The first request primes the provider with a canary to give the
         // second.
         for attempt in 0..2 {
-            let response = client
-                .post(format!("{}{path}", proxy.url))
-                .bearer_auth("sk-e2e")
-                .header("anthropic-version", "2023-06-01")
-                .json(&body)
-                .send()
-                .await
-                .expect("request");
+            let response = send_api(&client, &proxy.url, path, &body).await;
             let status = response.status().as_u16();
             let text = response.text().await.expect("body");
             let ended = text.contains("message_stop") || text.contains("response.completed");
@@ -1669,21 +1685,10 @@ async fn another_requests_canary_in_a_name_or_a_finish_fails_the_answer() {
     let policy = two_apis_policy(&dir, &upstream);
     let proxy = start_proxy_with_policy(&dir, &policy, &[]);
     let send = |path: &'static str, text: &str, stream: bool| {
-        let body = match path {
-            "/v1/chat/completions" => json!({"model": "gpt-sim", "stream": stream,
-                "messages": [{"role": "user", "content": text}]}),
-            "/v1/completions" => json!({"model": "gpt-sim", "stream": stream, "prompt": text}),
-            "/v1/responses" => json!({"model": "gpt-sim", "stream": stream, "input": text}),
-            _ => json!({"model": "claude-sim", "max_tokens": 200, "stream": stream,
-                        "messages": [{"role": "user", "content": text}]}),
-        };
-        let request = client
-            .post(format!("{}{path}", proxy.url))
-            .bearer_auth("sk-e2e")
-            .header("anthropic-version", "2023-06-01")
-            .json(&body);
+        let body = api_body(path, text, stream);
+        let (client, url) = (&client, &proxy.url);
         async move {
-            let response = request.send().await.expect("request");
+            let response = send_api(client, url, path, &body).await;
             let status = response.status().as_u16();
             let verdict = response
                 .headers()
@@ -1992,22 +1997,16 @@ async fn a_messages_or_responses_stream_within_the_limit_is_not_cut() {
         ("/v1/responses", "response.output_text.delta"),
     ] {
         for (usage, cut) in [(limit, false), (limit + 40, true)] {
-            let asked = format!("words: {words}, usage: {usage}");
-            let body = if path == "/v1/messages" {
-                json!({"model": "claude-sim", "max_tokens": limit, "stream": true,
-                       "messages": [{"role": "user", "content": asked}]})
+            let mut body = api_body(path, &format!("words: {words}, usage: {usage}"), true);
+            if path == "/v1/messages" {
+                body["max_tokens"] = json!(limit);
             } else {
-                json!({"model": "gpt-4o", "max_output_tokens": limit, "stream": true,
-                       "input": asked})
-            };
-            let body = client
-                .post(format!("{}{path}", proxy.url))
-                .bearer_auth("sk-e2e")
-                .header("anthropic-version", "2023-06-01")
-                .json(&body)
-                .send()
+                // A model whose tokenizer the echo's cost is known in.
+                body["model"] = json!("gpt-4o");
+                body["max_output_tokens"] = json!(limit);
+            }
+            let body = send_api(&client, &proxy.url, path, &body)
                 .await
-                .expect("request")
                 .text()
                 .await
                 .expect("a stream");
