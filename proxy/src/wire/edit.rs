@@ -555,6 +555,24 @@ fn join_removed<'s>(into: &'s mut String, text: &str, ranges: &[Range<usize>]) -
 mod tests {
     use super::*;
 
+    /// Usage as the client asked for it, `without_canarygate` or not, with
+    /// `overhead_prompt` prompt tokens of canarygate's.
+    fn usage(without_canarygate: bool, overhead_prompt: u64) -> UsageOptions {
+        UsageOptions {
+            client_wants_usage: true,
+            without_canarygate,
+            overhead_prompt,
+        }
+    }
+
+    /// Everything released, but the `removed` spans.
+    fn released(removed: &[Range<usize>]) -> Release<'_> {
+        Release {
+            through: usize::MAX,
+            removed,
+        }
+    }
+
     #[test]
     fn kept_ranges_are_local_to_the_field() {
         // The part: "[CG1] Hello" with the echo `[CG1] ` removed (0..6).
@@ -589,16 +607,9 @@ mod tests {
 
     #[test]
     fn a_choice_is_cut_at_its_limit_and_the_rest_dropped() {
-        let usage = UsageOptions {
-            client_wants_usage: true,
-            without_canarygate: true,
-            overhead_prompt: 40,
-        };
+        let usage = usage(true, 40);
         let mut delivery = Delivery::new(TokenCounter::default(), Some(3), usage, 2);
-        let release = Release {
-            through: usize::MAX,
-            removed: &[],
-        };
+        let release = released(&[]);
         // Words of up to four letters: one token each by the estimate.
         let text = "one two six ten";
         let edit = delivery.admit(0, Part::Content, text, 0..text.len(), release);
@@ -633,17 +644,10 @@ mod tests {
     /// instructions a response repeats.
     #[test]
     fn removed_copies_are_not_counted_as_completion_tokens() {
-        let usage = UsageOptions {
-            client_wants_usage: true,
-            without_canarygate: true,
-            overhead_prompt: 0,
-        };
+        let usage = usage(true, 0);
         let mut delivery = Delivery::new(TokenCounter::default(), None, usage, 1);
         let text = "I begin with CG123456789012345 now";
-        let release = Release {
-            through: usize::MAX,
-            removed: &[13..30],
-        };
+        let release = released(&[13..30]);
         for part in [
             Part::ReasoningAlias,
             Part::ReasoningDetail(0),
@@ -661,15 +665,8 @@ mod tests {
     /// `would_cut` says what `admit` would do, and accounts for nothing.
     #[test]
     fn would_cut_foresees_admit_and_counts_nothing() {
-        let usage = UsageOptions {
-            client_wants_usage: true,
-            without_canarygate: false,
-            overhead_prompt: 0,
-        };
-        let release = Release {
-            through: usize::MAX,
-            removed: &[],
-        };
+        let usage = usage(false, 0);
+        let release = released(&[]);
         // Words of up to four letters: one token each by the estimate.
         let mut delivery = Delivery::new(TokenCounter::default(), Some(3), usage, 1);
         assert!(!delivery.would_cut(0, Part::Content, "one two", 0..7, || release));
@@ -692,15 +689,8 @@ mod tests {
 
     #[test]
     fn a_whole_answer_the_provider_counts_within_the_limit_is_not_cut() {
-        let usage = UsageOptions {
-            client_wants_usage: true,
-            without_canarygate: false,
-            overhead_prompt: 0,
-        };
-        let release = Release {
-            through: usize::MAX,
-            removed: &[],
-        };
+        let usage = usage(false, 0);
+        let release = released(&[]);
         // Reasoning the estimate counts high: 8 "tokens" against a limit of 5.
         let thinking = "aaaaa bbbbb ccccc ddddd";
         let answer = "Yes.";
@@ -728,16 +718,9 @@ mod tests {
 
     #[test]
     fn admit_whole_passes_only_what_admit_leaves_unchanged_and_counts_it_alike() {
-        let usage = UsageOptions {
-            client_wants_usage: true,
-            without_canarygate: true,
-            overhead_prompt: 0,
-        };
+        let usage = usage(true, 0);
         let fresh = || Delivery::new(TokenCounter::default(), Some(3), usage, 1);
-        let all = Release {
-            through: usize::MAX,
-            removed: &[],
-        };
+        let all = released(&[]);
         let (mut whole, mut edited) = (fresh(), fresh());
         // Within the budget: both pass it and count the same tokens, so
         // the next field is cut at the same place by either.
@@ -758,10 +741,7 @@ mod tests {
         assert!(!delivery.was_cut(0));
         assert!(delivery.admit_whole(0, Part::Content, "one two six", 0..11, all));
         assert!(!whole.admit_whole(0, Part::Content, "more", 15..19, all));
-        let echo = Release {
-            through: usize::MAX,
-            removed: &[0..6],
-        };
+        let echo = released(&[0..6]);
         assert!(!fresh().admit_whole(0, Part::Content, "[CG1] Hi", 0..8, echo));
         assert!(!fresh().admit_whole(1, Part::Content, "Hi", 0..2, all));
         assert_eq!(fresh().overhead_completion(), 0);
