@@ -68,6 +68,8 @@ pub struct RequestContext<'a, W> {
     /// `model` reported if the local engine answers.
     pub local_model: &'a str,
     client_headers: &'a HeaderMap,
+    /// The client's query string, passed on with every provider request.
+    client_query: Option<&'a str>,
     session_header: HeaderValue,
     /// `model` sent upstream.
     upstream_model: &'a str,
@@ -80,12 +82,14 @@ pub struct RequestContext<'a, W> {
 }
 
 impl<'a, W: WireFormat> RequestContext<'a, W> {
-    /// The context of a request from `caller` with `headers`, routed by `route`.
+    /// The context of a request from `caller` with `headers` and `query`,
+    /// routed by `route`.
     pub fn new(
         state: &'a AppState,
         caller: Caller,
         request_id: Arc<str>,
         headers: &'a HeaderMap,
+        query: Option<&'a str>,
         route: &ResolvedRoute<'a>,
     ) -> Result<Self, ApiError> {
         let upstream = state.upstreams.at(route.provider_index);
@@ -98,6 +102,7 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
             request_id,
             local_model: route.local_model,
             client_headers: headers,
+            client_query: query,
             upstream_model: route.upstream_model,
             echo_cost: upstream.echo_cost(route.upstream_model),
             provider_headers: Mutex::new(HeaderMap::new()),
@@ -142,9 +147,18 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
         body: Bytes,
         stream: bool,
     ) -> Result<UpstreamResponse, ApiError> {
-        let url = self.upstream.endpoint_url(W::PATH)?;
+        let url = self.endpoint_url(W::PATH)?;
         let outgoing = self.outgoing(Method::POST, url, Some(body), stream)?;
         self.send_request(clock, outgoing).await
+    }
+
+    /// The provider's URL of `endpoint` (relative to its `base_url`), with
+    /// the client's query string.
+    pub fn endpoint_url(&self, endpoint: &str) -> Result<Uri, ApiError> {
+        match self.client_query {
+            Some(query) => self.upstream.endpoint_url(&format!("{endpoint}?{query}")),
+            None => self.upstream.endpoint_url(endpoint),
+        }
     }
 
     /// Sends `outgoing` (built by [`RequestContext::outgoing`]) and waits,

@@ -371,14 +371,16 @@ pub fn router(config: SimConfig) -> Router {
         .route("/sim/stats", get(stats))
         .layer(axum::middleware::from_fn_with_state(
             sim.clone(),
-            count_http2,
+            note_request_shape,
         ))
         .with_state(sim)
 }
 
-/// Counts the requests that came over HTTP/2 (`http2_requests` in
-/// `/sim/stats`), so a test can tell which protocol a client negotiated.
-async fn count_http2(
+/// Notes how a request came: over HTTP/2 (counted as `http2_requests` in
+/// `/sim/stats`, so a test can tell which protocol a client negotiated),
+/// with a query string (kept as `last_query`, so a test can tell what a
+/// proxy passed on).
+async fn note_request_shape(
     State(sim): State<Sim>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
@@ -387,6 +389,15 @@ async fn count_http2(
         sim.stats
             .http2_requests
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    if let Some(query) = request.uri().query()
+        && request.uri().path() != "/sim/stats"
+    {
+        *sim.stats
+            .last_query
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(format!("{} {query}", request.uri().path()));
     }
     next.run(request).await
 }

@@ -152,6 +152,9 @@ pub struct Stats {
     pub by_surface: [AtomicU64; 5],
     /// Requests of any path that came over HTTP/2.
     pub http2_requests: AtomicU64,
+    /// The path and query string of the last request that had a query
+    /// (`/v1/messages beta=true`).
+    pub last_query: Mutex<Option<String>>,
 }
 
 /// The simulated provider's state.
@@ -592,6 +595,7 @@ impl SimProvider {
             "lookups": load(&stats.lookups),
             "surfaces": by_surface,
             "http2_requests": load(&stats.http2_requests),
+            "last_query": stats.last_query.lock().unwrap_or_else(PoisonError::into_inner).clone(),
             "stored_responses": self.responses.lock().unwrap_or_else(PoisonError::into_inner).len(),
             "context_window": self.config.context_window,
             "prefill_pool_tokens": self.config.prefill_pool_tokens(),

@@ -236,10 +236,12 @@ async fn naming_upstream(name: &'static str) -> String {
                 .get(key)
                 .map(|value| value.to_str().unwrap().to_owned())
         };
-        axum::Json(json!({"provider": name, "path": uri.path(),
+        axum::Json(
+            json!({"provider": name, "path": uri.path(), "query": uri.query(),
                           "x-api-key": header("x-api-key"),
                           "authorization": header("authorization"),
-                          "anthropic-version": header("anthropic-version")}))
+                          "anthropic-version": header("anthropic-version")}),
+        )
     });
     serve_upstream(app).await
 }
@@ -295,7 +297,7 @@ passthrough = ["/v1/messages/batches", "/v1/files"]
     assert_eq!(batches["x-api-key"], "sk-ant-test", "{batches}");
     assert!(batches["anthropic-version"].is_string(), "{batches}");
     let files: Value = http
-        .post(format!("{}/v1/files", proxy.url))
+        .post(format!("{}/v1/files?purpose=batch", proxy.url))
         .bearer_auth("sk-test")
         .json(&json!({}))
         .send()
@@ -305,6 +307,7 @@ passthrough = ["/v1/messages/batches", "/v1/files"]
         .await
         .unwrap();
     assert_eq!(files["provider"], "openai", "{files}");
+    assert_eq!(files["query"], "purpose=batch", "{files}");
     // A path of Anthropic's that is not listed: Anthropic's error shape.
     let unknown = http
         .post(format!("{}/v1/messages/nothing", proxy.url))

@@ -206,6 +206,17 @@ fn the_anthropic_sdk_gets_every_guarantee_on_messages() {
             "{limit}"
         );
     }
+    // The SDK's beta surface (`?beta=true`): verified, and its query string
+    // reaches the provider (the last one the honest provider saw: nothing
+    // after it asks that provider with a query).
+    let beta = &result["beta"];
+    assert_eq!(beta["verdict"], "pass", "{beta}");
+    assert!(text(&beta["text"]).starts_with("You wrote: Name the planets"));
+    assert!(!holds_canary(text(&beta["text"])), "{beta}");
+    let stats = tokio::runtime::Runtime::new()
+        .unwrap()
+        .block_on(sim_stats(&honest));
+    assert_eq!(stats["last_query"], "/v1/messages beta=true", "{stats}");
 
     // A leak (the head canary's message dropped) is blocked, plain and streamed.
     assert_blocked(&result["leak"], "echo", "leak");

@@ -247,6 +247,16 @@ result["bad_request"] = raised(
         model="m-honest", max_tokens=5, messages=[{"role": "user", "content": 7}]
     )
 )
+# The beta surface with the query string the SDK's 0.x releases sent
+# (`?beta=true`; 2.x marks it otherwise): verified like any other, and the
+# query goes on to the provider.
+raw = client().beta.messages.with_raw_response.create(
+    **ask("m-honest"), extra_query={"beta": "true"}
+)
+result["beta"] = {
+    "verdict": raw.headers.get("x-canarygate-verdict"),
+    "text": "".join(b.text for b in raw.parse().content if b.type == "text"),
+}
 # The model list, every page of it (the SDK pages on while `has_more`).
 result["models"] = [model.model_dump(mode="json") for model in client().models.list()]
 result["model"] = client().models.retrieve("m-honest").model_dump(mode="json")

@@ -19,8 +19,8 @@ use crate::wire::WireFormat;
 pub struct Forward {
     /// The HTTP method, as the client sent it.
     pub method: Method,
-    /// The provider's endpoint relative to its `base_url`, with the
-    /// client's query string (`embeddings`, `responses/resp_1?include=x`).
+    /// The provider's endpoint relative to its `base_url` (`embeddings`,
+    /// `responses/resp_1`); the client's query string is added to it.
     pub endpoint: String,
     /// The body to send (the client's, with the model renamed when the
     /// route renames it); `None` when the client sent none.
@@ -37,7 +37,7 @@ pub async fn serve<W: WireFormat>(
     trail: &mut Trail,
 ) -> Result<Response, ApiError> {
     let upstream = context.upstream;
-    let url = upstream.endpoint_url(&forward.endpoint)?;
+    let url = context.endpoint_url(&forward.endpoint)?;
     let mut outgoing = context.outgoing(forward.method, url, forward.body, false)?;
     if let Some(content_type) = forward.content_type {
         // Replaces the JSON content type the request was built with.

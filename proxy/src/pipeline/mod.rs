@@ -41,6 +41,9 @@ pub struct Admitted<'a> {
     pub caller: Caller,
     /// Its headers.
     pub headers: &'a HeaderMap,
+    /// Its query string (without `?`), passed on to the provider: Azure's
+    /// `api-version`, the Anthropic SDK's `beta=true`.
+    pub query: Option<&'a str>,
     /// Its body, as received.
     pub body: Bytes,
     /// Its concurrency slot; a stream takes it and holds it to its end.
@@ -129,6 +132,7 @@ pub async fn serve<W: WireFormat>(
         admitted.caller,
         admitted.request_id,
         admitted.headers,
+        admitted.query,
         &route,
     )?;
     let permit = &mut admitted.permit;
@@ -205,7 +209,8 @@ pub struct Passthrough<'a> {
     pub needs_model: bool,
     /// The client's method.
     pub method: Method,
-    /// The provider endpoint relative to its `base_url`, query included.
+    /// The provider endpoint relative to its `base_url` (the client's
+    /// query string is added to it).
     pub upstream_endpoint: &'a str,
 }
 
@@ -288,6 +293,7 @@ pub async fn pass_through<W: WireFormat>(
         admitted.caller,
         admitted.request_id,
         admitted.headers,
+        admitted.query,
         &route,
     )?;
     let forward = Forward {

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
+use axum::http::request::Parts;
 use axum::http::{HeaderMap, header};
 use canarygate_policies::config::Limits;
 use http_body_util::BodyExt;
@@ -27,10 +28,11 @@ use crate::trail::Trail;
 pub async fn admit<'a>(
     state: &AppState,
     request_id: Arc<str>,
-    headers: &'a HeaderMap,
+    parts: &'a Parts,
     body: Body,
     trail: &mut Trail,
 ) -> Result<Admitted<'a>, ApiError> {
+    let headers = &parts.headers;
     let limits = &state.policy.limits;
     let caller = state.auth.authenticate(headers)?;
     if let Some(client) = &caller.client_name {
@@ -47,6 +49,7 @@ pub async fn admit<'a>(
         request_id,
         caller,
         headers,
+        query: parts.uri.query(),
         body,
         permit: Some(permit),
     })

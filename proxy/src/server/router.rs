@@ -4,9 +4,8 @@
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, Uri, Version, header};
+use axum::http::{HeaderValue, Method, Uri, Version, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
@@ -186,26 +185,15 @@ async fn forward<W: WireFormat>(
              slashes, no backslashes.",
         ));
     }
-    let upstream_endpoint = match parts.uri.query() {
-        Some(query) => format!("{}?{query}", path.trim_start_matches("/v1/")),
-        None => path.trim_start_matches("/v1/").to_owned(),
-    };
-    let served = match admit(
-        &state,
-        request_id.0.clone(),
-        &parts.headers,
-        body,
-        trail.get(),
-    )
-    .await
-    {
+    let upstream_endpoint = path.trim_start_matches("/v1/");
+    let served = match admit(&state, request_id.0.clone(), &parts, body, trail.get()).await {
         Ok(admitted) => {
             let passthrough = pipeline::Passthrough {
                 endpoint,
                 blockable,
                 needs_model,
                 method: parts.method.clone(),
-                upstream_endpoint: &upstream_endpoint,
+                upstream_endpoint,
             };
             pipeline::pass_through::<W>(&state, admitted, passthrough, trail.get()).await
         }
@@ -373,17 +361,16 @@ async fn render_metrics(State(state): State<Arc<AppState>>) -> impl IntoResponse
 async fn serve_endpoint<W: WireFormat>(
     State(state): State<Arc<AppState>>,
     axum::Extension(request_id): axum::Extension<RequestId>,
-    version: Version,
-    headers: HeaderMap,
-    body: Body,
+    request: Request,
 ) -> Response {
+    let (parts, body) = request.into_parts();
     // Recorded even when the client leaves before the answer (the guard's Drop).
     let mut trail = PendingTrail::new(Trail::start(
         state.audit.clone(),
         &request_id.0,
         state.metrics.clone(),
     ));
-    let served = match admit(&state, request_id.0.clone(), &headers, body, trail.get()).await {
+    let served = match admit(&state, request_id.0.clone(), &parts, body, trail.get()).await {
         Ok(admitted) => pipeline::serve::<W>(&state, admitted, trail.get()).await,
         Err(error) => Err(error),
     };
@@ -400,7 +387,7 @@ async fn serve_endpoint<W: WireFormat>(
                 tracing::debug!(request_id = %request_id.0, "{error}");
             }
             let mut response = error_response::<W>(&error);
-            if error.code == ErrorCode::RequestTimeout && version <= Version::HTTP_11 {
+            if error.code == ErrorCode::RequestTimeout && parts.version <= Version::HTTP_11 {
                 // The rest of the body may still come: this connection is
                 // done (HTTP/2 resets just the stream).
                 response
