@@ -63,7 +63,7 @@ impl SpentBuffers {
     }
 
     /// Keeps one buffer (a few at most).
-    pub fn keep_data(&mut self, data: String) {
+    fn keep_data(&mut self, data: String) {
         if self.0.len() < SPARES {
             self.0.push(data);
         }

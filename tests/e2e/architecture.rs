@@ -80,7 +80,7 @@ const DEPENDENCIES: [(&str, &[&str], &[&str]); 9] = [
 /// The proxy's layers: a module may import from a lower layer; within
 /// layers 1 and 2 (the shared pieces) from the same layer too; never from a
 /// higher one, nor from another unit of layers 3 and up.
-const PROXY_LAYERS: [(&str, u8); 34] = [
+const PROXY_LAYERS: [(&str, u8); 35] = [
     ("server", 5),
     ("pipeline", 4),
     ("paths", 3),
@@ -109,6 +109,7 @@ const PROXY_LAYERS: [(&str, u8); 34] = [
     ("wire::messages", 2),
     ("wire::responses", 2),
     ("wire::format", 2),
+    ("wire::held", 2),
     ("wire::location", 2),
     ("wire::positions", 2),
     ("error", 1),

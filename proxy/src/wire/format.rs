@@ -353,44 +353,6 @@ impl Chunk {
     }
 }
 
-/// A stream's hold for the client's limit: from the first chunk whose text
-/// the count as it goes would cut ([`Delivery::would_cut`]), that chunk and
-/// every one after it wait for the stream's end, where the provider's own
-/// count says whether the answer fits ([`Delivery::fits_the_limit`]).
-#[derive(Debug, Default)]
-pub struct LimitHold {
-    /// A chunk would have been cut: the rest waits for the end.
-    holding: bool,
-}
-
-impl LimitHold {
-    /// Whether `chunk` (read from `data`, its fields having carried
-    /// `spans`), ready to go out before the stream's end, may go now.
-    pub fn lets_out(
-        &mut self,
-        chunk: &Chunk,
-        data: &str,
-        spans: &Spans,
-        delivery: &mut Delivery,
-        verifier: &Verifier,
-    ) -> bool {
-        if self.holding {
-            return false;
-        }
-        let texts = chunk.with_data(data);
-        self.holding = chunk.texts().zip(spans).any(|(field, span)| {
-            delivery.would_cut(
-                field.choice,
-                field.kind,
-                texts.text(field),
-                span.clone(),
-                || verifier.release_of(field.choice, field.kind),
-            )
-        });
-        !self.holding
-    }
-}
-
 /// A chunk and the data of the event it was read from ([`Chunk::with_data`]).
 #[derive(Debug, Clone, Copy)]
 pub struct ChunkTexts<'a> {

@@ -51,6 +51,7 @@ pub mod chat;
 pub mod completions;
 pub mod edit;
 mod format;
+mod held;
 mod json_str;
 mod light_answer;
 mod location;

@@ -9,7 +9,7 @@
 //! whole streams through the writer's private state (held chunks, the
 //! light path against the tree path, the allocation budget).
 
-use std::collections::VecDeque;
+use crate::wire::held::{Held, HeldEvents};
 use std::ops::Range;
 
 use canarygate_policies::sse::{SpentBuffers, SseEvent, encode_data, encode_json};
@@ -18,7 +18,7 @@ use serde_json::Value;
 
 use super::deliver::{Edited, edit_fields};
 use crate::wire::edit::{Delivery, apply};
-use crate::wire::format::{ChoiceView, Chunk, LimitHold, Spans, StreamWriter, TextField, put_text};
+use crate::wire::format::{ChoiceView, Chunk, Spans, StreamWriter, TextField, put_text};
 
 /// Edits one chunk for the client, as the format's whole answers are edited:
 /// its text `fields` (each with the span of its part it carried) become what
@@ -51,18 +51,6 @@ impl ChunkEditor for ChatChunks {
     }
 }
 
-/// One provider chunk waiting for its text to be verified.
-struct Held {
-    chunk: Chunk,
-    /// The chunk's data as received.
-    data: String,
-    /// The span of its part each text field carried.
-    spans: Spans,
-    /// It ends a choice or the answer (a finish reason, or the usage
-    /// chunk): it waits for the verdict.
-    ends: bool,
-}
-
 /// [`StreamWriter::failure`] of a chunk that had to change and has no tree
 /// (a number no `serde_json::Value` holds, which the light reading skips).
 const UNEDITABLE: &str = "sent a chunk that must be edited and cannot be (a number out of range)";
@@ -83,15 +71,13 @@ enum LightEdit {
 /// the provider's own bytes. `E` edits the chunks.
 pub struct ChatStream<E = ChatChunks> {
     delivery: Delivery,
-    held: VecDeque<Held>,
+    held: HeldEvents,
     editor: E,
     /// A chunk had to change and could not be edited
     /// ([`StreamWriter::failure`]).
     failure: Option<&'static str>,
     /// Data of chunks written out ([`StreamWriter::spent`]).
     spent: SpentBuffers,
-    /// Chunks held for the client's limit until the stream's end.
-    limit_hold: LimitHold,
 }
 
 impl ChatStream {
@@ -108,11 +94,10 @@ impl<E: ChunkEditor> ChatStream<E> {
     pub fn with_editor(delivery: Delivery, editor: E) -> Self {
         Self {
             delivery,
-            held: VecDeque::new(),
+            held: HeldEvents::default(),
             editor,
             failure: None,
             spent: SpentBuffers::default(),
-            limit_hold: LimitHold::default(),
         }
     }
 
@@ -288,7 +273,6 @@ impl<E: ChunkEditor> ChatStream<E> {
 
 impl<E: ChunkEditor> StreamWriter for ChatStream<E> {
     fn take(&mut self, chunk: Chunk, event: SseEvent, spans: Spans) {
-        let data = event.data;
         // A finish reason ends a choice; the usage chunk (no choices) ends
         // the answer. Usage on every chunk (vLLM's continuous usage stats)
         // does not hold them back.
@@ -297,33 +281,22 @@ impl<E: ChunkEditor> StreamWriter for ChatStream<E> {
             .iter()
             .any(|choice| choice.finish_reason.is_some())
             || chunk.choices.is_empty() && chunk.event.get("usage").is_some_and(Value::is_object);
-        self.held.push_back(Held {
+        self.held.push(Held {
             chunk,
-            data,
+            event,
             spans,
             ends,
         });
     }
 
     fn flush(&mut self, verifier: &Verifier, at_end: bool, out: &mut Vec<u8>) {
-        while let Some(held) = self.held.front() {
-            let goes = at_end
-                || (Self::ready(held, verifier)
-                    && self.limit_hold.lets_out(
-                        &held.chunk,
-                        &held.data,
-                        &held.spans,
-                        &mut self.delivery,
-                        verifier,
-                    ));
-            if self.failure.is_some() || !goes {
-                return;
-            }
-            let Held {
-                chunk, data, spans, ..
-            } = self.held.pop_front().expect("just looked at it");
-            self.write(chunk, &data, spans, verifier, out);
-            self.spent.keep_data(data);
+        while self.failure.is_none()
+            && let Some(held) =
+                self.held
+                    .pop_ready(at_end, Self::ready, &mut self.delivery, verifier)
+        {
+            self.write(held.chunk, &held.event.data, held.spans, verifier, out);
+            self.spent.keep(held.event);
         }
     }
 

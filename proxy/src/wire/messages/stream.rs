@@ -18,7 +18,7 @@
 //! back in the next turn. The SDK addresses blocks by their `index`, so
 //! the blocks after a dropped one are numbered down to stay consecutive.
 
-use std::collections::VecDeque;
+use crate::wire::held::{Held, HeldEvents};
 use std::ops::Range;
 
 use canarygate_policies::canary::find_canaries;
@@ -31,8 +31,7 @@ use super::deliver::{cut_stop_reason, edit_texts};
 use super::error::{is_error_value, message_of};
 use crate::wire::edit::Delivery;
 use crate::wire::format::{
-    ChoiceView, Chunk, EventView, LimitHold, Spans, StreamWriter, TextField, TextFields,
-    canary_shaped_names,
+    ChoiceView, Chunk, EventView, Spans, StreamWriter, TextField, TextFields, canary_shaped_names,
 };
 use crate::wire::location::{Key, Location};
 
@@ -209,17 +208,6 @@ fn delta_texts(data: &Value, texts: &mut TextFields) {
     }
 }
 
-/// One provider event waiting for its text to be verified.
-struct Held {
-    chunk: Chunk,
-    /// The event's name and data as received.
-    event: SseEvent,
-    /// The span of its part each text field carried.
-    spans: Spans,
-    /// `message_delta`: the stop reason and usage wait for the verdict.
-    ends: bool,
-}
-
 /// A text block's `content_block_start`, held back until the block shows
 /// text.
 struct TextStart {
@@ -236,7 +224,7 @@ struct TextStart {
 /// their text is, `message_delta` until the verdict.
 pub struct MessagesStream {
     delivery: Delivery,
-    held: VecDeque<Held>,
+    held: HeldEvents,
     /// The start of the text block under way, written out once the block
     /// shows text (dropped with the block if it never does).
     text_start: Option<TextStart>,
@@ -247,8 +235,6 @@ pub struct MessagesStream {
     failure: Option<&'static str>,
     /// Buffers of events written out ([`StreamWriter::spent`]).
     spent: SpentBuffers,
-    /// Chunks held for the client's limit until the stream's end.
-    limit_hold: LimitHold,
 }
 
 impl MessagesStream {
@@ -258,12 +244,11 @@ impl MessagesStream {
         delivery.keep_reasoning_whole();
         Self {
             delivery,
-            held: VecDeque::new(),
+            held: HeldEvents::default(),
             text_start: None,
             dropped_blocks: 0,
             failure: None,
             spent: SpentBuffers::default(),
-            limit_hold: LimitHold::default(),
         }
     }
 
@@ -428,7 +413,7 @@ impl StreamWriter for MessagesStream {
     fn take(&mut self, chunk: Chunk, event: SseEvent, spans: Spans) {
         // A light event is a block's delta.
         let ends = !chunk.is_light() && event_type(&event, &chunk.event) == "message_delta";
-        self.held.push_back(Held {
+        self.held.push(Held {
             chunk,
             event,
             spans,
@@ -437,27 +422,13 @@ impl StreamWriter for MessagesStream {
     }
 
     fn flush(&mut self, verifier: &Verifier, at_end: bool, out: &mut Vec<u8>) {
-        while let Some(held) = self.held.front() {
-            let goes = at_end
-                || (Self::ready(held, verifier)
-                    && self.limit_hold.lets_out(
-                        &held.chunk,
-                        &held.event.data,
-                        &held.spans,
-                        &mut self.delivery,
-                        verifier,
-                    ));
-            if self.failure.is_some() || !goes {
-                return;
-            }
-            let Held {
-                chunk,
-                event,
-                spans,
-                ..
-            } = self.held.pop_front().expect("just looked at it");
-            self.write(chunk, &event, spans, verifier, out);
-            self.spent.keep(event);
+        while self.failure.is_none()
+            && let Some(held) =
+                self.held
+                    .pop_ready(at_end, Self::ready, &mut self.delivery, verifier)
+        {
+            self.write(held.chunk, &held.event, held.spans, verifier, out);
+            self.spent.keep(held.event);
         }
     }
 

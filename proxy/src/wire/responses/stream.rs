@@ -14,7 +14,7 @@
 //! whole streams through the writer's private state (the delivered texts,
 //! the rewritten `.done` events, the allocation budget).
 
-use std::collections::VecDeque;
+use crate::wire::held::{Held, HeldEvents};
 use std::ops::Range;
 
 use canarygate_policies::sse::{SpentBuffers, SseEvent, encode_data, encode_json};
@@ -32,7 +32,7 @@ use super::light::{Delta, delta_of};
 use crate::error::ApiError;
 use crate::wire::chat::followed_logprobs;
 use crate::wire::edit::{Delivery, apply};
-use crate::wire::format::{Chunk, EventView, LimitHold, Spans, StreamWriter, put_text};
+use crate::wire::format::{Chunk, EventView, Spans, StreamWriter, put_text};
 use crate::wire::positions::follow_annotations;
 
 /// One event of a provider's Responses stream, as the verifier reads it: a
@@ -48,30 +48,16 @@ pub fn read_event(event: &SseEvent) -> EventView {
     }
 }
 
-/// One provider event waiting for its text to be verified.
-struct Held {
-    chunk: Chunk,
-    /// The event as received.
-    event: SseEvent,
-    /// The span of its part each text field carried.
-    spans: Spans,
-    /// It ends the answer (`response.completed` / `incomplete`): it waits
-    /// for the verdict.
-    ends: bool,
-}
-
 /// The client's side of a verified Responses stream (see the module docs).
 pub struct ResponsesStream {
     delivery: Delivery,
-    held: VecDeque<Held>,
+    held: HeldEvents,
     delivered: Delivered,
     /// An event had to change and could not be edited
     /// ([`StreamWriter::failure`]).
     failure: Option<&'static str>,
     /// Buffers of events written out ([`StreamWriter::spent`]).
     spent: SpentBuffers,
-    /// Chunks held for the client's limit until the stream's end.
-    limit_hold: LimitHold,
     /// The highest `sequence_number` of the events written out: canarygate's
     /// own error event follows it.
     last_sequence: Option<u64>,
@@ -95,11 +81,10 @@ impl ResponsesStream {
     pub fn new(delivery: Delivery) -> Self {
         Self {
             delivery,
-            held: VecDeque::new(),
+            held: HeldEvents::default(),
             delivered: Delivered::new(),
             failure: None,
             spent: SpentBuffers::default(),
-            limit_hold: LimitHold::default(),
             last_sequence: None,
             last_was_error: false,
         }
@@ -364,7 +349,7 @@ impl StreamWriter for ResponsesStream {
             .any(|choice| choice.finish_reason.is_some());
         // A delta is light; an `error` event is read from its tree.
         self.last_was_error = !chunk.is_light() && event_type(&chunk.event, &event) == "error";
-        self.held.push_back(Held {
+        self.held.push(Held {
             chunk,
             event,
             spans,
@@ -373,27 +358,13 @@ impl StreamWriter for ResponsesStream {
     }
 
     fn flush(&mut self, verifier: &Verifier, at_end: bool, out: &mut Vec<u8>) {
-        while let Some(held) = self.held.front() {
-            let goes = at_end
-                || (Self::ready(held, verifier)
-                    && self.limit_hold.lets_out(
-                        &held.chunk,
-                        &held.event.data,
-                        &held.spans,
-                        &mut self.delivery,
-                        verifier,
-                    ));
-            if self.failure.is_some() || !goes {
-                return;
-            }
-            let Held {
-                chunk,
-                event,
-                spans,
-                ..
-            } = self.held.pop_front().expect("just looked at it");
-            self.write(chunk, &event, spans, verifier, out);
-            self.spent.keep(event);
+        while self.failure.is_none()
+            && let Some(held) =
+                self.held
+                    .pop_ready(at_end, Self::ready, &mut self.delivery, verifier)
+        {
+            self.write(held.chunk, &held.event, held.spans, verifier, out);
+            self.spent.keep(held.event);
         }
     }
 
