@@ -362,6 +362,19 @@ pub struct ProviderConfig {
     /// it, measured with `tokenizer_file`, else guessed from the model name.
     #[serde(default)]
     pub tokenizer_digits: Option<TokenizerDigits>,
+    /// Its models' chat templates take a system message (default true).
+    /// `false` for templates that refuse one (Gemma 1 and 2, Mistral's
+    /// first Instruct models): a request without a system message of its
+    /// own gets the head canary in its first user message rather than in a
+    /// system message of canarygate's. Left true, a provider's refusal of
+    /// that system message is learned per model (the request goes once more).
+    #[serde(default = "default_true")]
+    pub system_messages: bool,
+}
+
+/// Serde's default for a field that is on unless said otherwise.
+fn default_true() -> bool {
+    true
 }
 
 /// `[[routes]]`: which provider serves a client model name.

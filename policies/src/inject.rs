@@ -6,7 +6,9 @@
 //!
 //! - head: an instruction appended to the client's leading system (or
 //!   `developer`) message after its own text, or a system message inserted
-//!   first when there is none:
+//!   first when there is none (for a model whose chat template refuses a
+//!   system message, [`SystemRole::Refused`], appended to the first user
+//!   message instead):
 //!   `Begin your reply with "HEAD", a space and the CG code in square brackets
 //!   below, on one line; then answer normally.` ([`ECHO_PHRASE`]);
 //! - tail: a block `[TAIL]` appended to the last user message (a new text part
@@ -164,6 +166,10 @@ pub struct Injection {
     /// positions from the start of the prompt (legacy completions'
     /// `text_offset`); empty for the others.
     pub prompt_chars_appended: Vec<usize>,
+    /// A system message of canarygate's leads the conversation (the client
+    /// sent none): a provider that refuses it refuses the template's
+    /// system role ([`SystemRole`]), not the client's request.
+    pub system_inserted: bool,
 }
 
 impl Injection {
@@ -200,14 +206,41 @@ pub enum InjectError {
     BadMessage(usize),
 }
 
+/// Whether the chat template a model is served through takes a system
+/// message: most do; some refuse one (Gemma's raise `System role not
+/// supported`, Mistral's first ones require the conversation to open with
+/// a user turn).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SystemRole {
+    /// A system message may lead the conversation.
+    #[default]
+    Accepted,
+    /// No system message: the head block goes into the first user message
+    /// when the client sent no system message of its own.
+    Refused,
+}
+
 /// Places `canaries` into `request` (a chat completion body) per `echo`,
-/// raising the client's limit by what the echo costs (`cost`). On error the
-/// request is left as it was.
+/// raising the client's limit by what the echo costs (`cost`), for a model
+/// whose template takes a system message. On error the request is left as
+/// it was.
 pub fn inject(
     request: &mut Value,
     echo: EchoMode,
     cost: EchoCost,
     canaries: RequestCanaries,
+) -> Result<Injection, InjectError> {
+    inject_for(request, echo, cost, canaries, SystemRole::Accepted)
+}
+
+/// [`inject`] for a model whose template takes a system message or not
+/// (`system_role`).
+pub fn inject_for(
+    request: &mut Value,
+    echo: EchoMode,
+    cost: EchoCost,
+    canaries: RequestCanaries,
+    system_role: SystemRole,
 ) -> Result<Injection, InjectError> {
     let body = request.as_object_mut().ok_or(InjectError::NotAnObject)?;
     let messages = body
@@ -215,7 +248,7 @@ pub fn inject(
         .and_then(Value::as_array)
         .filter(|messages| !messages.is_empty())
         .ok_or(InjectError::NoMessages)?;
-    let placement = Placement::of(messages)?;
+    let placement = Placement::of(messages, system_role)?;
     let prefill = continues_last_turn(messages, body);
     let choices = match body.get("n") {
         None | Some(Value::Null) => 1,
@@ -288,6 +321,7 @@ pub fn inject(
         PromptEstimate::counted(prompt_tokens_before + added, added, messages, canaries.head);
 
     Ok(Injection {
+        system_inserted: placement.inserts_system(),
         canaries,
         echo: expected,
         passive,
@@ -533,16 +567,25 @@ fn speaks(body: &serde_json::Map<String, Value>) -> bool {
 struct Placement {
     /// The first message is a system or developer message (the head joins it).
     leading_system: bool,
+    /// The first user message, when the head joins it: there is no leading
+    /// system message and the template takes none ([`SystemRole::Refused`]).
+    head_user: Option<usize>,
     /// The last user message (the tail joins it), if any.
     last_user: Option<usize>,
 }
 
 impl Placement {
-    fn of(messages: &[Value]) -> Result<Self, InjectError> {
+    fn of(messages: &[Value], system_role: SystemRole) -> Result<Self, InjectError> {
         let role = |index: usize| messages[index].get("role").and_then(Value::as_str);
         let leading_system = matches!(role(0), Some("system" | "developer"));
         let last_user = (0..messages.len()).rev().find(|&i| role(i) == Some("user"));
-        for index in [leading_system.then_some(0), last_user]
+        let head_user = match system_role {
+            SystemRole::Refused if !leading_system => {
+                (0..messages.len()).find(|&i| role(i) == Some("user"))
+            }
+            _ => None,
+        };
+        for index in [leading_system.then_some(0), head_user, last_user]
             .into_iter()
             .flatten()
         {
@@ -556,8 +599,14 @@ impl Placement {
         }
         Ok(Self {
             leading_system,
+            head_user,
             last_user,
         })
+    }
+
+    /// Whether [`Self::apply`] inserts a system message of its own.
+    fn inserts_system(&self) -> bool {
+        !self.leading_system && self.head_user.is_none()
     }
 
     /// Places the blocks; returns the tokens that adds to the prompt's
@@ -570,6 +619,13 @@ impl Placement {
     /// adds its framing and role.
     fn apply(&self, messages: &mut Vec<Value>, head_block: String, tail_block: String) -> u64 {
         let mut added = count_text(&head_block) + count_text(&tail_block);
+        if let (Some(first), Some(last)) = (self.head_user, self.last_user) {
+            // The same message when there is one user turn: the head, then
+            // the tail block it points to.
+            append_block(&mut messages[first], head_block);
+            append_block(&mut messages[last], tail_block);
+            return added;
+        }
         let mut system_blocks = vec![head_block];
         match self.last_user {
             Some(index) => append_block(&mut messages[index], tail_block),
@@ -919,6 +975,84 @@ mod tests {
         assert_eq!(messages.len(), 2);
         assert_eq!(messages[0]["role"], "developer");
         assert!(text(&messages[0]).contains(&canaries().head.to_string()));
+    }
+
+    #[test]
+    fn without_a_system_role_the_head_joins_the_first_user_message() {
+        let refused = |body: &mut Value| {
+            inject_for(
+                body,
+                EchoMode::HeadTail,
+                COST,
+                canaries(),
+                SystemRole::Refused,
+            )
+            .unwrap()
+        };
+        let (head, tail) = (canaries().head.to_string(), canaries().tail.to_string());
+        // One user turn: the client's text, the head's instruction, then the
+        // tail block it points to, in that message; no message added.
+        let mut body = json!({"messages": [{"role": "user", "content": "Hi"}]});
+        let injection = refused(&mut body);
+        let messages = body["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 1);
+        let user = text(&messages[0]);
+        assert_eq!(client_text(&user), "Hi");
+        assert!(
+            user.find(&head).unwrap() < user.find(&tail).unwrap(),
+            "{user}"
+        );
+        assert!(!injection.system_inserted);
+        assert_eq!(obedient_echo(&body).unwrap(), format!("{head} {tail}"));
+        assert_eq!(
+            injection.prompt_tokens_estimate,
+            count_chat_messages(messages)
+        );
+        assert_eq!(
+            injection.cacheable_prompt_tokens,
+            TOKENS_PER_MESSAGE
+                + count_text("user")
+                + count_text(&format!("Hi{BLOCK_SEPARATOR}{ECHO_PHRASE}"))
+        );
+
+        // Several turns: the head in the first user message (everything
+        // before it is the client's), the tail in the last; the assistant
+        // turn between is untouched.
+        let mut body = json!({"messages": [
+            {"role": "user", "content": "First question"},
+            {"role": "assistant", "content": "First answer"},
+            {"role": "user", "content": [{"type": "text", "text": "Second question"}]}
+        ]});
+        let original = body.clone();
+        let injection = refused(&mut body);
+        let messages = body["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 3);
+        assert!(text(&messages[0]).contains(&head) && !text(&messages[0]).contains(&tail));
+        assert_eq!(messages[1], original["messages"][1]);
+        assert!(text(&messages[2]).contains(&tail) && !text(&messages[2]).contains(&head));
+        assert!(!injection.system_inserted);
+        assert_eq!(obedient_echo(&body).unwrap(), format!("{head} {tail}"));
+
+        // The client's own system message still takes the head; a
+        // conversation without a user turn still gets a system message.
+        let mut body = json!({"messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"}
+        ]});
+        refused(&mut body);
+        assert!(text(&body["messages"][0]).contains(&head));
+        let mut body = json!({"messages": [{"role": "assistant", "content": "Hello"}]});
+        let injection = refused(&mut body);
+        assert_eq!(body["messages"][0]["role"], "system");
+        assert!(injection.system_inserted);
+
+        // With the system role taken, a system message is inserted.
+        let mut body = json!({"messages": [{"role": "user", "content": "Hi"}]});
+        assert!(
+            inject(&mut body, EchoMode::HeadTail, COST, canaries())
+                .unwrap()
+                .system_inserted
+        );
     }
 
     #[test]

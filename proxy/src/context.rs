@@ -11,6 +11,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri, he
 use axum::response::Response;
 use canarygate_policies::EchoCost;
 use canarygate_policies::config::ResolvedRoute;
+use canarygate_policies::inject::SystemRole;
 
 use crate::clock::RequestClock;
 use crate::error::{ApiError, ErrorCode};
@@ -123,6 +124,17 @@ impl<'a, W: WireFormat> RequestContext<'a, W> {
     /// What an echo costs the provider for the model this request goes to.
     pub fn echo_cost(&self) -> EchoCost {
         self.echo_cost
+    }
+
+    /// Whether the model this request goes to takes a system message.
+    pub fn system_role(&self) -> SystemRole {
+        self.upstream.system_role(self.upstream_model)
+    }
+
+    /// Remembers that the provider refused the system message canarygate
+    /// added for the model this request goes to.
+    pub fn remember_system_refused(&self) {
+        self.upstream.remember_system_refused(self.upstream_model);
     }
 
     /// The policy's idle timeout between upstream chunks.

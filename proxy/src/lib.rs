@@ -43,6 +43,7 @@ mod relay;
 mod server;
 mod shared_registry;
 mod state;
+mod system_role;
 pub mod topic;
 mod trail;
 mod upstream;

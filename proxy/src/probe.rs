@@ -388,8 +388,10 @@ impl<W: WireFormat> Prober<'_, W> {
                 "stream": false,
             });
             let cost = self.upstream.echo_cost(&self.target.model);
-            let injection = W::place_canaries(&mut body, EchoMode::HeadTail, cost, canaries)
-                .map_err(|error| ProbeError::Request(error.message))?;
+            let system_role = self.upstream.system_role(&self.target.model);
+            let injection =
+                W::place_canaries(&mut body, EchoMode::HeadTail, cost, canaries, system_role)
+                    .map_err(|error| ProbeError::Request(error.message))?;
             let messages = W::prompt_messages(&body);
             let exact_tokens = self.upstream.count_prompt_tokens(&messages);
             let tokens = exact_tokens.unwrap_or_else(|| count_chat_messages(&messages));

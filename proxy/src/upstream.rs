@@ -15,6 +15,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use canarygate_policies::EchoCost;
 use canarygate_policies::canary::find_canaries;
 use canarygate_policies::config::{AuthMode, Policy, ProviderApi, ProviderConfig};
+use canarygate_policies::inject::SystemRole;
 use http_body_util::Full;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
@@ -22,6 +23,7 @@ use rustls_pki_types::pem::PemObject;
 use crate::clock::RequestClock;
 use crate::error::{ApiError, ErrorCode, error_chain};
 use crate::identity::key_value;
+use crate::system_role::SystemRoles;
 use crate::upstream_client::{
     BodyDeadlines, SendError, SendFailure, UpstreamClient, UpstreamRequest, UpstreamResponse,
     read_whole,
@@ -108,6 +110,8 @@ pub struct Upstream {
     /// What an echo costs this provider for any model: by its policy's
     /// `tokenizer_digits`, else measured once by its tokenizer.
     echo_cost: Option<EchoCost>,
+    /// Which of its models take a system message.
+    system_roles: SystemRoles,
 }
 
 impl Upstream {
@@ -187,6 +191,7 @@ impl Upstream {
         Ok(Self {
             tokenizer,
             echo_cost,
+            system_roles: SystemRoles::new(provider.system_messages),
             api: provider.api,
             base_url,
             chat_completions_url,
@@ -240,6 +245,20 @@ impl Upstream {
     /// when it has one, else by the model's family.
     pub fn echo_cost(&self, model: &str) -> EchoCost {
         self.echo_cost.unwrap_or_else(|| EchoCost::for_model(model))
+    }
+
+    /// Whether `model` (the name sent upstream) takes a system message: as
+    /// the policy's `system_messages` says, unless the provider refused one
+    /// for it ([`Upstream::remember_system_refused`]).
+    pub fn system_role(&self, model: &str) -> SystemRole {
+        self.system_roles.of(model)
+    }
+
+    /// Remembers that the provider refused the system message canarygate
+    /// added for `model`: its later requests place the head canary in their
+    /// first user message.
+    pub fn remember_system_refused(&self, model: &str) {
+        self.system_roles.remember_refused(model);
     }
 
     /// The provider's key for managed auth, if configured.

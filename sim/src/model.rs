@@ -37,6 +37,12 @@ pub const OPENROUTER_REASONER_MODEL: &str = "sim-reasoner-openrouter";
 /// never shown, as OpenAI's o-series and GPT-5 serve Chat Completions.
 pub const HIDDEN_REASONER_MODEL: &str = "sim-reasoner-hidden";
 
+/// A model served through a chat template without a system role, as
+/// Gemma 1 and 2 are (their templates raise `System role not supported`):
+/// a Chat request with a `system` or `developer` message is refused with the
+/// 400 vLLM answers such a template's error with. Not listed in [`MODELS`].
+pub const SYSTEMLESS_MODEL: &str = "sim-systemless";
+
 /// Every model served, for `GET /v1/models`.
 pub const MODELS: [&str; 4] = [
     "sim-model",

@@ -151,6 +151,15 @@ impl ChatRequest {
     /// 400, as a provider answers it.
     pub fn parse(body: &[u8]) -> Result<Self, SimError> {
         let request: ChatBody = parse_json(body)?;
+        let system = |message: &Value| {
+            matches!(
+                message.get("role").and_then(Value::as_str),
+                Some("system" | "developer")
+            )
+        };
+        if request.model == crate::model::SYSTEMLESS_MODEL && request.messages.iter().any(system) {
+            return Err(SimError::invalid_request(None, "System role not supported"));
+        }
         if request.messages.is_empty() {
             return Err(SimError::invalid_request(
                 None,

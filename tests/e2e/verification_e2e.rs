@@ -107,14 +107,21 @@ fn prompt(index: usize, words: usize) -> String {
 }
 
 async fn ask(client: &reqwest::Client, url: &str, text: &str, stream: bool) -> Outcome {
+    let body = json!({
+        "model": "sim-model",
+        "stream": stream,
+        "messages": [{"role": "user", "content": text}],
+    });
+    ask_body(client, url, &body).await
+}
+
+/// What the client got for the Chat request `body`.
+async fn ask_body(client: &reqwest::Client, url: &str, body: &Value) -> Outcome {
+    let stream = body["stream"] == true;
     let response = client
         .post(format!("{url}/v1/chat/completions"))
         .bearer_auth("sk-e2e")
-        .json(&json!({
-            "model": "sim-model",
-            "stream": stream,
-            "messages": [{"role": "user", "content": text}],
-        }))
+        .json(body)
         .send()
         .await
         .expect("request");
@@ -849,6 +856,67 @@ async fn a_stream_without_a_media_type_is_read_and_canarygates_errors_keep_their
         "{:?}",
         blocked.headers()
     );
+}
+
+/// A model whose chat template refuses a system message (the sim's
+/// `sim-systemless`, as Gemma's): a request without one of its own is
+/// refused once, for the system message canarygate added, then served with
+/// the head canary in its first user message, and the model's later
+/// requests go that way at once; with `system_messages = false` it is never
+/// refused. A system message the client sent is refused as it would be
+/// without canarygate.
+#[tokio::test]
+async fn a_model_without_a_system_role_is_served_with_the_head_in_the_user_turn() {
+    let sim = start_sim(&[]);
+    let client = client();
+    let rejected = || async { sim_stats(&sim).await["rejected"].as_u64().unwrap() };
+    let request = |stream: bool, messages: Value| json!({"model": "sim-systemless", "stream": stream, "messages": messages});
+    let user_only = json!([{"role": "user", "content": "Name two planets"}]);
+    let served = |outcome: &Outcome| {
+        assert_eq!(outcome.status, 200, "{outcome:?}");
+        // A stream's verdict comes in its last comment.
+        assert!(
+            outcome.verdict.as_deref() == Some("pass")
+                || outcome.body.contains("\n: x-canarygate-verdict pass\n"),
+            "{outcome:?}"
+        );
+        assert!(outcome.done, "{outcome:?}");
+        assert!(
+            outcome.content.starts_with("You wrote: Name two planets"),
+            "{outcome:?}"
+        );
+        assert!(!outcome.content.contains("CG"), "{outcome:?}");
+    };
+
+    let dir = ProxyDir::new();
+    let proxy = start_proxy_with_policy(&dir, &verified_policy(&dir, &sim.url, ""), &[]);
+    served(&ask_body(&client, &proxy.url, &request(false, user_only.clone())).await);
+    assert_eq!(rejected().await, 1, "refused once, then sent again");
+    served(&ask_body(&client, &proxy.url, &request(true, user_only.clone())).await);
+    assert_eq!(rejected().await, 1, "remembered: not refused again");
+    let with_system = json!([{"role": "system", "content": "Be brief."},
+                             {"role": "user", "content": "Name two planets"}]);
+    let refused = ask_body(&client, &proxy.url, &request(false, with_system)).await;
+    assert_eq!(refused.status, 400, "{refused:?}");
+    assert!(
+        refused.body.contains("System role not supported"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        rejected().await,
+        2,
+        "the client's own system message: sent once"
+    );
+
+    let dir = ProxyDir::new();
+    let policy = dir.policy(&format!(
+        "[[providers]]\nname = \"sim\"\nbase_url = \"{}/v1\"\ncontext_window = 1048576\n\
+         system_messages = false\n\n[[routes]]\nmodel = \"*\"\nprovider = \"sim\"\n",
+        sim.url
+    ));
+    let proxy = start_proxy_with_policy(&dir, &policy, &[]);
+    served(&ask_body(&client, &proxy.url, &request(true, user_only)).await);
+    assert_eq!(rejected().await, 2, "never refused");
 }
 
 /// A Responses provider whose stream ends with its own `error` event and

@@ -12,7 +12,7 @@ use axum::http::StatusCode;
 use canarygate_policies::EchoCost;
 use canarygate_policies::canary::{CANONICAL_LEN, find_canaries};
 use canarygate_policies::config::ProviderApi;
-use canarygate_policies::inject::{Injection, RequestCanaries};
+use canarygate_policies::inject::{Injection, RequestCanaries, SystemRole};
 use canarygate_policies::sse::SseEvent;
 use canarygate_policies::verify::{Part, ProviderUsage, Verdict, Verifier};
 use canarygate_policies::verify_config::EchoMode;
@@ -501,12 +501,15 @@ pub trait WireFormat: Send + Sync + 'static {
     }
 
     /// Places `canaries` in `body` per `echo`, raising the client's output
-    /// limit by what the echo costs the provider (`cost`).
+    /// limit by what the echo costs the provider (`cost`), for a model whose
+    /// chat template takes a system message or not (`system_role`: only
+    /// Chat's prompt is a list of messages the format may add one to).
     fn place_canaries(
         body: &mut Value,
         echo: EchoMode,
         cost: EchoCost,
         canaries: RequestCanaries,
+        system_role: SystemRole,
     ) -> Result<Injection, ApiError>;
 
     /// The choices (text fields, finish reasons) and usage of a whole answer.

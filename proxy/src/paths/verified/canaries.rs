@@ -61,7 +61,13 @@ pub async fn prepare<W: WireFormat>(
             request_id: &context.request_id,
         };
         let minted = registry.mint(owner, config.canary_ttl_secs);
-        let placed = W::place_canaries(&mut body, echo, cost, minted.canaries);
+        let placed = W::place_canaries(
+            &mut body,
+            echo,
+            cost,
+            minted.canaries,
+            context.system_role(),
+        );
         let injection = match placed {
             Ok(injection) => injection,
             Err(error) => {

@@ -14,7 +14,10 @@
 //! ([`EchoCost::allowance`]). A client that asks for the model's whole
 //! output cap gets a 400 for the raised limit; that refusal
 //! ([`Sent::LimitRefused`]) sends the request once more with the echo
-//! written within the client's own limit.
+//! written within the client's own limit. A provider whose chat template
+//! refuses the system message canarygate added ([`Sent::SystemRefused`]) gets
+//! the request once more with the head canary in the first user message,
+//! and the model is remembered ([`crate::system_role`]).
 
 mod attempt;
 mod canaries;
@@ -39,6 +42,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use crate::body::Served;
 use crate::context::RequestContext;
 use crate::error::ApiError;
+use crate::system_role::refuses_system_message;
 use crate::topic::AnswerTexts;
 use crate::trail::Trail;
 use crate::upstream::is_event_stream;
@@ -71,9 +75,11 @@ pub async fn serve<W: WireFormat>(
     let mut unused = Some(request);
     let mut cost = context.echo_cost();
     // Answers verified so far (one retry), and whether the provider refused
-    // the raised limit (one resend, which is no verification retry).
+    // the raised limit or the system message (one resend each, which is no
+    // verification retry).
     let mut verified = 0;
     let mut limit_refused = false;
+    let mut system_refused = false;
     while verified < 2 {
         let request = match unused.take() {
             Some(request) => request,
@@ -93,7 +99,21 @@ pub async fn serve<W: WireFormat>(
                 );
                 continue;
             }
-            Sent::ProviderError(response) | Sent::LimitRefused(response) => {
+            Sent::SystemRefused(_) if !system_refused => {
+                // The same request, the head canary in the first user
+                // message; this model's later requests go that way at once.
+                system_refused = true;
+                context.remember_system_refused();
+                tracing::info!(
+                    request_id = %context.request_id,
+                    "the provider refused the system message canarygate added; \
+                     placing the head canary in the first user message"
+                );
+                continue;
+            }
+            Sent::ProviderError(response)
+            | Sent::LimitRefused(response)
+            | Sent::SystemRefused(response) => {
                 return Ok(Verified::Served(Served::Whole(response)));
             }
         };
@@ -126,6 +146,9 @@ enum Sent {
     /// The provider's 400 refusing the output limit canarygate raised for
     /// the echo ([`refuses_raised_limit`]), as the client would get it.
     LimitRefused(Response),
+    /// The provider's refusal of the system message canarygate added
+    /// ([`refuses_system_message`]), as the client would get it.
+    SystemRefused(Response),
 }
 
 /// Whether `body`, a provider's 400 to a request whose output limit was
@@ -194,9 +217,12 @@ async fn send<W: WireFormat>(
             .upstream
             .read_whole(trail.clock(), response, context.body_deadlines())
             .await?;
-        let refused = injection.echo_allowance > 0 && refuses_raised_limit(status, &body);
+        let limit_refused = injection.echo_allowance > 0 && refuses_raised_limit(status, &body);
+        let system_refused = injection.system_inserted && refuses_system_message(status, &body);
         let response = context.provider_error_response(status, body);
-        return Ok(if refused {
+        return Ok(if system_refused {
+            Sent::SystemRefused(response)
+        } else if limit_refused {
             Sent::LimitRefused(response)
         } else {
             Sent::ProviderError(response)

@@ -388,7 +388,7 @@ pub fn read(answer: &str) -> Option<LightAnswer> {
 #[cfg(test)]
 mod tests {
     use canarygate_policies::EchoCost;
-    use canarygate_policies::inject::{Injection, RequestCanaries, obedient_echo};
+    use canarygate_policies::inject::{Injection, RequestCanaries, SystemRole, obedient_echo};
     use canarygate_policies::registry::MemoryRegistry;
     use canarygate_policies::verify::{Facts, Verifier};
     use canarygate_policies::verify_config::{EchoMode, VerifyConfig};
@@ -536,6 +536,7 @@ mod tests {
             EchoMode::HeadTail,
             EchoCost::DIGIT_BY_DIGIT,
             RequestCanaries::mint(),
+            SystemRole::Accepted,
         )
         .unwrap();
         (injection, obedient_echo(&body).unwrap())

@@ -31,7 +31,9 @@ use std::borrow::Cow;
 use axum::http::StatusCode;
 use canarygate_policies::EchoCost;
 use canarygate_policies::config::ProviderApi;
-use canarygate_policies::inject::{InjectError, Injection, RequestCanaries, inject};
+use canarygate_policies::inject::{
+    InjectError, Injection, RequestCanaries, SystemRole, inject_for,
+};
 use canarygate_policies::sse::{SseEvent, encode_data, encode_json};
 use canarygate_policies::verify::{ProviderUsage, Verifier};
 use canarygate_policies::verify_config::EchoMode;
@@ -85,6 +87,7 @@ impl WireFormat for Chat {
         echo: EchoMode,
         cost: EchoCost,
         canaries: RequestCanaries,
+        system_role: SystemRole,
     ) -> Result<Injection, ApiError> {
         // vLLM's prompt logprobs and token ids spell the prompt back, and
         // with it the canaries and their instruction.
@@ -102,7 +105,7 @@ impl WireFormat for Chat {
                 ));
             }
         }
-        inject(body, echo, cost, canaries).map_err(|error| match error {
+        inject_for(body, echo, cost, canaries, system_role).map_err(|error| match error {
             InjectError::BadChoiceCount => ApiError::invalid_param("n", error.to_string()),
             InjectError::NotAnObject | InjectError::NoMessages | InjectError::BadMessage(_) => {
                 ApiError::invalid_param("messages", error.to_string())
@@ -473,6 +476,7 @@ mod tests {
                 EchoMode::HeadTail,
                 EchoCost::DIGIT_BY_DIGIT,
                 canaries,
+                SystemRole::Accepted,
             )
             .unwrap_err();
             assert_eq!(body, before, "nothing placed on failure");

@@ -329,7 +329,7 @@ impl<E: ChunkEditor> StreamWriter for ChatStream<E> {
 #[cfg(test)]
 mod tests {
     use canarygate_policies::EchoCost;
-    use canarygate_policies::inject::{Injection, RequestCanaries, obedient_echo};
+    use canarygate_policies::inject::{Injection, RequestCanaries, SystemRole, obedient_echo};
     use canarygate_policies::registry::MemoryRegistry;
     use canarygate_policies::sse::SseParser;
     use canarygate_policies::verify::Facts;
@@ -357,6 +357,7 @@ mod tests {
             EchoMode::HeadTail,
             EchoCost::DIGIT_BY_DIGIT,
             canaries,
+            SystemRole::Accepted,
         )
         .unwrap();
         (injection, obedient_echo(&body).unwrap())

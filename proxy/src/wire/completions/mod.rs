@@ -46,7 +46,7 @@ use std::ops::Range;
 use axum::http::StatusCode;
 use canarygate_policies::EchoCost;
 use canarygate_policies::config::ProviderApi;
-use canarygate_policies::inject::{Injection, RequestCanaries};
+use canarygate_policies::inject::{Injection, RequestCanaries, SystemRole};
 use canarygate_policies::sse::SseEvent;
 use canarygate_policies::verify::{ProviderUsage, Verifier};
 use canarygate_policies::verify_config::EchoMode;
@@ -90,6 +90,7 @@ impl WireFormat for Completions {
         echo: EchoMode,
         cost: EchoCost,
         canaries: RequestCanaries,
+        _system_role: SystemRole,
     ) -> Result<Injection, ApiError> {
         request::place(body, echo, cost, canaries)
     }
@@ -182,6 +183,7 @@ mod tests {
             EchoMode::HeadTail,
             EchoCost::DIGIT_BY_DIGIT,
             canaries,
+            SystemRole::Accepted,
         )
         .unwrap();
         let verifier = Verifier::new(&injection, &VerifyConfig::default(), "sim", None);

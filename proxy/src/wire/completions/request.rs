@@ -242,6 +242,7 @@ pub fn place(
     let echo_tokens_least = cost.least(blocks.echo.len());
     Ok(Injection {
         canaries,
+        system_inserted: false,
         echo: blocks.echo,
         passive,
         stream,

@@ -34,7 +34,7 @@ use std::ops::Range;
 use axum::http::StatusCode;
 use canarygate_policies::EchoCost;
 use canarygate_policies::config::ProviderApi;
-use canarygate_policies::inject::{Injection, RequestCanaries};
+use canarygate_policies::inject::{Injection, RequestCanaries, SystemRole};
 use canarygate_policies::sse::SseEvent;
 use canarygate_policies::verify::{ProviderUsage, Verifier};
 use canarygate_policies::verify_config::EchoMode;
@@ -82,6 +82,7 @@ impl WireFormat for Messages {
         echo: EchoMode,
         cost: EchoCost,
         canaries: RequestCanaries,
+        _system_role: SystemRole,
     ) -> Result<Injection, ApiError> {
         request::place(body, echo, cost, canaries)
     }
@@ -210,8 +211,14 @@ mod tests {
             .unwrap()
             .body;
         let canaries = RequestCanaries::mint();
-        let injection =
-            Messages::place_canaries(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
+        let injection = Messages::place_canaries(
+            &mut body,
+            EchoMode::HeadTail,
+            COST,
+            canaries,
+            SystemRole::Accepted,
+        )
+        .unwrap();
         let opening = obedient_echo(&json!({"messages": request::chat_messages(&body)})).unwrap();
         (body, injection, opening)
     }

@@ -274,6 +274,7 @@ pub fn place(
     let echo_tokens_least = cost.least(blocks.echo.len());
     Ok(Injection {
         canaries,
+        system_inserted: false,
         echo: blocks.echo,
         passive,
         stream,

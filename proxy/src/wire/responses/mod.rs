@@ -35,7 +35,7 @@ use std::ops::Range;
 
 use canarygate_policies::EchoCost;
 use canarygate_policies::config::ProviderApi;
-use canarygate_policies::inject::{Injection, RequestCanaries};
+use canarygate_policies::inject::{Injection, RequestCanaries, SystemRole};
 use canarygate_policies::sse::{SseEvent, encode_json};
 use canarygate_policies::verify::{ProviderUsage, Verifier};
 use canarygate_policies::verify_config::EchoMode;
@@ -86,6 +86,7 @@ impl WireFormat for Responses {
         echo: EchoMode,
         cost: EchoCost,
         canaries: RequestCanaries,
+        _system_role: SystemRole,
     ) -> Result<Injection, ApiError> {
         request::place(body, echo, cost, canaries)
     }

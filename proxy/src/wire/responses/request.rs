@@ -302,6 +302,7 @@ pub fn place(
     let echo_tokens_least = cost.least(blocks.echo.len());
     Ok(Injection {
         canaries,
+        system_inserted: false,
         echo: blocks.echo,
         passive,
         stream,
