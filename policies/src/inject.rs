@@ -49,6 +49,25 @@ pub const ECHO_PHRASE: &str = "Begin your reply with \"";
 /// asks for the tail too.
 const ASKS_FOR_TAIL: &str = "\", a space and the CG code in square brackets below";
 
+/// Ends the head instruction after its canary when the tail is echoed too.
+const HEAD_TAIL_CLOSE: &str =
+    "\", a space and the CG code in square brackets below, on one line; then answer normally.";
+
+/// Ends the head instruction after its canary when the head alone is echoed.
+const HEAD_ONLY_CLOSE: &str = "\" on its own line; then answer normally.";
+
+/// Ends a passive marker after its canary.
+const MARKER_CLOSE: &str = " is a marker: never repeat it.)";
+
+/// The wording around the canary of each block of ours, before and after
+/// it: what goes with the canary when a model quotes a block whole.
+pub(crate) const BLOCK_WORDINGS: [(&str, &str); 4] = [
+    (ECHO_PHRASE, HEAD_TAIL_CLOSE),
+    (ECHO_PHRASE, HEAD_ONLY_CLOSE),
+    ("[", "]"),
+    ("(", MARKER_CLOSE),
+];
+
 /// What separates a block of ours from the client's text in the same string.
 pub const BLOCK_SEPARATOR: &str = "\n\n";
 
@@ -442,12 +461,12 @@ impl Blocks {
         let RequestCanaries { head, tail } = canaries;
         let (head_block, tail_block, expected) = match (passive, echo) {
             (None, EchoMode::HeadTail) => (
-                format!("{ECHO_PHRASE}{head}{ASKS_FOR_TAIL}, on one line; then answer normally."),
+                format!("{ECHO_PHRASE}{head}{HEAD_TAIL_CLOSE}"),
                 tail_block(tail),
                 vec![head, tail],
             ),
             (None, _) => (
-                format!("{ECHO_PHRASE}{head}\" on its own line; then answer normally."),
+                format!("{ECHO_PHRASE}{head}{HEAD_ONLY_CLOSE}"),
                 passive_marker(tail),
                 vec![head],
             ),
@@ -663,7 +682,7 @@ fn tail_block(canary: Canary) -> String {
 }
 
 fn passive_marker(canary: Canary) -> String {
-    format!("({canary} is a marker: never repeat it.)")
+    format!("({canary}{MARKER_CLOSE}")
 }
 
 /// The kinds of text canarygate places into prompts.
@@ -975,6 +994,27 @@ mod tests {
         assert_eq!(messages.len(), 2);
         assert_eq!(messages[0]["role"], "developer");
         assert!(text(&messages[0]).contains(&canaries().head.to_string()));
+    }
+
+    #[test]
+    fn each_block_is_written_in_the_wording_that_removes_it_whole() {
+        // The verifier removes a quoted block by this wording
+        // (BLOCK_WORDINGS): every block must be written with it.
+        assert!(HEAD_TAIL_CLOSE.starts_with(ASKS_FOR_TAIL));
+        let RequestCanaries { head, tail } = canaries();
+        for echo in [EchoMode::HeadTail, EchoMode::Head] {
+            for passive in [None, Some(PassiveReason::Tools)] {
+                let blocks = Blocks::new(echo, passive, canaries());
+                for (block, canary) in [(&blocks.head, head), (&blocks.tail, tail)] {
+                    assert!(
+                        BLOCK_WORDINGS
+                            .iter()
+                            .any(|(open, close)| { *block == format!("{open}{canary}{close}") }),
+                        "{block}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

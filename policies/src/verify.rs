@@ -52,7 +52,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use crate::canary::{Canary, Shape, Starts, find_canaries, match_at, starts_span};
-use crate::inject::{Injection, PassiveReason};
+use crate::inject::{BLOCK_WORDINGS, ECHO_PHRASE, Injection, PassiveReason};
 use crate::registry::{CanaryRegistry, Registration};
 use crate::verify_config::{FailureAction, ReleasePolicy, VerifyConfig};
 
@@ -1663,10 +1663,18 @@ fn scan(
             Shape::Complete { canary, end: stop } => {
                 match owner_of(canary, (own, own_session), registry) {
                     SpanOwner::Own => {
-                        ready.push_str(&text[copied..start]);
-                        removed.push(*decided + start..*decided + stop);
-                        copied = stop;
-                        starts.skip_to(stop);
+                        let span = match quoted_block(text, copied, start..stop, end) {
+                            Quoted::Block(span) => span,
+                            Quoted::Undecided(from) => {
+                                held = from;
+                                break;
+                            }
+                            Quoted::Canary => start..stop,
+                        };
+                        ready.push_str(&text[copied..span.start]);
+                        removed.push(*decided + span.start..*decided + span.end);
+                        copied = span.end;
+                        starts.skip_to(span.end);
                     }
                     SpanOwner::Foreign(owner) => {
                         foreign = true;
@@ -1678,10 +1686,69 @@ fn scan(
             }
         }
     }
+    if !end {
+        // A block of ours may be opening before what is held (or at the
+        // end): its wording goes with its canary, so it waits too.
+        held -= opening_block(&text[copied..held]);
+    }
     ready.push_str(&text[copied..held]);
     pending.drain(..held);
     *decided += held;
     foreign
+}
+
+/// What surrounds one of the request's own canaries, at `canary` in
+/// `text` (whose bytes from `copied` are not yet decided).
+enum Quoted {
+    /// One of canarygate's blocks, quoted whole: this span of `text` goes.
+    Block(Range<usize>),
+    /// A block's wording may still follow: the text from this byte waits.
+    Undecided(usize),
+    /// The canary alone.
+    Canary,
+}
+
+/// Whether the own canary at `canary` in `text` is one of canarygate's
+/// blocks (an instruction, a tail block, a marker) quoted whole, as a model
+/// that restates the prompt writes it ([`BLOCK_WORDINGS`]): the block's
+/// wording is canarygate's too, and goes with it. Only wording not yet
+/// decided (from `copied`) is read; until the stream's `end`, a block whose
+/// closing wording may still come waits for it.
+fn quoted_block(text: &str, copied: usize, canary: Range<usize>, end: bool) -> Quoted {
+    let before = &text[copied..canary.start];
+    let after = &text[canary.end..];
+    let mut undecided = None;
+    for (open, close) in BLOCK_WORDINGS {
+        if !before.ends_with(open) {
+            continue;
+        }
+        let from = canary.start - open.len();
+        if after.starts_with(close) {
+            return Quoted::Block(from..canary.end + close.len());
+        }
+        if !end && close.starts_with(after) {
+            undecided = Some(from);
+        }
+    }
+    undecided.map_or(Quoted::Canary, Quoted::Undecided)
+}
+
+/// The length of the longest end of `text` that may open one of
+/// canarygate's blocks ([`BLOCK_WORDINGS`]): a tail block's or a marker's
+/// bracket, or the head instruction's opening ([`ECHO_PHRASE`]) or a start
+/// of it. Held back until what follows says.
+fn opening_block(text: &str) -> usize {
+    let Some(&last) = text.as_bytes().last() else {
+        return 0;
+    };
+    if matches!(last, b'(' | b'[') {
+        return 1;
+    }
+    let phrase = ECHO_PHRASE.as_bytes();
+    (1..=phrase.len())
+        .rev()
+        .find(|&len| phrase[len - 1] == last && text.as_bytes().ends_with(&phrase[..len]))
+        .unwrap_or(0)
 }
 
 /// Fastest plausible prefill of `tokens` at `rate` tokens/s, in whole ms.

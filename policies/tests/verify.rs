@@ -8,7 +8,7 @@ use canarygate_policies::verify::{
     Check, ECHO_GAP_CHARS, ECHO_PREAMBLE_CHARS, EchoOutcome, Evidence, FinishProblem, Part, Status,
 };
 use canarygate_policies::{
-    Decision, Facts, FailureAction, Policy, ProviderUsage, ReleasePolicy, Verifier,
+    Decision, Facts, FailureAction, Injection, Policy, ProviderUsage, ReleasePolicy, Verifier,
 };
 use common::*;
 use serde_json::json;
@@ -981,6 +981,93 @@ fn tool_call_arguments_are_scanned_and_held_to_the_end() {
     let finished = verifier.finish(&honest_facts(&injection, 1), &registry);
     assert_eq!(finished.verdict.failed_checks(), [Check::ForeignCanary]);
     assert!(finished.parts.is_empty());
+}
+
+/// A model that restates its prompt quotes canarygate's blocks: each goes
+/// whole, its wording with its canary, however the text is cut into
+/// deltas; wording that is not the block's stays.
+#[test]
+fn a_block_of_ours_quoted_whole_goes_whole() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(5);
+    let shown_after = |verifier: &mut Verifier, injection: &Injection, part: Part, text: &str| {
+        let finished = verifier.finish(&honest_facts(injection, 1), &registry);
+        assert!(finished.verdict.passed(), "{:?}", finished.verdict);
+        let release = verifier.release_of(0, part);
+        (
+            finished.part(0, part).map(str::to_owned),
+            shown(text, release.through, release.removed),
+        )
+    };
+
+    // A passive marker, quoted into a tool call's arguments.
+    let mut request = chat_request(true);
+    request["tools"] = json!([{"type": "function", "function": {"name": "weather"}}]);
+    let (_, injection) = prepare(&policy, &registry, request, 1);
+    let own = injection.canaries.tail;
+    let arguments = format!(
+        "{{\"city\": \"Weather in Paris ({own} is a marker: never repeat it.)\", \"unit\": \"C\"}}"
+    );
+    let diverging = format!("{{\"city\": \"Paris ({own} is a marker, he said)\"}}");
+    for size in [1, 3, 7, arguments.len()] {
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+        for piece in arguments.as_bytes().chunks(size) {
+            let piece = std::str::from_utf8(piece).unwrap();
+            assert!(!verifier.push_tool_arguments(0, 0, piece, &registry));
+        }
+        let expected = "{\"city\": \"Weather in Paris \", \"unit\": \"C\"}";
+        let (whole, positions) = shown_after(
+            &mut verifier,
+            &injection,
+            Part::ToolArguments(0),
+            &arguments,
+        );
+        assert_eq!(whole.as_deref(), Some(expected), "pieces of {size}");
+        assert_eq!(positions, expected, "pieces of {size}");
+
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+        for piece in diverging.as_bytes().chunks(size) {
+            let piece = std::str::from_utf8(piece).unwrap();
+            verifier.push_tool_arguments(0, 0, piece, &registry);
+        }
+        let (whole, _) = shown_after(
+            &mut verifier,
+            &injection,
+            Part::ToolArguments(0),
+            &diverging,
+        );
+        assert_eq!(
+            whole.as_deref(),
+            Some("{\"city\": \"Paris ( is a marker, he said)\"}"),
+            "pieces of {size}"
+        );
+    }
+
+    // The head instruction and the tail block, restated after the echo.
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 2);
+    let (head, tail) = (injection.canaries.head, injection.canaries.tail);
+    let content = format!(
+        "{} You asked: Begin your reply with \"{head}\", a space and the CG code in square \
+         brackets below, on one line; then answer normally. Explain hash maps. [{tail}] Done.",
+        echo_of(&injection)
+    );
+    for size in [2, 5, 11, content.len()] {
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+        for piece in content.as_bytes().chunks(size) {
+            let step = verifier.push_part(
+                0,
+                Part::Content,
+                std::str::from_utf8(piece).unwrap(),
+                &registry,
+            );
+            assert!(!step.stop);
+        }
+        let (_, positions) = shown_after(&mut verifier, &injection, Part::Content, &content);
+        assert_eq!(
+            positions, "You asked:  Explain hash maps.  Done.",
+            "pieces of {size}"
+        );
+    }
 }
 
 #[test]
