@@ -24,9 +24,7 @@ root=$PWD
 [ $# -ge 1 ] || { sed -n '2,8p' "$0" >&2; exit 2; }
 command -v perf >/dev/null || { echo "perf is missing (Debian: apt-get install linux-perf)" >&2; exit 1; }
 seconds=${ALLOCS_SECONDS:-5} mode=${ALLOCS_MODE:-stream}
-log "building the load generator"
-cargo build --release --quiet -p canarygate-bench
-load=$root/target/release/canarygate-bench
+build_load_generator
 start_work
 remove_probes() { perf probe -q -d 'cgalloc:*' 2>/dev/null || true; }
 trap 'remove_probes; cleanup' EXIT

@@ -77,6 +77,14 @@ build_canarygate() {
   [ -x "$canarygate" ] || { echo "no canarygate binary at $canarygate" >&2; exit 1; }
 }
 
+# The load generator, built for release; sets $load to it (the measuring
+# scripts: cpu-ab, hop-cpu, thread-cpu, sched-delay, allocs).
+build_load_generator() {
+  log "building the load generator"
+  cargo build --release --quiet -p canarygate-bench
+  load=$root/target/release/canarygate-bench
+}
+
 # The load generators (always built: it takes a minute; CANARYGATE_BENCH_PROFILE=dev
 # builds them unoptimised, for a smoke run that only checks the harness works)
 # and canarygate (build_canarygate). Sets $bench_dir to where they are.

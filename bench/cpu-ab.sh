@@ -36,9 +36,7 @@ root=$PWD
 command -v perf >/dev/null || { echo "perf is missing (Debian: apt-get install linux-perf)" >&2; exit 1; }
 before_bin=$(realpath "$1") after_bin=$(realpath "$2")
 rounds=${AB_ROUNDS:-3} seconds=${AB_SECONDS:-6} mode=${AB_MODE:-stream}
-log "building the load generator"
-cargo build --release --quiet -p canarygate-bench
-load=$root/target/release/canarygate-bench
+build_load_generator
 start_work
 
 canarygate=$after_bin

@@ -33,9 +33,7 @@ install_missing nginx nginx
 nginx_bin=$(command -v nginx || echo /usr/sbin/nginx)
 rounds=${HOP_ROUNDS:-3} seconds=${HOP_SECONDS:-6} mode=${HOP_MODE:-stream}
 build_canarygate
-log "building the load generator"
-cargo build --release --quiet -p canarygate-bench
-load=$root/target/release/canarygate-bench
+build_load_generator
 start_work
 start_sim
 start_nginx nginx

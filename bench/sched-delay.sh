@@ -34,9 +34,7 @@ else
   cargo build --release --quiet --bin canarygate
   canarygate=$root/target/release/canarygate
 fi
-log "building the load generator"
-cargo build --release --quiet -p canarygate-bench
-load=$root/target/release/canarygate-bench
+build_load_generator
 start_work
 
 start_sim

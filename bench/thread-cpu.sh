@@ -26,9 +26,7 @@ root=$PWD
 rounds=${THREADS_ROUNDS:-3} seconds=${THREADS_SECONDS:-6}
 IFS=, read -r -a modes <<<"${THREADS_MODES:-non-stream,stream}"
 build_canarygate
-log "building the load generator"
-cargo build --release --quiet -p canarygate-bench
-load=$root/target/release/canarygate-bench
+build_load_generator
 start_work
 start_sim
 start_canarygate_server canarygate preset:default
