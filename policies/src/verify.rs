@@ -156,6 +156,11 @@ pub enum EchoOutcome {
     /// As with [`EchoOutcome::Withheld`], nothing reaches the client that an
     /// echo would vouch for.
     CutBeforeText,
+    /// The reply reached its token limit (finish `length`) in reasoning it
+    /// shows, before any other text, and that reasoning quoted every canary
+    /// the echo asks for: the model saw both ends of this prompt, which is
+    /// what the echo vouches for.
+    QuotedInReasoning,
 }
 
 /// Finish reasons of a reply the provider withheld or did not give:
@@ -624,6 +629,8 @@ struct Track {
     /// released, but still looked at with what follows
     /// (`Verifier::check_carry`).
     carry: String,
+    /// Which of the request's two canaries (head, tail) the text quoted.
+    quoted: [bool; 2],
 }
 
 impl Track {
@@ -1151,20 +1158,41 @@ impl Verifier {
     /// no text received in any of its parts (strings of other fields
     /// aside), and a finish reason (`reasons`, by choice) that says why:
     /// withheld ([`EchoOutcome::Withheld`]) or cut at the token limit
-    /// ([`EchoOutcome::CutBeforeText`]).
+    /// ([`EchoOutcome::CutBeforeText`]). A choice the token limit cut in
+    /// its reasoning, before any other text, is settled too when that
+    /// reasoning quoted every canary of the echo
+    /// ([`EchoOutcome::QuotedInReasoning`]).
     fn mark_textless(&mut self, reasons: &[Option<String>]) {
+        let (own, echo) = (&self.own, &self.echo);
         for (state, reason) in self.choices.iter_mut().zip(reasons) {
             let outcome = match reason.as_deref() {
                 Some(LIMIT_FINISH_REASON) => EchoOutcome::CutBeforeText,
                 Some(reason) if WITHHELD_FINISH_REASONS.contains(&reason) => EchoOutcome::Withheld,
                 _ => continue,
             };
-            let silent = state
-                .tracks
-                .iter()
-                .all(|(part, track)| matches!(part, Part::Other(_)) || track.received() == 0);
-            if silent && state.echo == EchoState::Waiting {
+            if state.echo != EchoState::Waiting {
+                continue;
+            }
+            let silent_but = |spoken: Option<Part>| {
+                state.tracks.iter().all(|(part, track)| {
+                    matches!(part, Part::Other(_)) || Some(*part) == spoken || track.received() == 0
+                })
+            };
+            let quoted_echo = state.tracks.get(&Part::Reasoning).is_some_and(|track| {
+                !echo.is_empty()
+                    && echo.iter().all(|canary| {
+                        own.iter()
+                            .zip(track.quoted)
+                            .any(|(own, quoted)| quoted && own == canary)
+                    })
+            });
+            if silent_but(None) {
                 state.echo = EchoState::Done(outcome);
+            } else if outcome == EchoOutcome::CutBeforeText
+                && quoted_echo
+                && silent_but(Some(Part::Reasoning))
+            {
+                state.echo = EchoState::Done(EchoOutcome::QuotedInReasoning);
             }
         }
     }
@@ -1381,7 +1409,10 @@ impl Verifier {
         let vouches = |outcome: &EchoOutcome| {
             matches!(
                 outcome,
-                EchoOutcome::Passed | EchoOutcome::Withheld | EchoOutcome::CutBeforeText
+                EchoOutcome::Passed
+                    | EchoOutcome::Withheld
+                    | EchoOutcome::CutBeforeText
+                    | EchoOutcome::QuotedInReasoning
             )
         };
         let refuted = self
@@ -1634,6 +1665,7 @@ fn scan(
         ready,
         removed,
         decided,
+        quoted,
         ..
     } = track;
     let text = pending.as_str();
@@ -1663,6 +1695,9 @@ fn scan(
             Shape::Complete { canary, end: stop } => {
                 match owner_of(canary, (own, own_session), registry) {
                     SpanOwner::Own => {
+                        for (quoted, own) in quoted.iter_mut().zip(own) {
+                            *quoted |= *own == canary;
+                        }
                         let span = match quoted_block(text, copied, start..stop, end) {
                             Quoted::Block(span) => span,
                             Quoted::Undecided(from) => {

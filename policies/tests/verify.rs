@@ -880,6 +880,36 @@ fn a_reply_cut_before_any_text_is_not_an_echo_failure() {
     // Reasoning that is shown needs the echo after it, and so does any text.
     assert_eq!(echo_of_run("Let me think", "").0, [Check::Echo]);
     assert_eq!(echo_of_run("", "The answer").0, [Check::Echo]);
+    // Unless the reasoning quoted every canary the echo asks for (the model
+    // saw both ends of the prompt) and the limit cut it before any answer.
+    let (head, tail) = (injection.canaries.head, injection.canaries.tail);
+    let quoting = format!("I must begin my reply with \"{head} {tail}\", so I will");
+    assert_eq!(
+        echo_of_run(&quoting, ""),
+        (
+            Vec::new(),
+            Evidence::Echo {
+                choices: vec![EchoOutcome::QuotedInReasoning]
+            }
+        )
+    );
+    // Quoting one end is not enough; text after the reasoning needs its echo.
+    assert_eq!(
+        echo_of_run(&format!("I must begin with \"{head}\""), "").0,
+        [Check::Echo]
+    );
+    assert_eq!(echo_of_run(&quoting, "The answer").0, [Check::Echo]);
+    // Another request's canaries quoted in the reasoning vouch for nothing.
+    let (others, _) = other_canaries(2);
+    let borrowed = format!("I must begin my reply with \"{others}\"");
+    assert!(!echo_of_run(&borrowed, "").0.is_empty());
+    // A limit that did not cut it: the echo is still owed.
+    let mut stopped = honest_facts(&injection, 1);
+    stopped.finish_reasons = vec![Some("stop".into())];
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    verifier.push_part(0, Part::Reasoning, &quoting, &registry);
+    let verdict = verifier.finish(&stopped, &registry).verdict;
+    assert_eq!(verdict.failed_checks(), [Check::Echo]);
 }
 
 #[test]
