@@ -364,10 +364,12 @@ pub struct ProviderConfig {
     pub tokenizer_digits: Option<TokenizerDigits>,
     /// Its models' chat templates take a system message (default true).
     /// `false` for templates that refuse one (Gemma 1 and 2, Mistral's
-    /// first Instruct models): a request without a system message of its
-    /// own gets the head canary in its first user message rather than in a
-    /// system message of canarygate's. Left true, a provider's refusal of
-    /// that system message is learned per model (the request goes once more).
+    /// first Instruct models) or drop a `developer` message (most
+    /// open-weight templates): a request without a system message of its
+    /// own (a `developer` one does not count) gets the head canary in its
+    /// first user message rather than in a system message of canarygate's.
+    /// Left true, a provider's refusal of that system message is learned
+    /// per model (the request goes once more).
     #[serde(default = "default_true")]
     pub system_messages: bool,
 }

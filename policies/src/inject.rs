@@ -228,7 +228,8 @@ pub enum InjectError {
 /// Whether the chat template a model is served through takes a system
 /// message: most do; some refuse one (Gemma's raise `System role not
 /// supported`, Mistral's first ones require the conversation to open with
-/// a user turn).
+/// a user turn). Most open-weight templates have no `developer` role: they
+/// drop such a message, so without a system role it takes no block.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum SystemRole {
     /// A system message may lead the conversation.
@@ -525,25 +526,50 @@ impl PromptEstimate {
 }
 
 /// Appends `block` to a content slot after the client's own text: to a
-/// string after [`BLOCK_SEPARATOR`], to an array of parts as a new part
-/// `{"type": part_type, "text": ...}` (also opening with the separator, for
-/// templates that join parts without one); a missing (`Null`) or empty
-/// content becomes the block. Returns false, changing nothing, when the
-/// content is something else.
+/// string after [`BLOCK_SEPARATOR`]; to an array of parts, at the end of its
+/// last part's text when that part is a plain text part (`type` and `text`
+/// alone: published templates that read a system message's first part only,
+/// such as Gemma 3's and Mistral Small's, then still show it), else as a
+/// new part `{"type": part_type, "text": ...}` (a part with `cache_control`
+/// stays byte-identical, so the provider's cache still holds it); a missing
+/// (`Null`) or empty content becomes the block. Returns false, changing
+/// nothing, when the content is something else.
 pub fn append_to_content(content: &mut Value, block: &str, part_type: &str) -> bool {
     match content {
         Value::String(text) if !text.is_empty() => {
             text.push_str(BLOCK_SEPARATOR);
             text.push_str(block);
         }
-        Value::Array(parts) => parts.push(json!({
-            "type": part_type,
-            "text": format!("{BLOCK_SEPARATOR}{block}"),
-        })),
+        Value::Array(parts) => match parts
+            .last_mut()
+            .and_then(|last| plain_text(last, part_type))
+        {
+            Some(text) => {
+                text.push_str(BLOCK_SEPARATOR);
+                text.push_str(block);
+            }
+            None => parts.push(json!({
+                "type": part_type,
+                "text": format!("{BLOCK_SEPARATOR}{block}"),
+            })),
+        },
         Value::Null | Value::String(_) => *content = Value::String(block.to_owned()),
         _ => return false,
     }
     true
+}
+
+/// The text of `part` when it is a plain text part of type `part_type`: its
+/// `type` and a string `text`, nothing else.
+fn plain_text<'a>(part: &'a mut Value, part_type: &str) -> Option<&'a mut String> {
+    let part = part.as_object_mut()?;
+    if part.len() != 2 || part.get("type")?.as_str()? != part_type {
+        return None;
+    }
+    match part.get_mut("text")? {
+        Value::String(text) => Some(text),
+        _ => None,
+    }
 }
 
 /// Our estimate of the prompt tokens before `canary` in a conversation whose
@@ -596,7 +622,13 @@ struct Placement {
 impl Placement {
     fn of(messages: &[Value], system_role: SystemRole) -> Result<Self, InjectError> {
         let role = |index: usize| messages[index].get("role").and_then(Value::as_str);
-        let leading_system = matches!(role(0), Some("system" | "developer"));
+        // A template without a system role has no `developer` role either:
+        // most published ones drop such a message (and a head in it).
+        let leading_system = match role(0) {
+            Some("system") => true,
+            Some("developer") => system_role == SystemRole::Accepted,
+            _ => false,
+        };
         let last_user = (0..messages.len()).rev().find(|&i| role(i) == Some("user"));
         let head_user = match system_role {
             SystemRole::Refused if !leading_system => {
@@ -1073,6 +1105,16 @@ mod tests {
         assert!(!injection.system_inserted);
         assert_eq!(obedient_echo(&body).unwrap(), format!("{head} {tail}"));
 
+        // A leading developer message, which such templates drop, does not
+        // take the head.
+        let mut body = json!({"messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": "Hi"}
+        ]});
+        refused(&mut body);
+        assert_eq!(text(&body["messages"][0]), "Be brief.");
+        assert!(text(&body["messages"][1]).contains(&head));
+
         // The client's own system message still takes the head; a
         // conversation without a user turn still gets a system message.
         let mut body = json!({"messages": [
@@ -1096,7 +1138,7 @@ mod tests {
     }
 
     #[test]
-    fn parts_get_a_new_text_part_and_keep_their_own() {
+    fn parts_end_in_the_block_and_keep_their_own() {
         let mut body = json!({"messages": [
             {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
             {"role": "user", "content": [
@@ -1106,10 +1148,14 @@ mod tests {
         ]});
         let original = body.clone();
         inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
+        // A plain last text part takes the block at the end of its text: a
+        // template that reads a system message's first part still shows it.
         let system = body["messages"][0]["content"].as_array().unwrap();
-        assert_eq!(system.len(), 2);
-        assert_eq!(system[0], original["messages"][0]["content"][0]);
-        assert_eq!(system[1]["type"], "text");
+        assert_eq!(system.len(), 1);
+        let system_text = system[0]["text"].as_str().unwrap();
+        assert!(system_text.starts_with(&format!("Be brief.{BLOCK_SEPARATOR}{ECHO_PHRASE}")));
+        assert_eq!(system[0]["type"], "text");
+        // After another kind of part, the block is a new text part.
         let user = body["messages"][1]["content"].as_array().unwrap();
         assert_eq!(user.len(), 3);
         assert_eq!(
@@ -1123,6 +1169,25 @@ mod tests {
         assert_eq!(
             obedient_echo(&body).unwrap(),
             format!("{} {}", canaries().head, canaries().tail)
+        );
+
+        // A part with anything besides its text (a cache breakpoint) stays
+        // as the client wrote it, byte for byte: the block follows it.
+        let cached =
+            json!({"type": "text", "text": "Long rules.", "cache_control": {"type": "ephemeral"}});
+        let mut body = json!({"messages": [
+            {"role": "system", "content": [cached.clone()]},
+            {"role": "user", "content": "Hi"}
+        ]});
+        inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
+        let system = body["messages"][0]["content"].as_array().unwrap();
+        assert_eq!(system.len(), 2);
+        assert_eq!(system[0], cached);
+        assert!(
+            system[1]["text"]
+                .as_str()
+                .unwrap()
+                .contains(&canaries().head.to_string())
         );
     }
 

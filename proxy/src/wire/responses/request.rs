@@ -416,15 +416,11 @@ mod tests {
             body["input"][0]["content"], "first",
             "earlier turns untouched"
         );
+        // A plain text part takes the block at the end of its text.
         let parts = body["input"][2]["content"].as_array().unwrap();
-        assert_eq!(parts.len(), 2);
-        assert_eq!(parts[1]["type"], "input_text");
-        assert!(
-            parts[1]["text"]
-                .as_str()
-                .unwrap()
-                .contains(&canaries.tail.to_string())
-        );
+        assert_eq!(parts.len(), 1);
+        assert_eq!(parts[0]["type"], "input_text");
+        assert_eq!(parts[0]["text"], format!("second\n\n[{}]", canaries.tail));
         assert_eq!(injection.echo, vec![canaries.head, canaries.tail]);
         assert_eq!(injection.client_max_tokens, Some(100));
         assert_eq!(body["max_output_tokens"], 100 + COST.allowance(2));
