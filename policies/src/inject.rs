@@ -11,8 +11,9 @@
 //!   message instead):
 //!   `Begin your reply with "HEAD", a space and the CG code in square brackets
 //!   below, on one line; then answer normally.` ([`ECHO_PHRASE`]);
-//! - tail: a block `[TAIL]` appended to the last user message (a new text part
-//!   when its content is an array of parts).
+//! - tail: a block `[TAIL]` appended to the last user message (to its last
+//!   text part, or a new one, when its content is an array of parts:
+//!   [`append_to_content`]).
 //!
 //! No message is added but that one system message, no role changes, and
 //! assistant and tool turns are never touched. Each block carries only its own
@@ -695,10 +696,9 @@ impl Placement {
     }
 }
 
-/// Appends `block` to `message`'s content after the client's own text: to a
-/// string after [`BLOCK_SEPARATOR`], to an array of parts as a new text part
-/// (also opening with the separator, for templates that join parts without
-/// one). Missing or null content becomes the block.
+/// Appends `block` to `message`'s content after the client's own text, as
+/// [`append_to_content`] does with text parts. Missing or null content
+/// becomes the block.
 fn append_block(message: &mut Value, block: String) {
     let Some(message) = message.as_object_mut() else {
         return;
