@@ -23,6 +23,11 @@ pub enum Framing {
     Text,
 }
 
+/// How many messages before a breakpoint a cache hit is looked for
+/// (Anthropic, "Prompt caching": the system checks for hits at up to 20
+/// block boundaries before each explicit breakpoint).
+pub const LOOKBACK_MESSAGES: usize = 20;
+
 /// Which prompt prefixes the provider caches.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CacheRule {
@@ -149,6 +154,30 @@ impl Conversation {
                 )
             })
             .collect()
+    }
+
+    /// The prefix lengths, in tokens, a hit may also end at besides the
+    /// breakpoints: the ends of the [`LOOKBACK_MESSAGES`] messages before
+    /// each breakpoint's (Anthropic looks back up to 20 blocks; here a
+    /// message stands for a block).
+    pub fn lookback_lengths(
+        breakpoints: &[Breakpoint],
+        messages: &[Value],
+        dropped: usize,
+    ) -> Vec<u64> {
+        let mut lengths = Vec::new();
+        for breakpoint in breakpoints {
+            let Some(index) = breakpoint.message.checked_sub(dropped) else {
+                continue;
+            };
+            let index = index.min(messages.len());
+            for end in index.saturating_sub(LOOKBACK_MESSAGES)..index {
+                lengths.push(
+                    count_chat_messages(&messages[..=end]).saturating_sub(TOKENS_REPLY_PRIMING),
+                );
+            }
+        }
+        lengths
     }
 }
 

@@ -78,16 +78,28 @@ impl PrefixCacheConfig {
     /// Anthropic's `cache_control` marks them), those of at least
     /// `min_tokens` and shorter than the prompt: below the minimum nothing
     /// is cached, and no error is raised.
+    ///
+    /// `lookback` are the lengths a hit may also end at, though nothing is
+    /// written there: Anthropic checks the block boundaries before each
+    /// breakpoint for an earlier request's prefix, so a breakpoint moved to
+    /// the end of a conversation each turn still reads the one before.
     pub fn hashes_at(
         &self,
         model: &str,
         positions: &[Position],
         breakpoints: &[u64],
+        lookback: &[u64],
     ) -> PrefixHashes {
         let min = self.min_tokens.max(1);
-        prefix_hashes(model, positions, |length| {
-            length >= min && breakpoints.contains(&length)
-        })
+        let mut hashes = prefix_hashes(model, positions, |length| {
+            length >= min && (breakpoints.contains(&length) || lookback.contains(&length))
+        });
+        hashes.read_only = hashes
+            .prefixes
+            .iter()
+            .map(|(length, _)| !breakpoints.contains(length))
+            .collect();
+        hashes
     }
 }
 
@@ -113,13 +125,26 @@ fn prefix_hashes(
             prefixes.push((length, at.finish()));
         }
     }
-    PrefixHashes { prefixes }
+    PrefixHashes {
+        read_only: vec![false; prefixes.len()],
+        prefixes,
+    }
 }
 
 impl PrefixHashes {
-    /// The longest prefix, in tokens (0 when there is none).
+    /// The longest prefix written, in tokens (0 when there is none).
     pub fn longest(&self) -> u64 {
-        self.prefixes.last().map_or(0, |(length, _)| *length)
+        self.written().last().map_or(0, |(length, _)| *length)
+    }
+
+    /// The prefixes a prompt leaves in the cache.
+    fn written(&self) -> Vec<(u64, u64)> {
+        self.prefixes
+            .iter()
+            .zip(&self.read_only)
+            .filter(|(_, read_only)| !**read_only)
+            .map(|(prefix, _)| *prefix)
+            .collect()
     }
 }
 
@@ -142,6 +167,8 @@ pub struct PrefixCache {
 pub struct PrefixHashes {
     /// (prefix length in tokens, hash), shortest first.
     prefixes: Vec<(u64, u64)>,
+    /// By prefix: read on a hit, never written ([`PrefixCacheConfig::hashes_at`]'s lookback).
+    read_only: Vec<bool>,
 }
 
 impl PrefixCache {
@@ -171,25 +198,24 @@ impl PrefixCache {
     }
 
     /// Serves one prompt at `now`: returns its cached tokens (the longest
-    /// remembered prefix, or 0), then remembers all its prefixes.
+    /// remembered prefix, or 0), then remembers its prefixes (those it
+    /// writes, and the one it read).
     pub fn serve(&mut self, prompt: &PrefixHashes, now: Instant) -> u64 {
         let ttl = self.config.idle_ttl;
-        let cached = prompt
-            .prefixes
-            .iter()
-            .rev()
-            .find(|(_, hash)| {
-                self.entries
-                    .get(hash)
-                    .is_some_and(|(_, used)| now.saturating_duration_since(*used) < ttl)
-            })
-            .map_or(0, |(length, _)| *length);
-        for (_, hash) in &prompt.prefixes {
+        let hit = prompt.prefixes.iter().rev().find(|(_, hash)| {
+            self.entries
+                .get(hash)
+                .is_some_and(|(_, used)| now.saturating_duration_since(*used) < ttl)
+        });
+        let cached = hit.map_or(0, |(length, _)| *length);
+        let mut used = prompt.written();
+        used.extend(hit.copied());
+        for (_, hash) in used {
             self.uses += 1;
-            if let Some((previous, _)) = self.entries.insert(*hash, (self.uses, now)) {
+            if let Some((previous, _)) = self.entries.insert(hash, (self.uses, now)) {
                 self.by_use.remove(&previous);
             }
-            self.by_use.insert(self.uses, *hash);
+            self.by_use.insert(self.uses, hash);
         }
         while self.entries.len() > self.max_entries {
             let Some((_, hash)) = self.by_use.pop_first() else {

@@ -520,7 +520,8 @@ impl SimProvider {
             CacheRule::Automatic => config.hashes(model, positions),
             CacheRule::Breakpoints(breakpoints) => {
                 let lengths = Conversation::breakpoint_lengths(breakpoints, messages, dropped);
-                config.hashes_at(model, positions, &lengths)
+                let lookback = Conversation::lookback_lengths(breakpoints, messages, dropped);
+                config.hashes_at(model, positions, &lengths, &lookback)
             }
         };
         let cached = cache

@@ -411,6 +411,54 @@ async fn prompt_caching_reads_and_writes_at_breakpoints() {
     }
 }
 
+/// A conversation marking its last user turn each time (Anthropic's
+/// multi-turn pattern) reads the turn before from the cache: a hit is looked
+/// for at the message ends before a breakpoint, though only the breakpoint
+/// is written.
+#[tokio::test]
+async fn a_breakpoint_moved_to_the_last_turn_reads_the_turn_before() {
+    let sim = Sim::start(SimConfig::default());
+    let long = |turn: usize| format!("Turn {turn}: ") + &"the mooring log grows. ".repeat(300);
+    let marked = |text: String| {
+        json!({"role": "user", "content": [
+            {"type": "text", "text": text, "cache_control": {"type": "ephemeral"}}]})
+    };
+    let mut history = vec![];
+    let mut last_written = 0;
+    for turn in 0..3 {
+        let mut messages = history.clone();
+        messages.push(marked(long(turn)));
+        let body = json!({"model": "sim-model", "max_tokens": 20, "messages": messages});
+        let answer = post(&sim, PATH, Auth::Anthropic, &body, None).await.json();
+        let usage = &answer["usage"];
+        let (read, written) = (
+            usage["cache_read_input_tokens"].as_u64().unwrap(),
+            usage["cache_creation_input_tokens"].as_u64().unwrap(),
+        );
+        if turn == 0 {
+            assert_eq!(read, 0, "{usage}");
+        } else {
+            // Everything the turn before wrote, up to its marked turn.
+            assert_eq!(read, last_written, "turn {turn}: {usage}");
+        }
+        assert!(written > 0, "{usage}");
+        last_written = read + written;
+        history.push(json!({"role": "user", "content": long(turn)}));
+        history.push(json!({"role": "assistant", "content": text_of(&answer)}));
+    }
+    // The boundary looked at is not written: a prompt that only shares a
+    // message end with nothing marked there reads nothing.
+    let unmarked = json!({"model": "sim-model", "max_tokens": 20, "messages": [
+        {"role": "user", "content": long(7)}, {"role": "assistant", "content": "ok"},
+        marked("next".into())]});
+    post(&sim, PATH, Auth::Anthropic, &unmarked, None).await;
+    let again = json!({"model": "sim-model", "max_tokens": 20, "messages": [
+        {"role": "user", "content": long(7)}, {"role": "assistant", "content": "ok"},
+        marked("other".into())]});
+    let usage = post(&sim, PATH, Auth::Anthropic, &again, None).await.json()["usage"].clone();
+    assert_eq!(usage["cache_read_input_tokens"], 0, "{usage}");
+}
+
 #[tokio::test]
 async fn failure_modes_break_messages_as_they_break_chat() {
     let sim = Sim::shared();

@@ -16,8 +16,9 @@
 //! `cache_read_input_tokens`, the rest up to the last breakpoint is written
 //! and reported in `cache_creation_input_tokens`, and `input_tokens` counts
 //! only the remainder. Anthropic also looks back up to 20 blocks before a
-//! breakpoint for an earlier cached prefix; the simulator hits only at
-//! breakpoints it saw before.
+//! breakpoint for an earlier cached prefix; the simulator looks at the ends
+//! of the 20 messages before it ([`crate::conversation::LOOKBACK_MESSAGES`])
+//! and writes only at breakpoints.
 
 mod render;
 mod request;
