@@ -10,16 +10,20 @@
 //!   system message, [`SystemRole::Refused`], appended to the first user
 //!   message instead):
 //!   `Begin your reply with "HEAD", a space and the CG code in square brackets
-//!   below, on one line; then answer normally.` ([`ECHO_PHRASE`]);
+//!   below, on one line; then answer normally.` ([`ECHO_PHRASE`]). When the
+//!   client's stable prefix runs past its system prompt (a conversation with
+//!   earlier turns, or a cache breakpoint it marked in its turns:
+//!   [`prefix_spans_turns`]), the head goes at the end of the last user
+//!   message instead, before the tail, so the whole history stays cacheable;
 //! - tail: a block `[TAIL]` appended to the last user message (to its last
 //!   text part, or a new one, when its content is an array of parts:
 //!   [`append_to_content`]).
 //!
 //! No message is added but that one system message, no role changes, and
 //! assistant and tool turns are never touched. Each block carries only its own
-//! canary, so a prompt that lost its system message or its last user message
-//! loses one of them and the echo fails. Everything before the head canary is
-//! the client's text and fixed text of ours.
+//! canary, so a prompt that lost its system message (when the head is there)
+//! or its last user message loses one of them and the echo fails. Everything
+//! before the head canary is the client's text and fixed text of ours.
 //!
 //! An obedient model opens its reply with `HEAD TAIL`; [`obedient_opening`] is
 //! that rule, for simulated providers. In `head` echo mode the tail is a
@@ -237,7 +241,8 @@ pub enum SystemRole {
     #[default]
     Accepted,
     /// No system message: the head block goes into the first user message
-    /// when the client sent no system message of its own.
+    /// when the client sent no system message of its own (the last one when
+    /// [`prefix_spans_turns`]).
     Refused,
 }
 
@@ -601,6 +606,41 @@ fn continues_last_turn(messages: &[Value], body: &serde_json::Map<String, Value>
         || body.get("add_generation_prompt").and_then(Value::as_bool) == Some(false)
 }
 
+/// Whether a conversation's stable prefix, the part a provider's prompt
+/// cache can hold across requests, runs past its system prompt: an
+/// assistant turn comes before the last user message (the earlier turns of
+/// a chat, few-shot examples, a tool loop's history), or a user message up
+/// to the last one marks a cache breakpoint in its parts (`cache_control`,
+/// as Anthropic's API and gateways that take its caching read it). The head
+/// canary, fresh in every request, then goes with the tail at the end of
+/// the last user message: a head after the system prompt would make every
+/// turn after it new to the cache. `messages` are chat-shaped (`role`,
+/// `content`), as Chat Completions and Anthropic's Messages both send them.
+pub fn prefix_spans_turns(messages: &[Value]) -> bool {
+    fn role(message: &Value) -> Option<&str> {
+        message.get("role").and_then(Value::as_str)
+    }
+    let Some(last_user) = messages.iter().rposition(|m| role(m) == Some("user")) else {
+        return false;
+    };
+    let marks_cache = |message: &Value| {
+        message
+            .get("content")
+            .and_then(Value::as_array)
+            .is_some_and(|parts| {
+                parts.iter().any(|part| {
+                    part.get("cache_control")
+                        .is_some_and(|marker| !marker.is_null())
+                })
+            })
+    };
+    let turns = &messages[..=last_user];
+    turns.iter().any(|m| role(m) == Some("assistant"))
+        || turns
+            .iter()
+            .any(|m| role(m) == Some("user") && marks_cache(m))
+}
+
 /// Whether a Chat request asks for a spoken reply: `"audio"` among its
 /// `modalities`, or an `audio` output format.
 fn speaks(body: &serde_json::Map<String, Value>) -> bool {
@@ -611,10 +651,13 @@ fn speaks(body: &serde_json::Map<String, Value>) -> bool {
 
 /// Which messages the blocks go into, checked before anything changes.
 struct Placement {
-    /// The first message is a system or developer message (the head joins it).
+    /// The first message is a system or developer message (the head joins it
+    /// unless a user message takes it).
     leading_system: bool,
-    /// The first user message, when the head joins it: there is no leading
-    /// system message and the template takes none ([`SystemRole::Refused`]).
+    /// The user message the head joins, if one does: the last one when the
+    /// stable prefix spans turns ([`prefix_spans_turns`]), else the first
+    /// one when there is no leading system message and the template takes
+    /// none ([`SystemRole::Refused`]).
     head_user: Option<usize>,
     /// The last user message (the tail joins it), if any.
     last_user: Option<usize>,
@@ -632,12 +675,14 @@ impl Placement {
         };
         let last_user = (0..messages.len()).rev().find(|&i| role(i) == Some("user"));
         let head_user = match system_role {
+            _ if prefix_spans_turns(messages) => last_user,
             SystemRole::Refused if !leading_system => {
                 (0..messages.len()).find(|&i| role(i) == Some("user"))
             }
             _ => None,
         };
-        for index in [leading_system.then_some(0), head_user, last_user]
+        let system_takes_head = leading_system && head_user.is_none();
+        for index in [system_takes_head.then_some(0), head_user, last_user]
             .into_iter()
             .flatten()
         {
@@ -672,8 +717,8 @@ impl Placement {
     fn apply(&self, messages: &mut Vec<Value>, head_block: String, tail_block: String) -> u64 {
         let mut added = count_text(&head_block) + count_text(&tail_block);
         if let (Some(first), Some(last)) = (self.head_user, self.last_user) {
-            // The same message when there is one user turn: the head, then
-            // the tail block it points to.
+            // The same message when there is one user turn or the prefix
+            // spans turns: the head, then the tail block it points to.
             append_block(&mut messages[first], head_block);
             append_block(&mut messages[last], tail_block);
             return added;
@@ -836,8 +881,6 @@ mod tests {
             "max_tokens": 100,
             "messages": [
                 {"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "Hi"},
-                {"role": "assistant", "content": "Hello"},
                 {"role": "user", "content": "Tell me a joke"}
             ]
         })
@@ -853,16 +896,13 @@ mod tests {
         let mut body = original.clone();
         let injection = inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
         let messages = body["messages"].as_array().unwrap();
-        assert_eq!(messages.len(), 4, "no message added");
+        assert_eq!(messages.len(), 2, "no message added");
         let (head, tail) = (canaries().head.to_string(), canaries().tail.to_string());
         let system = text(&messages[0]);
         assert!(system.starts_with(&format!("Be brief.{BLOCK_SEPARATOR}{ECHO_PHRASE}{head}\"")));
         assert!(!system.contains(&tail));
-        let last = text(&messages[3]);
+        let last = text(&messages[1]);
         assert_eq!(last, format!("Tell me a joke{BLOCK_SEPARATOR}[{tail}]"));
-        for index in 1..3 {
-            assert_eq!(messages[index], original["messages"][index], "untouched");
-        }
         assert_eq!(injection.echo, [canaries().head, canaries().tail]);
         assert_eq!(injection.passive, None);
         assert_eq!(injection.client_max_tokens, Some(100));
@@ -873,6 +913,92 @@ mod tests {
         assert_eq!(client_text(&system), "Be brief.");
         assert_eq!(client_text(&last), "Tell me a joke");
         assert_eq!(client_text("no block here"), "no block here");
+    }
+
+    #[test]
+    fn a_conversation_keeps_its_history_before_the_head() {
+        let (head, tail) = (canaries().head.to_string(), canaries().tail.to_string());
+        let history = json!([
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "Tell me a joke"}
+        ]);
+        // Earlier turns: everything before the last user message is the
+        // client's, byte for byte; both blocks end that message.
+        let mut body = json!({"messages": history.clone()});
+        let injection = inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
+        let messages = body["messages"].as_array().unwrap();
+        assert_eq!(messages[..3], history.as_array().unwrap()[..3]);
+        let last = text(&messages[3]);
+        assert_eq!(
+            last,
+            format!(
+                "Tell me a joke{BLOCK_SEPARATOR}{ECHO_PHRASE}{head}{HEAD_TAIL_CLOSE}{BLOCK_SEPARATOR}[{tail}]"
+            )
+        );
+        assert!(!injection.system_inserted);
+        assert_eq!(obedient_echo(&body).unwrap(), format!("{head} {tail}"));
+        assert_eq!(
+            injection.cacheable_prompt_tokens,
+            count_chat_messages(&messages[..3]) - TOKENS_REPLY_PRIMING
+                + TOKENS_PER_MESSAGE
+                + count_text("user")
+                + count_text(&format!("Tell me a joke{BLOCK_SEPARATOR}{ECHO_PHRASE}"))
+        );
+        assert_eq!(
+            injection.prompt_tokens_estimate,
+            count_chat_messages(messages)
+        );
+        // Without a system message of the client's, none is added.
+        let mut body = json!({"messages": history.as_array().unwrap()[1..]});
+        let injection = inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
+        assert_eq!(body["messages"].as_array().unwrap().len(), 3);
+        assert!(!injection.system_inserted);
+        assert!(text(&body["messages"][2]).contains(&head));
+
+        // One turn that marks a cache breakpoint in its parts: the head
+        // follows the marked part, which stays byte-identical.
+        let marked = json!({"type": "text", "text": "Long document.", "cache_control": {"type": "ephemeral"}});
+        let mut body = json!({"messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [marked.clone(), {"type": "text", "text": "Question?"}]}
+        ]});
+        inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
+        assert_eq!(text(&body["messages"][0]), "Be brief.");
+        assert_eq!(body["messages"][1]["content"][0], marked);
+        let last = text(&body["messages"][1]);
+        assert!(
+            last.find(&head).unwrap() < last.find(&tail).unwrap(),
+            "{last}"
+        );
+
+        // A mark on the system message alone, a single turn: the system
+        // prompt is the stable prefix, the head follows it as before.
+        let mut body = json!({"messages": [
+            {"role": "system", "content": [marked.clone()]},
+            {"role": "user", "content": "Question?"}
+        ]});
+        inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
+        assert_eq!(body["messages"][0]["content"][0], marked);
+        assert!(text(&body["messages"][0]).contains(&head));
+        assert!(!text(&body["messages"][1]).contains(&head));
+
+        // A tool loop after the last user message: that message still takes
+        // both blocks, the tool turns are untouched.
+        let mut body = json!({"messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "Sunny"}
+        ]});
+        let original = body.clone();
+        inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
+        assert!(text(&body["messages"][0]).contains(&head));
+        assert_eq!(
+            body["messages"].as_array().unwrap()[2..],
+            original["messages"].as_array().unwrap()[2..]
+        );
     }
 
     #[test]
@@ -1087,9 +1213,8 @@ mod tests {
                 + count_text(&format!("Hi{BLOCK_SEPARATOR}{ECHO_PHRASE}"))
         );
 
-        // Several turns: the head in the first user message (everything
-        // before it is the client's), the tail in the last; the assistant
-        // turn between is untouched.
+        // Several turns: the history is the stable prefix, so both blocks
+        // end the last user message; the earlier turns are untouched.
         let mut body = json!({"messages": [
             {"role": "user", "content": "First question"},
             {"role": "assistant", "content": "First answer"},
@@ -1099,9 +1224,12 @@ mod tests {
         let injection = refused(&mut body);
         let messages = body["messages"].as_array().unwrap();
         assert_eq!(messages.len(), 3);
-        assert!(text(&messages[0]).contains(&head) && !text(&messages[0]).contains(&tail));
-        assert_eq!(messages[1], original["messages"][1]);
-        assert!(text(&messages[2]).contains(&tail) && !text(&messages[2]).contains(&head));
+        assert_eq!(messages[..2], original["messages"].as_array().unwrap()[..2]);
+        let last = text(&messages[2]);
+        assert!(
+            last.find(&head).unwrap() < last.find(&tail).unwrap(),
+            "{last}"
+        );
         assert!(!injection.system_inserted);
         assert_eq!(obedient_echo(&body).unwrap(), format!("{head} {tail}"));
 
@@ -1285,7 +1413,7 @@ mod tests {
         for (what, edit) in [
             (
                 "prefix",
-                &(|body: &mut Value| body["messages"][4]["prefix"] = json!(true))
+                &(|body: &mut Value| body["messages"][2]["prefix"] = json!(true))
                     as &dyn Fn(&mut Value),
             ),
             ("continue_final_message", &|body: &mut Value| {
@@ -1365,7 +1493,7 @@ mod tests {
         let injection = inject(&mut body, EchoMode::Head, COST, canaries()).unwrap();
         assert_eq!(injection.echo, [canaries().head]);
         assert_eq!(obedient_echo(&body).unwrap(), canaries().head.to_string());
-        let last = text(&body["messages"][3]);
+        let last = text(&body["messages"][1]);
         assert!(last.contains(&canaries().tail.to_string()));
         assert_eq!(client_text(&last), "Tell me a joke");
     }
@@ -1387,9 +1515,9 @@ mod tests {
             assert!(injection.echo.is_empty());
             assert_eq!(body["max_tokens"], 100);
             assert_eq!(obedient_echo(&body), None);
-            assert_eq!(body["messages"].as_array().unwrap().len(), 4);
+            assert_eq!(body["messages"].as_array().unwrap().len(), 2);
             let system = text(&body["messages"][0]);
-            let last = text(&body["messages"][3]);
+            let last = text(&body["messages"][1]);
             assert!(system.contains(&canaries().head.to_string()));
             assert!(last.contains(&canaries().tail.to_string()));
             assert_eq!(client_text(&system), "Be brief.");

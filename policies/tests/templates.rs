@@ -9,7 +9,9 @@
 mod common;
 
 use canarygate_policies::EchoCost;
-use canarygate_policies::inject::{RequestCanaries, client_text, inject, obedient_echo};
+use canarygate_policies::inject::{
+    RequestCanaries, client_text, inject, obedient_echo, prefix_spans_turns,
+};
 use canarygate_policies::tokens::content_text;
 use canarygate_policies::{EchoMode, Injection};
 use common::canary;
@@ -130,8 +132,11 @@ fn check_injection(name: &str, request: &Value, echo: EchoMode, n: u64) -> (Valu
     render(&injected["messages"]).unwrap_or_else(|e| panic!("{name}: injected: {e}\n{injected}"));
     let messages = injected["messages"].as_array().unwrap();
     let added = messages.len() - client.len();
+    // A system message is added only when the head needs one: the client
+    // sent none and its stable prefix ends before its turns.
     let leads_with_system = client[0]["role"] == "system";
-    assert_eq!(added, usize::from(!leads_with_system), "{name}");
+    let inserts = !leads_with_system && !prefix_spans_turns(&client);
+    assert_eq!(added, usize::from(inserts), "{name}");
     if added == 1 {
         assert_eq!(messages[0]["role"], "system", "{name}");
         assert_eq!(client_text(&content_text(&messages[0]["content"])), "");

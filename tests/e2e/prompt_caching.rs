@@ -172,3 +172,188 @@ async fn a_job_keeps_its_cached_share_through_canarygate_and_passes_ttft() {
         "no cached answer came sooner than the whole prompt's bound: {records:?}"
     );
 }
+
+/// A conversation's turns, as its client sends them each time: the same
+/// history, one more exchange per turn.
+struct Conversation {
+    /// (user text, assistant reply) of the earlier turns.
+    history: Vec<(String, String)>,
+}
+
+impl Conversation {
+    /// The user text of turn `turn`: long enough (about 1,600 tokens) that
+    /// every turn adds a cacheable stretch, and its own on each surface (the
+    /// simulator's cache is shared by its surfaces).
+    fn question(surface: &str, turn: usize) -> String {
+        let mut text = format!("{surface} turn {turn}: the harbour log so far.");
+        for line in 0..800 {
+            text.push_str(&format!(" t{turn}l{line}."));
+        }
+        text
+    }
+
+    fn reply(turn: usize) -> String {
+        format!("Logged turn {turn}.")
+    }
+
+    /// The body of the next turn on `surface`.
+    fn next(&self, surface: &str) -> Value {
+        let turn = self.history.len();
+        match surface {
+            "chat" => {
+                let mut messages = vec![json!({"role": "system", "content": "Keep the log."})];
+                for (user, assistant) in &self.history {
+                    messages.push(json!({"role": "user", "content": user}));
+                    messages.push(json!({"role": "assistant", "content": assistant}));
+                }
+                messages.push(json!({"role": "user", "content": Self::question(surface, turn)}));
+                json!({"model": "sim-model", "max_tokens": 20, "messages": messages})
+            }
+            "responses" => {
+                let mut input = Vec::new();
+                for (user, assistant) in &self.history {
+                    input.push(json!({"role": "user", "content": user}));
+                    input.push(json!({"type": "message", "role": "assistant",
+                        "content": [{"type": "output_text", "text": assistant}]}));
+                }
+                input.push(json!({"role": "user", "content": Self::question(surface, turn)}));
+                json!({"model": "sim-model", "max_output_tokens": 20,
+                    "instructions": "Keep the log.", "input": input})
+            }
+            // Anthropic's multi-turn pattern: the breakpoint on the newest
+            // turn, so the next one reads everything before it.
+            _ => {
+                let mut messages = Vec::new();
+                for (user, assistant) in &self.history {
+                    messages.push(json!({"role": "user", "content": user}));
+                    messages.push(json!({"role": "assistant", "content": assistant}));
+                }
+                messages.push(json!({"role": "user", "content": [{"type": "text",
+                    "text": Self::question(surface, turn), "cache_control": {"type": "ephemeral"}}]}));
+                json!({"model": "sim-model", "max_tokens": 20, "system": "Keep the log.",
+                    "messages": messages})
+            }
+        }
+    }
+}
+
+/// (prompt tokens, cached tokens) of one turn on `surface`, and the verdict.
+async fn send_turn(
+    client: &reqwest::Client,
+    url: &str,
+    surface: &str,
+    body: &Value,
+) -> (u64, u64, Option<String>) {
+    let path = match surface {
+        "chat" => "/v1/chat/completions",
+        "responses" => "/v1/responses",
+        _ => "/v1/messages",
+    };
+    let response = client
+        .post(format!("{url}{path}"))
+        .header("authorization", "Bearer sk-test")
+        .header("anthropic-version", "2023-06-01")
+        .json(body)
+        .send()
+        .await
+        .expect("send");
+    let verdict = response
+        .headers()
+        .get("x-canarygate-verdict")
+        .map(|value| value.to_str().unwrap().to_owned());
+    let answer: Value = response.json().await.expect("JSON");
+    let usage = &answer["usage"];
+    let number = |pointer: &str| {
+        usage
+            .pointer(pointer)
+            .and_then(Value::as_u64)
+            .unwrap_or_else(|| panic!("{surface}: no {pointer} in {answer}"))
+    };
+    let (prompt, cached) = match surface {
+        "chat" => (
+            number("/prompt_tokens"),
+            number("/prompt_tokens_details/cached_tokens"),
+        ),
+        "responses" => (
+            number("/input_tokens"),
+            number("/input_tokens_details/cached_tokens"),
+        ),
+        _ => {
+            let read = number("/cache_read_input_tokens");
+            let prompt = number("/input_tokens") + read + number("/cache_creation_input_tokens");
+            (prompt, read)
+        }
+    };
+    (prompt, cached, verdict)
+}
+
+/// A conversation resent with each new turn keeps its provider cache hits
+/// through canarygate on every surface: the head canary joins the tail in
+/// the newest user turn, so the whole history is the client's own prefix
+/// (with the head after the system prompt, each turn would have read only
+/// that much from the cache).
+#[tokio::test]
+async fn a_conversation_keeps_its_cached_share_on_every_surface() {
+    let direct_sim = start_sim(&[]);
+    let proxied_sim = start_sim(&[]);
+    let dir = ProxyDir::new();
+    let policy = format!(
+        r#"
+[[providers]]
+name = "openai"
+base_url = "{url}/v1"
+context_window = 200000
+
+[[providers]]
+name = "anthropic"
+api = "anthropic"
+base_url = "{url}/v1"
+context_window = 200000
+
+[[routes]]
+model = "sim-model"
+provider = "openai"
+
+[[routes]]
+model = "sim-model"
+provider = "anthropic"
+"#,
+        url = proxied_sim.url
+    );
+    let proxy = start_proxy_with_policy(&dir, &dir.policy(&policy), &[]);
+    let client = client();
+    for surface in ["chat", "responses", "messages"] {
+        let mut conversation = Conversation {
+            history: Vec::new(),
+        };
+        for turn in 0..4 {
+            let body = conversation.next(surface);
+            let direct = send_turn(&client, &direct_sim.url, surface, &body).await;
+            let proxied = send_turn(&client, &proxy.url, surface, &body).await;
+            conversation.history.push((
+                Conversation::question(surface, turn),
+                Conversation::reply(turn),
+            ));
+            assert_eq!(proxied.2.as_deref(), Some("pass"), "{surface} turn {turn}");
+            // The first turn, one user message and nothing marked, has the
+            // head after the system prompt: the second reads no more than
+            // that (here too short to cache) through canarygate. From the
+            // third on, every earlier turn is read, as direct.
+            if turn == 1 && surface != "messages" {
+                continue;
+            }
+            assert!(
+                direct.1.abs_diff(proxied.1) <= INCREMENT,
+                "{surface} turn {turn}: {} cached direct, {} through canarygate",
+                direct.1,
+                proxied.1
+            );
+            // Turn k's earlier turns are about k/(k+1) of its prompt.
+            let turn = turn as u64;
+            assert!(
+                proxied.1 * (turn + 1) * 10 >= proxied.0 * turn * 9,
+                "{surface} turn {turn}: {proxied:?}"
+            );
+        }
+    }
+}

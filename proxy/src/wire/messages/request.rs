@@ -7,7 +7,10 @@
 //! byte-identical); a request without `system` gets the head as its
 //! `system`. The tail block goes at the end of the last user turn: appended
 //! to its string, or as a new text block after its blocks (`tool_result`
-//! blocks stay first in the turn, as Anthropic requires). `max_tokens` is
+//! blocks stay first in the turn, as Anthropic requires). When the stable
+//! prefix spans turns (earlier turns, or a `cache_control` mark in a user
+//! turn: [`prefix_spans_turns`]), the head goes there too, before the tail,
+//! and `system` is left as it came. `max_tokens` is
 //! raised by the echo's allowance ([`EchoCost::allowance`]) when an echo is
 //! asked, which keeps a thinking budget below it (a limit of 0, which
 //! Anthropic refuses, goes as it came). Tools, a structured output format,
@@ -22,7 +25,7 @@
 use canarygate_policies::EchoCost;
 use canarygate_policies::inject::{
     BLOCK_SEPARATOR, Blocks, EchoObstacles, Injection, PromptEstimate, RequestCanaries,
-    append_to_content, passive_reason, stops_may_cut_echo,
+    append_to_content, passive_reason, prefix_spans_turns, stops_may_cut_echo,
 };
 use canarygate_policies::tokens::count_chat_messages;
 use canarygate_policies::verify_config::EchoMode;
@@ -252,23 +255,38 @@ pub fn place(
             Value::from(limit.saturating_add(echo_allowance)),
         );
     }
-    let mut system_text = blocks.head;
+    let spans_turns = object
+        .get("messages")
+        .and_then(Value::as_array)
+        .is_some_and(|messages| prefix_spans_turns(messages));
     match last_user {
-        Some(index) => {
+        Some(index) if spans_turns => {
+            // The history is the stable prefix: both blocks end the last
+            // user turn, the head first.
             let content = &mut object["messages"][index]["content"];
+            append_to_content(content, &blocks.head, "text");
             append_to_content(content, &blocks.tail, "text");
         }
-        None => {
-            system_text.push_str(BLOCK_SEPARATOR);
-            system_text.push_str(&blocks.tail);
+        _ => {
+            let mut system_text = blocks.head;
+            match last_user {
+                Some(index) => {
+                    let content = &mut object["messages"][index]["content"];
+                    append_to_content(content, &blocks.tail, "text");
+                }
+                None => {
+                    system_text.push_str(BLOCK_SEPARATOR);
+                    system_text.push_str(&blocks.tail);
+                }
+            }
+            let system = object.entry("system").or_insert(Value::Null);
+            if !append_to_content(system, &system_text, "text") {
+                return Err(invalid(
+                    "system",
+                    "system: must be a string or an array of text blocks",
+                ));
+            }
         }
-    }
-    let system = object.entry("system").or_insert(Value::Null);
-    if !append_to_content(system, &system_text, "text") {
-        return Err(invalid(
-            "system",
-            "system: must be a string or an array of text blocks",
-        ));
     }
     let estimate = PromptEstimate::of(prompt_tokens_before, &chat_messages(body), canaries.head);
     let echo_tokens_least = cost.least(blocks.echo.len());
@@ -439,22 +457,36 @@ mod tests {
         assert_eq!(injection.client_max_tokens, Some(100));
         assert_eq!(body["max_tokens"], 100 + COST.allowance(2));
         assert!(body["thinking"]["budget_tokens"].as_u64().unwrap() < 100 + COST.allowance(2));
-        // The client's cached block is untouched; ours follows it.
-        assert_eq!(body["system"][0], cached);
-        let head = body["system"][1]["text"].as_str().unwrap();
-        assert!(head.contains(&canaries.head.to_string()), "{head}");
-        // The tool result stays first in its turn; the tail follows it.
+        // Earlier turns: the system prompt and the history are the client's,
+        // byte for byte. The tool result stays first in its turn; the head,
+        // then the tail, follow it.
+        assert_eq!(body["system"], json!([cached]));
         let turn = &body["messages"][2]["content"];
         assert_eq!(turn[0]["type"], "tool_result");
+        let blocks = turn[1]["text"].as_str().unwrap();
+        let (head, tail) = (canaries.head.to_string(), canaries.tail.to_string());
         assert!(
-            turn[1]["text"]
-                .as_str()
-                .unwrap()
-                .contains(&canaries.tail.to_string())
+            blocks.find(&head).unwrap() < blocks.find(&tail).unwrap(),
+            "{blocks}"
         );
         assert_eq!(body["messages"][0]["content"], "first");
         assert!(injection.prompt_tokens_added > 0);
         assert!(injection.cacheable_prompt_tokens < injection.prompt_tokens_estimate);
+
+        // One turn: the head follows the client's cached system block.
+        let mut body = json!({
+            "model": "m", "max_tokens": 100, "system": [cached],
+            "messages": [{"role": "user", "content": "first"}],
+        });
+        place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
+        assert_eq!(body["system"][0], cached);
+        let system = body["system"][1]["text"].as_str().unwrap();
+        assert!(
+            system.contains(&head) && !system.contains(&tail),
+            "{system}"
+        );
+        let turn = body["messages"][0]["content"].as_str().unwrap();
+        assert!(turn.contains(&tail) && !turn.contains(&head), "{turn}");
     }
 
     #[test]

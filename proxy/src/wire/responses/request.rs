@@ -6,7 +6,9 @@
 //! `previous_response_id` (or `conversation`) continues, then `input`. The
 //! head block goes at the end of `instructions` (set when absent: a stored
 //! conversation does not carry earlier instructions, so each request's head
-//! is fresh); the tail block at the end of the last user item's text.
+//! is fresh); the tail block at the end of the last user item's text. An
+//! `input` that holds earlier turns before its last user message gets the
+//! head there too, before the tail, so those turns stay a cacheable prefix.
 
 use canarygate_policies::EchoCost;
 use canarygate_policies::inject::{
@@ -256,6 +258,7 @@ pub fn place(
     let passive = passive_reason(echo, obstacles);
     let blocks = Blocks::new(echo, passive, canaries);
     let tail_slot = last_user_text(body);
+    let head_joins_the_tail = history_before_last_user(body, tail_slot);
     let object = body.as_object_mut().ok_or_else(|| {
         ApiError::new(
             ErrorCode::InvalidJson,
@@ -270,7 +273,12 @@ pub fn place(
                 .and_then(|input| input.get_mut(index))
                 .and_then(|item| item.get_mut("content")),
         }
-        .is_some_and(|content| append_to_content(content, &blocks.tail, "input_text"));
+        .is_some_and(|content| {
+            if head_joins_the_tail && !append_to_content(content, &blocks.head, "input_text") {
+                return false;
+            }
+            append_to_content(content, &blocks.tail, "input_text")
+        });
         if !placed {
             return Err(ApiError::invalid_param(
                 "input",
@@ -278,10 +286,12 @@ pub fn place(
             ));
         }
     }
-    let instructions = object.entry("instructions").or_insert(Value::Null);
-    append_to_content(instructions, &blocks.head, "input_text");
-    if tail_slot.is_none() {
-        append_to_content(instructions, &blocks.tail, "input_text");
+    if !head_joins_the_tail {
+        let instructions = object.entry("instructions").or_insert(Value::Null);
+        append_to_content(instructions, &blocks.head, "input_text");
+        if tail_slot.is_none() {
+            append_to_content(instructions, &blocks.tail, "input_text");
+        }
     }
     let client_max_tokens = object.get("max_output_tokens").and_then(Value::as_u64);
     let mut echo_allowance = 0;
@@ -326,6 +336,27 @@ enum TailSlot {
     Input,
     /// The content of input item `index`, the last user message.
     Item(usize),
+}
+
+/// Whether the head goes with the tail into the last user message of
+/// `input` (`slot`), as in Chat ([`prefix_spans_turns`]): items other than
+/// user, system or developer messages come before it (earlier turns, a tool
+/// loop's calls), so the client's stable prefix runs past `instructions`.
+/// Not for a stored conversation: its earlier turns come back with their
+/// own blocks, and a head fresh in `instructions` is the one instruction of
+/// its kind there.
+///
+/// [`prefix_spans_turns`]: canarygate_policies::inject::prefix_spans_turns
+fn history_before_last_user(body: &Value, slot: Option<TailSlot>) -> bool {
+    let (Some(TailSlot::Item(last)), Some(Value::Array(items))) = (slot, body.get("input")) else {
+        return false;
+    };
+    !continues_stored_conversation(body)
+        && items[..last].iter().any(|item| {
+            let role = item.get("role").and_then(Value::as_str);
+            !(item.as_object().is_some_and(is_message)
+                && matches!(role, Some("user" | "system" | "developer")))
+        })
 }
 
 /// The last user text of `input`, if any.
@@ -395,7 +426,7 @@ mod tests {
     }
 
     #[test]
-    fn head_goes_after_the_instructions_and_tail_after_the_last_user_text() {
+    fn head_goes_after_the_instructions_or_with_the_tail_after_earlier_turns() {
         let canaries = RequestCanaries::mint();
         let mut body = parsed(json!({"model": "m", "instructions": "Be brief.",
         "max_output_tokens": 100,
@@ -408,24 +439,43 @@ mod tests {
             {"type": "function_call_output", "call_id": "c1", "output": "42"},
         ]}));
         let injection = place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
-        let instructions = body["instructions"].as_str().unwrap();
-        assert!(instructions.starts_with("Be brief.\n\n"), "{instructions}");
-        assert!(instructions.contains(&canaries.head.to_string()));
-        assert_eq!(client_text(instructions), "Be brief.");
+        // Earlier turns: the instructions and the history are the client's;
+        // a plain text part takes the head, then the tail, at the end of its
+        // text.
+        assert_eq!(body["instructions"], "Be brief.");
         assert_eq!(
             body["input"][0]["content"], "first",
             "earlier turns untouched"
         );
-        // A plain text part takes the block at the end of its text.
         let parts = body["input"][2]["content"].as_array().unwrap();
         assert_eq!(parts.len(), 1);
         assert_eq!(parts[0]["type"], "input_text");
-        assert_eq!(parts[0]["text"], format!("second\n\n[{}]", canaries.tail));
+        let text = parts[0]["text"].as_str().unwrap();
+        let (head, tail) = (canaries.head.to_string(), canaries.tail.to_string());
+        assert!(text.starts_with("second\n\n"), "{text}");
+        assert!(
+            text.find(&head).unwrap() < text.find(&tail).unwrap(),
+            "{text}"
+        );
+        assert!(text.ends_with(&format!("\n\n[{tail}]")), "{text}");
+        assert_eq!(client_text(text), "second");
         assert_eq!(injection.echo, vec![canaries.head, canaries.tail]);
         assert_eq!(injection.client_max_tokens, Some(100));
         assert_eq!(body["max_output_tokens"], 100 + COST.allowance(2));
         assert!(injection.prompt_tokens_added > 0);
         assert!(injection.cacheable_prompt_tokens < injection.prompt_tokens_estimate);
+
+        // One turn (and a system message in `input`): the head follows the
+        // instructions.
+        let mut body = parsed(json!({"model": "m", "instructions": "Be brief.",
+            "input": [{"role": "developer", "content": "Rules."},
+                      {"role": "user", "content": "first"}]}));
+        place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
+        let instructions = body["instructions"].as_str().unwrap();
+        assert!(instructions.starts_with("Be brief.\n\n"), "{instructions}");
+        assert!(instructions.contains(&head) && !instructions.contains(&tail));
+        assert_eq!(client_text(instructions), "Be brief.");
+        assert_eq!(body["input"][1]["content"], format!("first\n\n[{tail}]"));
     }
 
     #[test]
