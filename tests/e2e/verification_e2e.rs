@@ -920,28 +920,52 @@ async fn a_model_without_a_system_role_is_served_with_the_head_in_the_user_turn(
 }
 
 /// A Responses provider whose stream ends with its own `error` event and
-/// nothing after (no `response.failed`).
+/// nothing after (no `response.failed`): after the echo and some text; or,
+/// asked about moons, before any text; or, asked about rings, before any
+/// text after a pause longer than the keep-alive (a model thinking).
 async fn erring_responses_upstream() -> String {
+    use axum::body::{Body, Bytes};
+    use axum::response::Response;
     use axum::{Json, Router, routing::post};
-    async fn answer(Json(request): Json<Value>) -> ([(&'static str, &'static str); 1], String) {
+    async fn answer(Json(request): Json<Value>) -> Response {
         // The canaries are in the instructions and the input.
         let texts = ["instructions", "input"].map(|key| request[key].as_str().unwrap_or(""));
         let opening = canarygate_policies::inject::obedient_opening(texts).unwrap_or_default();
-        let events = [
-            json!({"type": "response.created", "sequence_number": 0,
-                   "response": {"id": "resp_1", "object": "response", "status": "in_progress",
-                                "output": []}}),
-            json!({"type": "response.output_text.delta", "sequence_number": 1, "item_id": "m",
-                   "output_index": 0, "content_index": 0, "delta": format!("{opening}\n")}),
-            json!({"type": "response.output_text.delta", "sequence_number": 2, "item_id": "m",
-                   "output_index": 0, "content_index": 0, "delta": "Mercury, Venus."}),
-            json!({"type": "error", "sequence_number": 3, "code": "server_error",
-                   "message": "The server had an error.", "param": null}),
-        ];
-        (
-            [("content-type", "text/event-stream")],
-            typed_events(&events),
-        )
+        let asked = request["input"].as_str().unwrap_or("").to_owned();
+        let created = json!({"type": "response.created", "sequence_number": 0,
+               "response": {"id": "resp_1", "object": "response", "status": "in_progress",
+                            "output": []}});
+        let error = |sequence: u64| {
+            json!({"type": "error", "sequence_number": sequence, "code": "server_error",
+                   "message": "The server had an error.", "param": null})
+        };
+        let (first, rest) = if asked.contains("moons") || asked.contains("rings") {
+            (vec![created], vec![error(1)])
+        } else {
+            let events = vec![
+                created,
+                json!({"type": "response.output_text.delta", "sequence_number": 1,
+                       "item_id": "m", "output_index": 0, "content_index": 0,
+                       "delta": format!("{opening}\n")}),
+                json!({"type": "response.output_text.delta", "sequence_number": 2,
+                       "item_id": "m", "output_index": 0, "content_index": 0,
+                       "delta": "Mercury, Venus."}),
+                error(3),
+            ];
+            (events, Vec::new())
+        };
+        let pause = Duration::from_millis(if asked.contains("rings") { 800 } else { 0 });
+        use futures_util::StreamExt;
+        let parts = futures_util::stream::iter([(first, Duration::ZERO), (rest, pause)]).then(
+            |(events, pause): (Vec<Value>, Duration)| async move {
+                tokio::time::sleep(pause).await;
+                Ok::<_, std::convert::Infallible>(Bytes::from(typed_events(&events)))
+            },
+        );
+        Response::builder()
+            .header("content-type", "text/event-stream")
+            .body(Body::from_stream(parts))
+            .unwrap()
     }
     let app = Router::new().route("/v1/responses", post(answer));
     serve_upstream(app).await
@@ -981,6 +1005,46 @@ async fn a_responses_stream_the_provider_ends_with_its_error_gets_no_second_one(
         "{body}"
     );
     assert!(body.contains("Mercury, Venus."), "{body}");
+
+    // Before anything went out, the provider's error is the answer, with
+    // the status its code stands for, in OpenAI's error shape.
+    let ask = |input: &'static str| {
+        client()
+            .post(format!("{}/v1/responses", proxy.url))
+            .bearer_auth("sk-e2e")
+            .json(&json!({"model": "sim-model", "input": input, "stream": true}))
+            .send()
+    };
+    let response = ask("Name two moons").await.expect("request");
+    assert_eq!(response.status(), 500);
+    let error: Value = response.json().await.expect("JSON");
+    assert_eq!(error["error"]["code"], "server_error", "{error}");
+    assert_eq!(
+        error["error"]["message"], "The server had an error.",
+        "{error}"
+    );
+
+    // After the keep-alive began the stream, its error event ends it.
+    let dir = ProxyDir::new();
+    let verify = "[verify]\nrelease = \"echo-first\"\n[limits]\nstream_keepalive_ms = 200\n";
+    let proxy = start_proxy_with_policy(&dir, &verified_policy(&dir, &upstream, verify), &[]);
+    let response = client()
+        .post(format!("{}/v1/responses", proxy.url))
+        .bearer_auth("sk-e2e")
+        .json(&json!({"model": "sim-model", "input": "Name two rings", "stream": true}))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status(), 200);
+    let body = response.text().await.expect("body");
+    assert!(body.starts_with(": "), "the keep-alive went first: {body}");
+    let events: Vec<Value> = sse_data(&body)
+        .iter()
+        .map(|data| serde_json::from_str(data).unwrap())
+        .collect();
+    assert_eq!(events.len(), 1, "{body}");
+    assert_eq!(events[0]["type"], "error", "{body}");
+    assert_eq!(events[0]["message"], "The server had an error.", "{body}");
 }
 
 /// A provider that answers each request honestly but lists, in a top-level

@@ -437,6 +437,13 @@ pub trait StreamWriter: Send + 'static {
     fn ended_by_provider_error(&self) -> bool {
         false
     }
+    /// The provider's own error event and its message, taken back when it
+    /// was the last event taken and is still held (behind text not yet
+    /// verified): the stream's end is then that error's, as had it come
+    /// as [`EventView::Error`].
+    fn take_unsent_provider_error(&mut self) -> Option<(SseEvent, String)> {
+        None
+    }
     /// `error` as the event that ends this stream, where it differs from
     /// the format's [`WireFormat::error_event`] (a Responses stream numbers
     /// its events); `None` for that one.
@@ -572,6 +579,13 @@ pub trait WireFormat: Send + Sync + 'static {
     /// anything of it went out, as had it failed before the stream began.
     fn error_event_status(_data: &str) -> Option<StatusCode> {
         None
+    }
+
+    /// The body of the answer a provider's error event (`data`) becomes
+    /// ([`WireFormat::error_event_status`]): the event's data, where the
+    /// format's error events are error bodies.
+    fn error_event_body(data: &str) -> Vec<u8> {
+        data.as_bytes().to_vec()
     }
 
     /// The client's request (as received, without canaries) as a Chat

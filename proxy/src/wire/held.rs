@@ -42,6 +42,11 @@ impl HeldEvents {
         self.queue.push_back(held);
     }
 
+    /// The last event held, taken back.
+    pub fn pop_last(&mut self) -> Option<Held> {
+        self.queue.pop_back()
+    }
+
     /// The first held event, taken if it may go out now: at the stream's
     /// end (`at_end`) whatever it holds, before it once the format's rule
     /// says it is `ready` and the client's limit lets it out.

@@ -362,6 +362,9 @@ impl<W: WireFormat> VerifiedStream<W> {
                 if self.end.is_some() {
                     return;
                 }
+                if let Some((event, message)) = self.writer.take_unsent_provider_error() {
+                    return self.end_with_provider_error(&event, &message);
+                }
                 let detail = early_end(&mut self.parser).to_owned();
                 if self.writer.ended_by_provider_error() {
                     // The provider's own error event was its stream's end.
@@ -417,26 +420,7 @@ impl<W: WireFormat> VerifiedStream<W> {
                     "sent an event that cannot be read (not JSON, or not of its API)".into(),
                 );
             }
-            EventView::Error(message) => {
-                // Before anything went out, its error is the answer, with
-                // the status it stands for.
-                self.provider_error = W::error_event_status(&event.data)
-                    .map(|status| (status, Bytes::from(event.data.clone())));
-                // Its own error event, as it came (but for any canary-shaped
-                // text), ends what went out.
-                let mut own = Vec::new();
-                if let Some(name) = &event.event {
-                    own.extend_from_slice(b"event: ");
-                    own.extend_from_slice(name.as_bytes());
-                    own.push(b'\n');
-                }
-                match without_canary_text(event.data.as_bytes()) {
-                    Some(withheld) => encode_data(&String::from_utf8_lossy(&withheld), &mut own),
-                    None => encode_data(&event.data, &mut own),
-                }
-                let detail = format!("sent an error mid-stream: {message}");
-                return self.interrupt_with(detail, Some(own));
-            }
+            EventView::Error(message) => return self.end_with_provider_error(&event, &message),
             EventView::Chunk(chunk) => (chunk, false),
         };
         // A text that goes back to an earlier block or part: SDKs would
@@ -553,6 +537,27 @@ impl<W: WireFormat> VerifiedStream<W> {
 
     /// [`Self::interrupt`], ending with `provider_event` (the provider's own
     /// error event, encoded) instead of canarygate's, when there is one.
+    /// Ends the stream with the provider's own error `event` (its
+    /// `message`): before anything went out, its error is the answer, with
+    /// the status it stands for; after, the event as it came (but for any
+    /// canary-shaped text) ends what went out.
+    fn end_with_provider_error(&mut self, event: &SseEvent, message: &str) {
+        self.provider_error = W::error_event_status(&event.data)
+            .map(|status| (status, Bytes::from(W::error_event_body(&event.data))));
+        let mut own = Vec::new();
+        if let Some(name) = &event.event {
+            own.extend_from_slice(b"event: ");
+            own.extend_from_slice(name.as_bytes());
+            own.push(b'\n');
+        }
+        match without_canary_text(event.data.as_bytes()) {
+            Some(withheld) => encode_data(&String::from_utf8_lossy(&withheld), &mut own),
+            None => encode_data(&event.data, &mut own),
+        }
+        let detail = format!("sent an error mid-stream: {message}");
+        self.interrupt_with(detail, Some(own));
+    }
+
     fn interrupt_with(&mut self, detail: String, provider_event: Option<Vec<u8>>) {
         let finished = self.finish_verifier(Some(false));
         self.verdict = Some(finished.verdict);

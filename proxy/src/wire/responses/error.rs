@@ -25,3 +25,43 @@ pub fn error_event_json(error: &ApiError) -> Value {
         "error": body["error"],
     })
 }
+
+/// A provider's error event or error body (`data`) as OpenAI's error body,
+/// `{"error": {"message", "type", "param", "code"}}`: an `error` event's
+/// own fields moved under `error` (its `code` standing for its `type` too,
+/// as the event has none), a body that already is one as it is. `None`
+/// for anything else.
+pub fn error_body_of(data: &Value) -> Option<Value> {
+    if data.get("error").is_some_and(Value::is_object) {
+        return Some(data.clone());
+    }
+    if data.get("type").and_then(Value::as_str) != Some("error") {
+        return None;
+    }
+    let field = |key: &str| data.get(key).cloned().unwrap_or(Value::Null);
+    Some(json!({"error": {
+        "message": field("message"),
+        "type": field("code"),
+        "param": field("param"),
+        "code": field("code"),
+    }}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_event_becomes_an_error_body() {
+        let event = json!({"type": "error", "code": "server_error", "message": "boom",
+            "param": null, "sequence_number": 3});
+        assert_eq!(
+            error_body_of(&event).unwrap(),
+            json!({"error": {"message": "boom", "type": "server_error", "param": null,
+                "code": "server_error"}})
+        );
+        let body = json!({"error": {"message": "m", "type": "t", "param": null, "code": null}});
+        assert_eq!(error_body_of(&body).unwrap(), body);
+        assert_eq!(error_body_of(&json!({"type": "response.created"})), None);
+    }
+}

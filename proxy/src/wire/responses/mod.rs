@@ -33,6 +33,7 @@ mod stream;
 use std::borrow::Cow;
 use std::ops::Range;
 
+use axum::http::StatusCode;
 use canarygate_policies::EchoCost;
 use canarygate_policies::config::ProviderApi;
 use canarygate_policies::inject::{Injection, RequestCanaries, SystemRole};
@@ -47,7 +48,7 @@ use self::error::error_event_json;
 pub use self::local::ResponsesLocal;
 pub use self::stream::ResponsesStream;
 use crate::error::ApiError;
-use crate::wire::chat::{OPENAI_HEADERS, error_json};
+use crate::wire::chat::{OPENAI_HEADERS, error_json, error_status};
 use crate::wire::edit::Delivery;
 use crate::wire::format::{AnswerView, ChoiceView, ClientRequest, EventView, WireFormat};
 
@@ -138,6 +139,21 @@ impl WireFormat for Responses {
     fn is_error_body(body: &[u8]) -> bool {
         serde_json::from_slice::<Value>(body)
             .is_ok_and(|value| value.get("error").is_some_and(Value::is_object))
+    }
+
+    fn error_event_status(data: &str) -> Option<StatusCode> {
+        let value: Value = serde_json::from_str(data).ok()?;
+        error_status(&error::error_body_of(&value)?)
+    }
+
+    fn error_event_body(data: &str) -> Vec<u8> {
+        serde_json::from_str::<Value>(data)
+            .ok()
+            .and_then(|value| error::error_body_of(&value))
+            .map_or_else(
+                || data.as_bytes().to_vec(),
+                |body| body.to_string().into_bytes(),
+            )
     }
 
     fn error_body(error: &ApiError) -> Vec<u8> {

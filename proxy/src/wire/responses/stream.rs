@@ -388,6 +388,20 @@ impl StreamWriter for ResponsesStream {
         self.last_was_error
     }
 
+    fn take_unsent_provider_error(&mut self) -> Option<(SseEvent, String)> {
+        if !self.last_was_error {
+            return None;
+        }
+        // Taken last, so the last held when it is still held.
+        let held = self.held.pop_last()?;
+        self.last_was_error = false;
+        let message = serde_json::from_str::<Value>(&held.event.data)
+            .ok()
+            .and_then(|data| data.get("message")?.as_str().map(str::to_owned))
+            .unwrap_or_else(|| "error event without a message".to_owned());
+        Some((held.event, message))
+    }
+
     /// canarygate's `error` event, numbered after the last event written
     /// out.
     fn error_event(&self, error: &ApiError) -> Option<Vec<u8>> {
