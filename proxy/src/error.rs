@@ -20,7 +20,8 @@ pub enum ErrorCode {
     InvalidValue,
     /// The body could not be read from the connection.
     InvalidBody,
-    /// `x-canarygate-session` is not visible ASCII of at most 128 bytes.
+    /// `x-canarygate-session` is not ASCII text (visible characters, spaces
+    /// and tabs) of at most 128 bytes.
     InvalidSessionHeader,
     /// Prompt plus `max_tokens` exceed the context canarygate may send (the
     /// provider's trusted limit, or what the local engine serves).

@@ -137,7 +137,7 @@ impl Authenticator {
                     ApiError::new(
                         ErrorCode::InvalidSessionHeader,
                         format!(
-                            "{SESSION_HEADER} must be visible ASCII of at most {MAX_SESSION_LABEL} bytes"
+                            "{SESSION_HEADER} must be ASCII text (visible characters, spaces and tabs) of at most {MAX_SESSION_LABEL} bytes"
                         ),
                     )
                 })?,
@@ -269,6 +269,19 @@ mod tests {
             .authenticate(&headers(&[("authorization", "Bearer k1")]))
             .unwrap();
         assert_ne!(a.session_id, a_other.session_id);
+        // A label is ASCII text, spaces and tabs included, of at most 128
+        // bytes.
+        let label = |value: &[u8]| {
+            let mut map = headers(&[("authorization", "Bearer k1")]);
+            map.insert(SESSION_HEADER, HeaderValue::from_bytes(value).unwrap());
+            auth.authenticate(&map).map(|caller| caller.session_id)
+        };
+        assert_ne!(label(b"job 1").unwrap(), label(b"job\t1").unwrap());
+        assert!(label(&[b'j'; 128]).is_ok());
+        for refused in [&[b'j'; 129][..], "caf\u{e9}".as_bytes()] {
+            let error = label(refused).unwrap_err();
+            assert_eq!(error.code, ErrorCode::InvalidSessionHeader);
+        }
     }
 
     #[test]
