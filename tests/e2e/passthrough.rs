@@ -223,6 +223,21 @@ async fn unverifiable_endpoints_are_forwarded_and_recorded_or_refused() {
         before["requests"],
         "nothing was forwarded"
     );
+
+    // A body that is not JSON is refused in the words of the parser, as on
+    // the verified endpoints.
+    let refused = http
+        .post(format!("{}/v1/embeddings", proxy.url))
+        .header("authorization", key)
+        .header("content-type", "application/json")
+        .body(r#"{"model": "embedder", "input": "x"} and more"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let body: Value = refused.json().await.unwrap();
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("trailing characters"), "{body}");
 }
 
 /// A provider that answers any path with which provider it is and what it

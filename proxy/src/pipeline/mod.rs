@@ -32,6 +32,7 @@ use crate::paths::verified::{self, Verified};
 use crate::state::AppState;
 use crate::trail::Trail;
 use crate::wire::WireFormat;
+use crate::wire::chat::json_object;
 
 /// A request the server admitted: a slot, a caller and a whole body.
 pub struct Admitted<'a> {
@@ -242,22 +243,22 @@ pub async fn pass_through<W: WireFormat>(
             ),
         ));
     }
-    let mut body: Option<Value> = serde_json::from_slice(&bytes).ok();
-    let model = body
+    let parsed = serde_json::from_slice::<Value>(&bytes);
+    let model = parsed
         .as_ref()
+        .ok()
         .and_then(|body| body.get("model")?.as_str())
         .map(str::to_owned);
     if endpoint.needs_model && model.is_none() {
-        return Err(match &body {
-            Some(Value::Object(_)) => {
-                ApiError::invalid_param("model", "You must provide a model parameter.")
-            }
-            _ => ApiError::new(
-                ErrorCode::InvalidJson,
-                "The request body must be a JSON object.",
-            ),
-        });
+        // What a verified endpoint would say: the parser's own words, or
+        // the missing model.
+        json_object(&bytes)?;
+        return Err(ApiError::invalid_param(
+            "model",
+            "You must provide a model parameter.",
+        ));
     }
+    let mut body = parsed.ok();
     let route = match &model {
         Some(model) => {
             trail.model(model);
