@@ -190,6 +190,11 @@ pub struct Injection {
     /// positions from the start of the prompt (legacy completions'
     /// `text_offset`); empty for the others.
     pub prompt_chars_appended: Vec<usize>,
+    /// Request fields canarygate changed that the provider's answer repeats
+    /// (the Responses API's `instructions` and `max_output_tokens`), as the
+    /// client sent them (`Null` for one it did not send): the answer gets
+    /// them back. Empty for the formats whose answers repeat none.
+    pub repeated_fields: Vec<(String, Value)>,
     /// A system message of canarygate's leads the conversation (the client
     /// sent none): a provider that refuses it refuses the template's
     /// system role ([`SystemRole`]), not the client's request.
@@ -361,6 +366,7 @@ pub fn inject_for(
         prompt_tokens_added: estimate.added,
         cacheable_prompt_tokens: estimate.cacheable,
         prompt_chars_appended: Vec::new(),
+        repeated_fields: Vec::new(),
     })
 }
 

@@ -91,6 +91,10 @@ fn responses_surface_with_the_openai_sdk() {
         "{plain}"
     );
     assert_eq!(plain["instructions"], "Be brief.", "{plain}");
+    assert_eq!(
+        result["instructions_back"],
+        serde_json::json!(["Ticket [CG123456789012345] is open; be terse.", ""]),
+    );
     assert_eq!(plain["max_output_tokens"], 40, "{plain}");
     assert!(text(plain, "/id").starts_with("resp_"), "{plain}");
     assert_eq!(plain["verdict"], "pass", "{plain}");

@@ -61,6 +61,13 @@ result["plain"] = {
     "verdict": raw.headers.get("x-canarygate-verdict"),
 }
 
+# The client's own instructions come back as it sent them: a ticket number
+# shaped like a canary, and an empty text (not null).
+result["instructions_back"] = [
+    client.responses.create(model="m-honest", instructions=sent, input="Name the planets").instructions
+    for sent in ["Ticket [CG123456789012345] is open; be terse.", ""]
+]
+
 # Streamed, raw events.
 events = list(
     client.responses.create(

@@ -198,6 +198,9 @@ pub struct Delivery {
     /// Characters canarygate appended to each choice's prompt
     /// ([`Delivery::prompt_chars_appended`]).
     prompt_chars_appended: Vec<usize>,
+    /// Request fields the answer repeats, as the client sent them
+    /// ([`Delivery::repeated_fields`]).
+    repeated_fields: Vec<(String, Value)>,
     /// Reused for the text whose tokens are counted (removed or shown).
     scratch: String,
 }
@@ -224,6 +227,7 @@ impl Delivery {
             fits: false,
             reasoning_whole: false,
             prompt_chars_appended: Vec::new(),
+            repeated_fields: Vec::new(),
             scratch: String::new(),
         }
     }
@@ -235,6 +239,21 @@ impl Delivery {
     pub fn with_prompt_chars_appended(mut self, chars: Vec<usize>) -> Self {
         self.prompt_chars_appended = chars;
         self
+    }
+
+    /// Takes the request fields canarygate changed that the answer repeats,
+    /// as the client sent them ([`Injection::repeated_fields`]).
+    ///
+    /// [`Injection::repeated_fields`]: canarygate_policies::inject::Injection::repeated_fields
+    pub fn with_repeated_fields(mut self, fields: Vec<(String, Value)>) -> Self {
+        self.repeated_fields = fields;
+        self
+    }
+
+    /// The request fields the answer repeats, as the client sent them:
+    /// what the answer's copies of them are set back to.
+    pub fn repeated_fields(&self) -> &[(String, Value)] {
+        &self.repeated_fields
     }
 
     /// Characters canarygate appended to the prompt choice `choice`
@@ -278,12 +297,6 @@ impl Delivery {
     /// it, reached the client so far; `None` unless they are followed.
     pub fn content_positions(&self, choice: u32) -> Option<&KeptChars> {
         self.content_chars.get(choice as usize)
-    }
-
-    /// The tokens each choice may deliver (the client's own limit, where
-    /// canarygate raised the provider's), if there is a limit of ours.
-    pub fn limit(&self) -> Option<u64> {
-        self.limit
     }
 
     /// Whether the client asked for a stream's usage itself.

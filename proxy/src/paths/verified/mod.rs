@@ -272,6 +272,7 @@ fn delivery_of<W: WireFormat>(
         injection.choices,
     )
     .with_prompt_chars_appended(injection.prompt_chars_appended.clone())
+    .with_repeated_fields(injection.repeated_fields.clone())
 }
 
 #[cfg(test)]

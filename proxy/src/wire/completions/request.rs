@@ -255,6 +255,7 @@ pub fn place(
         prompt_tokens_added: estimate.added,
         cacheable_prompt_tokens: estimate.cacheable,
         prompt_chars_appended,
+        repeated_fields: Vec::new(),
     })
 }
 

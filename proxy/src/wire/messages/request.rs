@@ -306,6 +306,7 @@ pub fn place(
         prompt_tokens_added: estimate.added,
         cacheable_prompt_tokens: estimate.cacheable,
         prompt_chars_appended: Vec::new(),
+        repeated_fields: Vec::new(),
     })
 }
 

@@ -8,7 +8,6 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 
-use canarygate_policies::inject::{ECHO_PHRASE, client_text};
 use canarygate_policies::verify::{Part, Verifier};
 use serde_json::{Value, json};
 
@@ -45,31 +44,25 @@ pub struct Shown {
 pub type Delivered = BTreeMap<(u64, Slot), Shown>;
 
 /// Makes the request fields a response repeats the client's own again:
-/// `instructions` without canarygate's blocks (`null` when only ours were
-/// there) and, when an echo was asked, `max_output_tokens` the client's
-/// limit (`client_limit`: the delivery's cut) instead of the raised one.
-/// Returns whether anything changed.
-pub fn restore_request_fields(response: &mut Value, client_limit: Option<u64>) -> bool {
-    let Some(instructions) = response.get("instructions").and_then(Value::as_str) else {
+/// each of `fields` (the ones canarygate changed, as the client sent them:
+/// [`Delivery::repeated_fields`]) that `response` repeats is set back,
+/// `instructions` without canarygate's blocks and `max_output_tokens` the
+/// client's limit instead of the raised one. Returns whether anything
+/// changed.
+pub fn restore_request_fields(response: &mut Value, fields: &[(String, Value)]) -> bool {
+    let Some(response) = response.as_object_mut() else {
         return false;
     };
-    let client = client_text(instructions);
-    if client.len() == instructions.len() {
-        return false;
+    let mut changed = false;
+    for (name, client) in fields {
+        if let Some(repeated) = response.get_mut(name)
+            && repeated != client
+        {
+            *repeated = client.clone();
+            changed = true;
+        }
     }
-    let asked_echo = instructions[client.len()..].contains(ECHO_PHRASE);
-    response["instructions"] = if client.is_empty() {
-        Value::Null
-    } else {
-        json!(client)
-    };
-    if asked_echo
-        && response["max_output_tokens"].is_u64()
-        && let Some(limit) = client_limit
-    {
-        response["max_output_tokens"] = json!(limit);
-    }
-    true
+    changed
 }
 
 /// Sets output item `item` (at `output_index`) to what was delivered of
@@ -285,7 +278,7 @@ pub fn deliver_answer(
     // Canarygate's blocks, not the verifier's edit, decide what the
     // repeated instructions become.
     let mut restored = original;
-    if restore_request_fields(&mut restored, delivery.limit()) {
+    if restore_request_fields(&mut restored, delivery.repeated_fields()) {
         answer["instructions"] = restored["instructions"].clone();
         answer["max_output_tokens"] = restored["max_output_tokens"].clone();
     }
@@ -410,7 +403,8 @@ mod tests {
             without_canarygate: true,
             overhead_prompt: 30,
         };
-        let mut delivery = Delivery::new(TokenCounter::default(), Some(3), usage, 1);
+        let mut delivery = Delivery::new(TokenCounter::default(), Some(3), usage, 1)
+            .with_repeated_fields(injection.repeated_fields.clone());
         deliver_answer(&mut answer, &view, &spans, &verifier, &mut delivery);
         let part = &answer["output"][0]["content"][0];
         assert_eq!(part["text"], "one two six ");
@@ -448,23 +442,34 @@ mod tests {
     }
 
     #[test]
-    fn only_canarygates_instructions_are_removed() {
+    fn the_repeated_fields_are_the_clients_as_sent() {
+        // Nothing changed by canarygate: the provider's copies stay.
         let mut response = json!({"instructions": "Mine.", "max_output_tokens": 40});
-        assert!(!restore_request_fields(&mut response, Some(40)));
-        let ours = "Begin your reply with \"CG123456789012345\" on its own line; then answer \
-            normally.";
-        let mut response = json!({"instructions": ours, "max_output_tokens": 59});
-        assert!(restore_request_fields(&mut response, Some(40)));
-        assert_eq!(
-            response,
-            json!({"instructions": null, "max_output_tokens": 40})
-        );
-        // No limit of the client's: none was raised, and none is made up.
-        let mut response = json!({"instructions": ours, "max_output_tokens": null});
-        assert!(restore_request_fields(&mut response, None));
-        assert_eq!(
-            response,
-            json!({"instructions": null, "max_output_tokens": null})
-        );
+        assert!(!restore_request_fields(&mut response, &[]));
+        // The client's own text, canary-shaped ticket included, and its
+        // limit; an empty text stays empty, a missing one is null.
+        let ours = "Ticket [CG123456789012345] open.\n\nBegin your reply with \"CG123456789012346\" \
+            on its own line; then answer normally.";
+        for client in [
+            json!("Ticket [CG123456789012345] open."),
+            json!(""),
+            json!(null),
+        ] {
+            let mut response = json!({"instructions": ours, "max_output_tokens": 59});
+            let fields = [
+                ("instructions".to_owned(), client.clone()),
+                ("max_output_tokens".to_owned(), json!(40)),
+            ];
+            assert!(restore_request_fields(&mut response, &fields));
+            assert_eq!(
+                response,
+                json!({"instructions": client, "max_output_tokens": 40})
+            );
+        }
+        // A field the response does not repeat is not added.
+        let mut response = json!({"id": "resp_1"});
+        let fields = [("instructions".to_owned(), json!("Mine."))];
+        assert!(!restore_request_fields(&mut response, &fields));
+        assert_eq!(response, json!({"id": "resp_1"}));
     }
 }

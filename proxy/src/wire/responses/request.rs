@@ -286,7 +286,13 @@ pub fn place(
             ));
         }
     }
+    let mut repeated_fields = Vec::new();
     if !head_joins_the_tail {
+        let client_instructions = object.get("instructions").cloned();
+        repeated_fields.push((
+            "instructions".to_owned(),
+            client_instructions.unwrap_or(Value::Null),
+        ));
         let instructions = object.entry("instructions").or_insert(Value::Null);
         append_to_content(instructions, &blocks.head, "input_text");
         if tail_slot.is_none() {
@@ -303,6 +309,7 @@ pub fn place(
     {
         echo_allowance = cost.allowance(blocks.echo.len());
         object["max_output_tokens"] = json!(limit.saturating_add(echo_allowance));
+        repeated_fields.push(("max_output_tokens".to_owned(), json!(limit)));
     }
     let stream = object
         .get("stream")
@@ -326,6 +333,7 @@ pub fn place(
         prompt_tokens_added: estimate.added,
         cacheable_prompt_tokens: estimate.cacheable,
         prompt_chars_appended: Vec::new(),
+        repeated_fields,
     })
 }
 

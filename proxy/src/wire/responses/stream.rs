@@ -268,7 +268,7 @@ impl ResponsesStream {
             | "response.failed" => {
                 let mut restored = original.get("response").cloned().unwrap_or(Value::Null);
                 if let Some(response) = data.get_mut("response").filter(|value| value.is_object()) {
-                    if restore_request_fields(&mut restored, self.delivery.limit()) {
+                    if restore_request_fields(&mut restored, self.delivery.repeated_fields()) {
                         response["instructions"] = restored["instructions"].clone();
                         response["max_output_tokens"] = restored["max_output_tokens"].clone();
                     }
@@ -527,19 +527,18 @@ mod tests {
         spans
     }
 
-    /// A writer of one choice, cutting at `client_limit`, usage as sent.
-    fn writer(client_limit: Option<u64>) -> ResponsesStream {
+    /// A writer of one choice for `injection`'s request, cutting at
+    /// `client_limit`, usage as sent.
+    fn writer(client_limit: Option<u64>, injection: &Injection) -> ResponsesStream {
         let usage = UsageOptions {
             client_wants_usage: true,
             without_canarygate: false,
             overhead_prompt: 0,
         };
-        ResponsesStream::new(Delivery::new(
-            TokenCounter::default(),
-            client_limit,
-            usage,
-            1,
-        ))
+        ResponsesStream::new(
+            Delivery::new(TokenCounter::default(), client_limit, usage, 1)
+                .with_repeated_fields(injection.repeated_fields.clone()),
+        )
     }
 
     /// Runs `events` through a verifier and the writer, as the verified
@@ -551,7 +550,7 @@ mod tests {
     ) -> (Vec<(String, Value)>, String) {
         let registry = MemoryRegistry::new(b"test");
         let mut verifier = Verifier::new(injection, &VerifyConfig::default(), "p", None);
-        let mut writer = writer(client_limit);
+        let mut writer = writer(client_limit, injection);
         let mut out = Vec::new();
         let mut reasons = Vec::new();
         for event in events {
@@ -621,7 +620,7 @@ mod tests {
         let injection = place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
         let registry = MemoryRegistry::new(b"test");
         let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
-        let mut writer = writer(None);
+        let mut writer = writer(None, &injection);
         let call = |arguments: &str| {
             json!({"type": "function_call", "id": "fc_1", "call_id": "call_1",
                    "name": "weather", "arguments": arguments, "status": "completed"})
@@ -700,7 +699,7 @@ mod tests {
             .collect();
         let registry = MemoryRegistry::new(b"test");
         let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
-        let mut writer = writer(None);
+        let mut writer = writer(None, &injection);
         let mut out = Vec::new();
         for event in events {
             let EventView::Chunk(chunk) = read_event(&event) else {
@@ -822,7 +821,7 @@ mod tests {
             .collect();
         let registry = MemoryRegistry::new(b"test");
         let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
-        let mut writer = writer(None);
+        let mut writer = writer(None, &injection);
         let mut parser = SseParser::new();
         let mut events = Vec::new();
         let mut out = Vec::new();
