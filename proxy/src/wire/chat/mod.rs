@@ -21,6 +21,7 @@ mod json_text;
 mod light;
 mod light_answer;
 mod logprobs;
+mod null_usage;
 mod request;
 mod stream;
 

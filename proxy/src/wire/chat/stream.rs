@@ -5,6 +5,10 @@
 //! chunk without, `data: [DONE]`) with text elsewhere in a choice: the writer
 //! takes the chunk editing as a [`ChunkEditor`].
 //!
+//! canarygate asks every stream for its usage; for a client that did not,
+//! the usage chunk is dropped and the `"usage": null` a provider puts on
+//! every other chunk is taken out ([`encode_without_null_usage`]).
+//!
 //! Longer than 500 lines: about 290 of them are the unit tests, which relay
 //! whole streams through the writer's private state (held chunks, the
 //! light path against the tree path, the allocation budget).
@@ -17,6 +21,7 @@ use canarygate_policies::verify::{Verdict, Verifier};
 use serde_json::Value;
 
 use super::deliver::{Edited, edit_fields};
+use super::null_usage::encode_without_null_usage;
 use crate::wire::edit::{Delivery, apply};
 use crate::wire::format::{ChoiceView, Chunk, Spans, StreamWriter, TextField, put_text};
 
@@ -206,17 +211,17 @@ impl<E: ChunkEditor> ChatStream<E> {
     ) {
         if chunk.is_light() {
             if self.passes_unchanged(&chunk, data, &spans, verifier) {
-                encode_data(data, out);
-                return;
+                return self.pass(data, out);
             }
             match self.admit_light(&chunk, data, &spans, verifier) {
-                Some(LightEdit::Unchanged) => return encode_data(data, out),
+                Some(LightEdit::Unchanged) => return self.pass(data, out),
                 Some(LightEdit::Dropped) => return,
                 Some(LightEdit::Text(text)) => {
                     let field = chunk.texts().next().copied();
                     match field {
                         Some(field) if chunk.build_tree(data) => {
                             put_text(&mut chunk.event, &field, text);
+                            self.remove_null_usage(&mut chunk.event);
                             encode_json(&chunk.event, out);
                         }
                         _ => self.failure = Some(UNEDITABLE),
@@ -264,9 +269,31 @@ impl<E: ChunkEditor> ChatStream<E> {
             return;
         }
         if changed {
+            self.remove_null_usage(&mut chunk.event);
             encode_json(&chunk.event, out);
         } else {
+            self.pass(data, out);
+        }
+    }
+
+    /// Writes a chunk that needs no edit of its text (`data`, as received),
+    /// less the `"usage": null` canarygate's request for usage brought, when
+    /// the client did not ask for it ([`encode_without_null_usage`]).
+    fn pass(&self, data: &str, out: &mut Vec<u8>) {
+        if self.delivery.client_wants_usage() {
             encode_data(data, out);
+        } else {
+            encode_without_null_usage(data, out);
+        }
+    }
+
+    /// [`Self::pass`] for a chunk edited from its tree.
+    fn remove_null_usage(&self, chunk: &mut Value) {
+        if !self.delivery.client_wants_usage()
+            && chunk.get("usage").is_some_and(Value::is_null)
+            && let Some(members) = chunk.as_object_mut()
+        {
+            members.remove("usage");
         }
     }
 }
@@ -482,6 +509,9 @@ mod tests {
             assert!(delivered.starts_with("Mercury"), "{delivered}");
             // The role chunk in the answer's middle keeps its role.
             assert_eq!(light_text.matches("\"role\"").count(), 2, "{max_tokens}");
+            // The client asked for no usage: neither the usage chunk nor the
+            // `usage: null` on every chunk that canarygate's asking brought.
+            assert!(!light_text.contains("usage"), "{light_text}");
             if max_tokens == 200 {
                 assert!(delivered.ends_with("Saturn."), "{delivered}");
                 assert!(light_text.contains("\"stop\""));
