@@ -504,7 +504,10 @@ async fn truncation_loses_the_head_or_the_tail_canary() {
         assert!(tail_cut.done);
     }
 
-    // A longer conversation loses a third of its messages at the head.
+    // A longer conversation loses a third of its messages at the head. Its
+    // canaries both end its newest turn (its history stays a cacheable
+    // prefix), so the cut loses neither: the prompt tokens it reports show
+    // it.
     let request = Injected::with_messages(
         vec![
             json!({"role": "system", "content": "Be brief."}),
@@ -523,7 +526,7 @@ async fn truncation_loses_the_head_or_the_tail_canary() {
     assert!(
         outcome
             .content
-            .starts_with(&format!("{} You wrote: Second", request.canaries.tail)),
+            .starts_with(&format!("{} You wrote: Second", request.echo())),
         "{}",
         outcome.content
     );

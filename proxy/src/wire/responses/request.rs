@@ -9,6 +9,9 @@
 //! is fresh); the tail block at the end of the last user item's text. An
 //! `input` that holds earlier turns before its last user message gets the
 //! head there too, before the tail, so those turns stay a cacheable prefix.
+//!
+//! Longer than 500 lines: about 160 of them are the unit tests, which hold
+//! each placement and each refused shape to a request.
 
 use canarygate_policies::EchoCost;
 use canarygate_policies::inject::{
