@@ -971,6 +971,17 @@ async fn erring_responses_upstream() -> String {
     serve_upstream(app).await
 }
 
+/// A streamed Responses request for `input` through `proxy`.
+async fn ask_stream(proxy: &Running, input: &str) -> reqwest::Response {
+    client()
+        .post(format!("{}/v1/responses", proxy.url))
+        .bearer_auth("sk-e2e")
+        .json(&json!({"model": "sim-model", "input": input, "stream": true}))
+        .send()
+        .await
+        .expect("request")
+}
+
 /// The provider's `error` event, the last it sent, is the stream's end:
 /// canarygate adds no error of its own after it (on which the openai SDK
 /// would raise, where it does not on the provider's).
@@ -979,13 +990,7 @@ async fn a_responses_stream_the_provider_ends_with_its_error_gets_no_second_one(
     let upstream = erring_responses_upstream().await;
     let dir = ProxyDir::new();
     let proxy = start_proxy_with_policy(&dir, &policy(&dir, &upstream, "echo-first", "block"), &[]);
-    let response = client()
-        .post(format!("{}/v1/responses", proxy.url))
-        .bearer_auth("sk-e2e")
-        .json(&json!({"model": "sim-model", "input": "Name two planets", "stream": true}))
-        .send()
-        .await
-        .expect("request");
+    let response = ask_stream(&proxy, "Name two planets").await;
     let status = response.status();
     let body = response.text().await.expect("body");
     assert_eq!(status, 200, "{body}");
@@ -1008,14 +1013,7 @@ async fn a_responses_stream_the_provider_ends_with_its_error_gets_no_second_one(
 
     // Before anything went out, the provider's error is the answer, with
     // the status its code stands for, in OpenAI's error shape.
-    let ask = |input: &'static str| {
-        client()
-            .post(format!("{}/v1/responses", proxy.url))
-            .bearer_auth("sk-e2e")
-            .json(&json!({"model": "sim-model", "input": input, "stream": true}))
-            .send()
-    };
-    let response = ask("Name two moons").await.expect("request");
+    let response = ask_stream(&proxy, "Name two moons").await;
     assert_eq!(response.status(), 500);
     let error: Value = response.json().await.expect("JSON");
     assert_eq!(error["error"]["code"], "server_error", "{error}");
@@ -1028,13 +1026,7 @@ async fn a_responses_stream_the_provider_ends_with_its_error_gets_no_second_one(
     let dir = ProxyDir::new();
     let verify = "[verify]\nrelease = \"echo-first\"\n[limits]\nstream_keepalive_ms = 200\n";
     let proxy = start_proxy_with_policy(&dir, &verified_policy(&dir, &upstream, verify), &[]);
-    let response = client()
-        .post(format!("{}/v1/responses", proxy.url))
-        .bearer_auth("sk-e2e")
-        .json(&json!({"model": "sim-model", "input": "Name two rings", "stream": true}))
-        .send()
-        .await
-        .expect("request");
+    let response = ask_stream(&proxy, "Name two rings").await;
     assert_eq!(response.status(), 200);
     let body = response.text().await.expect("body");
     assert!(body.starts_with(": "), "the keep-alive went first: {body}");
