@@ -615,7 +615,9 @@ fn continues_last_turn(messages: &[Value], body: &serde_json::Map<String, Value>
 /// Whether a conversation's stable prefix, the part a provider's prompt
 /// cache can hold across requests, runs past its system prompt: an
 /// assistant turn comes before the last user message (the earlier turns of
-/// a chat, few-shot examples, a tool loop's history), or a user message up
+/// a chat, few-shot examples, the history before a user's newest request;
+/// not a tool loop's turns after that message, which stay untouched and
+/// new to the cache), or a user message up
 /// to the last one marks a cache breakpoint in its parts (`cache_control`,
 /// as Anthropic's API and gateways that take its caching read it). The head
 /// canary, fresh in every request, then goes with the tail at the end of

@@ -217,7 +217,9 @@ impl Conversation {
                         "content": [{"type": "output_text", "text": assistant}]}));
                 }
                 input.push(json!({"role": "user", "content": Self::question(surface, turn)}));
-                json!({"model": "sim-model", "max_output_tokens": 20,
+                // Not kept by the provider: a kept conversation's head stays
+                // in `instructions`.
+                json!({"model": "sim-model", "max_output_tokens": 20, "store": false,
                     "instructions": "Keep the log.", "input": input})
             }
             // Anthropic's multi-turn pattern: the breakpoint on the newest
@@ -291,7 +293,8 @@ async fn send_turn(
 /// through canarygate on every surface: the head canary joins the tail in
 /// the newest user turn, so the whole history is the client's own prefix
 /// (with the head after the system prompt, each turn would have read only
-/// that much from the cache).
+/// that much from the cache). Responses: a request the provider does not
+/// keep (`store: false`).
 #[tokio::test]
 async fn a_conversation_keeps_its_cached_share_on_every_surface() {
     let direct_sim = start_sim(&[]);

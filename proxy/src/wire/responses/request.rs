@@ -7,8 +7,9 @@
 //! head block goes at the end of `instructions` (set when absent: a stored
 //! conversation does not carry earlier instructions, so each request's head
 //! is fresh); the tail block at the end of the last user item's text. An
-//! `input` that holds earlier turns before its last user message gets the
-//! head there too, before the tail, so those turns stay a cacheable prefix.
+//! `input` that holds earlier turns before its last user message, in a
+//! request the provider does not keep (`store: false`), gets the head there
+//! too, before the tail, so those turns stay a cacheable prefix.
 //!
 //! Longer than 500 lines: about 160 of them are the unit tests, which hold
 //! each placement and each refused shape to a request.
@@ -353,16 +354,19 @@ enum TailSlot {
 /// `input` (`slot`), as in Chat ([`prefix_spans_turns`]): items other than
 /// user, system or developer messages come before it (earlier turns, a tool
 /// loop's calls), so the client's stable prefix runs past `instructions`.
-/// Not for a stored conversation: its earlier turns come back with their
-/// own blocks, and a head fresh in `instructions` is the one instruction of
-/// its kind there.
+/// Only for a request the provider does not keep (`store: false`) and that
+/// continues no kept one: a later request continuing a kept conversation
+/// gets its earlier input back, and a head instruction there would be a
+/// second one beside that request's own (in `instructions`, the one place
+/// no earlier turn's block comes back from).
 ///
 /// [`prefix_spans_turns`]: canarygate_policies::inject::prefix_spans_turns
 fn history_before_last_user(body: &Value, slot: Option<TailSlot>) -> bool {
     let (Some(TailSlot::Item(last)), Some(Value::Array(items))) = (slot, body.get("input")) else {
         return false;
     };
-    !continues_stored_conversation(body)
+    body.get("store") == Some(&Value::Bool(false))
+        && !continues_stored_conversation(body)
         && items[..last].iter().any(|item| {
             let role = item.get("role").and_then(Value::as_str);
             !(item.as_object().is_some_and(is_message)
@@ -440,7 +444,7 @@ mod tests {
     fn head_goes_after_the_instructions_or_with_the_tail_after_earlier_turns() {
         let canaries = RequestCanaries::mint();
         let mut body = parsed(json!({"model": "m", "instructions": "Be brief.",
-        "max_output_tokens": 100,
+        "max_output_tokens": 100, "store": false,
         "input": [
             {"role": "user", "content": "first"},
             {"type": "message", "role": "assistant",
@@ -475,6 +479,17 @@ mod tests {
         assert_eq!(body["max_output_tokens"], 100 + COST.allowance(2));
         assert!(injection.prompt_tokens_added > 0);
         assert!(injection.cacheable_prompt_tokens < injection.prompt_tokens_estimate);
+
+        // The same turns kept by the provider (`store` is true unless
+        // false): a later request continuing them would get this head back
+        // beside its own, so it goes after the instructions.
+        let mut stored = parsed(json!({"model": "m", "instructions": "Be brief.",
+            "input": [{"role": "user", "content": "first"},
+                      {"role": "assistant", "content": "ok"},
+                      {"role": "user", "content": "second"}]}));
+        place(&mut stored, EchoMode::HeadTail, COST, canaries).unwrap();
+        assert!(stored["instructions"].as_str().unwrap().contains(&head));
+        assert_eq!(stored["input"][2]["content"], format!("second\n\n[{tail}]"));
 
         // One turn (and a system message in `input`): the head follows the
         // instructions.
