@@ -535,8 +535,6 @@ impl<W: WireFormat> VerifiedStream<W> {
         self.interrupt_with(detail, None);
     }
 
-    /// [`Self::interrupt`], ending with `provider_event` (the provider's own
-    /// error event, encoded) instead of canarygate's, when there is one.
     /// Ends the stream with the provider's own error `event` (its
     /// `message`): before anything went out, its error is the answer, with
     /// the status it stands for; after, the event as it came (but for any
@@ -558,6 +556,8 @@ impl<W: WireFormat> VerifiedStream<W> {
         self.interrupt_with(detail, Some(own));
     }
 
+    /// [`Self::interrupt`], ending with `provider_event` (the provider's own
+    /// error event, encoded) instead of canarygate's, when there is one.
     fn interrupt_with(&mut self, detail: String, provider_event: Option<Vec<u8>>) {
         let finished = self.finish_verifier(Some(false));
         self.verdict = Some(finished.verdict);
