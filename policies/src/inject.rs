@@ -616,14 +616,14 @@ fn continues_last_turn(messages: &[Value], body: &serde_json::Map<String, Value>
 /// cache can hold across requests, runs past its system prompt: an
 /// assistant turn comes before the last user message (the earlier turns of
 /// a chat, few-shot examples, the history before a user's newest request;
-/// not a tool loop's turns after that message, which stay untouched and
-/// new to the cache), or a user message up
-/// to the last one marks a cache breakpoint in its parts (`cache_control`,
-/// as Anthropic's API and gateways that take its caching read it). The head
-/// canary, fresh in every request, then goes with the tail at the end of
-/// the last user message: a head after the system prompt would make every
-/// turn after it new to the cache. `messages` are chat-shaped (`role`,
-/// `content`), as Chat Completions and Anthropic's Messages both send them.
+/// not a tool loop's turns after that message, which stay untouched and new
+/// to the cache), or a user message up to the last one marks a cache
+/// breakpoint in its parts (`cache_control`, as Anthropic's API and the
+/// gateways that take its caching read it). The head canary, fresh in every
+/// request, then goes with the tail at the end of the last user message: a
+/// head after the system prompt would make every turn after it new to the
+/// cache. `messages` are chat-shaped (`role`, `content`), as Chat
+/// Completions and Anthropic's Messages both send them.
 pub fn prefix_spans_turns(messages: &[Value]) -> bool {
     fn role(message: &Value) -> Option<&str> {
         message.get("role").and_then(Value::as_str)

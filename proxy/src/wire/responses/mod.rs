@@ -206,4 +206,39 @@ mod tests {
         assert_eq!(data["message"], "cut off");
         assert_eq!(data["error"], error_json(&failed)["error"]);
     }
+
+    #[test]
+    fn a_providers_error_event_or_body_is_an_answer_with_its_status() {
+        // The stream's `error` event: OpenAI's error body, its code the
+        // status it stands for.
+        let event = r#"{"type":"error","sequence_number":1,"code":"server_error","message":"boom","param":null}"#;
+        assert_eq!(
+            Responses::error_event_status(event),
+            Some(StatusCode::INTERNAL_SERVER_ERROR)
+        );
+        let body: Value = serde_json::from_slice(&Responses::error_event_body(event)).unwrap();
+        assert_eq!(body["error"]["message"], "boom");
+        assert_eq!(body["error"]["code"], "server_error");
+        assert!(Responses::is_error_body(&Responses::error_event_body(
+            event
+        )));
+        let limited = r#"{"type":"error","code":"rate_limit_exceeded","message":"slow down"}"#;
+        assert_eq!(
+            Responses::error_event_status(limited),
+            Some(StatusCode::TOO_MANY_REQUESTS)
+        );
+        // An error body a gateway sent with a 2xx: its own, as it came.
+        let body =
+            r#"{"error":{"message":"m","type":"invalid_request_error","param":null,"code":null}}"#;
+        assert_eq!(
+            Responses::error_event_status(body),
+            Some(StatusCode::BAD_REQUEST)
+        );
+        assert_eq!(Responses::error_event_body(body), body.as_bytes());
+        // Anything else is no error.
+        assert_eq!(
+            Responses::error_event_status(r#"{"type":"response.created"}"#),
+            None
+        );
+    }
 }
