@@ -259,33 +259,30 @@ pub fn place(
         .get("messages")
         .and_then(Value::as_array)
         .is_some_and(|messages| prefix_spans_turns(messages));
-    match last_user {
+    // What goes after the client's system prompt, if anything.
+    let system_text = match last_user {
         Some(index) if spans_turns => {
             // The history is the stable prefix: both blocks end the last
             // user turn, the head first.
             let content = &mut object["messages"][index]["content"];
             append_to_content(content, &blocks.head, "text");
             append_to_content(content, &blocks.tail, "text");
+            None
         }
-        _ => {
-            let mut system_text = blocks.head;
-            match last_user {
-                Some(index) => {
-                    let content = &mut object["messages"][index]["content"];
-                    append_to_content(content, &blocks.tail, "text");
-                }
-                None => {
-                    system_text.push_str(BLOCK_SEPARATOR);
-                    system_text.push_str(&blocks.tail);
-                }
-            }
-            let system = object.entry("system").or_insert(Value::Null);
-            if !append_to_content(system, &system_text, "text") {
-                return Err(invalid(
-                    "system",
-                    "system: must be a string or an array of text blocks",
-                ));
-            }
+        Some(index) => {
+            let content = &mut object["messages"][index]["content"];
+            append_to_content(content, &blocks.tail, "text");
+            Some(blocks.head)
+        }
+        None => Some([blocks.head, blocks.tail].join(BLOCK_SEPARATOR)),
+    };
+    if let Some(text) = system_text {
+        let system = object.entry("system").or_insert(Value::Null);
+        if !append_to_content(system, &text, "text") {
+            return Err(invalid(
+                "system",
+                "system: must be a string or an array of text blocks",
+            ));
         }
     }
     let estimate = PromptEstimate::of(prompt_tokens_before, &chat_messages(body), canaries.head);
