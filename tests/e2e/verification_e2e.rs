@@ -922,7 +922,8 @@ async fn a_model_without_a_system_role_is_served_with_the_head_in_the_user_turn(
 /// A Responses provider whose stream ends with its own `error` event and
 /// nothing after (no `response.failed`): after the echo and some text; or,
 /// asked about moons, before any text; or, asked about rings, before any
-/// text after a pause longer than the keep-alive (a model thinking).
+/// text after a pause longer than the keep-alive (a model thinking); or,
+/// asked about comets, before any text and then a broken connection.
 async fn erring_responses_upstream() -> String {
     use axum::body::{Body, Bytes};
     use axum::response::Response;
@@ -939,7 +940,10 @@ async fn erring_responses_upstream() -> String {
             json!({"type": "error", "sequence_number": sequence, "code": "server_error",
                    "message": "The server had an error.", "param": null})
         };
-        let (first, rest) = if asked.contains("moons") || asked.contains("rings") {
+        let (first, rest) = if ["moons", "rings", "comets"]
+            .iter()
+            .any(|topic| asked.contains(topic))
+        {
             (vec![created], vec![error(1)])
         } else {
             let events = vec![
@@ -956,12 +960,19 @@ async fn erring_responses_upstream() -> String {
         };
         let pause = Duration::from_millis(if asked.contains("rings") { 800 } else { 0 });
         use futures_util::StreamExt;
-        let parts = futures_util::stream::iter([(first, Duration::ZERO), (rest, pause)]).then(
-            |(events, pause): (Vec<Value>, Duration)| async move {
+        let broken = asked.contains("comets");
+        let parts = futures_util::stream::iter([(first, Duration::ZERO), (rest, pause)])
+            .then(|(events, pause): (Vec<Value>, Duration)| async move {
                 tokio::time::sleep(pause).await;
-                Ok::<_, std::convert::Infallible>(Bytes::from(typed_events(&events)))
-            },
-        );
+                Ok(Bytes::from(typed_events(&events)))
+            })
+            // The break comes once the error event is on the wire.
+            .chain(
+                futures_util::stream::iter(broken.then_some(())).then(|()| async {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    Err(std::io::Error::other("connection lost"))
+                }),
+            );
         Response::builder()
             .header("content-type", "text/event-stream")
             .body(Body::from_stream(parts))
@@ -1013,14 +1024,17 @@ async fn a_responses_stream_the_provider_ends_with_its_error_gets_no_second_one(
 
     // Before anything went out, the provider's error is the answer, with
     // the status its code stands for, in OpenAI's error shape.
-    let response = ask_stream(&proxy, "Name two moons").await;
-    assert_eq!(response.status(), 500);
-    let error: Value = response.json().await.expect("JSON");
-    assert_eq!(error["error"]["code"], "server_error", "{error}");
-    assert_eq!(
-        error["error"]["message"], "The server had an error.",
-        "{error}"
-    );
+    // So too when the connection breaks after it.
+    for input in ["Name two moons", "Name two comets"] {
+        let response = ask_stream(&proxy, input).await;
+        assert_eq!(response.status(), 500, "{input}");
+        let error: Value = response.json().await.expect("JSON");
+        assert_eq!(error["error"]["code"], "server_error", "{error}");
+        assert_eq!(
+            error["error"]["message"], "The server had an error.",
+            "{error}"
+        );
+    }
 
     // After the keep-alive began the stream, its error event ends it.
     let dir = ProxyDir::new();

@@ -532,6 +532,11 @@ impl<W: WireFormat> VerifiedStream<W> {
 
     /// The provider broke the stream: record the verdict, end with an error.
     fn interrupt(&mut self, detail: String) {
+        // A provider's error event still held ended its answer, whatever
+        // came after it (a reset, a stall, the end).
+        if let Some((event, message)) = self.writer.take_unsent_provider_error() {
+            return self.end_with_provider_error(&event, &message);
+        }
         self.interrupt_with(detail, None);
     }
 

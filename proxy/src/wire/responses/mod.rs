@@ -139,6 +139,7 @@ impl WireFormat for Responses {
     fn is_error_body(body: &[u8]) -> bool {
         serde_json::from_slice::<Value>(body)
             .is_ok_and(|value| value.get("error").is_some_and(Value::is_object))
+            && Self::error_event_status(&String::from_utf8_lossy(body)).is_some()
     }
 
     fn error_event_status(data: &str) -> Option<StatusCode> {
@@ -227,6 +228,11 @@ mod tests {
             Responses::error_event_status(limited),
             Some(StatusCode::TOO_MANY_REQUESTS)
         );
+        let refused = r#"{"type":"error","code":"invalid_prompt","message":"flagged"}"#;
+        assert_eq!(
+            Responses::error_event_status(refused),
+            Some(StatusCode::BAD_REQUEST)
+        );
         // An error body a gateway sent with a 2xx: its own, as it came.
         let body =
             r#"{"error":{"message":"m","type":"invalid_request_error","param":null,"code":null}}"#;
@@ -235,10 +241,12 @@ mod tests {
             Some(StatusCode::BAD_REQUEST)
         );
         assert_eq!(Responses::error_event_body(body), body.as_bytes());
-        // Anything else is no error.
+        // Anything else is no error, a failed response included.
         assert_eq!(
             Responses::error_event_status(r#"{"type":"response.created"}"#),
             None
         );
+        let failed = r#"{"object":"response","status":"failed","error":{"code":"server_error"}}"#;
+        assert_eq!(Responses::error_event_status(failed), None);
     }
 }
