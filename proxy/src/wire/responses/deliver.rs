@@ -275,13 +275,9 @@ pub fn deliver_answer(
             }
         }
     }
-    // Canarygate's blocks, not the verifier's edit, decide what the
-    // repeated instructions become.
-    let mut restored = original;
-    if restore_request_fields(&mut restored, delivery.repeated_fields()) {
-        answer["instructions"] = restored["instructions"].clone();
-        answer["max_output_tokens"] = restored["max_output_tokens"].clone();
-    }
+    // What the client sent, not the verifier's edit, decides what the
+    // repeated request fields become.
+    restore_request_fields(answer, delivery.repeated_fields());
     report_usage(answer, delivery);
     restate_output_text(answer);
 }

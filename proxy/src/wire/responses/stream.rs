@@ -266,12 +266,8 @@ impl ResponsesStream {
             | "response.completed"
             | "response.incomplete"
             | "response.failed" => {
-                let mut restored = original.get("response").cloned().unwrap_or(Value::Null);
                 if let Some(response) = data.get_mut("response").filter(|value| value.is_object()) {
-                    if restore_request_fields(&mut restored, self.delivery.repeated_fields()) {
-                        response["instructions"] = restored["instructions"].clone();
-                        response["max_output_tokens"] = restored["max_output_tokens"].clone();
-                    }
+                    restore_request_fields(response, self.delivery.repeated_fields());
                     if let Some(items) = response.get_mut("output").and_then(Value::as_array_mut) {
                         for (index, item) in items.iter_mut().enumerate() {
                             rewrite_item(item, index as u64, &self.delivered, cut);
