@@ -167,10 +167,14 @@ impl Conversation {
     ) -> Vec<u64> {
         let mut lengths = Vec::new();
         for breakpoint in breakpoints {
-            let Some(index) = breakpoint.message.checked_sub(dropped) else {
+            // A breakpoint the truncation took away looks back from nowhere.
+            let Some(index) = breakpoint
+                .message
+                .checked_sub(dropped)
+                .filter(|index| *index < messages.len())
+            else {
                 continue;
             };
-            let index = index.min(messages.len());
             for end in index.saturating_sub(LOOKBACK_MESSAGES)..index {
                 lengths.push(
                     count_chat_messages(&messages[..=end]).saturating_sub(TOKENS_REPLY_PRIMING),
