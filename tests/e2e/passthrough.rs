@@ -238,6 +238,24 @@ async fn unverifiable_endpoints_are_forwarded_and_recorded_or_refused() {
     let body: Value = refused.json().await.unwrap();
     let message = body["error"]["message"].as_str().unwrap_or_default();
     assert!(message.contains("trailing characters"), "{body}");
+    // And a model that is not a name, as there.
+    let refused = http
+        .post(format!("{}/v1/embeddings", proxy.url))
+        .header("authorization", key)
+        .json(&json!({"model": 5, "input": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["error"]["param"], "model", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("non-empty string"),
+        "{body}"
+    );
 }
 
 /// A provider that answers any path with which provider it is and what it

@@ -32,7 +32,7 @@ use crate::paths::verified::{self, Verified};
 use crate::state::AppState;
 use crate::trail::Trail;
 use crate::wire::WireFormat;
-use crate::wire::chat::json_object;
+use crate::wire::chat::{json_object, model_of};
 
 /// A request the server admitted: a slot, a caller and a whole body.
 pub struct Admitted<'a> {
@@ -249,14 +249,14 @@ pub async fn pass_through<W: WireFormat>(
         .ok()
         .and_then(|body| body.get("model")?.as_str())
         .map(str::to_owned);
-    if endpoint.needs_model && model.is_none() {
+    if endpoint.needs_model && model.as_deref().is_none_or(str::is_empty) {
         // What a verified endpoint would say: the parser's own words, or
-        // the missing model.
-        json_object(&bytes)?;
-        return Err(ApiError::invalid_param(
-            "model",
-            "You must provide a model parameter.",
-        ));
+        // what is wrong with the model.
+        let body = json_object(&bytes)?;
+        let refused = body.as_object().and_then(|object| model_of(object).err());
+        return Err(refused.unwrap_or_else(|| {
+            ApiError::invalid_param("model", "`model` must be a non-empty string.")
+        }));
     }
     let mut body = parsed.ok();
     let route = match &model {
