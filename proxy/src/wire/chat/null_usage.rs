@@ -7,6 +7,7 @@
 //! still goes out as the provider wrote it, less that member.
 
 use std::ops::Range;
+use std::sync::LazyLock;
 
 use canarygate_policies::sse::encode_data;
 use memchr::memmem;
@@ -30,12 +31,16 @@ pub fn encode_without_null_usage(data: &str, out: &mut Vec<u8>) {
     out.extend_from_slice(b"\n\n");
 }
 
+/// Finds the member's key; built once.
+static USAGE_KEY: LazyLock<memmem::Finder<'static>> =
+    LazyLock::new(|| memmem::Finder::new(b"\"usage\""));
+
 /// The bytes of `data` that make its top-level `"usage": null` member, with
 /// the comma that goes with it; `None` when it has no such member.
 fn null_usage_span(data: &str) -> Option<Range<usize>> {
     let bytes = data.as_bytes();
     let mut from = 0;
-    while let Some(found) = memmem::find(&bytes[from..], b"\"usage\"") {
+    while let Some(found) = USAGE_KEY.find(&bytes[from..]) {
         let key = from + found;
         from = key + 1;
         let Some(end) = null_value_end(bytes, key + "\"usage\"".len()) else {
