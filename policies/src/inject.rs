@@ -82,7 +82,8 @@ pub const MAX_CHOICES: u64 = 128;
 /// The two canaries of one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestCanaries {
-    /// Placed in the leading system message.
+    /// Placed after the client's system prompt (in a conversation, at the
+    /// end of its last user message, before the tail).
     pub head: Canary,
     /// Placed at the end of the last user message.
     pub tail: Canary,
@@ -456,8 +457,9 @@ pub fn echo_for_request(echo: EchoMode, client_request: &[u8]) -> EchoMode {
 }
 
 /// The two texts a request's canaries are placed as, whatever the wire
-/// format: the head goes with the system text, the tail at the end of the
-/// last user text.
+/// format: the head goes with the system text (in a conversation, before
+/// the tail: [`prefix_spans_turns`]), the tail at the end of the last user
+/// text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blocks {
     /// The head block: the echo instruction, or a passive marker.
@@ -584,12 +586,12 @@ fn plain_text<'a>(part: &'a mut Value, part_type: &str) -> Option<&'a mut String
     }
 }
 
-/// Our estimate of the prompt tokens before `canary` in a conversation whose
-/// first message is `first` (the message holding the head): that message's
-/// framing and role, and its text up to the canary.
-fn tokens_before(first: &Value, canary: Canary) -> u64 {
-    let role = first.get("role").and_then(Value::as_str).unwrap_or("");
-    let text = first.get("content").map(content_text).unwrap_or_default();
+/// Our estimate of the prompt tokens before `canary` within `message`, the
+/// message holding it: that message's framing and role, and its text up to
+/// the canary.
+fn tokens_before(message: &Value, canary: Canary) -> u64 {
+    let role = message.get("role").and_then(Value::as_str).unwrap_or("");
+    let text = message.get("content").map(content_text).unwrap_or_default();
     let canary = canary.to_string();
     let before = text.find(&canary).map_or(text.as_ref(), |at| &text[..at]);
     TOKENS_PER_MESSAGE + count_text(role) + count_text(before)
@@ -1240,6 +1242,19 @@ mod tests {
         );
         assert!(!injection.system_inserted);
         assert_eq!(obedient_echo(&body).unwrap(), format!("{head} {tail}"));
+
+        // A leading developer message in a conversation: the head ends the
+        // newest turn, the developer message keeps its text.
+        let mut body = json!({"messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "Again"}
+        ]});
+        let injection = refused(&mut body);
+        assert_eq!(text(&body["messages"][0]), "Be brief.");
+        assert!(text(&body["messages"][3]).contains(&head));
+        assert!(!injection.system_inserted);
 
         // A leading developer message, which such templates drop, does not
         // take the head.

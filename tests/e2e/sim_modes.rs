@@ -506,8 +506,8 @@ async fn truncation_loses_the_head_or_the_tail_canary() {
 
     // A longer conversation loses a third of its messages at the head. Its
     // canaries both end its newest turn (its history stays a cacheable
-    // prefix), so the cut loses neither: the prompt tokens it reports show
-    // it.
+    // prefix), so the cut loses neither; the prompt tokens it reports are
+    // the kept messages' (what canarygate's `prompt_tokens` check reads).
     let request = Injected::with_messages(
         vec![
             json!({"role": "system", "content": "Be brief."}),

@@ -485,6 +485,36 @@ mod tests {
         );
         let turn = body["messages"][0]["content"].as_str().unwrap();
         assert!(turn.contains(&tail) && !turn.contains(&head), "{turn}");
+
+        // One turn that marks its own block: the head follows it there.
+        let mut body = json!({
+            "model": "m", "max_tokens": 100, "system": "Be brief.",
+            "messages": [{"role": "user", "content": [
+                {"type": "text", "text": "long document", "cache_control": {"type": "ephemeral"}}]}],
+        });
+        place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
+        assert_eq!(body["system"], "Be brief.");
+        let blocks = body["messages"][0]["content"][1]["text"].as_str().unwrap();
+        assert!(
+            blocks.find(&head).unwrap() < blocks.find(&tail).unwrap(),
+            "{blocks}"
+        );
+
+        // A conversation without `system` gets none.
+        let mut body = json!({
+            "model": "m", "max_tokens": 100,
+            "messages": [{"role": "user", "content": "first"},
+                         {"role": "assistant", "content": "ok"},
+                         {"role": "user", "content": "second"}],
+        });
+        place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
+        assert!(body.get("system").is_none(), "{body}");
+        assert!(
+            body["messages"][2]["content"]
+                .as_str()
+                .unwrap()
+                .contains(&head)
+        );
     }
 
     #[test]

@@ -490,6 +490,33 @@ mod tests {
         place(&mut stored, EchoMode::HeadTail, COST, canaries).unwrap();
         assert!(stored["instructions"].as_str().unwrap().contains(&head));
         assert_eq!(stored["input"][2]["content"], format!("second\n\n[{tail}]"));
+        // So too with `store` anything but `false`, with a kept
+        // conversation continued, and with nothing but instructions of the
+        // client's before its question.
+        let history = json!([{"role": "user", "content": "first"},
+                             {"role": "assistant", "content": "ok"},
+                             {"role": "user", "content": "second"}]);
+        let instructed = json!([{"role": "developer", "content": "Rules."},
+                                {"role": "system", "content": "More rules."},
+                                {"role": "user", "content": "second"}]);
+        for (extra, input) in [
+            (json!({"store": null}), &history),
+            (json!({"store": "false"}), &history),
+            (
+                json!({"store": false, "previous_response_id": "resp_1"}),
+                &history,
+            ),
+            (json!({"store": false}), &instructed),
+        ] {
+            let mut body = json!({"model": "m", "instructions": "Be brief.", "input": input});
+            for (key, value) in extra.as_object().unwrap() {
+                body[key] = value.clone();
+            }
+            let mut body = parsed(body);
+            place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
+            let instructions = body["instructions"].as_str().unwrap();
+            assert!(instructions.contains(&head), "{extra}: {instructions}");
+        }
 
         // One turn (and a system message in `input`): the head follows the
         // instructions.
