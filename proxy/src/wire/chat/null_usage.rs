@@ -80,29 +80,43 @@ fn null_value_end(bytes: &[u8], at: usize) -> Option<usize> {
 }
 
 /// Whether byte `at` of a JSON document is outside every string and
-/// directly inside its outermost object.
+/// directly inside its outermost object. Strings are skipped to their
+/// closing quote by `memchr`, as most of a chunk's bytes are in them.
 fn at_top_level(bytes: &[u8], at: usize) -> bool {
     let mut depth = 0_usize;
-    let mut in_string = false;
-    let mut escaped = false;
-    for &byte in &bytes[..at] {
-        if in_string {
-            match byte {
-                _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
-                _ => {}
-            }
-            continue;
-        }
-        match byte {
-            b'"' => in_string = true,
+    let mut next = 0;
+    while next < at {
+        match bytes[next] {
+            b'"' => match string_end(bytes, next + 1, at) {
+                Some(after) => {
+                    next = after;
+                    continue;
+                }
+                // `at` is inside this string.
+                None => return false,
+            },
             b'{' | b'[' => depth += 1,
             b'}' | b']' => depth = depth.saturating_sub(1),
             _ => {}
         }
+        next += 1;
     }
-    !in_string && depth == 1
+    depth == 1
+}
+
+/// Where the string whose content starts at `from` ends (just after its
+/// closing quote), if that is at or before `limit`.
+fn string_end(bytes: &[u8], mut from: usize, limit: usize) -> Option<usize> {
+    while from < limit {
+        let found = memchr::memchr2(b'"', b'\\', &bytes[from..limit])?;
+        let at = from + found;
+        if bytes[at] == b'"' {
+            return Some(at + 1);
+        }
+        // An escape: it and the byte it escapes.
+        from = at + 2;
+    }
+    None
 }
 
 #[cfg(test)]
@@ -153,6 +167,12 @@ mod tests {
             None,
         );
         check(r#"{"id":"c"}"#, None);
+        // Escaped quotes and backslashes before it, a key inside a string.
+        check(
+            r#"{"t":"a \" b \\","usage":null}"#,
+            Some(r#"{"t":"a \" b \\"}"#),
+        );
+        check(r#"{"t":"x\",\"usage\":null"}"#, None);
         // On several lines: the line break before the member goes with it,
         // one after it stays, ending a data line.
         let mut out = Vec::new();
