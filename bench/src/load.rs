@@ -67,16 +67,16 @@ pub fn prompt_text(words: usize, word_tokens: usize, bytes: usize) -> String {
 /// tokens it adds for the echo by the name's tokenizer family.
 pub const DEFAULT_MODEL: &str = "gpt-4o-mini";
 
-/// The request body: one user message `prompt` (see [`prompt_text`]).
-pub fn chat_body(model: &str, stream: bool, max_tokens: u64, prompt: &str) -> Bytes {
+/// The request body: one user message `prompt` (see [`prompt_text`]); a
+/// stream asks for its usage chunk when `usage`.
+pub fn chat_body(model: &str, stream: bool, usage: bool, max_tokens: u64, prompt: &str) -> Bytes {
     let mut body = serde_json::json!({
         "model": model,
         "stream": stream,
         "max_tokens": max_tokens,
         "messages": [{"role": "user", "content": prompt}],
     });
-    if stream {
-        // Ask for the usage chunk, as most SDK users do.
+    if stream && usage {
         body["stream_options"] = serde_json::json!({"include_usage": true});
     }
     Bytes::from(body.to_string())
@@ -783,7 +783,7 @@ mod tests {
                 host: addr.to_string(),
                 path: "/v1/chat/completions".to_owned(),
                 authorization: "Bearer sk-test".to_owned(),
-                body: chat_body("m", false, 8, &prompt_text(3, 7, 0)),
+                body: chat_body("m", false, false, 8, &prompt_text(3, 7, 0)),
                 stream: false,
             };
             Self {
@@ -883,7 +883,7 @@ mod tests {
             host: addr.to_string(),
             path: "/v1/chat/completions".to_owned(),
             authorization: "Bearer sk-test".to_owned(),
-            body: chat_body("m", false, 8, "hi"),
+            body: chat_body("m", false, false, 8, "hi"),
             stream: false,
         }
     }
@@ -943,7 +943,7 @@ mod tests {
 
     #[test]
     fn body_is_the_same_json_for_every_target() {
-        let body = chat_body("m", true, 64, &prompt_text(3, 7, 0));
+        let body = chat_body("m", true, true, 64, &prompt_text(3, 7, 0));
         let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(value["max_tokens"], 64);
         assert_eq!(value["stream"], true);
@@ -953,8 +953,11 @@ mod tests {
         );
         assert_eq!(value["stream_options"]["include_usage"], true);
         let plain: serde_json::Value =
-            serde_json::from_slice(&chat_body("m", false, 64, "hi")).unwrap();
+            serde_json::from_slice(&chat_body("m", false, false, 64, "hi")).unwrap();
         assert!(plain.get("stream_options").is_none());
+        let unasked: serde_json::Value =
+            serde_json::from_slice(&chat_body("m", true, false, 64, "hi")).unwrap();
+        assert!(unasked.get("stream_options").is_none());
     }
 
     #[test]

@@ -163,6 +163,12 @@ struct Args {
     #[arg(long, env = "CANARYGATE_BENCH_NO_LATENCY")]
     no_latency: bool,
 
+    /// Streams do not ask for the usage chunk (`stream_options`), as the
+    /// openai SDKs' default: canarygate asks for it and keeps it, and the
+    /// `usage: null` of every chunk, from the client.
+    #[arg(long, env = "CANARYGATE_BENCH_NO_STREAM_USAGE")]
+    no_stream_usage: bool,
+
     /// `model` of every request.
     #[arg(long, env = "CANARYGATE_BENCH_MODEL", default_value = load::DEFAULT_MODEL)]
     model: String,
@@ -212,7 +218,8 @@ struct Args {
 /// The request every instance of `t` gets in this mode.
 fn endpoints(args: &Args, t: &Target, stream: bool) -> Vec<Endpoint> {
     let prompt = load::prompt_text(args.prompt_words, args.word_tokens, args.prompt_bytes);
-    let body = load::chat_body(&args.model, stream, args.max_tokens, &prompt);
+    let usage = stream && !args.no_stream_usage;
+    let body = load::chat_body(&args.model, stream, usage, args.max_tokens, &prompt);
     t.endpoints(&body, &format!("Bearer {}", args.api_key), stream)
 }
 

@@ -127,7 +127,13 @@ fn endpoint(args: &Args, spec: &str, stream: bool) -> Result<(Target, Endpoint),
         return Err(format!("{spec}: one URL and pid=PID wanted"));
     }
     let prompt = load::prompt_text(args.prompt_words, 7, 0);
-    let body = load::chat_body(load::DEFAULT_MODEL, stream, args.max_tokens, &prompt);
+    let body = load::chat_body(
+        load::DEFAULT_MODEL,
+        stream,
+        stream,
+        args.max_tokens,
+        &prompt,
+    );
     let mut endpoints = target.endpoints(&body, "Bearer sk-bench", stream);
     Ok((target, endpoints.remove(0)))
 }
