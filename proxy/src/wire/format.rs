@@ -430,10 +430,11 @@ pub trait StreamWriter: Send + 'static {
     /// The end marker, carrying the final verdict and canarygate's token
     /// overhead where the format can.
     fn done(&self, verdict: &Verdict) -> Vec<u8>;
-    /// Whether the provider's last event was its own error event, after
-    /// which the stream may end without its end marker (a Responses
-    /// stream's `error`): that end is the provider's, and gets no error
-    /// event of canarygate's on top.
+    /// Whether the provider's last event was its own error event, written
+    /// out, after which the stream may end without its end marker (a
+    /// Responses stream's `error`): that end is the provider's, and gets no
+    /// error event of canarygate's on top. (One still held is
+    /// [`StreamWriter::take_unsent_provider_error`]'s.)
     fn ended_by_provider_error(&self) -> bool {
         false
     }

@@ -42,6 +42,11 @@ impl HeldEvents {
         self.queue.push_back(held);
     }
 
+    /// Whether no event is held.
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
     /// The last event held, taken back.
     pub fn pop_last(&mut self) -> Option<Held> {
         self.queue.pop_back()

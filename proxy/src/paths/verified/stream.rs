@@ -362,9 +362,6 @@ impl<W: WireFormat> VerifiedStream<W> {
                 if self.end.is_some() {
                     return;
                 }
-                if let Some((event, message)) = self.writer.take_unsent_provider_error() {
-                    return self.end_with_provider_error(&event, &message);
-                }
                 let detail = early_end(&mut self.parser).to_owned();
                 if self.writer.ended_by_provider_error() {
                     // The provider's own error event was its stream's end.

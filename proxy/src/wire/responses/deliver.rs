@@ -47,22 +47,16 @@ pub type Delivered = BTreeMap<(u64, Slot), Shown>;
 /// each of `fields` (the ones canarygate changed, as the client sent them:
 /// [`Delivery::repeated_fields`]) that `response` repeats is set back,
 /// `instructions` without canarygate's blocks and `max_output_tokens` the
-/// client's limit instead of the raised one. Returns whether anything
-/// changed.
-pub fn restore_request_fields(response: &mut Value, fields: &[(String, Value)]) -> bool {
+/// client's limit instead of the raised one.
+pub fn restore_request_fields(response: &mut Value, fields: &[(String, Value)]) {
     let Some(response) = response.as_object_mut() else {
-        return false;
+        return;
     };
-    let mut changed = false;
     for (name, client) in fields {
-        if let Some(repeated) = response.get_mut(name)
-            && repeated != client
-        {
-            *repeated = client.clone();
-            changed = true;
+        if let Some(repeated) = response.get_mut(name) {
+            repeated.clone_from(client);
         }
     }
-    changed
 }
 
 /// Sets output item `item` (at `output_index`) to what was delivered of
@@ -441,7 +435,11 @@ mod tests {
     fn the_repeated_fields_are_the_clients_as_sent() {
         // Nothing changed by canarygate: the provider's copies stay.
         let mut response = json!({"instructions": "Mine.", "max_output_tokens": 40});
-        assert!(!restore_request_fields(&mut response, &[]));
+        restore_request_fields(&mut response, &[]);
+        assert_eq!(
+            response,
+            json!({"instructions": "Mine.", "max_output_tokens": 40})
+        );
         // The client's own text, canary-shaped ticket included, and its
         // limit; an empty text stays empty, a missing one is null.
         let ours = "Ticket [CG123456789012345] open.\n\nBegin your reply with \"CG123456789012346\" \
@@ -456,7 +454,7 @@ mod tests {
                 ("instructions".to_owned(), client.clone()),
                 ("max_output_tokens".to_owned(), json!(40)),
             ];
-            assert!(restore_request_fields(&mut response, &fields));
+            restore_request_fields(&mut response, &fields);
             assert_eq!(
                 response,
                 json!({"instructions": client, "max_output_tokens": 40})
@@ -465,7 +463,7 @@ mod tests {
         // A field the response does not repeat is not added.
         let mut response = json!({"id": "resp_1"});
         let fields = [("instructions".to_owned(), json!("Mine."))];
-        assert!(!restore_request_fields(&mut response, &fields));
+        restore_request_fields(&mut response, &fields);
         assert_eq!(response, json!({"id": "resp_1"}));
     }
 }

@@ -137,9 +137,11 @@ impl WireFormat for Responses {
     }
 
     fn is_error_body(body: &[u8]) -> bool {
-        serde_json::from_slice::<Value>(body)
-            .is_ok_and(|value| value.get("error").is_some_and(Value::is_object))
-            && Self::error_event_status(&String::from_utf8_lossy(body)).is_some()
+        // An `error` object and no response around it.
+        serde_json::from_slice::<Value>(body).is_ok_and(|value| {
+            value.get("error").is_some_and(Value::is_object)
+                && error::error_body_of(&value).is_some()
+        })
     }
 
     fn error_event_status(data: &str) -> Option<StatusCode> {

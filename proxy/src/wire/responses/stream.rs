@@ -381,7 +381,8 @@ impl StreamWriter for ResponsesStream {
     }
 
     fn ended_by_provider_error(&self) -> bool {
-        self.last_was_error
+        // Taken last, so still held while anything is.
+        self.last_was_error && self.held.is_empty()
     }
 
     fn take_unsent_provider_error(&mut self) -> Option<(SseEvent, String)> {
