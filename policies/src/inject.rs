@@ -20,10 +20,16 @@
 //!   [`append_to_content`]).
 //!
 //! No message is added but that one system message, no role changes, and
-//! assistant and tool turns are never touched. Each block carries only its own
+//! assistant turns are never touched. Each block carries only its own
 //! canary, so a prompt that lost its system message (when the head is there)
 //! or its last user message loses one of them and the echo fails. Everything
 //! before the head canary is the client's text and fixed text of ours.
+//!
+//! Passive markers (below) in a conversation that ends with tool output, a
+//! tool loop's newest round trip, both go at the end of that output
+//! ([`tool_loop_end`]) instead: the loop's earlier turns, resent with each
+//! request, stay the client's own prefix. An echo instruction never goes
+//! there: a model takes no orders from tool output.
 //!
 //! An obedient model opens its reply with `HEAD TAIL`; [`obedient_opening`] is
 //! that rule, for simulated providers. In `head` echo mode the tail is a
@@ -280,7 +286,6 @@ pub fn inject_for(
         .and_then(Value::as_array)
         .filter(|messages| !messages.is_empty())
         .ok_or(InjectError::NoMessages)?;
-    let placement = Placement::of(messages, system_role)?;
     let prefill = continues_last_turn(messages, body);
     let choices = match body.get("n") {
         None | Some(Value::Null) => 1,
@@ -307,6 +312,7 @@ pub fn inject_for(
         audio: speaks(body),
     };
     let passive = passive_reason(echo, obstacles);
+    let placement = Placement::of(messages, system_role, passive.is_some())?;
     let Blocks {
         head: head_block,
         tail: tail_block,
@@ -659,22 +665,39 @@ fn speaks(body: &serde_json::Map<String, Value>) -> bool {
         || body.get("audio").is_some_and(Value::is_object)
 }
 
+/// The index of the tool output that ends a conversation, if one does: a
+/// tool loop's newest round trip (`tool` messages, or the legacy `function`
+/// role, after the assistant turn that called them), which the loop's next
+/// request resends whole before its own. Passive markers go there:
+/// anywhere earlier, fresh in every request, they would make the loop's
+/// turns new to the provider's cache each time. An echo
+/// instruction does not: models are taught to take no orders from tool
+/// output.
+pub fn tool_loop_end(messages: &[Value]) -> Option<usize> {
+    let last = messages.len().checked_sub(1)?;
+    let role = messages[last].get("role").and_then(Value::as_str);
+    matches!(role, Some("tool" | "function")).then_some(last)
+}
+
 /// Which messages the blocks go into, checked before anything changes.
 struct Placement {
     /// The first message is a system or developer message (the head joins it
-    /// unless a user message takes it).
+    /// unless a later turn takes it).
     leading_system: bool,
-    /// The user message the head joins, if one does: the last one when the
-    /// stable prefix spans turns ([`prefix_spans_turns`]), else the first
-    /// one when there is no leading system message and the template takes
-    /// none ([`SystemRole::Refused`]).
-    head_user: Option<usize>,
-    /// The last user message (the tail joins it), if any.
-    last_user: Option<usize>,
+    /// The turn the head joins, if one does: the tool output ending a tool
+    /// loop when the blocks are passive ([`tool_loop_end`]); the last user
+    /// message when the stable prefix spans turns ([`prefix_spans_turns`]);
+    /// else the first user message when there is no leading system message
+    /// and the template takes none ([`SystemRole::Refused`]).
+    head_turn: Option<usize>,
+    /// The turn the tail joins, if any: that tool output, else the last user
+    /// message.
+    tail_turn: Option<usize>,
 }
 
 impl Placement {
-    fn of(messages: &[Value], system_role: SystemRole) -> Result<Self, InjectError> {
+    /// Where the blocks of a request go; `passive` when they ask no echo.
+    fn of(messages: &[Value], system_role: SystemRole, passive: bool) -> Result<Self, InjectError> {
         let role = |index: usize| messages[index].get("role").and_then(Value::as_str);
         // A template without a system role has no `developer` role either:
         // most published ones drop such a message (and a head in it).
@@ -684,15 +707,22 @@ impl Placement {
             _ => false,
         };
         let last_user = (0..messages.len()).rev().find(|&i| role(i) == Some("user"));
-        let head_user = match system_role {
+        let tool_output = if passive {
+            tool_loop_end(messages)
+        } else {
+            None
+        };
+        let head_turn = match system_role {
+            _ if tool_output.is_some() => tool_output,
             _ if prefix_spans_turns(messages) => last_user,
             SystemRole::Refused if !leading_system => {
                 (0..messages.len()).find(|&i| role(i) == Some("user"))
             }
             _ => None,
         };
-        let system_takes_head = leading_system && head_user.is_none();
-        for index in [system_takes_head.then_some(0), head_user, last_user]
+        let tail_turn = tool_output.or(last_user);
+        let system_takes_head = leading_system && head_turn.is_none();
+        for index in [system_takes_head.then_some(0), head_turn, tail_turn]
             .into_iter()
             .flatten()
         {
@@ -706,14 +736,14 @@ impl Placement {
         }
         Ok(Self {
             leading_system,
-            head_user,
-            last_user,
+            head_turn,
+            tail_turn,
         })
     }
 
     /// Whether [`Self::apply`] inserts a system message of its own.
     fn inserts_system(&self) -> bool {
-        !self.leading_system && self.head_user.is_none()
+        !self.leading_system && self.head_turn.is_none()
     }
 
     /// Places the blocks; returns the tokens that adds to the prompt's
@@ -726,15 +756,16 @@ impl Placement {
     /// adds its framing and role.
     fn apply(&self, messages: &mut Vec<Value>, head_block: String, tail_block: String) -> u64 {
         let mut added = count_text(&head_block) + count_text(&tail_block);
-        if let (Some(first), Some(last)) = (self.head_user, self.last_user) {
-            // The same message when there is one user turn or the prefix
-            // spans turns: the head, then the tail block it points to.
+        if let (Some(first), Some(last)) = (self.head_turn, self.tail_turn) {
+            // The same message when there is one user turn, the prefix
+            // spans turns or a tool loop's output takes both: the head, then
+            // the tail block it points to.
             append_block(&mut messages[first], head_block);
             append_block(&mut messages[last], tail_block);
             return added;
         }
         let mut system_blocks = vec![head_block];
-        match self.last_user {
+        match self.tail_turn {
             Some(index) => append_block(&mut messages[index], tail_block),
             None => system_blocks.push(tail_block),
         }
@@ -994,8 +1025,9 @@ mod tests {
         assert!(text(&body["messages"][0]).contains(&head));
         assert!(!text(&body["messages"][1]).contains(&head));
 
-        // A tool loop after the last user message: that message still takes
-        // both blocks, the tool turns are untouched.
+        // A tool loop after the last user message, asked for an echo (no
+        // tools offered): the head follows the system prompt (a model takes
+        // no orders from tool output), the tool turns are untouched.
         let mut body = json!({"messages": [
             {"role": "system", "content": "Be brief."},
             {"role": "user", "content": "Weather?"},
@@ -1009,6 +1041,104 @@ mod tests {
             body["messages"].as_array().unwrap()[2..],
             original["messages"].as_array().unwrap()[2..]
         );
+    }
+
+    #[test]
+    fn a_tool_loop_keeps_its_turns_before_passive_markers() {
+        let (head, tail) = (canaries().head.to_string(), canaries().tail.to_string());
+        let call = |id: &str| {
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": id, "type": "function", "function": {"name": "w", "arguments": "{}"}}]})
+        };
+        let loop_turns = json!([
+            {"role": "system", "content": "Use the tools."},
+            {"role": "user", "content": "Weather?"},
+            call("c1"),
+            {"role": "tool", "tool_call_id": "c1", "content": "Sunny"},
+            call("c2"),
+            {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "Warm"}]}
+        ]);
+        let tools = json!([{"type": "function", "function": {"name": "w"}}]);
+        let mut body = json!({"messages": loop_turns.clone(), "tools": tools.clone()});
+        let injection = inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
+        assert_eq!(injection.passive, Some(PassiveReason::Tools));
+        let messages = body["messages"].as_array().unwrap();
+        assert_eq!(messages.len(), 6, "no message added");
+        // Every turn before the newest output is the client's, byte for
+        // byte; both markers end that output, in its own text part.
+        assert_eq!(messages[..5], loop_turns.as_array().unwrap()[..5]);
+        let parts = messages[5]["content"].as_array().unwrap();
+        assert_eq!(parts.len(), 1);
+        let output = parts[0]["text"].as_str().unwrap();
+        assert_eq!(
+            output,
+            format!(
+                "Warm{BLOCK_SEPARATOR}({head}{MARKER_CLOSE}{BLOCK_SEPARATOR}({tail}{MARKER_CLOSE}"
+            )
+        );
+        assert_eq!(client_text(output), "Warm");
+        assert!(!injection.system_inserted);
+        assert_eq!(
+            injection.cacheable_prompt_tokens,
+            count_chat_messages(&messages[..5]) - TOKENS_REPLY_PRIMING
+                + TOKENS_PER_MESSAGE
+                + count_text("tool")
+                + count_text(&format!("Warm{BLOCK_SEPARATOR}("))
+        );
+
+        // Without a system message, or in a template without a system
+        // role, none is added and the output still takes both.
+        for role in [SystemRole::Accepted, SystemRole::Refused] {
+            let mut body =
+                json!({"messages": loop_turns.as_array().unwrap()[1..], "tools": tools.clone()});
+            let injection =
+                inject_for(&mut body, EchoMode::HeadTail, COST, canaries(), role).unwrap();
+            let messages = body["messages"].as_array().unwrap();
+            assert_eq!(messages.len(), 5, "{role:?}");
+            assert!(!injection.system_inserted, "{role:?}");
+            assert_eq!(
+                messages[..4],
+                loop_turns.as_array().unwrap()[1..5],
+                "{role:?}"
+            );
+            let output = text(&messages[4]);
+            assert!(
+                output.contains(&head) && output.contains(&tail),
+                "{role:?}: {output}"
+            );
+        }
+
+        // A legacy `function` result, its content a string.
+        let mut body = json!({"functions": [{"name": "w"}], "messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": null, "function_call": {"name": "w", "arguments": "{}"}},
+            {"role": "function", "name": "w", "content": "Sunny"}
+        ]});
+        inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
+        assert_eq!(body["messages"][0]["content"], "Weather?");
+        assert_eq!(client_text(&text(&body["messages"][2])), "Sunny");
+        assert!(text(&body["messages"][2]).contains(&head));
+
+        // A user turn after the loop's output: placed as in any
+        // conversation, at the end of that turn.
+        let mut turns = loop_turns.as_array().unwrap().clone();
+        turns.push(json!({"role": "user", "content": "And tomorrow?"}));
+        let mut body = json!({"messages": turns.clone(), "tools": tools.clone()});
+        inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
+        assert_eq!(body["messages"].as_array().unwrap()[..6], turns[..6]);
+        let last = text(&body["messages"][6]);
+        assert!(last.contains(&head) && last.contains(&tail), "{last}");
+
+        // An output that cannot take text is refused, the request unchanged.
+        let mut turns = loop_turns.as_array().unwrap().clone();
+        turns[5]["content"] = json!(7);
+        let bad = json!({"messages": turns, "tools": tools});
+        let mut body = bad.clone();
+        assert_eq!(
+            inject(&mut body, EchoMode::HeadTail, COST, canaries()),
+            Err(InjectError::BadMessage(5))
+        );
+        assert_eq!(body, bad);
     }
 
     #[test]

@@ -10,7 +10,7 @@ mod common;
 
 use canarygate_policies::EchoCost;
 use canarygate_policies::inject::{
-    RequestCanaries, client_text, inject, obedient_echo, prefix_spans_turns,
+    RequestCanaries, client_text, inject, obedient_echo, prefix_spans_turns, tool_loop_end,
 };
 use canarygate_policies::tokens::content_text;
 use canarygate_policies::{EchoMode, Injection};
@@ -133,17 +133,25 @@ fn check_injection(name: &str, request: &Value, echo: EchoMode, n: u64) -> (Valu
     let messages = injected["messages"].as_array().unwrap();
     let added = messages.len() - client.len();
     // A system message is added only when the head needs one: the client
-    // sent none and its stable prefix ends before its turns.
+    // sent none and its stable prefix ends before its turns. Passive markers
+    // end a tool loop's newest output, the one tool turn that changes.
     let leads_with_system = client[0]["role"] == "system";
-    let inserts = !leads_with_system && !prefix_spans_turns(&client);
+    let tool_end = injection
+        .passive
+        .and_then(|_| tool_loop_end(&client))
+        .map(|index| index + added);
+    let inserts = !leads_with_system && !prefix_spans_turns(&client) && tool_end.is_none();
     assert_eq!(added, usize::from(inserts), "{name}");
     if added == 1 {
         assert_eq!(messages[0]["role"], "system", "{name}");
         assert_eq!(client_text(&content_text(&messages[0]["content"])), "");
     }
-    for (original, now) in client.iter().zip(&messages[added..]) {
+    for (index, (original, now)) in client.iter().zip(&messages[added..]).enumerate() {
         assert_eq!(original["role"], now["role"], "{name}");
-        if original["role"] == "user" || original["role"] == "system" {
+        if original["role"] == "user"
+            || original["role"] == "system"
+            || tool_end == Some(index + added)
+        {
             let (before, after) = (
                 content_text(&original["content"]),
                 content_text(&now["content"]),
@@ -156,7 +164,7 @@ fn check_injection(name: &str, request: &Value, echo: EchoMode, n: u64) -> (Valu
         } else {
             assert_eq!(
                 original, now,
-                "{name}: assistant and tool turns are untouched"
+                "{name}: assistant turns and earlier tool turns are untouched"
             );
         }
     }

@@ -289,14 +289,10 @@ async fn send_turn(
     (prompt, cached, verdict)
 }
 
-/// A conversation resent with each new turn keeps its provider cache hits
-/// through canarygate on every surface: the head canary joins the tail in
-/// the newest user turn, so the whole history is the client's own prefix
-/// (with the head after the system prompt, each turn would have read only
-/// that much from the cache). Responses: a request the provider does not
-/// keep (`store: false`).
-#[tokio::test]
-async fn a_conversation_keeps_its_cached_share_on_every_surface() {
+/// Two caching providers, one reached directly and one through a
+/// canarygate that routes `sim-model` on OpenAI's and Anthropic's APIs:
+/// (direct, proxied provider, canarygate's directory, canarygate).
+fn direct_and_proxied() -> (Running, Running, ProxyDir, Running) {
     let direct_sim = start_sim(&[]);
     let proxied_sim = start_sim(&[]);
     let dir = ProxyDir::new();
@@ -324,6 +320,18 @@ provider = "anthropic"
         url = proxied_sim.url
     );
     let proxy = start_proxy_with_policy(&dir, &dir.policy(&policy), &[]);
+    (direct_sim, proxied_sim, dir, proxy)
+}
+
+/// A conversation resent with each new turn keeps its provider cache hits
+/// through canarygate on every surface: the head canary joins the tail in
+/// the newest user turn, so the whole history is the client's own prefix
+/// (with the head after the system prompt, each turn would have read only
+/// that much from the cache). Responses: a request the provider does not
+/// keep (`store: false`).
+#[tokio::test]
+async fn a_conversation_keeps_its_cached_share_on_every_surface() {
+    let (direct_sim, _proxied_sim, _dir, proxy) = direct_and_proxied();
     let client = client();
     for surface in ["chat", "responses", "messages"] {
         let mut conversation = Conversation {
@@ -357,6 +365,132 @@ provider = "anthropic"
                 proxied.1 * (turn + 1) * 10 >= proxied.0 * turn * 9,
                 "{surface} turn {turn}: {proxied:?}"
             );
+        }
+    }
+}
+
+/// An agent's tool loop: one question, then one tool call and its (long)
+/// output per turn, the whole loop resent each time, tools offered.
+struct ToolLoop {
+    /// The turns' tool outputs so far.
+    outputs: Vec<String>,
+}
+
+impl ToolLoop {
+    /// Tool output `turn`: about 1,600 tokens, its own on each surface.
+    fn output(surface: &str, turn: usize) -> String {
+        let mut text = format!("{surface} page {turn} of the harbour log:");
+        for line in 0..800 {
+            text.push_str(&format!(" p{turn}l{line}."));
+        }
+        text
+    }
+
+    /// The body of the next request of the loop on `surface`.
+    fn next(&self, surface: &str) -> Value {
+        let question = format!("{surface}: summarise the harbour log, page by page.");
+        let arguments = |turn: usize| format!("{{\"page\":{turn}}}");
+        match surface {
+            "chat" => {
+                let mut messages = vec![
+                    json!({"role": "system", "content": "Keep the log."}),
+                    json!({"role": "user", "content": question}),
+                ];
+                for (turn, output) in self.outputs.iter().enumerate() {
+                    let id = format!("call_{turn}");
+                    messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                        {"id": id, "type": "function",
+                         "function": {"name": "read_log", "arguments": arguments(turn)}}]}));
+                    messages.push(json!({"role": "tool", "tool_call_id": id, "content": output}));
+                }
+                json!({"model": "sim-model", "max_tokens": 20, "messages": messages,
+                    "tools": [{"type": "function", "function": {"name": "read_log",
+                        "parameters": {"type": "object", "properties": {"page": {"type": "integer"}}}}}]})
+            }
+            "responses" => {
+                let mut input = vec![json!({"role": "user", "content": question})];
+                for (turn, output) in self.outputs.iter().enumerate() {
+                    let id = format!("call_{turn}");
+                    input.push(json!({"type": "function_call", "call_id": id,
+                        "name": "read_log", "arguments": arguments(turn)}));
+                    input.push(json!({"type": "function_call_output", "call_id": id,
+                        "output": output}));
+                }
+                json!({"model": "sim-model", "max_output_tokens": 20, "store": false,
+                    "instructions": "Keep the log.", "input": input,
+                    "tools": [{"type": "function", "name": "read_log",
+                        "parameters": {"type": "object", "properties": {"page": {"type": "integer"}}}}]})
+            }
+            // Anthropic's agent pattern: the breakpoint on the newest block.
+            _ => {
+                let mut messages = vec![json!({"role": "user", "content": question})];
+                for (turn, output) in self.outputs.iter().enumerate() {
+                    let id = format!("toolu_{turn}");
+                    messages.push(json!({"role": "assistant", "content": [
+                        {"type": "tool_use", "id": id, "name": "read_log",
+                         "input": {"page": turn}}]}));
+                    messages.push(json!({"role": "user", "content": [
+                        {"type": "tool_result", "tool_use_id": id, "content": output}]}));
+                }
+                let newest = messages.last_mut().unwrap();
+                match &mut newest["content"] {
+                    Value::Array(blocks) => {
+                        blocks.last_mut().unwrap()["cache_control"] = json!({"type": "ephemeral"})
+                    }
+                    content => {
+                        *content = json!([{"type": "text", "text": content.clone(),
+                            "cache_control": {"type": "ephemeral"}}])
+                    }
+                }
+                json!({"model": "sim-model", "max_tokens": 20, "system": "Keep the log.",
+                    "messages": messages,
+                    "tools": [{"name": "read_log", "input_schema": {"type": "object",
+                        "properties": {"page": {"type": "integer"}}}}]})
+            }
+        }
+    }
+}
+
+/// An agent's tool loop, resent whole with each new tool output, keeps its
+/// provider cache hits through canarygate on every surface: tools make the
+/// canaries passive markers, and in Chat and Responses (`store: false`)
+/// both end the newest tool output, so every earlier call and output is
+/// the client's own prefix (after the last user message, the loop would
+/// have read only the system prompt and question from the cache). Messages
+/// carries tool results in user turns, which take both already.
+#[tokio::test]
+async fn a_tool_loop_keeps_its_cached_share_on_every_surface() {
+    let (direct_sim, _proxied_sim, _dir, proxy) = direct_and_proxied();
+    let client = client();
+    for surface in ["chat", "responses", "messages"] {
+        let mut tool_loop = ToolLoop {
+            outputs: Vec::new(),
+        };
+        for turn in 0..4 {
+            let body = tool_loop.next(surface);
+            let direct = send_turn(&client, &direct_sim.url, surface, &body).await;
+            let proxied = send_turn(&client, &proxy.url, surface, &body).await;
+            tool_loop.outputs.push(ToolLoop::output(surface, turn));
+            assert_eq!(
+                proxied.2.as_deref(),
+                Some("pass; passive=tools"),
+                "{surface} turn {turn}"
+            );
+            assert!(
+                direct.1.abs_diff(proxied.1) <= INCREMENT,
+                "{surface} turn {turn}: {} cached direct, {} through canarygate",
+                direct.1,
+                proxied.1
+            );
+            // From the second output on, the earlier outputs are about
+            // (k-1)/k of the prompt, and all read from the cache.
+            let turn = turn as u64;
+            if turn >= 2 {
+                assert!(
+                    proxied.1 * turn * 10 >= proxied.0 * (turn - 1) * 9,
+                    "{surface} turn {turn}: {proxied:?}"
+                );
+            }
         }
     }
 }

@@ -6,8 +6,10 @@
 //! it), `messages` with string or block content, `system` as a string or
 //! text blocks, `stream`, `thinking`, `tools`; every other field passes
 //! through. The head canary goes after the client's system text, the tail
-//! after the last user turn's content, as new text blocks where the
-//! content is blocks. A whole answer's content blocks are read as one
+//! after the last user turn's content (both there when the client's stable
+//! prefix runs past its system text: earlier turns, a cache breakpoint in a
+//! turn, a tool loop's results), as new text blocks where the content is
+//! blocks. A whole answer's content blocks are read as one
 //! choice ([`answer`]); a stream's events are read and held until verified
 //! ([`stream`]). The client gets the provider's own answer and events,
 //! edited where their text changed ([`deliver`]). Errors are Anthropic's

@@ -9,7 +9,11 @@
 //! is fresh); the tail block at the end of the last user item's text. An
 //! `input` that holds earlier turns before its last user message, in a
 //! request the provider does not keep (`store: false`), gets the head there
-//! too, before the tail, so those turns stay a cacheable prefix.
+//! too, before the tail, so those turns stay a cacheable prefix; when such
+//! an `input` ends with a tool call's output and the blocks are passive
+//! markers (tools are offered), both go at the end of that output
+//! ([`tool_loop_end`]), so the loop's calls and earlier outputs stay
+//! cacheable too.
 //!
 //! Longer than 500 lines: about 160 of them are the unit tests, which hold
 //! each placement and each refused shape to a request.
@@ -207,7 +211,7 @@ fn item_message(item: &Value) -> Option<Value> {
     match object.get("type").and_then(Value::as_str)? {
         "function_call" => Some(json!({"role": "assistant",
             "content": format!("{}({})", text("name"), text("arguments"))})),
-        "function_call_output" => {
+        kind if kind.ends_with("_call_output") => {
             let output = object.get("output").unwrap_or(&Value::Null);
             Some(json!({"role": "user", "content": content_text(output)}))
         }
@@ -261,8 +265,11 @@ pub fn place(
     };
     let passive = passive_reason(echo, obstacles);
     let blocks = Blocks::new(echo, passive, canaries);
-    let tail_slot = last_user_text(body);
-    let head_joins_the_tail = history_before_last_user(body, tail_slot);
+    let tail_slot = passive
+        .and_then(|_| tool_loop_end(body))
+        .or_else(|| last_user_text(body));
+    let head_joins_the_tail =
+        matches!(tail_slot, Some(TailSlot::Output(_))) || history_before_last_user(body, tail_slot);
     let object = body.as_object_mut().ok_or_else(|| {
         ApiError::new(
             ErrorCode::InvalidJson,
@@ -276,6 +283,10 @@ pub fn place(
                 .get_mut("input")
                 .and_then(|input| input.get_mut(index))
                 .and_then(|item| item.get_mut("content")),
+            TailSlot::Output(index) => object
+                .get_mut("input")
+                .and_then(|input| input.get_mut(index))
+                .and_then(|item| item.get_mut("output")),
         }
         .is_some_and(|content| {
             if head_joins_the_tail && !append_to_content(content, &blocks.head, "input_text") {
@@ -348,6 +359,33 @@ enum TailSlot {
     Input,
     /// The content of input item `index`, the last user message.
     Item(usize),
+    /// The `output` of input item `index`, the tool output that ends a tool
+    /// loop ([`tool_loop_end`]); the head goes there too.
+    Output(usize),
+}
+
+/// The input item that ends a tool loop, when passive markers go there
+/// (as in Chat: [`inject::tool_loop_end`]): the last item of an `input`
+/// list is a tool call's output (`function_call_output`,
+/// `custom_tool_call_output`...) whose `output` is a string or parts, in a
+/// request the provider does not keep and that continues no kept one (its
+/// input would come back, markers and all, in the next request).
+///
+/// [`inject::tool_loop_end`]: canarygate_policies::inject::tool_loop_end
+fn tool_loop_end(body: &Value) -> Option<TailSlot> {
+    let Some(Value::Array(items)) = body.get("input") else {
+        return None;
+    };
+    let last = items.last()?;
+    let output = last
+        .get("type")
+        .and_then(Value::as_str)
+        .is_some_and(|kind| kind.ends_with("_call_output"))
+        && matches!(last.get("output"), Some(Value::String(_) | Value::Array(_)));
+    (output
+        && body.get("store") == Some(&Value::Bool(false))
+        && !continues_stored_conversation(body))
+    .then(|| TailSlot::Output(items.len() - 1))
 }
 
 /// Whether the head goes with the tail into the last user message of
@@ -529,6 +567,70 @@ mod tests {
         assert!(instructions.contains(&head) && !instructions.contains(&tail));
         assert_eq!(client_text(instructions), "Be brief.");
         assert_eq!(body["input"][1]["content"], format!("first\n\n[{tail}]"));
+    }
+
+    #[test]
+    fn a_tool_loop_not_kept_ends_its_newest_output_with_the_markers() {
+        let canaries = RequestCanaries::mint();
+        let (head, tail) = (canaries.head.to_string(), canaries.tail.to_string());
+        let input = json!([
+            {"role": "user", "content": "Weather?"},
+            {"type": "function_call", "call_id": "c1", "name": "w", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "Sunny"},
+            {"type": "function_call", "call_id": "c2", "name": "w", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c2",
+             "output": [{"type": "input_text", "text": "Warm"}]},
+        ]);
+        let tools = json!([{"type": "function", "name": "w", "parameters": {}}]);
+        let mut body = parsed(json!({"model": "m", "instructions": "Use the tools.",
+            "store": false, "tools": tools, "input": input}));
+        let injection = place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
+        assert!(injection.passive.is_some());
+        // The instructions and every item before the newest output are the
+        // client's; the instructions are not repeated back, as unchanged.
+        assert_eq!(body["instructions"], "Use the tools.");
+        assert_eq!(
+            body["input"].as_array().unwrap()[..4],
+            input.as_array().unwrap()[..4]
+        );
+        assert!(injection.repeated_fields.is_empty());
+        let parts = body["input"][4]["output"].as_array().unwrap();
+        assert_eq!(parts.len(), 1);
+        let text = parts[0]["text"].as_str().unwrap();
+        assert_eq!(client_text(text), "Warm");
+        assert!(
+            text.find(&head).unwrap() < text.find(&tail).unwrap(),
+            "{text}"
+        );
+        assert!(injection.cacheable_prompt_tokens + 40 > injection.prompt_tokens_estimate);
+
+        // A string output, a custom tool's: the same.
+        let mut body = parsed(json!({"model": "m", "store": false, "tools": tools,
+            "input": [{"role": "user", "content": "Run it."},
+                      {"type": "custom_tool_call", "call_id": "c1", "name": "sh", "input": "ls"},
+                      {"type": "custom_tool_call_output", "call_id": "c1", "output": "a.txt"}]}));
+        place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
+        let output = body["input"][2]["output"].as_str().unwrap();
+        assert!(
+            output.starts_with("a.txt\n\n") && output.contains(&head) && output.contains(&tail)
+        );
+        assert_eq!(body["input"][0]["content"], "Run it.");
+
+        // Kept, or continuing a kept conversation, or asked for an echo (no
+        // tools): the output stays the client's.
+        for extra in [
+            json!({"tools": tools, "store": true}),
+            json!({"tools": tools, "store": false, "previous_response_id": "resp_1"}),
+            json!({"store": false}),
+        ] {
+            let mut body = json!({"model": "m", "instructions": "Use the tools.", "input": input});
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            let mut body = parsed(body);
+            place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
+            assert_eq!(body["input"][4], input[4], "{extra}");
+        }
     }
 
     #[test]
