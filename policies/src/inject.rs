@@ -25,8 +25,8 @@
 //! or its last user message loses one of them and the echo fails. Everything
 //! before the head canary is the client's text and fixed text of ours.
 //!
-//! Passive markers (below) in a conversation that ends with tool output, a
-//! tool loop's newest round trip, both go at the end of that output
+//! Passive markers (below) in a conversation that ends with a `tool`
+//! message, a tool loop's newest round trip, both go at the end of it
 //! ([`tool_loop_end`]) instead: the loop's earlier turns, resent with each
 //! request, stay the client's own prefix. An echo instruction never goes
 //! there: a model takes no orders from tool output.
@@ -666,17 +666,18 @@ fn speaks(body: &serde_json::Map<String, Value>) -> bool {
 }
 
 /// The index of the tool output that ends a conversation, if one does: a
-/// tool loop's newest round trip (`tool` messages, or the legacy `function`
-/// role, after the assistant turn that called them), which the loop's next
-/// request resends whole before its own. Passive markers go there:
-/// anywhere earlier, fresh in every request, they would make the loop's
-/// turns new to the provider's cache each time. An echo
-/// instruction does not: models are taught to take no orders from tool
-/// output.
+/// tool loop's newest round trip (`tool` messages after the assistant turn
+/// that called them), which the loop's next request resends whole before
+/// its own. Passive markers go there: anywhere earlier, fresh in every
+/// request, they would make the loop's turns new to the provider's cache
+/// each time. An echo instruction does not: models are taught to take no
+/// orders from tool output. Nor do markers go into a legacy `function`
+/// message: most published chat templates have no such role and drop the
+/// message, markers and all.
 pub fn tool_loop_end(messages: &[Value]) -> Option<usize> {
     let last = messages.len().checked_sub(1)?;
     let role = messages[last].get("role").and_then(Value::as_str);
-    matches!(role, Some("tool" | "function")).then_some(last)
+    (role == Some("tool")).then_some(last)
 }
 
 /// Which messages the blocks go into, checked before anything changes.
@@ -880,14 +881,39 @@ pub fn obedient_opening<'a>(texts: impl IntoIterator<Item = &'a str>) -> Option<
     }
 }
 
-/// [`obedient_opening`] of a chat completion request's messages.
+/// [`obedient_opening`] of a conversation's turns, `(role, text)` in order:
+/// the turns after its last assistant turn decide when one of them asks for
+/// an opening (an instruction there is for this reply; one in an earlier
+/// turn was for the reply that followed it, as the history of a
+/// conversation the provider keeps holds them), else all of them do.
+pub fn obedient_opening_of_turns(turns: &[(&str, &str)]) -> Option<String> {
+    let newest = turns
+        .iter()
+        .rposition(|(role, _)| *role == "assistant")
+        .map_or(0, |last| last + 1);
+    let asks = turns[newest..]
+        .iter()
+        .any(|(_, text)| last_quoted_after(text, ECHO_PHRASE).is_some());
+    let from = if asks { newest } else { 0 };
+    obedient_opening(turns[from..].iter().map(|(_, text)| *text))
+}
+
+/// [`obedient_opening_of_turns`] of a chat completion request's messages.
 pub fn obedient_echo(request: &Value) -> Option<String> {
     let messages = request.get("messages")?.as_array()?;
     let texts: Vec<_> = messages
         .iter()
-        .map(|message| message.get("content").map(content_text).unwrap_or_default())
+        .map(|message| {
+            let role = message.get("role").and_then(Value::as_str).unwrap_or("");
+            let text = message.get("content").map(content_text).unwrap_or_default();
+            (role, text)
+        })
         .collect();
-    obedient_opening(texts.iter().map(|text| text.as_ref()))
+    let turns: Vec<(&str, &str)> = texts
+        .iter()
+        .map(|(role, text)| (*role, text.as_ref()))
+        .collect();
+    obedient_opening_of_turns(&turns)
 }
 
 /// The non-empty text between the last `phrase` of `text` that has one and
@@ -1108,16 +1134,21 @@ mod tests {
             );
         }
 
-        // A legacy `function` result, its content a string.
+        // A legacy `function` result, which most templates drop: placed as
+        // a single turn, the function message untouched.
+        let function = json!({"role": "function", "name": "w", "content": "Sunny"});
         let mut body = json!({"functions": [{"name": "w"}], "messages": [
             {"role": "user", "content": "Weather?"},
             {"role": "assistant", "content": null, "function_call": {"name": "w", "arguments": "{}"}},
-            {"role": "function", "name": "w", "content": "Sunny"}
+            function.clone()
         ]});
         inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
-        assert_eq!(body["messages"][0]["content"], "Weather?");
-        assert_eq!(client_text(&text(&body["messages"][2])), "Sunny");
-        assert!(text(&body["messages"][2]).contains(&head));
+        assert!(
+            text(&body["messages"][0]).contains(&head),
+            "a system message of ours"
+        );
+        assert!(text(&body["messages"][1]).contains(&tail));
+        assert_eq!(body["messages"][3], function);
 
         // A user turn after the loop's output: placed as in any
         // conversation, at the end of that turn.
@@ -1527,6 +1558,37 @@ mod tests {
             obedient_opening(["Begin your reply with \"never closed"]),
             None
         );
+    }
+
+    #[test]
+    fn the_newest_turns_instruction_wins_over_earlier_turns() {
+        // A kept conversation's history: each earlier turn's instruction and
+        // the reply that obeyed it; the newest turn asks for its own.
+        let turns = [
+            (
+                "user",
+                "q1\n\nBegin your reply with \"CG-1\" on its own line; then answer normally.",
+            ),
+            ("assistant", "CG-1\nfirst"),
+            (
+                "user",
+                "q2\n\nBegin your reply with \"CG-2\" on its own line; then answer normally.",
+            ),
+        ];
+        assert_eq!(obedient_opening_of_turns(&turns).as_deref(), Some("CG-2"));
+        // Nothing asked after the last reply (a tool loop's outputs): the
+        // whole conversation decides, as for a single turn.
+        let turns = [
+            (
+                "system",
+                "Begin your reply with \"CG-1\" on its own line; then answer normally.",
+            ),
+            ("user", "Weather?"),
+            ("assistant", ""),
+            ("tool", "Sunny"),
+        ];
+        assert_eq!(obedient_opening_of_turns(&turns).as_deref(), Some("CG-1"));
+        assert_eq!(obedient_opening_of_turns(&[]), None);
     }
 
     #[test]

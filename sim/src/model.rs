@@ -4,8 +4,9 @@
 //! and writes a reply. It is the obedient model of
 //! [`mod@canarygate_policies::inject`], applied to what it sees rather than to a
 //! request:
-//! 1. it opens with what [`obedient_opening`] says for the segments' texts
-//!    (`head tail`, or whichever of the two it can see), then a space;
+//! 1. it opens with what [`obedient_opening_of_turns`] says for the
+//!    segments (`head tail`, or whichever of the two it can see; the newest
+//!    turn's instruction first), then a space;
 //! 2. then it restates the *subject*, the client's text of the last user
 //!    segment ([`client_text`]), cycling through its whitespace-separated words, for
 //!    a length in words derived from the context; or, when some segment asks
@@ -21,7 +22,7 @@
 //! model could see: a context filled with someone else's text gives an answer
 //! about someone else's text, which is what the leak failure mode needs.
 
-use canarygate_policies::inject::{client_text, obedient_opening};
+use canarygate_policies::inject::{client_text, obedient_opening_of_turns};
 use canarygate_policies::probe::{RECALL_PHRASE, passphrases};
 use canarygate_policies::tokens::pieces;
 
@@ -202,7 +203,11 @@ fn finish(text: String, max_tokens: Option<u64>) -> Reply {
 /// What an obedient model opens its reply with in `context`: `head tail`,
 /// `head`, `tail`, or nothing (see the module docs).
 pub fn obedient_prefix(context: &[Segment]) -> Option<String> {
-    obedient_opening(context.iter().map(|segment| segment.text.as_str()))
+    let turns: Vec<(&str, &str)> = context
+        .iter()
+        .map(|segment| (segment.role.as_str(), segment.text.as_str()))
+        .collect();
+    obedient_opening_of_turns(&turns)
 }
 
 /// Splits `text` into tokens that each carry their leading whitespace, so

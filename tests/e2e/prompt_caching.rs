@@ -494,3 +494,70 @@ async fn a_tool_loop_keeps_its_cached_share_on_every_surface() {
         }
     }
 }
+
+/// A Responses conversation the provider keeps, continued turn by turn with
+/// `previous_response_id` (each request sends only its new question), keeps
+/// its cache hits through canarygate: the head joins the tail in the new
+/// question, `instructions` stay the client's, and the kept history (with
+/// each earlier turn's blocks and the echo that obeyed them) is the same
+/// prefix in every later request. From the third turn on, each reads every
+/// earlier turn, as direct; every turn's echo is its own head.
+#[tokio::test]
+async fn a_kept_responses_conversation_keeps_its_cached_share() {
+    let (direct_sim, _proxied_sim, _dir, proxy) = direct_and_proxied();
+    let client = client();
+    let mut previous: [Option<String>; 2] = [None, None];
+    for turn in 0..4 {
+        let mut turns = Vec::new();
+        for (path, url) in [&direct_sim.url, &proxy.url].into_iter().enumerate() {
+            let mut body = json!({"model": "sim-model", "max_output_tokens": 20,
+                "instructions": "Keep the log.",
+                "input": Conversation::question("kept", turn)});
+            if let Some(id) = &previous[path] {
+                body["previous_response_id"] = json!(id);
+            }
+            let response = client
+                .post(format!("{url}/v1/responses"))
+                .bearer_auth("sk-test")
+                .json(&body)
+                .send()
+                .await
+                .expect("send");
+            assert_eq!(response.status(), 200, "turn {turn}");
+            let verdict = response
+                .headers()
+                .get("x-canarygate-verdict")
+                .map(|value| value.to_str().unwrap().to_owned());
+            let answer: Value = response.json().await.expect("JSON");
+            let text = answer["output"].to_string();
+            assert!(!text.contains("CG-"), "turn {turn}: {text}");
+            previous[path] = Some(answer["id"].as_str().expect("id").to_owned());
+            let usage = &answer["usage"];
+            turns.push((
+                usage["input_tokens"].as_u64().expect("input_tokens"),
+                usage["input_tokens_details"]["cached_tokens"]
+                    .as_u64()
+                    .expect("cached_tokens"),
+                verdict,
+            ));
+        }
+        let (direct, proxied) = (&turns[0], &turns[1]);
+        assert_eq!(proxied.2.as_deref(), Some("pass"), "turn {turn}");
+        // The second turn reads only what came before the first's head (the
+        // instructions, too short to cache here).
+        if turn == 1 {
+            continue;
+        }
+        assert!(
+            direct.1.abs_diff(proxied.1) <= INCREMENT,
+            "turn {turn}: {} cached direct, {} through canarygate",
+            direct.1,
+            proxied.1
+        );
+        let turn = turn as u64;
+        assert!(
+            proxied.1 * (turn + 1) * 10 >= proxied.0 * turn * 9,
+            "turn {turn}: {proxied:?}"
+        );
+    }
+}

@@ -4,9 +4,10 @@
 //! ([`request`]): `input` as a string or a list of items, `instructions`,
 //! `max_output_tokens`, `stream`; every other field passes through for the
 //! provider to judge. The head block goes at the end of `instructions`,
-//! the tail block at the end of the last user item's text (both there, in
-//! a conversation the provider does not keep; both at the end of a tool
-//! loop's newest output, when they are passive markers); `text.format`
+//! the tail block at the end of the last user item's text (both there when
+//! earlier turns come before it, in `input` or in a kept conversation the
+//! request continues; both at the end of a tool loop's newest output, when
+//! they are passive markers); `text.format`
 //! JSON and tools get passive checks. A request that continues a
 //! conversation the provider keeps (`previous_response_id`,
 //! `conversation`) asks for the head alone (earlier turns' tail blocks are

@@ -4,16 +4,18 @@
 //!
 //! The model reads `instructions` first, then the conversation a
 //! `previous_response_id` (or `conversation`) continues, then `input`. The
-//! head block goes at the end of `instructions` (set when absent: a stored
-//! conversation does not carry earlier instructions, so each request's head
-//! is fresh); the tail block at the end of the last user item's text. An
-//! `input` that holds earlier turns before its last user message, in a
-//! request the provider does not keep (`store: false`), gets the head there
-//! too, before the tail, so those turns stay a cacheable prefix; when such
-//! an `input` ends with a tool call's output and the blocks are passive
+//! head block goes at the end of `instructions` (set when absent: a kept
+//! conversation does not carry earlier instructions over); the tail block
+//! at the end of the last user item's text. When the client's stable prefix
+//! runs past `instructions` (the request continues a kept conversation, or
+//! its `input` holds earlier turns before its last user message) the head
+//! goes there too, before the tail, so those turns stay a cacheable prefix;
+//! when `input` ends with a tool call's output and the blocks are passive
 //! markers (tools are offered), both go at the end of that output
 //! ([`tool_loop_end`]), so the loop's calls and earlier outputs stay
-//! cacheable too.
+//! cacheable too. A kept request's blocks come back in the history of the
+//! requests that continue it: the echo of those asks for their own head
+//! alone, the newest turn's instruction.
 //!
 //! Longer than 500 lines: about 160 of them are the unit tests, which hold
 //! each placement and each refused shape to a request.
@@ -367,9 +369,9 @@ enum TailSlot {
 /// The input item that ends a tool loop, when passive markers go there
 /// (as in Chat: [`inject::tool_loop_end`]): the last item of an `input`
 /// list is a tool call's output (`function_call_output`,
-/// `custom_tool_call_output`...) whose `output` is a string or parts, in a
-/// request the provider does not keep and that continues no kept one (its
-/// input would come back, markers and all, in the next request).
+/// `custom_tool_call_output`...) whose `output` is a string or parts. In a
+/// request the provider keeps, the markers come back in the history of the
+/// requests that continue it, where they ask nothing.
 ///
 /// [`inject::tool_loop_end`]: canarygate_policies::inject::tool_loop_end
 fn tool_loop_end(body: &Value) -> Option<TailSlot> {
@@ -380,36 +382,38 @@ fn tool_loop_end(body: &Value) -> Option<TailSlot> {
     let output = last
         .get("type")
         .and_then(Value::as_str)
-        .is_some_and(|kind| kind.ends_with("_call_output"))
+        .and_then(|kind| kind.strip_suffix("_call_output"))
+        .is_some_and(|tool| !tool.is_empty())
         && matches!(last.get("output"), Some(Value::String(_) | Value::Array(_)));
-    (output
-        && body.get("store") == Some(&Value::Bool(false))
-        && !continues_stored_conversation(body))
-    .then(|| TailSlot::Output(items.len() - 1))
+    output.then(|| TailSlot::Output(items.len() - 1))
 }
 
-/// Whether the head goes with the tail into the last user message of
-/// `input` (`slot`), as in Chat ([`prefix_spans_turns`]): items other than
-/// user, system or developer messages come before it (earlier turns, a tool
-/// loop's calls), so the client's stable prefix runs past `instructions`.
-/// Only for a request the provider does not keep (`store: false`) and that
-/// continues no kept one: a later request continuing a kept conversation
-/// gets its earlier input back, and a head instruction there would be a
-/// second one beside that request's own (in `instructions`, the one place
-/// no earlier turn's block comes back from).
+/// Whether the head goes with the tail into the last user text of the
+/// request (`slot`), as in Chat ([`prefix_spans_turns`]): the request
+/// continues a conversation the provider keeps (its history comes between
+/// `instructions` and `input`), or items other than user, system or
+/// developer messages come before that text in `input` (earlier turns, a
+/// tool loop's calls). Either way the client's stable prefix runs past
+/// `instructions`. A kept request's blocks come back in the history of the
+/// requests that continue it, each before the reply that obeyed it; a
+/// model follows the newest turn's instruction, and the echo of a
+/// continuing request asks for its head alone (see [`place`]).
 ///
 /// [`prefix_spans_turns`]: canarygate_policies::inject::prefix_spans_turns
 fn history_before_last_user(body: &Value, slot: Option<TailSlot>) -> bool {
-    let (Some(TailSlot::Item(last)), Some(Value::Array(items))) = (slot, body.get("input")) else {
-        return false;
-    };
-    body.get("store") == Some(&Value::Bool(false))
-        && !continues_stored_conversation(body)
-        && items[..last].iter().any(|item| {
-            let role = item.get("role").and_then(Value::as_str);
-            !(item.as_object().is_some_and(is_message)
-                && matches!(role, Some("user" | "system" | "developer")))
-        })
+    match (slot, body.get("input")) {
+        (Some(TailSlot::Input | TailSlot::Item(_)), _) if continues_stored_conversation(body) => {
+            true
+        }
+        (Some(TailSlot::Item(last)), Some(Value::Array(items))) => {
+            items[..last].iter().any(|item| {
+                let role = item.get("role").and_then(Value::as_str);
+                !(item.as_object().is_some_and(is_message)
+                    && matches!(role, Some("user" | "system" | "developer")))
+            })
+        }
+        _ => false,
+    }
 }
 
 /// The last user text of `input`, if any.
@@ -519,42 +523,55 @@ mod tests {
         assert!(injection.cacheable_prompt_tokens < injection.prompt_tokens_estimate);
 
         // The same turns kept by the provider (`store` is true unless
-        // false): a later request continuing them would get this head back
-        // beside its own, so it goes after the instructions.
-        let mut stored = parsed(json!({"model": "m", "instructions": "Be brief.",
-            "input": [{"role": "user", "content": "first"},
-                      {"role": "assistant", "content": "ok"},
-                      {"role": "user", "content": "second"}]}));
-        place(&mut stored, EchoMode::HeadTail, COST, canaries).unwrap();
-        assert!(stored["instructions"].as_str().unwrap().contains(&head));
-        assert_eq!(stored["input"][2]["content"], format!("second\n\n[{tail}]"));
-        // So too with `store` anything but `false`, with a kept
-        // conversation continued, and with nothing but instructions of the
-        // client's before its question.
+        // false), or continuing a kept conversation: the history is the
+        // stable prefix there too, and both blocks end the newest user text.
         let history = json!([{"role": "user", "content": "first"},
                              {"role": "assistant", "content": "ok"},
                              {"role": "user", "content": "second"}]);
-        let instructed = json!([{"role": "developer", "content": "Rules."},
-                                {"role": "system", "content": "More rules."},
-                                {"role": "user", "content": "second"}]);
-        for (extra, input) in [
-            (json!({"store": null}), &history),
-            (json!({"store": "false"}), &history),
+        for (extra, input, last) in [
+            (json!({}), history.clone(), "/input/2/content"),
+            (json!({"store": null}), history.clone(), "/input/2/content"),
             (
-                json!({"store": false, "previous_response_id": "resp_1"}),
-                &history,
+                json!({"store": "false"}),
+                history.clone(),
+                "/input/2/content",
             ),
-            (json!({"store": false}), &instructed),
+            (
+                json!({"previous_response_id": "resp_1"}),
+                json!([{"role": "user", "content": "second"}]),
+                "/input/0/content",
+            ),
+            (
+                json!({"conversation": "conv_1", "store": false}),
+                json!("second"),
+                "/input",
+            ),
         ] {
             let mut body = json!({"model": "m", "instructions": "Be brief.", "input": input});
-            for (key, value) in extra.as_object().unwrap() {
-                body[key] = value.clone();
-            }
+            body.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
             let mut body = parsed(body);
             place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
-            let instructions = body["instructions"].as_str().unwrap();
-            assert!(instructions.contains(&head), "{extra}: {instructions}");
+            assert_eq!(body["instructions"], "Be brief.", "{extra}");
+            let text = body.pointer(last).unwrap().as_str().unwrap();
+            assert!(text.starts_with("second\n\n"), "{extra}: {text}");
+            assert!(
+                text.find(&head).unwrap() < text.find(&tail).unwrap(),
+                "{extra}: {text}"
+            );
         }
+        // Nothing but instructions of the client's before its question, in
+        // a request that continues nothing: the head follows `instructions`.
+        let mut body = parsed(
+            json!({"model": "m", "instructions": "Be brief.", "store": false,
+            "input": [{"role": "developer", "content": "Rules."},
+                      {"role": "system", "content": "More rules."},
+                      {"role": "user", "content": "second"}]}),
+        );
+        place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
+        assert!(body["instructions"].as_str().unwrap().contains(&head));
+        assert_eq!(body["input"][2]["content"], format!("second\n\n[{tail}]"));
 
         // One turn (and a system message in `input`): the head follows the
         // instructions.
@@ -570,7 +587,7 @@ mod tests {
     }
 
     #[test]
-    fn a_tool_loop_not_kept_ends_its_newest_output_with_the_markers() {
+    fn a_tool_loop_ends_its_newest_output_with_the_markers() {
         let canaries = RequestCanaries::mint();
         let (head, tail) = (canaries.head.to_string(), canaries.tail.to_string());
         let input = json!([
@@ -616,20 +633,35 @@ mod tests {
         );
         assert_eq!(body["input"][0]["content"], "Run it.");
 
-        // Kept, or continuing a kept conversation, or asked for an echo (no
-        // tools): the output stays the client's.
-        for extra in [
-            json!({"tools": tools, "store": true}),
-            json!({"tools": tools, "store": false, "previous_response_id": "resp_1"}),
-            json!({"store": false}),
+        // Kept, or continuing a kept conversation with the newest output
+        // alone (the history comes back from the provider): the same. Asked
+        // for an echo (no tools offered): the output stays the client's.
+        for (extra, input, takes_markers) in [
+            (json!({"tools": tools, "store": true}), input.clone(), true),
+            (
+                json!({"tools": tools, "previous_response_id": "resp_1"}),
+                json!([input[4].clone()]),
+                true,
+            ),
+            (json!({"store": false}), input.clone(), false),
         ] {
+            let newest = input.as_array().unwrap().last().unwrap().clone();
             let mut body = json!({"model": "m", "instructions": "Use the tools.", "input": input});
             body.as_object_mut()
                 .unwrap()
                 .extend(extra.as_object().unwrap().clone());
             let mut body = parsed(body);
             place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
-            assert_eq!(body["input"][4], input[4], "{extra}");
+            let output = body["input"].as_array().unwrap().last().unwrap()["output"].to_string();
+            assert_eq!(output.contains(&head), takes_markers, "{extra}: {output}");
+            assert_eq!(
+                body["instructions"].as_str().unwrap().contains(&head),
+                !takes_markers,
+                "{extra}"
+            );
+            if !takes_markers {
+                assert_eq!(body["input"][4], newest, "{extra}");
+            }
         }
     }
 
