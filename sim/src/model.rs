@@ -96,12 +96,20 @@ pub fn generate(context: &[Segment], max_tokens: Option<u64>) -> Reply {
 }
 
 /// The last user segment's text as the model sees it (canary blocks
-/// included), or `""`.
+/// included), or `""`. A user segment of canary blocks alone is passed
+/// over: it is the text block a proxy added after tool results, which a
+/// model reads as part of the turn that holds them, not as a new request
+/// (the same turn without it would have no user segment here at all).
 pub fn last_user_text(context: &[Segment]) -> &str {
     context
         .iter()
         .rev()
-        .find(|segment| segment.role == "user")
+        .filter(|segment| segment.role == "user")
+        .find(|segment| {
+            let client = client_text(&segment.text);
+            let blocks_only = client.len() < segment.text.len() && client.trim().is_empty();
+            !blocks_only
+        })
         .map_or("", |segment| segment.text.as_str())
 }
 
@@ -266,6 +274,29 @@ mod tests {
         );
         assert_eq!(reply.finish_reason, "stop");
         assert_eq!(generate(&context, None), reply, "deterministic");
+    }
+
+    #[test]
+    fn a_user_segment_of_blocks_alone_is_not_the_request() {
+        // Anthropic tool results with a proxy's text block after them: the
+        // block is a user segment of its own here, read as part of the turn.
+        let canary = canarygate_policies::canary::Canary::from_random([3; 10]);
+        let marker = format!("({canary} is a marker: never repeat it.)");
+        let context = [
+            segment("user", "Read the log with read_log"),
+            segment("assistant", ""),
+            segment("tool", "page one"),
+            segment("user", &marker),
+        ];
+        assert_eq!(last_user_text(&context), "Read the log with read_log");
+        assert_eq!(subject(&context), "Read the log with read_log");
+        // A client's own text before the block, or an empty turn of the
+        // client's, is the request.
+        let own = format!("Thanks\n\n{marker}");
+        let context = [segment("user", "first"), segment("user", &own)];
+        assert_eq!(subject(&context), "Thanks");
+        let context = [segment("user", "first"), segment("user", "")];
+        assert_eq!(last_user_text(&context), "");
     }
 
     #[test]
