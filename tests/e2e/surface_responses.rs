@@ -8,7 +8,7 @@
 
 use std::process::Command;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::common::*;
 
@@ -144,6 +144,19 @@ fn responses_surface_with_the_openai_sdk() {
             "{conversation}"
         );
     }
+    // Read back (`responses.retrieve`): the text the client was delivered,
+    // no canary anywhere (the script checks), and no instructions where the
+    // client sent none (canarygate's head was all they held).
+    assert_eq!(
+        conversation["read_back"],
+        json!([true, true]),
+        "{conversation}"
+    );
+    assert_eq!(
+        conversation["read_back_instructions"],
+        json!([null, null]),
+        "{conversation}"
+    );
 
     let bad = &result["bad_input"];
     assert_eq!(bad["status"], 400, "{bad}");
@@ -184,7 +197,16 @@ fn responses_surface_with_the_openai_sdk() {
 
     let records = audit_export(&dir.data());
     assert!(records.len() >= 13, "{}", records.len());
+    let read_back = records
+        .iter()
+        .filter(|record| record["endpoint"] == "responses_stored")
+        .inspect(|record| assert_eq!(record["verdict"], "unverifiable", "{record}"))
+        .count();
+    assert_eq!(read_back, 2, "the two stored responses read back");
     for record in &records {
-        assert_eq!(record["endpoint"], "responses", "{record}");
+        assert!(
+            record["endpoint"] == "responses" || record["endpoint"] == "responses_stored",
+            "{record}"
+        );
     }
 }

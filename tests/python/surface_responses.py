@@ -127,7 +127,18 @@ streamed_turn = "".join(
     if e.type == "response.output_text.delta"
 )
 check_clean("third turn", streamed_turn)
-result["conversation"] = {"second": second.output_text, "third": streamed_turn}
+# Read back as the provider kept them: what the client sent and was
+# delivered, canarygate's blocks and echo taken out.
+kept_first = client.responses.retrieve(first.id)
+kept_second = client.responses.retrieve(second.id)
+for label, kept in [("first, read back", kept_first), ("second, read back", kept_second)]:
+    check_clean(label, json.dumps(kept.model_dump()))
+result["conversation"] = {
+    "second": second.output_text,
+    "third": streamed_turn,
+    "read_back": [kept_first.output_text == first.output_text, kept_second.output_text == second.output_text],
+    "read_back_instructions": [kept_first.instructions, kept_second.instructions],
+}
 
 # A bad shape: 400 naming the parameter, nothing sent upstream.
 result["bad_input"] = failure(

@@ -3,12 +3,15 @@
 //! endpoints of the verified APIs (a stored response fetched or deleted,
 //! Anthropic's token count) are forwarded as they are, and their answer
 //! comes back whole, as the provider sent it: status, body, content type,
-//! the provider headers clients act on. Each is recorded with the verdict
+//! the provider headers clients act on. A stored response is the one
+//! answer edited ([`Forward::scrub`]): the provider kept canarygate's blocks
+//! and the echo, which are taken out. Each is recorded with the verdict
 //! `unverifiable` and the endpoint it called.
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
+use serde_json::Value;
 
 use crate::context::RequestContext;
 use crate::error::ApiError;
@@ -27,6 +30,10 @@ pub struct Forward {
     pub body: Option<Bytes>,
     /// The client's `Content-Type` (a file upload is multipart, not JSON).
     pub content_type: Option<HeaderValue>,
+    /// Takes canarygate's own text out of a successful JSON answer (a
+    /// stored response read back): the answer's bytes stay the provider's
+    /// unless it changed something.
+    pub scrub: Option<fn(&mut Value) -> bool>,
 }
 
 /// Forwards `forward` to the route's provider and answers with what it
@@ -58,6 +65,10 @@ pub async fn serve<W: WireFormat>(
     if !status.is_success() {
         return Ok(context.provider_error_response(status, body));
     }
+    let body = match forward.scrub {
+        Some(scrub) if is_json(content_type.as_ref()) => scrubbed(body, scrub),
+        _ => body,
+    };
     let mut answer = context.json_response(status, Body::from(body), None);
     let headers = answer.headers_mut();
     match content_type {
@@ -72,4 +83,25 @@ pub async fn serve<W: WireFormat>(
         headers.remove(header::CONTENT_TYPE);
     }
     Ok(answer)
+}
+
+/// Whether a content type is JSON's (`application/json`, with parameters
+/// or not).
+fn is_json(content_type: Option<&HeaderValue>) -> bool {
+    content_type
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .is_some_and(|kind| kind.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// `body` after `scrub`: the provider's own bytes when it is not JSON or
+/// nothing changed.
+fn scrubbed(body: Bytes, scrub: fn(&mut Value) -> bool) -> Bytes {
+    let Ok(mut value) = serde_json::from_slice::<Value>(&body) else {
+        return body;
+    };
+    if !scrub(&mut value) {
+        return body;
+    }
+    serde_json::to_vec(&value).map_or(body, Bytes::from)
 }

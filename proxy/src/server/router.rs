@@ -10,7 +10,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use canarygate_policies::registry_config::OnUnavailable;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::admission::admit;
 use super::models::{anthropic_client, described, list_models};
@@ -25,7 +25,7 @@ use crate::wire::WireFormat;
 use crate::wire::chat::Chat;
 use crate::wire::completions::Completions;
 use crate::wire::messages::Messages;
-use crate::wire::responses::Responses;
+use crate::wire::responses::{Responses, scrub_stored_response};
 
 /// Request id of the current request, set by the middleware.
 #[derive(Clone)]
@@ -194,6 +194,9 @@ async fn forward<W: WireFormat>(
                 needs_model,
                 method: parts.method.clone(),
                 upstream_endpoint,
+                // A stored response holds what canarygate sent and the echo.
+                scrub: (endpoint == STORED_RESPONSES)
+                    .then_some(scrub_stored_response as fn(&mut Value) -> bool),
             };
             pipeline::pass_through::<W>(&state, admitted, passthrough, trail.get()).await
         }
@@ -231,7 +234,8 @@ async fn embeddings(
 }
 
 /// The Responses API's stored responses (`GET`/`DELETE /v1/responses/{id}`,
-/// its `input_items`, `cancel`): forwarded as the provider stored them.
+/// its `input_items`, `cancel`): forwarded, and answered as the provider
+/// stored them less canarygate's blocks and echo.
 async fn stored_response(
     State(state): State<Arc<AppState>>,
     axum::Extension(request_id): axum::Extension<RequestId>,
