@@ -846,49 +846,6 @@ pub fn client_text(text: &str) -> &str {
     }
 }
 
-/// `text` without what canarygate put there, read back from where a
-/// provider kept it (a stored response fetched again): each block of ours
-/// whole (its wording around the canary, and the separator before it), the
-/// echo a reply opened with (the canaries it starts with, and the spaces
-/// or line breaks after them), and any other canary-shaped span. `None`
-/// when `text` holds no canary-shaped span. By shape, not by the registry:
-/// a stored text outlives its canaries' registration.
-pub fn without_canarygate_text(text: &str) -> Option<String> {
-    let mut found = find_canaries(text).peekable();
-    found.peek()?;
-    let mut out = String::with_capacity(text.len());
-    let mut copied = 0;
-    for span in found {
-        if span.start < copied {
-            continue;
-        }
-        let (before, after) = (&text[..span.start], &text[span.end..]);
-        let block = BLOCK_WORDINGS
-            .iter()
-            .find(|(open, close)| before.ends_with(open) && after.starts_with(close));
-        let (mut from, to) = match block {
-            Some((open, close)) => (span.start - open.len(), span.end + close.len()),
-            None => (span.start, span.end),
-        };
-        if block.is_some() && text[copied..from].ends_with(BLOCK_SEPARATOR) {
-            from -= BLOCK_SEPARATOR.len();
-        }
-        // Nothing but space before it since the text began or since the
-        // last span: the echo, whose own spacing goes with it.
-        let opens_reply = out.trim().is_empty() && text[copied..from].trim().is_empty();
-        if !opens_reply {
-            out.push_str(&text[copied..from]);
-        }
-        copied = to;
-        if opens_reply {
-            let rest = &text[copied..];
-            copied += rest.len() - rest.trim_start().len();
-        }
-    }
-    out.push_str(&text[copied..]);
-    Some(out)
-}
-
 /// What an obedient model opens its reply with, given the texts of the
 /// messages it sees, in order: `head tail`, `head`, `tail`, or `None`.
 ///
@@ -1632,45 +1589,6 @@ mod tests {
         ];
         assert_eq!(obedient_opening_of_turns(&turns).as_deref(), Some("CG-1"));
         assert_eq!(obedient_opening_of_turns(&[]), None);
-    }
-
-    #[test]
-    fn canarygate_text_is_taken_out_of_a_stored_text() {
-        let (head, tail) = (canaries().head, canaries().tail);
-        // The blocks of a request, whole, with the separators before them.
-        let mut body = request();
-        inject(&mut body, EchoMode::HeadTail, COST, canaries()).unwrap();
-        for (index, client) in [(0, "Be brief."), (1, "Tell me a joke")] {
-            let placed = text(&body["messages"][index]);
-            assert_eq!(without_canarygate_text(&placed).unwrap(), client);
-        }
-        let passive = format!(
-            "q{BLOCK_SEPARATOR}{}{BLOCK_SEPARATOR}{}",
-            passive_marker(head),
-            passive_marker(tail)
-        );
-        assert_eq!(without_canarygate_text(&passive).unwrap(), "q");
-        let alone = Blocks::new(EchoMode::Head, None, canaries()).head;
-        assert_eq!(without_canarygate_text(&alone).unwrap(), "");
-        // The echo a reply opened with, and its spacing.
-        for reply in [
-            format!("{head} {tail} Why did"),
-            format!("{head}\nWhy did"),
-            format!("  {head}  {tail}\n\nWhy did"),
-        ] {
-            assert_eq!(
-                without_canarygate_text(&reply).unwrap(),
-                "Why did",
-                "{reply}"
-            );
-        }
-        // A canary elsewhere: the span alone.
-        let quoted = format!("The code was {head}, then {tail}.");
-        assert_eq!(
-            without_canarygate_text(&quoted).unwrap(),
-            "The code was , then ."
-        );
-        assert_eq!(without_canarygate_text("no canary, CG12 here"), None);
     }
 
     #[test]

@@ -52,7 +52,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use crate::canary::{Canary, Shape, Starts, find_canaries, match_at, starts_span};
-use crate::inject::{BLOCK_WORDINGS, ECHO_PHRASE, Injection, PassiveReason};
+use crate::inject::{BLOCK_SEPARATOR, BLOCK_WORDINGS, ECHO_PHRASE, Injection, PassiveReason};
 use crate::registry::{CanaryRegistry, Registration};
 use crate::verify_config::{FailureAction, ReleasePolicy, VerifyConfig};
 
@@ -1730,6 +1730,78 @@ fn scan(
     pending.drain(..held);
     *decided += held;
     foreign
+}
+
+/// `text` without what canarygate put there, read back from where a
+/// provider kept it (a stored response fetched again), for the canaries
+/// `ours` says are the caller's own (registered to its session): each
+/// block of ours whole (its wording and the separator before it);
+/// when `text` opens a reply (`opens_reply`), the echo it opened with, as
+/// an answer's echo is matched (its preamble, the canaries, the closing and
+/// spacing after them); then any other own canary. Canary-shaped text that
+/// is not the caller's stays. `None` when nothing is taken out. Linear in
+/// `text`.
+pub fn without_own_text(
+    text: &str,
+    ours: &dyn Fn(Canary) -> bool,
+    opens_reply: bool,
+) -> Option<String> {
+    let own = |text: &str| {
+        find_canaries(text)
+            .filter(|span| ours(span.canary))
+            .collect::<Vec<_>>()
+    };
+    let spans = own(text);
+    if spans.is_empty() {
+        return None;
+    }
+    // Blocks first: an instruction's wording would pass for an echo's
+    // preamble.
+    let mut unblocked = String::with_capacity(text.len());
+    let mut copied = 0;
+    for span in &spans {
+        if span.start < copied {
+            continue;
+        }
+        let (before, after) = (&text[copied..span.start], &text[span.end..]);
+        let Some((open, close)) = BLOCK_WORDINGS
+            .iter()
+            .find(|(open, close)| before.ends_with(open) && after.starts_with(close))
+        else {
+            continue;
+        };
+        let mut from = span.start - open.len();
+        if text[copied..from].ends_with(BLOCK_SEPARATOR) {
+            from -= BLOCK_SEPARATOR.len();
+        }
+        unblocked.push_str(&text[copied..from]);
+        copied = span.end + close.len();
+    }
+    unblocked.push_str(&text[copied..]);
+    // The echo: the reply's first own canaries, as the answer's echo is
+    // matched (head and tail, or the head alone).
+    let spans = own(&unblocked);
+    let echoed: Vec<Canary> = spans.iter().take(2).map(|span| span.canary).collect();
+    let opening = [&echoed[..], &echoed[..echoed.len().min(1)]]
+        .into_iter()
+        .filter(|expected| opens_reply && !expected.is_empty())
+        .find_map(|expected| match match_echo(&unblocked, expected, true) {
+            EchoMatch::Passed(end) => Some(end),
+            _ => None,
+        })
+        .unwrap_or(0);
+    // Any other own canary: the span alone.
+    let mut clean = String::with_capacity(unblocked.len());
+    let mut copied = opening;
+    for span in spans.iter().filter(|span| span.start >= opening) {
+        if span.start < copied {
+            continue;
+        }
+        clean.push_str(&unblocked[copied..span.start]);
+        copied = span.end;
+    }
+    clean.push_str(&unblocked[copied..]);
+    Some(clean)
 }
 
 /// What surrounds one of the request's own canaries, at `canary` in

@@ -10,7 +10,7 @@ mod common;
 
 use canarygate_policies::EchoCost;
 use canarygate_policies::inject::{
-    RequestCanaries, client_text, inject, obedient_echo, prefix_spans_turns, tool_loop_end,
+    RequestCanaries, client_text, inject, obedient_echo, prefix_spans_turns,
 };
 use canarygate_policies::tokens::content_text;
 use canarygate_policies::{EchoMode, Injection};
@@ -136,10 +136,9 @@ fn check_injection(name: &str, request: &Value, echo: EchoMode, n: u64) -> (Valu
     // sent none and its stable prefix ends before its turns. Passive markers
     // end a tool loop's newest output, the one tool turn that changes.
     let leads_with_system = client[0]["role"] == "system";
-    let tool_end = injection
-        .passive
-        .and_then(|_| tool_loop_end(&client))
-        .map(|index| index + added);
+    let ends_with_tool = client.last().is_some_and(|last| last["role"] == "tool");
+    let tool_end =
+        (injection.passive.is_some() && ends_with_tool).then(|| client.len() - 1 + added);
     let inserts = !leads_with_system && !prefix_spans_turns(&client) && tool_end.is_none();
     assert_eq!(added, usize::from(inserts), "{name}");
     if added == 1 {

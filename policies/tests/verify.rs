@@ -1632,3 +1632,65 @@ fn reasoning_sent_under_two_names_joins_each_names_pieces() {
     let finished = verifier.finish(&honest_facts(&injection, 1), &registry);
     assert_eq!(finished.verdict.failed_checks(), [Check::ForeignCanary]);
 }
+
+/// A stored text read back loses what canarygate put there for the
+/// caller's own canaries, and nothing else.
+#[test]
+fn own_text_is_taken_out_of_a_stored_text() {
+    use canarygate_policies::canary::Canary;
+    use canarygate_policies::inject::{RequestCanaries, inject};
+    use canarygate_policies::verify::without_own_text;
+    use canarygate_policies::{EchoCost, EchoMode};
+    let canaries = RequestCanaries {
+        head: canary(1),
+        tail: canary(2),
+    };
+    let (head, tail) = (canaries.head, canaries.tail);
+    let ours = |found: Canary| found == head || found == tail;
+    // The blocks of a request, whole, with the separators before them.
+    let mut body = json!({"model": "m", "messages": [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Tell me a joke"}]});
+    inject(
+        &mut body,
+        EchoMode::HeadTail,
+        EchoCost::DIGIT_BY_DIGIT,
+        canaries,
+    )
+    .unwrap();
+    for (index, client) in [(0, "Be brief."), (1, "Tell me a joke")] {
+        let placed = body["messages"][index]["content"].as_str().unwrap();
+        assert_eq!(without_own_text(placed, &ours, false).unwrap(), client);
+    }
+    // The echo a reply opened with, written as models write it.
+    for reply in [
+        format!("{head} {tail} Why did"),
+        format!("{head}\nWhy did"),
+        format!("**{head} {tail}**\n\nWhy did"),
+        format!("`{head}` `{tail}`\nWhy did"),
+    ] {
+        assert_eq!(
+            without_own_text(&reply, &ours, true).unwrap(),
+            "Why did",
+            "{reply}"
+        );
+    }
+    // In a text that does not open the reply: the span alone.
+    let quoted = format!("The code was {head}.");
+    assert_eq!(
+        without_own_text(&quoted, &ours, false).unwrap(),
+        "The code was ."
+    );
+    // Canary-shaped text that is not the caller's stays, a ticket in a
+    // tail block's brackets too.
+    let other = canary(3);
+    let ticket = format!("Ticket [{other}] is open.\n\n[{tail}]");
+    assert_eq!(
+        without_own_text(&ticket, &ours, false).unwrap(),
+        format!("Ticket [{other}] is open.")
+    );
+    assert_eq!(
+        without_own_text(&format!("{other} first"), &ours, true),
+        None
+    );
+}

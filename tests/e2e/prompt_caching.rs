@@ -289,6 +289,29 @@ async fn send_turn(
     (prompt, cached, verdict)
 }
 
+/// Turn `turn` on `surface` read from the provider's cache through
+/// canarygate what it read direct, to within one increment, and at least
+/// 90 % of its prompt's `earlier` parts in `parts` (the share its earlier
+/// turns make of it). Each side is (prompt tokens, cached tokens, verdict).
+fn assert_cached_as_direct(
+    surface: &str,
+    turn: usize,
+    direct: &(u64, u64, Option<String>),
+    proxied: &(u64, u64, Option<String>),
+    (earlier, parts): (u64, u64),
+) {
+    assert!(
+        direct.1.abs_diff(proxied.1) <= INCREMENT,
+        "{surface} turn {turn}: {} cached direct, {} through canarygate",
+        direct.1,
+        proxied.1
+    );
+    assert!(
+        proxied.1 * parts * 10 >= proxied.0 * earlier * 9,
+        "{surface} turn {turn}: {proxied:?}"
+    );
+}
+
 /// Two caching providers, one reached directly and one through a
 /// canarygate that routes `sim-model` on OpenAI's and Anthropic's APIs:
 /// (direct, proxied provider, canarygate's directory, canarygate).
@@ -353,18 +376,9 @@ async fn a_conversation_keeps_its_cached_share_on_every_surface() {
             if turn == 1 && surface != "messages" {
                 continue;
             }
-            assert!(
-                direct.1.abs_diff(proxied.1) <= INCREMENT,
-                "{surface} turn {turn}: {} cached direct, {} through canarygate",
-                direct.1,
-                proxied.1
-            );
             // Turn k's earlier turns are about k/(k+1) of its prompt.
-            let turn = turn as u64;
-            assert!(
-                proxied.1 * (turn + 1) * 10 >= proxied.0 * turn * 9,
-                "{surface} turn {turn}: {proxied:?}"
-            );
+            let k = turn as u64;
+            assert_cached_as_direct(surface, turn, &direct, &proxied, (k, k + 1));
         }
     }
 }
@@ -476,21 +490,11 @@ async fn a_tool_loop_keeps_its_cached_share_on_every_surface() {
                 Some("pass; passive=tools"),
                 "{surface} turn {turn}"
             );
-            assert!(
-                direct.1.abs_diff(proxied.1) <= INCREMENT,
-                "{surface} turn {turn}: {} cached direct, {} through canarygate",
-                direct.1,
-                proxied.1
-            );
             // From the second output on, the earlier outputs are about
             // (k-1)/k of the prompt, and all read from the cache.
-            let turn = turn as u64;
-            if turn >= 2 {
-                assert!(
-                    proxied.1 * turn * 10 >= proxied.0 * (turn - 1) * 9,
-                    "{surface} turn {turn}: {proxied:?}"
-                );
-            }
+            let k = turn as u64;
+            let earlier = if k >= 2 { (k - 1, k) } else { (0, 1) };
+            assert_cached_as_direct(surface, turn, &direct, &proxied, earlier);
         }
     }
 }
@@ -530,7 +534,7 @@ async fn a_kept_responses_conversation_keeps_its_cached_share() {
                 .map(|value| value.to_str().unwrap().to_owned());
             let answer: Value = response.json().await.expect("JSON");
             let text = answer["output"].to_string();
-            assert!(!text.contains("CG-"), "turn {turn}: {text}");
+            assert!(!holds_canary(&text), "turn {turn}: {text}");
             previous[path] = Some(answer["id"].as_str().expect("id").to_owned());
             let usage = &answer["usage"];
             turns.push((
@@ -548,16 +552,7 @@ async fn a_kept_responses_conversation_keeps_its_cached_share() {
         if turn == 1 {
             continue;
         }
-        assert!(
-            direct.1.abs_diff(proxied.1) <= INCREMENT,
-            "turn {turn}: {} cached direct, {} through canarygate",
-            direct.1,
-            proxied.1
-        );
-        let turn = turn as u64;
-        assert!(
-            proxied.1 * (turn + 1) * 10 >= proxied.0 * turn * 9,
-            "turn {turn}: {proxied:?}"
-        );
+        let k = turn as u64;
+        assert_cached_as_direct("kept", turn, direct, proxied, (k, k + 1));
     }
 }

@@ -157,6 +157,8 @@ fn responses_surface_with_the_openai_sdk() {
         json!([null, null]),
         "{conversation}"
     );
+    // A client's own canary-shaped ticket stays in what it reads back.
+    assert_eq!(conversation["ticket_kept"], true, "{conversation}");
 
     let bad = &result["bad_input"];
     assert_eq!(bad["status"], 400, "{bad}");
@@ -202,7 +204,7 @@ fn responses_surface_with_the_openai_sdk() {
         .filter(|record| record["endpoint"] == "responses_stored")
         .inspect(|record| assert_eq!(record["verdict"], "unverifiable", "{record}"))
         .count();
-    assert_eq!(read_back, 2, "the two stored responses read back");
+    assert_eq!(read_back, 3, "the three stored responses read back");
     for record in &records {
         assert!(
             record["endpoint"] == "responses" || record["endpoint"] == "responses_stored",

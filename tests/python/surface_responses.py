@@ -133,7 +133,12 @@ kept_first = client.responses.retrieve(first.id)
 kept_second = client.responses.retrieve(second.id)
 for label, kept in [("first, read back", kept_first), ("second, read back", kept_second)]:
     check_clean(label, json.dumps(kept.model_dump()))
+# A client's own canary-shaped ticket number stays in what it reads back.
+TICKET = "Ticket [CG123456789012345] is open; be terse."
+ticketed = client.responses.create(model="m-honest", instructions=TICKET, input="Status?")
+kept_ticketed = client.responses.retrieve(ticketed.id)
 result["conversation"] = {
+    "ticket_kept": kept_ticketed.instructions == TICKET,
     "second": second.output_text,
     "third": streamed_turn,
     "read_back": [kept_first.output_text == first.output_text, kept_second.output_text == second.output_text],

@@ -4,19 +4,24 @@
 //! Anthropic's token count) are forwarded as they are, and their answer
 //! comes back whole, as the provider sent it: status, body, content type,
 //! the provider headers clients act on. A stored response is the one
-//! answer edited ([`Forward::scrub`]): the provider kept canarygate's blocks
-//! and the echo, which are taken out. Each is recorded with the verdict
+//! answer edited ([`Forward::stored_response`]): the provider kept
+//! canarygate's blocks and the echo, which are taken out. Each is recorded with the verdict
 //! `unverifiable` and the endpoint it called.
+
+use std::collections::HashMap;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
+use canarygate_policies::canary::Canary;
+use canarygate_policies::registry::CanaryRegistry;
 use serde_json::Value;
 
 use crate::context::RequestContext;
 use crate::error::ApiError;
 use crate::trail::Trail;
 use crate::wire::WireFormat;
+use crate::wire::responses::{canaries_in_stored_response, scrub_stored_response};
 
 /// One request to forward: the provider endpoint and what goes there.
 pub struct Forward {
@@ -30,10 +35,11 @@ pub struct Forward {
     pub body: Option<Bytes>,
     /// The client's `Content-Type` (a file upload is multipart, not JSON).
     pub content_type: Option<HeaderValue>,
-    /// Takes canarygate's own text out of a successful JSON answer (a
-    /// stored response read back): the answer's bytes stay the provider's
-    /// unless it changed something.
-    pub scrub: Option<fn(&mut Value) -> bool>,
+    /// The answer is a stored response read back (the Responses API's): a
+    /// successful JSON one has the text of the caller's own canaries taken
+    /// out ([`scrub_stored_response`]); its bytes stay the provider's
+    /// unless that changed something.
+    pub stored_response: bool,
 }
 
 /// Forwards `forward` to the route's provider and answers with what it
@@ -65,9 +71,10 @@ pub async fn serve<W: WireFormat>(
     if !status.is_success() {
         return Ok(context.provider_error_response(status, body));
     }
-    let body = match forward.scrub {
-        Some(scrub) if is_json(content_type.as_ref()) => scrubbed(body, scrub),
-        _ => body,
+    let body = if forward.stored_response && is_json(content_type.as_ref()) {
+        without_own_text(context, body).await
+    } else {
+        body
     };
     let mut answer = context.json_response(status, Body::from(body), None);
     let headers = answer.headers_mut();
@@ -94,13 +101,30 @@ fn is_json(content_type: Option<&HeaderValue>) -> bool {
         .is_some_and(|kind| kind.trim().eq_ignore_ascii_case("application/json"))
 }
 
-/// `body` after `scrub`: the provider's own bytes when it is not JSON or
-/// nothing changed.
-fn scrubbed(body: Bytes, scrub: fn(&mut Value) -> bool) -> Bytes {
+/// A stored response's `body` without the text of the caller's own
+/// canaries (registered to its session, asked of the shared registry when
+/// there is one): the provider's own bytes when it is not JSON or nothing
+/// is taken out. A canary the registry cannot vouch for stays.
+async fn without_own_text<W: WireFormat>(context: &RequestContext<'_, W>, body: Bytes) -> Bytes {
     let Ok(mut value) = serde_json::from_slice::<Value>(&body) else {
         return body;
     };
-    if !scrub(&mut value) {
+    let spans = canaries_in_stored_response(&value);
+    if spans.is_empty() {
+        return body;
+    }
+    let registry = &context.state.registry;
+    let mut fetched = HashMap::new();
+    // Unresolved spans are settled as unknown: they stay.
+    let _ = registry.resolve(&spans, &mut fetched).await;
+    let lookup = registry.lookup(&fetched);
+    let session = &context.caller.session_id;
+    let ours = |canary: Canary| {
+        lookup
+            .owner(&canary)
+            .is_some_and(|owner| owner.session == *session)
+    };
+    if !scrub_stored_response(&mut value, &ours) {
         return body;
     }
     serde_json::to_vec(&value).map_or(body, Bytes::from)

@@ -213,9 +213,9 @@ pub struct Passthrough<'a> {
     /// The provider endpoint relative to its `base_url` (the client's
     /// query string is added to it).
     pub upstream_endpoint: &'a str,
-    /// Takes canarygate's own text out of a successful JSON answer (a
-    /// stored response read back); whether it changed anything.
-    pub scrub: Option<fn(&mut Value) -> bool>,
+    /// Its answer is a stored response read back (the Responses API's),
+    /// which holds canarygate's own text: taken out.
+    pub stored_response: bool,
 }
 
 /// Forwards one request of an endpoint without answer text to verify
@@ -307,7 +307,7 @@ pub async fn pass_through<W: WireFormat>(
             .as_ref()
             .and_then(|_| admitted_content_type.clone()),
         body: upstream_body,
-        scrub: endpoint.scrub,
+        stored_response: endpoint.stored_response,
     };
     passthrough::serve(&context, forward, trail).await
 }

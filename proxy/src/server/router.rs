@@ -10,7 +10,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use canarygate_policies::registry_config::OnUnavailable;
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::admission::admit;
 use super::models::{anthropic_client, described, list_models};
@@ -25,7 +25,7 @@ use crate::wire::WireFormat;
 use crate::wire::chat::Chat;
 use crate::wire::completions::Completions;
 use crate::wire::messages::Messages;
-use crate::wire::responses::{Responses, scrub_stored_response};
+use crate::wire::responses::Responses;
 
 /// Request id of the current request, set by the middleware.
 #[derive(Clone)]
@@ -194,9 +194,7 @@ async fn forward<W: WireFormat>(
                 needs_model,
                 method: parts.method.clone(),
                 upstream_endpoint,
-                // A stored response holds what canarygate sent and the echo.
-                scrub: (endpoint == STORED_RESPONSES)
-                    .then_some(scrub_stored_response as fn(&mut Value) -> bool),
+                stored_response: endpoint == STORED_RESPONSES,
             };
             pipeline::pass_through::<W>(&state, admitted, passthrough, trail.get()).await
         }

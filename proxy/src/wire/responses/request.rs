@@ -368,9 +368,12 @@ enum TailSlot {
 
 /// The input item that ends a tool loop, when passive markers go there
 /// (as in Chat: [`inject::tool_loop_end`]): the last item of an `input`
-/// list is a tool call's output (`function_call_output`,
-/// `custom_tool_call_output`...) whose `output` is a string or parts. In a
-/// request the provider keeps, the markers come back in the history of the
+/// list is a function's or a custom tool's output (`function_call_output`,
+/// `custom_tool_call_output`) whose `output` is a string or a list of input
+/// content parts (`input_text`, `input_image`...). Other tools' outputs
+/// have shapes of their own (a shell call's `stdout`/`stderr` entries, a
+/// computer call's screenshot), where text would be refused. In a request
+/// the provider keeps, the markers come back in the history of the
 /// requests that continue it, where they ask nothing.
 ///
 /// [`inject::tool_loop_end`]: canarygate_policies::inject::tool_loop_end
@@ -379,13 +382,21 @@ fn tool_loop_end(body: &Value) -> Option<TailSlot> {
         return None;
     };
     let last = items.last()?;
-    let output = last
-        .get("type")
-        .and_then(Value::as_str)
-        .and_then(|kind| kind.strip_suffix("_call_output"))
-        .is_some_and(|tool| !tool.is_empty())
-        && matches!(last.get("output"), Some(Value::String(_) | Value::Array(_)));
-    output.then(|| TailSlot::Output(items.len() - 1))
+    let kind = last.get("type").and_then(Value::as_str);
+    let takes_text = match last.get("output") {
+        Some(Value::String(_)) => true,
+        Some(Value::Array(parts)) => parts.iter().all(|part| {
+            part.get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|kind| kind.starts_with("input_"))
+        }),
+        _ => false,
+    };
+    (matches!(
+        kind,
+        Some("function_call_output" | "custom_tool_call_output")
+    ) && takes_text)
+        .then(|| TailSlot::Output(items.len() - 1))
 }
 
 /// Whether the head goes with the tail into the last user text of the
@@ -632,6 +643,19 @@ mod tests {
             output.starts_with("a.txt\n\n") && output.contains(&head) && output.contains(&tail)
         );
         assert_eq!(body["input"][0]["content"], "Run it.");
+
+        // Another tool's output, shaped its own way: placed as any turn.
+        for output in [
+            json!({"type": "shell_call_output", "call_id": "c1",
+                   "output": [{"stdout": "a.txt", "stderr": "", "outcome": {"type": "exit", "exit_code": 0}}]}),
+            json!({"type": "function_call_output", "call_id": "c1",
+                   "output": [{"stdout": "a.txt"}]}),
+        ] {
+            let mut body = parsed(json!({"model": "m", "store": false, "tools": tools,
+                "input": [{"role": "user", "content": "Run it."}, output.clone()]}));
+            place(&mut body, EchoMode::HeadTail, COST, canaries).unwrap();
+            assert_eq!(body["input"][1], output);
+        }
 
         // Kept, or continuing a kept conversation with the newest output
         // alone (the history comes back from the provider): the same. Asked
