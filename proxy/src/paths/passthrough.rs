@@ -5,8 +5,8 @@
 //! comes back whole, as the provider sent it: status, body, content type,
 //! the provider headers clients act on. A stored response is the one
 //! answer edited ([`Forward::stored_response`]): the provider kept
-//! canarygate's blocks and the echo, which are taken out. Each is recorded with the verdict
-//! `unverifiable` and the endpoint it called.
+//! canarygate's blocks and the echo, which are taken out. Each is recorded
+//! with the verdict `unverifiable` and the endpoint it called.
 
 use std::collections::HashMap;
 
