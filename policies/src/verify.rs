@@ -1733,19 +1733,40 @@ fn scan(
 }
 
 /// `text` without what canarygate put there, read back from where a
-/// provider kept it (a stored response fetched again), for the canaries
-/// `ours` says are the caller's own (registered to its session): each
-/// block of ours whole (its wording and the separator before it);
-/// when `text` opens a reply (`opens_reply`), the echo it opened with, as
-/// an answer's echo is matched (its preamble, the canaries, the closing and
-/// spacing after them); then any other own canary. Canary-shaped text that
-/// is not the caller's stays. `None` when nothing is taken out. Linear in
-/// `text`.
+/// provider kept it: the text left once [`own_text_removals`] are taken
+/// out. `None` when nothing is.
 pub fn without_own_text(
     text: &str,
     ours: &dyn Fn(Canary) -> bool,
     opens_reply: bool,
 ) -> Option<String> {
+    let removals = own_text_removals(text, ours, opens_reply);
+    if removals.is_empty() {
+        return None;
+    }
+    let mut kept = String::with_capacity(text.len());
+    let mut copied = 0;
+    for removed in removals {
+        kept.push_str(&text[copied..removed.start]);
+        copied = removed.end;
+    }
+    kept.push_str(&text[copied..]);
+    Some(kept)
+}
+
+/// What canarygate put in `text`, as the provider kept it (a stored
+/// response fetched again), for the canaries `ours` says are the caller's
+/// own (registered to its session): each block of ours whole (its wording
+/// and the separator before it); when `text` opens a reply (`opens_reply`),
+/// the echo it opened with, as an answer's echo is matched (its preamble,
+/// the canaries, the closing and spacing after them); then any other own
+/// canary. Canary-shaped text that is not the caller's stays. Byte ranges
+/// of `text`, in order and apart; linear in `text`.
+pub fn own_text_removals(
+    text: &str,
+    ours: &dyn Fn(Canary) -> bool,
+    opens_reply: bool,
+) -> Vec<Range<usize>> {
     let own = |text: &str| {
         find_canaries(text)
             .filter(|span| ours(span.canary))
@@ -1753,10 +1774,11 @@ pub fn without_own_text(
     };
     let spans = own(text);
     if spans.is_empty() {
-        return None;
+        return Vec::new();
     }
     // Blocks first: an instruction's wording would pass for an echo's
     // preamble.
+    let mut blocks = Vec::new();
     let mut unblocked = String::with_capacity(text.len());
     let mut copied = 0;
     for span in &spans {
@@ -1776,8 +1798,13 @@ pub fn without_own_text(
         }
         unblocked.push_str(&text[copied..from]);
         copied = span.end + close.len();
+        blocks.push(from..copied);
     }
     unblocked.push_str(&text[copied..]);
+    // The rest is read in the text without the blocks, its positions
+    // taken back to `text` past the blocks before them.
+    let mut original = Unremoved::new(&blocks);
+    let mut removals = blocks.clone();
     // The echo: the reply's first own canaries, as the answer's echo is
     // matched (head and tail, or the head alone).
     let spans = own(&unblocked);
@@ -1790,18 +1817,60 @@ pub fn without_own_text(
             _ => None,
         })
         .unwrap_or(0);
+    if opening > 0 {
+        removals.push(0..original.at(opening));
+    }
     // Any other own canary: the span alone.
-    let mut clean = String::with_capacity(unblocked.len());
     let mut copied = opening;
     for span in spans.iter().filter(|span| span.start >= opening) {
         if span.start < copied {
             continue;
         }
-        clean.push_str(&unblocked[copied..span.start]);
+        removals.push(original.at(span.start)..original.at(span.end));
         copied = span.end;
     }
-    clean.push_str(&unblocked[copied..]);
-    Some(clean)
+    removals.sort_by_key(|range| range.start);
+    let mut merged: Vec<Range<usize>> = Vec::with_capacity(removals.len());
+    for range in removals {
+        match merged.last_mut() {
+            Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
+            _ => merged.push(range),
+        }
+    }
+    merged
+}
+
+/// Positions in a text with some ranges removed, taken back to the text
+/// they were removed from; asked in order, so each asks only about the
+/// ranges since the last.
+struct Unremoved<'a> {
+    removed: &'a [Range<usize>],
+    /// Removed ranges already passed.
+    passed: usize,
+    /// Their bytes.
+    shift: usize,
+}
+
+impl<'a> Unremoved<'a> {
+    fn new(removed: &'a [Range<usize>]) -> Self {
+        Self {
+            removed,
+            passed: 0,
+            shift: 0,
+        }
+    }
+
+    /// Where byte `at` of the shorter text is in the original: past every
+    /// removed range that starts at or before it. `at` never decreases.
+    fn at(&mut self, at: usize) -> usize {
+        while let Some(range) = self.removed.get(self.passed)
+            && range.start <= at + self.shift
+        {
+            self.shift += range.len();
+            self.passed += 1;
+        }
+        at + self.shift
+    }
 }
 
 /// What surrounds one of the request's own canaries, at `canary` in

@@ -1639,7 +1639,7 @@ fn reasoning_sent_under_two_names_joins_each_names_pieces() {
 fn own_text_is_taken_out_of_a_stored_text() {
     use canarygate_policies::canary::Canary;
     use canarygate_policies::inject::{RequestCanaries, inject};
-    use canarygate_policies::verify::without_own_text;
+    use canarygate_policies::verify::{own_text_removals, without_own_text};
     use canarygate_policies::{EchoCost, EchoMode};
     let canaries = RequestCanaries {
         head: canary(1),
@@ -1692,5 +1692,21 @@ fn own_text_is_taken_out_of_a_stored_text() {
     assert_eq!(
         without_own_text(&format!("{other} first"), &ours, true),
         None
+    );
+    // Blocks, the echo and spans together, around characters of several
+    // bytes: each removal is found in the text as it came.
+    let mixed = format!("é{head} quoted.\n\n[{tail}] ünd {head}");
+    assert_eq!(
+        without_own_text(&mixed, &ours, false).unwrap(),
+        "é quoted. ünd "
+    );
+    let reply = format!("{head} {tail}\nAnswer [ref] {head}\n\n[{tail}]");
+    assert_eq!(
+        own_text_removals(&reply, &ours, true)
+            .iter()
+            .map(|range| &reply[range.clone()])
+            .collect::<Vec<_>>(),
+        // Removals that meet are one.
+        [format!("{head} {tail}\n"), format!("{head}\n\n[{tail}]")]
     );
 }

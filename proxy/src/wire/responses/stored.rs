@@ -9,8 +9,10 @@
 use std::collections::HashSet;
 
 use canarygate_policies::canary::{Canary, find_canaries};
-use canarygate_policies::verify::without_own_text;
+use canarygate_policies::verify::{own_text_removals, without_own_text};
 use serde_json::Value;
+
+use crate::wire::positions::{KeptChars, follow_annotations};
 
 /// Every canary-shaped span in the strings of `body`, once each: what to
 /// ask the registry about before [`scrub`].
@@ -29,18 +31,28 @@ pub fn canaries_in(body: &Value) -> Vec<Canary> {
 }
 
 /// Takes the text of the canaries `ours` owns out of a stored response (or
-/// a list of its input items), by [`without_own_text`]: the echo from the
+/// a list of its input items), by [`own_text_removals`]: the echo from the
 /// reply's first text, the blocks from wherever they were placed, a text
-/// part canarygate added dropped whole. An `instructions` that held only
-/// canarygate's head (the client sent none) is `null` again. Returns
-/// whether anything changed.
+/// part canarygate added dropped whole. The annotations of an output text
+/// follow what was removed before the spans they cite, as a delivered
+/// answer's do. An `instructions` that held only canarygate's head (the
+/// client sent none) is `null` again. Returns whether anything changed.
 pub fn scrub(body: &mut Value, ours: &dyn Fn(Canary) -> bool) -> bool {
     let mut changed = false;
-    if let Some(Value::String(opening)) = reply_opening(body)
-        && let Some(clean) = without_own_text(opening, ours, true)
-    {
-        *opening = clean;
-        changed = true;
+    if let Some(Value::Array(items)) = body.get_mut("output") {
+        let mut opening = true;
+        let messages = items
+            .iter_mut()
+            .filter(|item| item.get("type").and_then(Value::as_str) == Some("message"));
+        for part in messages
+            .filter_map(|item| item.get_mut("content")?.as_array_mut())
+            .flatten()
+        {
+            let opens_reply =
+                opening && part.get("type").and_then(Value::as_str) == Some("output_text");
+            opening &= !opens_reply;
+            changed |= scrub_output_text(part, ours, opens_reply);
+        }
     }
     changed |= scrub_strings(body, ours);
     if changed
@@ -52,18 +64,34 @@ pub fn scrub(body: &mut Value, ours: &dyn Fn(Canary) -> bool) -> bool {
     changed
 }
 
-/// The text the reply opened with: the first `output_text` of the first
-/// message in `output`.
-fn reply_opening(body: &mut Value) -> Option<&mut Value> {
-    body.get_mut("output")?
-        .as_array_mut()?
-        .iter_mut()
-        .find(|item| item.get("type").and_then(Value::as_str) == Some("message"))?
-        .get_mut("content")?
-        .as_array_mut()?
-        .iter_mut()
-        .find(|part| part.get("type").and_then(Value::as_str) == Some("output_text"))?
-        .get_mut("text")
+/// Scrubs the `text` of an output content part, its `annotations`
+/// following; whether it changed.
+fn scrub_output_text(part: &mut Value, ours: &dyn Fn(Canary) -> bool, opens_reply: bool) -> bool {
+    let Some(text) = part.get("text").and_then(Value::as_str) else {
+        return false;
+    };
+    let removals = own_text_removals(text, ours, opens_reply);
+    if removals.is_empty() {
+        return false;
+    }
+    let mut kept_ranges = Vec::with_capacity(removals.len() + 1);
+    let mut from = 0;
+    for removed in removals {
+        kept_ranges.push(from..removed.start);
+        from = removed.end;
+    }
+    kept_ranges.push(from..text.len());
+    let mut kept = KeptChars::default();
+    kept.push(text, &kept_ranges);
+    let clean: String = kept_ranges
+        .iter()
+        .map(|range| &text[range.clone()])
+        .collect();
+    part["text"] = Value::String(clean);
+    if let Some(annotations) = part.get_mut("annotations") {
+        follow_annotations(annotations, &kept);
+    }
+    true
 }
 
 /// Scrubs every string in `value` (none as a reply's opening); whether any
@@ -143,6 +171,9 @@ mod tests {
                 {"type": "input_text", "text": "second"},
                 {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}]}]});
         let placed = as_sent(&sent, canaries);
+        // A citation of "Second", counted in characters as the provider does.
+        let reply = format!("**{head} {tail}**\n\nSecond it is.");
+        let cited = reply.chars().count() - "Second it is.".len();
         let mut stored = json!({
             "id": "resp_1", "object": "response", "status": "completed",
             "instructions": placed["instructions"].clone(),
@@ -150,8 +181,9 @@ mod tests {
                 {"type": "reasoning", "summary": [{"type": "summary_text",
                   "text": format!("They ask me to begin with {head}.")}]},
                 {"type": "message", "role": "assistant", "content": [
-                    {"type": "output_text", "text": format!("**{head} {tail}**\n\nSecond it is."),
-                     "annotations": []}]}],
+                    {"type": "output_text", "text": reply,
+                     "annotations": [{"type": "url_citation", "url": "https://example.com",
+                        "start_index": cited, "end_index": cited + 6}]}]}],
             "metadata": {"ticket": ticket.to_string()},
         });
         let mut found = canaries_in(&stored);
@@ -161,6 +193,12 @@ mod tests {
         assert_eq!(found, expected);
         assert!(scrub(&mut stored, &ours));
         assert_eq!(stored["output"][1]["content"][0]["text"], "Second it is.");
+        // The citation of "Second" still cites it.
+        let citation = &stored["output"][1]["content"][0]["annotations"][0];
+        assert_eq!(
+            (&citation["start_index"], &citation["end_index"]),
+            (&json!(0), &json!(6))
+        );
         assert_eq!(
             stored["output"][0]["summary"][0]["text"],
             "They ask me to begin with ."
