@@ -11,7 +11,8 @@
 //! its `input` holds earlier turns before its last user message) the head
 //! goes there too, before the tail, so those turns stay a cacheable prefix;
 //! when `input` ends with a tool call's output and the blocks are passive
-//! markers (tools are offered), both go at the end of that output
+//! markers (no echo is asked: tools offered, JSON output...), both go at
+//! the end of that output
 //! ([`tool_loop_end`]), so the loop's calls and earlier outputs stay
 //! cacheable too. A kept request's blocks come back in the history of the
 //! requests that continue it: the echo of those asks for their own head
