@@ -555,21 +555,25 @@ pub fn relayed_headers(headers: &HeaderMap) -> HeaderMap {
 /// a JSON media type (`application/json`, `…+json`) is a whole answer: an
 /// error, or a server that does not stream.
 pub fn is_event_stream(headers: &HeaderMap) -> bool {
-    let Some(value) = headers.get(header::CONTENT_TYPE) else {
-        return true;
-    };
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_none_or(|value| !is_json_media(value))
+}
+
+/// Whether a `Content-Type` value names a JSON media type
+/// (`application/json` or `…+json`, in any case, with parameters or not).
+pub fn is_json_media(value: &HeaderValue) -> bool {
     let media = value
         .as_bytes()
         .split(|byte| *byte == b';')
         .next()
         .unwrap_or_default()
         .trim_ascii();
-    let json = media.eq_ignore_ascii_case(b"application/json")
+    media.eq_ignore_ascii_case(b"application/json")
         || media
             .len()
             .checked_sub(5)
-            .is_some_and(|at| media[at..].eq_ignore_ascii_case(b"+json"));
-    !json
+            .is_some_and(|at| media[at..].eq_ignore_ascii_case(b"+json"))
 }
 
 /// What a string of a provider's error becomes when it holds a

@@ -20,6 +20,7 @@ use serde_json::Value;
 use crate::context::RequestContext;
 use crate::error::ApiError;
 use crate::trail::Trail;
+use crate::upstream::is_json_media;
 use crate::wire::WireFormat;
 use crate::wire::responses::{canaries_in_stored_response, scrub_stored_response};
 
@@ -71,8 +72,8 @@ pub async fn serve<W: WireFormat>(
     if !status.is_success() {
         return Ok(context.provider_error_response(status, body));
     }
-    let body = if forward.stored_response && is_json(content_type.as_ref()) {
-        without_own_text(context, body).await
+    let body = if forward.stored_response && content_type.as_ref().is_some_and(is_json_media) {
+        scrubbed_stored_response(context, body).await
     } else {
         body
     };
@@ -92,20 +93,14 @@ pub async fn serve<W: WireFormat>(
     Ok(answer)
 }
 
-/// Whether a content type is JSON's (`application/json`, with parameters
-/// or not).
-fn is_json(content_type: Option<&HeaderValue>) -> bool {
-    content_type
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split(';').next())
-        .is_some_and(|kind| kind.trim().eq_ignore_ascii_case("application/json"))
-}
-
 /// A stored response's `body` without the text of the caller's own
 /// canaries (registered to its session, asked of the shared registry when
 /// there is one): the provider's own bytes when it is not JSON or nothing
 /// is taken out. A canary the registry cannot vouch for stays.
-async fn without_own_text<W: WireFormat>(context: &RequestContext<'_, W>, body: Bytes) -> Bytes {
+async fn scrubbed_stored_response<W: WireFormat>(
+    context: &RequestContext<'_, W>,
+    body: Bytes,
+) -> Bytes {
     let Ok(mut value) = serde_json::from_slice::<Value>(&body) else {
         return body;
     };
