@@ -1779,7 +1779,7 @@ pub fn own_text_removals(
     // Blocks first: an instruction's wording would pass for an echo's
     // preamble.
     let mut blocks = Vec::new();
-    let mut unblocked = String::with_capacity(text.len());
+    let mut unblocked = String::new();
     let mut copied = 0;
     for span in &spans {
         if span.start < copied {
@@ -1800,19 +1800,25 @@ pub fn own_text_removals(
         copied = span.end + close.len();
         blocks.push(from..copied);
     }
-    unblocked.push_str(&text[copied..]);
-    // The rest is read in the text without the blocks, its positions
-    // taken back to `text` past the blocks before them.
+    // The rest is read in the text without the blocks (`text` itself when
+    // there were none), its positions taken back to `text` past the blocks
+    // before them.
+    let (unblocked, spans) = if blocks.is_empty() {
+        (text, spans)
+    } else {
+        unblocked.push_str(&text[copied..]);
+        let spans = own(&unblocked);
+        (unblocked.as_str(), spans)
+    };
     let mut original = Unremoved::new(&blocks);
     let mut removals = blocks.clone();
     // The echo: the reply's first own canaries, as the answer's echo is
     // matched (head and tail, or the head alone).
-    let spans = own(&unblocked);
     let echoed: Vec<Canary> = spans.iter().take(2).map(|span| span.canary).collect();
     let opening = [&echoed[..], &echoed[..echoed.len().min(1)]]
         .into_iter()
         .filter(|expected| opens_reply && !expected.is_empty())
-        .find_map(|expected| match match_echo(&unblocked, expected, true) {
+        .find_map(|expected| match match_echo(unblocked, expected, true) {
             EchoMatch::Passed(end) => Some(end),
             _ => None,
         })
