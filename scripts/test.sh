@@ -6,12 +6,13 @@
 # selenium (pinned in scripts/requirements-test.txt) when it
 # is missing or lacks one of them, fetches the topic check's embedding model
 # (scripts/embedding-model.sh), and installs the Debian packages redis-server, chromium and
-# chromium-driver when they are missing (apt-get, as root or sudo).
+# chromium-driver, and nodejs and npm, when they are missing (apt-get, as root or sudo).
 # Extra arguments go to `cargo test` (e.g. `scripts/test.sh --test e2e proxy_e2e::` runs tests/e2e/proxy_e2e.rs:
 # the root crate's integration tests are one binary, `e2e`, with a module per file);
-# without any, the GPU kit's CPU dry run (scripts/gpu-kit.sh) and a smoke of the performance
-# bench (bench/growth.sh --quick with the debug builds; it installs nginx when missing) run after
-# the tests.
+# without any, the GPU kit's CPU dry run (scripts/gpu-kit.sh), the token estimates against real
+# tokenizers (policies/benches/token_cost/estimate.mjs) and a smoke of the performance bench
+# (bench/growth.sh --quick with the debug builds; it installs nginx when missing) run after the
+# tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,6 +41,11 @@ if [ -z "${CANARYGATE_CHROMIUM:-}" ] && [ ! -x /usr/bin/chromium ]; then
 fi
 if [ -z "${CANARYGATE_CHROMEDRIVER:-}" ] && [ ! -x /usr/bin/chromedriver ]; then
   packages+=(chromium-driver)
+fi
+# node and npm run the real tokenizers (npm gpt-tokenizer, llama3-tokenizer-js) the token
+# estimates are held to.
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  packages+=(nodejs npm)
 fi
 if [ ${#packages[@]} -gt 0 ]; then
   apt=(env DEBIAN_FRONTEND=noninteractive apt-get)
@@ -72,6 +78,23 @@ if [ $# -eq 0 ]; then
     kit_passed=1
   else
     kit_failed=1 status=1
+  fi
+fi
+
+# On full runs, canarygate's two token estimates against real tokenizers (o200k_base,
+# cl100k_base, Llama 3; npm packages pinned in policies/benches/token_cost): the high
+# completion-token estimate never below any of them, the prompt estimate at most 3x the lowest,
+# so an honest provider's prompt_tokens passes the check. It counts as one test.
+if [ $# -eq 0 ]; then
+  token_cost=policies/benches/token_cost
+  if { [ -d "$token_cost/node_modules/gpt-tokenizer" ] && [ -d "$token_cost/node_modules/llama3-tokenizer-js" ] \
+      || npm ci --prefix "$token_cost" --no-audit --no-fund --loglevel=error; } \
+    && cargo run -q -p canarygate-policies --example estimate_cases | node "$token_cost/estimate.mjs" >/dev/null; then
+    kit_passed=$((kit_passed + 1))
+    echo "token estimates against real tokenizers: ok"
+  else
+    kit_failed=$((kit_failed + 1)) status=1
+    echo "token estimates against real tokenizers: failed"
   fi
 fi
 

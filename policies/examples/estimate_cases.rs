@@ -1,11 +1,14 @@
 //! Prints, one JSON object per line, sample texts of many kinds with
-//! canarygate's high completion-token estimate of each
-//! ([`count_text_high`]), for `policies/benches/token_cost/estimate.mjs` to
-//! compare with real tokenizers (the estimate must never count fewer).
+//! canarygate's two token estimates of each, for
+//! `policies/benches/token_cost/estimate.mjs` to compare with real
+//! tokenizers: the high completion-token estimate ([`count_text_high`]),
+//! which must never count fewer, and the prompt estimate ([`count_text`]),
+//! which must not count so many more that an honest provider's
+//! `prompt_tokens` falls below the check's floor.
 //!
 //! `cargo run -q -p canarygate-policies --example estimate_cases`
 
-use canarygate_policies::tokens::count_text_high;
+use canarygate_policies::tokens::{count_text, count_text_high};
 use serde_json::json;
 
 /// Files of this repository read as samples (prose, code, JSON).
@@ -63,13 +66,40 @@ fn main() {
             "emoji",
             "🎉🚀✨ Great job! 👍🏽 Let us celebrate 🥳🎊 with some ❤️ and 🔥🔥🔥. ".repeat(20),
         ),
+        // Runs of one symbol, which BPE vocabularies hold whole.
+        (
+            "log lines between = rules",
+            format!("{}\nINFO job 17 finished\n", "=".repeat(80)).repeat(100),
+        ),
+        (
+            "markdown with - rules",
+            format!("Heading\n{}\n\nA short paragraph of text.\n\n", "-".repeat(40)).repeat(50),
+        ),
+        (
+            "dot leaders",
+            format!("Chapter one{} 12\n", ".".repeat(60)).repeat(50),
+        ),
+        (
+            "ascii table",
+            "+--------+--------+\n|  x     |   y    |\n+========+========+\n".repeat(50),
+        ),
+        (
+            "markdown table",
+            "| a | b | c |\n|---|---:|:---|\n| 1 | 2 | 3 |\n".repeat(50),
+        ),
+        (
+            "html",
+            "<div class=\"row\"><span id=\"x-1\">Hello</span></div>\n".repeat(100),
+        ),
     ];
     samples.extend(generated.map(|(name, text)| (name.to_owned(), text)));
     for (name, text) in samples {
         let estimate = count_text_high(&text);
+        let prompt_estimate = count_text(&text);
         println!(
             "{}",
-            json!({"name": name, "text": text, "estimate": estimate})
+            json!({"name": name, "text": text, "estimate": estimate,
+                   "prompt_estimate": prompt_estimate})
         );
     }
 }

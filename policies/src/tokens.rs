@@ -1,11 +1,17 @@
 //! Prompt-token estimation without a model tokenizer.
 //!
 //! The estimate splits text into *pieces*: runs of letters and digits (long runs
-//! cut every [`MAX_PIECE_CHARS`] characters) and single punctuation or symbol
-//! characters; whitespace is free. BPE tokenizers used by hosted models produce
-//! a count of the same order for prose and code, which is what the checks need:
-//! the `prompt_tokens` check compares orders of magnitude (a 100,000-token
-//! prompt reported as 1 token), with a tolerance set by the policy.
+//! cut every [`MAX_PIECE_CHARS`] characters) and punctuation or symbol
+//! characters, one piece each but for a character repeated, whose run is one
+//! piece per [`MAX_REPEAT_CHARS`] (`=====` rules, `-----` lines, `.....`:
+//! BPE vocabularies hold long runs of one symbol); whitespace is free. BPE
+//! tokenizers used by hosted models produce a count of the same order for
+//! prose and code, which is what the checks need: the `prompt_tokens` check
+//! compares orders of magnitude (a 100,000-token prompt reported as 1
+//! token), with a tolerance set by the policy. Measured against o200k_base,
+//! cl100k_base and Llama 3 (`policies/benches/token_cost/run.sh`), it counts
+//! 0.25x to 1.5x the lowest of the three, rules of one symbol included
+//! (with each symbol one piece, 4.8x to 10.5x on those).
 //!
 //! The simulated provider uses the same pieces as its tokenizer, so its usage
 //! figures are exact for tests.
@@ -14,6 +20,10 @@ use serde_json::Value;
 
 /// Longest run of alphanumeric characters counted as one piece.
 pub const MAX_PIECE_CHARS: usize = 8;
+
+/// Longest run of one repeated punctuation or symbol character counted as
+/// one piece.
+pub const MAX_REPEAT_CHARS: usize = 16;
 
 /// Tokens added per chat message for role and framing, as OpenAI documents.
 pub const TOKENS_PER_MESSAGE: u64 = 3;
@@ -37,18 +47,27 @@ impl<'a> Iterator for PieceIter<'a> {
         self.rest = self.rest.trim_start();
         let mut chars = self.rest.char_indices();
         let (_, first) = chars.next()?;
-        let end = if first.is_alphanumeric() {
-            let mut end = self.rest.len();
-            for (count, (index, c)) in self.rest.char_indices().enumerate() {
-                if !c.is_alphanumeric() || count == MAX_PIECE_CHARS {
-                    end = index;
-                    break;
-                }
+        // A run of letters and digits, or of `first` repeated.
+        let alphanumeric = first.is_alphanumeric();
+        let same_kind = |c: char| {
+            if alphanumeric {
+                c.is_alphanumeric()
+            } else {
+                c == first
             }
-            end
-        } else {
-            first.len_utf8()
         };
+        let longest = if alphanumeric {
+            MAX_PIECE_CHARS
+        } else {
+            MAX_REPEAT_CHARS
+        };
+        let mut end = self.rest.len();
+        for (count, (index, c)) in self.rest.char_indices().enumerate() {
+            if !same_kind(c) || count == longest {
+                end = index;
+                break;
+            }
+        }
         let (piece, rest) = self.rest.split_at(end);
         self.rest = rest;
         Some(piece)
@@ -85,20 +104,30 @@ fn count_ascii(text: &[u8]) -> u64 {
         class
     };
     let mut count = 0;
-    // Length of the current run of letters and digits.
+    // Length of the current run of letters and digits, or of one repeated
+    // symbol (`last`, `None` when the run is not of a symbol).
     let mut run = 0;
+    let mut last = None;
     for &byte in text {
         match CLASS[usize::from(byte & 0x7f)] {
             ALPHANUMERIC => {
+                if last.is_some() {
+                    (run, last) = (0, None);
+                }
                 if run % MAX_PIECE_CHARS == 0 {
                     count += 1;
                 }
                 run += 1;
             }
-            WHITESPACE => run = 0,
+            WHITESPACE => (run, last) = (0, None),
             _ => {
-                run = 0;
-                count += 1;
+                if last != Some(byte) {
+                    (run, last) = (0, Some(byte));
+                }
+                if run % MAX_REPEAT_CHARS == 0 {
+                    count += 1;
+                }
+                run += 1;
             }
         }
     }
@@ -258,6 +287,13 @@ mod tests {
         assert_eq!(got, ["Hello", ",", "world", "!", "abcdefgh", "ijXY", "42"]);
         // Nine letters are two pieces, eight one.
         assert_eq!(count_text("abcdefghi abcdefgh"), 3);
+        // One symbol repeated is a piece per 16; different symbols one each.
+        let rule: Vec<_> = pieces("==== ---+ \u{2014}\u{2014}").collect();
+        assert_eq!(rule, ["====", "---", "+", "\u{2014}\u{2014}"]);
+        assert_eq!(count_text(&"=".repeat(80)), 5);
+        assert_eq!(count_text(&"=".repeat(81)), 6);
+        assert_eq!(count_text(&"a".repeat(16)), 2);
+        assert_eq!(count_text("x==y"), 3);
     }
 
     proptest::proptest! {
@@ -265,8 +301,15 @@ mod tests {
         fn ascii_count_is_the_piece_count(parts in proptest::collection::vec(
             // Runs of letters and digits around the 8-character cut, ASCII
             // whitespace (with \x0B, which `char::is_whitespace` counts),
-            // and punctuation and control characters.
-            proptest::prop_oneof!["[a-zA-Z0-9]{1,20}", "[ \t\n\x0b\x0c\r]{1,3}", r"[\x00-\x08\x0e-\x1f!-/:-@\[-`{-~\x7f]"],
+            // punctuation and control characters,
+            // and runs of one symbol around the 16-character cut.
+            proptest::prop_oneof![
+                "[a-zA-Z0-9]{1,20}",
+                "[ \t\n\x0b\x0c\r]{1,3}",
+                r"[\x00-\x08\x0e-\x1f!-/:-@\[-`{-~\x7f]",
+                "={1,40}",
+                r"\.{1,40}",
+            ],
             0..40,
         )) {
             let text = parts.concat();
