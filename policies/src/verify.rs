@@ -161,6 +161,12 @@ pub enum EchoOutcome {
     /// the echo asks for: the model saw both ends of this prompt, which is
     /// what the echo vouches for.
     QuotedInReasoning,
+    /// The reply reached its token limit (finish `length`) in reasoning it
+    /// shows, before any other text, and that reasoning did not quote every
+    /// canary: nothing vouches for it, so it is withheld (removed whole), and
+    /// the reply goes out as [`EchoOutcome::CutBeforeText`]'s does, as a
+    /// model that hides its reasoning would have sent it.
+    ReasoningWithheld,
 }
 
 /// Finish reasons of a reply the provider withheld or did not give:
@@ -365,13 +371,18 @@ impl Verdict {
     }
 
     /// Value of the `x-canarygate-verdict` header: `pass`,
-    /// `pass; passive=json_mode`, or `fail; checks=echo,foreign_canary`.
+    /// `pass; passive=json_mode`, `pass; withheld=reasoning` or
+    /// `fail; checks=echo,foreign_canary`.
     pub fn header_value(&self) -> String {
         let mut value = if self.passed() {
-            match self.passive {
+            let mut value = match self.passive {
                 Some(reason) => format!("pass; passive={}", passive_name(reason)),
                 None => "pass".to_owned(),
+            };
+            if self.withheld_reasoning() {
+                value.push_str("; withheld=reasoning");
             }
+            value
         } else {
             let names: Vec<_> = self.failed_checks().into_iter().map(Check::name).collect();
             format!("fail; checks={}", names.join(","))
@@ -380,6 +391,16 @@ impl Verdict {
             value.push_str("; registry_degraded");
         }
         value
+    }
+
+    /// Whether a choice's reasoning was withheld
+    /// ([`EchoOutcome::ReasoningWithheld`]).
+    pub fn withheld_reasoning(&self) -> bool {
+        matches!(
+            self.result(Check::Echo).map(|result| &result.evidence),
+            Some(Evidence::Echo { choices })
+                if choices.contains(&EchoOutcome::ReasoningWithheld)
+        )
     }
 
     /// Names of the failed checks, as the error of a blocked answer lists them.
@@ -1037,6 +1058,16 @@ impl Verifier {
         }
     }
 
+    /// Whether choice `choice`'s reasoning is withheld whole
+    /// ([`EchoOutcome::ReasoningWithheld`]), once [`Verifier::finish`]
+    /// decided it: a wire format whose reasoning is signed, and never
+    /// edited, drops it instead.
+    pub fn withholds_reasoning(&self, choice: u32) -> bool {
+        self.choices
+            .get(choice as usize)
+            .is_some_and(|state| state.echo == EchoState::Done(EchoOutcome::ReasoningWithheld))
+    }
+
     /// The canary-shaped spans that pushing `delta` to `part` of `choice`
     /// could decide, other than this request's own, once each: what a
     /// registry that answers asynchronously must resolve before the push
@@ -1106,6 +1137,7 @@ impl Verifier {
                     self.process(index, part, true, registry);
                 }
             }
+            self.withhold_reasoning();
         }
         let stopped_reason = stopped_early.then(|| "stopped after an earlier failure".to_owned());
 
@@ -1159,9 +1191,10 @@ impl Verifier {
     /// aside), and a finish reason (`reasons`, by choice) that says why:
     /// withheld ([`EchoOutcome::Withheld`]) or cut at the token limit
     /// ([`EchoOutcome::CutBeforeText`]). A choice the token limit cut in
-    /// its reasoning, before any other text, is settled too when that
-    /// reasoning quoted every canary of the echo
-    /// ([`EchoOutcome::QuotedInReasoning`]).
+    /// its reasoning, before any other text, is settled too: passed when
+    /// that reasoning quoted every canary of the echo
+    /// ([`EchoOutcome::QuotedInReasoning`]), else with the reasoning to be
+    /// withheld ([`EchoOutcome::ReasoningWithheld`], [`Self::withhold_reasoning`]).
     fn mark_textless(&mut self, reasons: &[Option<String>]) {
         let (own, echo) = (&self.own, &self.echo);
         for (state, reason) in self.choices.iter_mut().zip(reasons) {
@@ -1173,9 +1206,13 @@ impl Verifier {
             if state.echo != EchoState::Waiting {
                 continue;
             }
+            // Every text but `spoken` (the names of one reasoning count as
+            // one, `Part::sequence`) and other strings received nothing.
             let silent_but = |spoken: Option<Part>| {
                 state.tracks.iter().all(|(part, track)| {
-                    matches!(part, Part::Other(_)) || Some(*part) == spoken || track.received() == 0
+                    matches!(part, Part::Other(_))
+                        || Some(part.sequence()) == spoken
+                        || track.received() == 0
                 })
             };
             let quoted_echo = state.tracks.get(&Part::Reasoning).is_some_and(|track| {
@@ -1188,11 +1225,31 @@ impl Verifier {
             });
             if silent_but(None) {
                 state.echo = EchoState::Done(outcome);
-            } else if outcome == EchoOutcome::CutBeforeText
-                && quoted_echo
-                && silent_but(Some(Part::Reasoning))
-            {
-                state.echo = EchoState::Done(EchoOutcome::QuotedInReasoning);
+            } else if outcome == EchoOutcome::CutBeforeText && silent_but(Some(Part::Reasoning)) {
+                state.echo = EchoState::Done(if quoted_echo {
+                    EchoOutcome::QuotedInReasoning
+                } else {
+                    EchoOutcome::ReasoningWithheld
+                });
+            }
+        }
+    }
+
+    /// Removes the whole reasoning of each choice whose reply the token
+    /// limit cut in reasoning nothing vouches for
+    /// ([`EchoOutcome::ReasoningWithheld`]), once it is all decided: none of
+    /// it was released, as it waited for the echo.
+    fn withhold_reasoning(&mut self) {
+        for state in &mut self.choices {
+            if state.echo != EchoState::Done(EchoOutcome::ReasoningWithheld) {
+                continue;
+            }
+            for (part, track) in &mut state.tracks {
+                if part.sequence() == Part::Reasoning {
+                    debug_assert_eq!(track.released, 0, "reasoning waits for the echo");
+                    track.removed = vec![0..track.received()];
+                    track.ready.clear();
+                }
             }
         }
     }
@@ -1413,6 +1470,7 @@ impl Verifier {
                     | EchoOutcome::Withheld
                     | EchoOutcome::CutBeforeText
                     | EchoOutcome::QuotedInReasoning
+                    | EchoOutcome::ReasoningWithheld
             )
         };
         let refuted = self
@@ -1513,6 +1571,16 @@ impl Verifier {
         let Some(reported) = reported else {
             return skipped(Check::PromptTokens, "no usage reported", evidence);
         };
+        if reported == 0 {
+            // No prompt is empty (ours alone holds the canaries): a count of
+            // 0 is one the server did not take, as Ollama reports a prompt
+            // served from its cache (ollama#5370), not a truncation.
+            return skipped(
+                Check::PromptTokens,
+                "provider reported 0 prompt tokens: no count",
+                evidence,
+            );
+        }
         if self.prompt_tokens < self.prompt_tokens_min {
             return skipped(
                 Check::PromptTokens,

@@ -441,6 +441,21 @@ fn prompt_tokens_estimate_and_exact() {
         );
         assert_eq!(run.released[0] == "ok", pass);
     }
+    // A count of 0 is none (Ollama's for a cached prompt): skipped, and the
+    // answer goes out; 1 is the incident's, and fails.
+    for (reported, status) in [(0, Status::Skip), (1, Status::Fail)] {
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+        let mut facts = honest_facts(&injection, 1);
+        facts.usage = Some(ProviderUsage {
+            prompt_tokens: reported,
+            completion_tokens: Some(20),
+            cached_prompt_tokens: None,
+        });
+        let run = feed(&mut verifier, &registry, &[(0, answer.clone())], &facts);
+        let verdict = &run.finished.verdict;
+        assert_eq!(verdict.result(Check::PromptTokens).unwrap().status, status);
+        assert_eq!(verdict.passed(), status == Status::Skip, "{reported}");
+    }
 }
 
 #[test]
@@ -877,8 +892,16 @@ fn a_reply_cut_before_any_text_is_not_an_echo_failure() {
             }
         )
     );
-    // Reasoning that is shown needs the echo after it, and so does any text.
-    assert_eq!(echo_of_run("Let me think", "").0, [Check::Echo]);
+    // Reasoning that is shown and cut before the reply: nothing vouches
+    // for it, so it is withheld, and the reply passes as a hidden one does.
+    let withheld = (
+        Vec::new(),
+        Evidence::Echo {
+            choices: vec![EchoOutcome::ReasoningWithheld],
+        },
+    );
+    assert_eq!(echo_of_run("Let me think", ""), withheld);
+    // Any text after the reasoning needs the echo.
     assert_eq!(echo_of_run("", "The answer").0, [Check::Echo]);
     // Unless the reasoning quoted every canary the echo asks for (the model
     // saw both ends of the prompt) and the limit cut it before any answer.
@@ -893,16 +916,26 @@ fn a_reply_cut_before_any_text_is_not_an_echo_failure() {
             }
         )
     );
-    // Quoting one end is not enough; text after the reasoning needs its echo.
+    // Quoting one end vouches for nothing: withheld.
     assert_eq!(
-        echo_of_run(&format!("I must begin with \"{head}\""), "").0,
-        [Check::Echo]
+        echo_of_run(&format!("I must begin with \"{head}\""), ""),
+        withheld
     );
     assert_eq!(echo_of_run(&quoting, "The answer").0, [Check::Echo]);
     // Another request's canaries quoted in the reasoning vouch for nothing.
     let (others, _) = other_canaries(2);
     let borrowed = format!("I must begin my reply with \"{others}\"");
     assert!(!echo_of_run(&borrowed, "").0.is_empty());
+    // What is withheld is the whole reasoning, and the verdict says so.
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    let step = verifier.push_part(0, Part::Reasoning, "Let me think about ", &registry);
+    assert!(step.release.is_empty());
+    verifier.push_part(0, Part::Reasoning, "rivers", &registry);
+    let finished = verifier.finish(&facts, &registry);
+    assert_eq!(finished.part(0, Part::Reasoning), Some(""));
+    let release = verifier.release_of(0, Part::Reasoning);
+    assert_eq!((release.through, release.removed), (25, &[0..25][..]));
+    assert_eq!(finished.verdict.header_value(), "pass; withheld=reasoning");
     // A limit that did not cut it: the echo is still owed.
     let mut stopped = honest_facts(&injection, 1);
     stopped.finish_reasons = vec![Some("stop".into())];

@@ -11,7 +11,9 @@
 //! is never cut at the client's limit (Anthropic keeps `budget_tokens`
 //! below `max_tokens`, so only the text after it can run past the limit).
 //! A thinking block quoting another request's canary still fails
-//! verification.
+//! verification, and one whose reasoning the verifier withheld (a reply
+//! cut at the token limit in reasoning nothing vouches for) is dropped
+//! whole, as its text cannot be emptied.
 
 use std::ops::Range;
 
@@ -79,7 +81,9 @@ pub fn cut_stop_reason(slot: &mut Value, delivery: &Delivery) -> bool {
 
 /// Edits a verified whole `message` for the client: its text fields, the
 /// stop reason, usage; a text block the edit emptied is dropped (Anthropic
-/// refuses empty text blocks when a conversation is sent back).
+/// refuses empty text blocks when a conversation is sent back), and so is a
+/// thinking block whose reasoning the verifier withheld (its signature
+/// forbids emptying it).
 pub fn deliver(
     answer: &mut Value,
     view: &AnswerView,
@@ -97,13 +101,16 @@ pub fn deliver(
         .collect();
     let had_text = text_blocks_with_text(answer);
     edit_texts(answer, &fields, verifier, delivery);
+    let withheld = verifier.withholds_reasoning(0);
     if let Some(blocks) = answer.get_mut("content").and_then(Value::as_array_mut) {
         let mut position = 0;
         blocks.retain(|block| {
             let emptied = had_text.contains(&position)
                 && block.get("text").and_then(Value::as_str) == Some("");
+            let withheld =
+                withheld && block.get("type").and_then(Value::as_str) == Some("thinking");
             position += 1;
-            !emptied
+            !emptied && !withheld
         });
     }
     cut_stop_reason(answer, delivery);

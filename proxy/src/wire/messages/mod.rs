@@ -515,6 +515,97 @@ mod tests {
         );
     }
 
+    #[test]
+    fn thinking_cut_at_the_limit_before_the_reply_is_dropped_whole() {
+        // A redacted block, then thinking that quotes no canary, cut by the
+        // token limit before any text.
+        let (_, injection, _) = placed(request(200, true));
+        let mut events = provider_stream("", "", injection.prompt_tokens_estimate);
+        events.truncate(6);
+        for event in &mut events[1..] {
+            let mut data: Value = serde_json::from_str(&event.data).unwrap();
+            if data.get("index").is_some() {
+                data["index"] = json!(1);
+                event.data = data.to_string();
+            }
+        }
+        events.splice(
+            1..1,
+            [
+                sse(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": 0,
+                       "content_block": {"type": "redacted_thinking", "data": "b3BhcXVl"}}),
+                ),
+                sse(
+                    "content_block_stop",
+                    json!({"type": "content_block_stop", "index": 0}),
+                ),
+            ],
+        );
+        events.push(sse(
+            "message_delta",
+            json!({"type": "message_delta", "delta": {"stop_reason": "max_tokens",
+                   "stop_sequence": null}, "usage": {"output_tokens": 200}}),
+        ));
+        events.push(sse("message_stop", json!({"type": "message_stop"})));
+        let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
+        let mut writer = Messages::stream_writer(delivery(&injection));
+        let mut out = Vec::new();
+        let mut usage = None;
+        for event in events {
+            let chunk = match Messages::read_event(&event) {
+                EventView::Chunk(chunk) => chunk,
+                EventView::Done => break,
+                other => panic!("{other:?}"),
+            };
+            usage = chunk.usage.or(usage);
+            let spans = feed(&mut verifier, &chunk.choices, &chunk.with_data(&event.data));
+            writer.take(chunk, event, spans);
+            writer.flush(&verifier, false, &mut out);
+        }
+        assert!(out.is_empty(), "the thinking waited for the echo");
+        let verdict = finish(&mut verifier, "length", usage);
+        assert_eq!(verdict.header_value(), "pass; withheld=reasoning");
+        writer.flush(&verifier, true, &mut out);
+        let mut parsed = Vec::new();
+        SseParser::new().feed(&out, &mut parsed);
+        let names: Vec<&str> = parsed.iter().filter_map(|e| e.event.as_deref()).collect();
+        assert_eq!(
+            names,
+            [
+                "message_start",
+                "content_block_start",
+                "content_block_stop",
+                "ping",
+                "message_delta"
+            ],
+            "the thinking block's start, deltas and stop are dropped"
+        );
+        assert!(!String::from_utf8_lossy(&out).contains("Planets"));
+
+        // The same answer whole: its thinking block goes, the redacted one stays.
+        let (_, injection, _) = placed(request(200, false));
+        let mut answer = json!({"id": "msg_1", "type": "message", "role": "assistant",
+            "content": [
+                {"type": "redacted_thinking", "data": "b3BhcXVl"},
+                {"type": "thinking", "thinking": "The planets.", "signature": "c2ln"},
+            ],
+            "stop_reason": "max_tokens", "stop_sequence": null,
+            "usage": {"input_tokens": injection.prompt_tokens_estimate, "output_tokens": 200}});
+        let view = Messages::read_answer(&answer);
+        let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
+        let spans = feed(&mut verifier, &view.choices, &answer);
+        let verdict = finish(&mut verifier, "length", view.usage);
+        assert_eq!(verdict.header_value(), "pass; withheld=reasoning");
+        let mut delivery = delivery(&injection);
+        Messages::deliver_answer(&mut answer, &view, &spans, &verifier, &mut delivery);
+        assert_eq!(
+            answer["content"],
+            json!([{"type": "redacted_thinking", "data": "b3BhcXVl"}])
+        );
+    }
+
     /// The provider's stream of `provider_stream` with its text block (1)
     /// holding only the echo, then `block_2`'s events as block 2.
     fn with_block_2(opening: &str, input_tokens: u64, block_2: Vec<SseEvent>) -> Vec<SseEvent> {

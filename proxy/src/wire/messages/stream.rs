@@ -230,6 +230,9 @@ pub struct MessagesStream {
     text_start: Option<TextStart>,
     /// Text blocks dropped so far: later blocks' `index` is lowered by it.
     dropped_blocks: u64,
+    /// A thinking block whose reasoning was withheld is under way: its
+    /// events are dropped to its stop ([`Self::drops_withheld_thinking`]).
+    in_withheld_thinking: bool,
     /// An event had to change and could not be edited
     /// ([`StreamWriter::failure`]).
     failure: Option<&'static str>,
@@ -247,6 +250,7 @@ impl MessagesStream {
             held: HeldEvents::default(),
             text_start: None,
             dropped_blocks: 0,
+            in_withheld_thinking: false,
             failure: None,
             spent: SpentBuffers::default(),
         }
@@ -257,6 +261,36 @@ impl MessagesStream {
     fn open_text_block(&mut self, out: &mut Vec<u8>) {
         if let Some(start) = self.text_start.take() {
             out.extend_from_slice(&start.bytes);
+        }
+    }
+
+    /// Whether `event` belongs to a thinking block whose reasoning the
+    /// verifier withheld (a reply the token limit cut in reasoning nothing
+    /// vouches for): its start, deltas (thinking and signature) and stop are
+    /// dropped, as the block's signature forbids emptying its text, and the
+    /// blocks after it are numbered down.
+    fn drops_withheld_thinking(
+        &mut self,
+        chunk: &Chunk,
+        event: &SseEvent,
+        verifier: &Verifier,
+    ) -> bool {
+        if !verifier.withholds_reasoning(0) {
+            return false;
+        }
+        match event_type(event, &chunk.event) {
+            "content_block_start" => {
+                self.in_withheld_thinking =
+                    chunk.event["content_block"]["type"].as_str() == Some("thinking");
+                self.in_withheld_thinking
+            }
+            "content_block_delta" => self.in_withheld_thinking,
+            "content_block_stop" if self.in_withheld_thinking => {
+                self.in_withheld_thinking = false;
+                self.dropped_blocks += 1;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -305,6 +339,9 @@ impl MessagesStream {
         verifier: &Verifier,
         out: &mut Vec<u8>,
     ) {
+        if self.drops_withheld_thinking(&chunk, event, verifier) {
+            return;
+        }
         // Once a block was dropped, every later block's index changes.
         if chunk.is_light()
             && self.dropped_blocks == 0
