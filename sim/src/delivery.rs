@@ -11,6 +11,8 @@
 //!   connection is reset;
 //! - `stall-mid-stream`: the same half, then silence with the connection
 //!   open until the client gives up;
+//! - `no-end-marker`: a stream sends everything but its end marker
+//!   (`data: [DONE]`, `message_stop`);
 //! - `overloaded`: a stream sends half its steps, then the surface's error
 //!   event ([`Frames::failure`]) and ends (a whole answer never gets here: it
 //!   is refused with 503 or 529 before it is generated).
@@ -211,8 +213,23 @@ async fn send_frames(
             Err(())
         }
         Mode::Overloaded => send(sender, &frames.failure).await,
+        Mode::NoEndMarker => {
+            let closing: Vec<Bytes> = frames
+                .closing
+                .iter()
+                .filter(|frame| !is_end_marker(frame))
+                .cloned()
+                .collect();
+            send(sender, &closing).await
+        }
         _ => send(sender, &frames.closing).await,
     }
+}
+
+/// Whether `frame` is a stream's end marker: `data: [DONE]` (Chat, legacy
+/// completions) or the `message_stop` event (Messages).
+fn is_end_marker(frame: &[u8]) -> bool {
+    frame == b"data: [DONE]\n\n" || frame.starts_with(b"event: message_stop\n")
 }
 
 /// Waits `duration`; returns at once for zero. (A zero `tokio::time::sleep`

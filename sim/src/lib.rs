@@ -195,6 +195,12 @@ pub enum Mode {
     /// ends without its closing events (no `[DONE]`, no
     /// `response.completed`, no `message_stop`), a whole body is truncated.
     Cut,
+    /// Answers whole, but ends a stream without its end marker: Chat's and
+    /// legacy completions' `data: [DONE]`, Messages' `message_stop`, as
+    /// text-generation-inference before 2.2 did. A Responses stream, whose
+    /// last event is the answer's `response.completed`, and a whole body go
+    /// as always.
+    NoEndMarker,
     /// Accepts the request and never sends the response head.
     StallFirstByte,
     /// Streams the first tokens, then goes silent with the connection open.
@@ -230,13 +236,14 @@ pub enum Mode {
 
 impl Mode {
     /// Every mode, in the order of [`Mode::name`]'s documentation.
-    pub const ALL: [Self; 10] = [
+    pub const ALL: [Self; 11] = [
         Self::Honest,
         Self::LeakOnOverflow,
         Self::TruncateHead,
         Self::TruncateTail,
         Self::Swap,
         Self::Cut,
+        Self::NoEndMarker,
         Self::StallFirstByte,
         Self::StallMidStream,
         Self::RateLimited,
@@ -245,7 +252,7 @@ impl Mode {
 
     /// The name used by `--mode` and `x-sim-mode`: `honest`,
     /// `leak-on-overflow`, `truncate-head`, `truncate-tail`, `swap`, `cut`,
-    /// `stall-first-byte`, `stall-mid-stream`, `rate-limited`, `overloaded`.
+    /// `no-end-marker`, `stall-first-byte`, `stall-mid-stream`, `rate-limited`, `overloaded`.
     pub fn name(self) -> &'static str {
         match self {
             Self::Honest => "honest",
@@ -254,6 +261,7 @@ impl Mode {
             Self::TruncateTail => "truncate-tail",
             Self::Swap => "swap",
             Self::Cut => "cut",
+            Self::NoEndMarker => "no-end-marker",
             Self::StallFirstByte => "stall-first-byte",
             Self::StallMidStream => "stall-mid-stream",
             Self::RateLimited => "rate-limited",

@@ -607,6 +607,69 @@ async fn upstream_cut_mid_answer_is_an_error_never_a_clean_end() {
 }
 
 #[tokio::test]
+async fn a_whole_stream_closed_without_its_end_marker_ends_cleanly() {
+    // text-generation-inference before 2.2 ended its streams without
+    // `[DONE]`: every choice finished, the answer is whole.
+    let sim = start_sim(&["--mode", "no-end-marker"]);
+    let dir = ProxyDir::new();
+    let proxy = start_proxy(&dir, &sim.url);
+    let client = client();
+    let chat = chat_body("m", "name three rivers", true);
+    let direct = client
+        .post(format!("{}/v1/chat/completions", sim.url))
+        .bearer_auth("k")
+        .json(&chat)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!direct.contains("[DONE]"), "{direct}");
+    let response = client
+        .post(format!("{}/v1/chat/completions", proxy.url))
+        .bearer_auth("k")
+        .json(&chat)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let body = response.text().await.unwrap();
+    assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    assert!(body.contains(": x-canarygate-verdict pass\n"), "{body}");
+    assert!(stream_content(&body).contains("You wrote"), "{body}");
+
+    let messages = serde_json::json!({"model": "claude-sonnet-4-5", "max_tokens": 200,
+        "stream": true, "messages": [{"role": "user", "content": "name three rivers"}]});
+    let direct = client
+        .post(format!("{}/v1/messages", sim.url))
+        .header("x-api-key", "k")
+        .json(&messages)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(direct.contains("message_delta") && !direct.contains("message_stop"));
+    let body = client
+        .post(format!("{}/v1/messages", proxy.url))
+        .header("x-api-key", "k")
+        .json(&messages)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(body.contains(": x-canarygate-verdict pass\n"), "{body}");
+    assert!(
+        body.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
 async fn client_disconnect_cancels_the_upstream_request() {
     let sim = start_sim(&["--decode-tps", "20"]);
     let dir = ProxyDir::new();

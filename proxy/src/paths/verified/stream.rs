@@ -362,6 +362,12 @@ impl<W: WireFormat> VerifiedStream<W> {
                 if self.end.is_some() {
                     return;
                 }
+                if self.is_whole_without_end_marker() {
+                    // Servers that never send the end marker
+                    // (text-generation-inference before 2.2, llama-box):
+                    // every choice finished, so the answer is whole.
+                    return self.finalize(None).await;
+                }
                 let detail = early_end(&mut self.parser).to_owned();
                 if self.writer.ended_by_provider_error() {
                     // The provider's own error event was its stream's end.
@@ -474,8 +480,24 @@ impl<W: WireFormat> VerifiedStream<W> {
         }
     }
 
+    /// Whether the stream, closed at an event's end without its end marker,
+    /// still holds a whole answer: every choice asked for has a finish
+    /// reason (the usage that may follow it is not needed), and no error
+    /// event ended it.
+    fn is_whole_without_end_marker(&self) -> bool {
+        let expected = self.attempt.injection.choices.max(1) as usize;
+        !self.parser.has_partial()
+            && !self.writer.ended_by_provider_error()
+            && self.finish_reasons.len() >= expected
+            && self
+                .finish_reasons
+                .iter()
+                .all(|reason| reason.as_deref().is_some_and(|reason| !reason.is_empty()))
+    }
+
     /// Ends verification. `done`: whether the end marker arrived (`None`
-    /// when we stopped reading ourselves).
+    /// when we stopped reading ourselves, or the provider closed a whole
+    /// answer without it).
     async fn finalize(&mut self, done: Option<bool>) {
         let mut finished = self.finish_verifier(done);
         self.topic_score = self.attempt.judge_topic(&mut finished.verdict).await;
