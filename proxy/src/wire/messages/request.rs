@@ -57,7 +57,7 @@ pub fn parse(bytes: &[u8]) -> Result<ClientRequest, ApiError> {
         Some(Value::Bool(stream)) => *stream,
         Some(_) => return Err(invalid("stream", "stream: must be a boolean")),
     };
-    check_thinking(object.get("thinking"), max_tokens)?;
+    check_thinking(object.get("thinking"))?;
     match object.get("tools") {
         None | Some(Value::Null | Value::Array(_)) => {}
         Some(_) => return Err(invalid("tools", "tools: must be an array of tools")),
@@ -148,8 +148,12 @@ fn check_system(system: Option<&Value>) -> Result<(), ApiError> {
 }
 
 /// `thinking`: an object; its `budget_tokens`, when set, a non-negative
-/// integer below `max_tokens` (Anthropic's rule).
-fn check_thinking(thinking: Option<&Value>, max_tokens: u64) -> Result<(), ApiError> {
+/// integer. Whether it must be below `max_tokens` is the provider's to say:
+/// Anthropic requires it, except with interleaved thinking (a beta), where
+/// the budget spans every thinking block of the turn; canarygate raises the
+/// limit only for a budget below it ([`place_canaries`]), so the provider
+/// judges the client's own numbers.
+fn check_thinking(thinking: Option<&Value>) -> Result<(), ApiError> {
     let thinking = match thinking {
         None | Some(Value::Null) => return Ok(()),
         Some(Value::Object(thinking)) => thinking,
@@ -158,11 +162,7 @@ fn check_thinking(thinking: Option<&Value>, max_tokens: u64) -> Result<(), ApiEr
     match thinking.get("budget_tokens") {
         None | Some(Value::Null) => Ok(()),
         Some(budget) => match budget.as_u64() {
-            Some(budget) if budget < max_tokens => Ok(()),
-            Some(_) => Err(invalid(
-                "thinking",
-                "thinking.budget_tokens: must be less than max_tokens",
-            )),
+            Some(_) => Ok(()),
             None => Err(invalid(
                 "thinking",
                 "thinking.budget_tokens: must be a non-negative integer",
@@ -243,12 +243,20 @@ pub fn place(
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let client_max_tokens = object.get("max_tokens").and_then(Value::as_u64);
+    let thinking_budget = object
+        .get("thinking")
+        .and_then(|thinking| thinking.get("budget_tokens"))
+        .and_then(Value::as_u64);
     let mut echo_allowance = 0;
     if let Some(limit) = client_max_tokens
         && limit > 0
+        && thinking_budget.is_none_or(|budget| budget < limit)
         && !blocks.echo.is_empty()
     {
-        // A thinking budget below the client's limit stays below the raised one.
+        // A thinking budget below the client's limit stays below the raised
+        // one. One at or above it goes with the client's own limit, for the
+        // provider to refuse as it would without canarygate (or to accept,
+        // with interleaved thinking).
         echo_allowance = cost.allowance(blocks.echo.len());
         object.insert(
             "max_tokens".into(),
@@ -426,9 +434,19 @@ mod tests {
         assert_eq!(
             param(with(
                 "thinking",
-                json!({"type": "enabled", "budget_tokens": 64})
+                json!({"type": "enabled", "budget_tokens": -1})
             )),
             Some("thinking")
+        );
+        // A budget at or over the limit is the provider's to judge
+        // (interleaved thinking allows it).
+        assert!(
+            parse(
+                with("thinking", json!({"type": "enabled", "budget_tokens": 64}))
+                    .to_string()
+                    .as_bytes()
+            )
+            .is_ok()
         );
         let request = parse(minimal().to_string().as_bytes()).unwrap();
         assert_eq!(request.max_tokens, Some(64));
@@ -455,6 +473,16 @@ mod tests {
         assert_eq!(injection.client_max_tokens, Some(100));
         assert_eq!(body["max_tokens"], 100 + COST.allowance(2));
         assert!(body["thinking"]["budget_tokens"].as_u64().unwrap() < 100 + COST.allowance(2));
+        // A budget at the client's limit keeps the limit as it came.
+        let mut over = json!({"model": "m", "max_tokens": 100,
+            "thinking": {"type": "enabled", "budget_tokens": 100},
+            "messages": [{"role": "user", "content": "hi"}]});
+        let injection =
+            place(&mut over, EchoMode::HeadTail, COST, RequestCanaries::mint()).unwrap();
+        assert_eq!(
+            (over["max_tokens"].as_u64(), injection.echo_allowance),
+            (Some(100), 0)
+        );
         // Earlier turns: the system prompt and the history are the client's,
         // byte for byte. The tool result stays first in its turn; the head,
         // then the tail, follow it.
