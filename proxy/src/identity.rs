@@ -54,28 +54,61 @@ impl Caller {
             provider_key.map(HeaderValue::as_bytes),
         ];
         let mut withheld: Option<Vec<u8>> = None;
-        // Short values (an empty or test key) would match ordinary text.
-        for secret in secrets
-            .into_iter()
-            .flatten()
-            .filter(|secret| secret.len() >= 8)
-        {
+        for secret in secrets.into_iter().flatten() {
             let text = withheld.as_deref().unwrap_or(body);
-            if memchr::memmem::find(text, secret).is_none() {
-                continue;
+            if let Some(without) = without_secret(text, secret) {
+                withheld = Some(without);
             }
-            let mut out = Vec::with_capacity(text.len());
-            let mut rest = text;
-            while let Some(at) = memchr::memmem::find(rest, secret) {
-                out.extend_from_slice(&rest[..at]);
-                out.extend_from_slice(WITHHELD_CREDENTIAL.as_bytes());
-                rest = &rest[at + secret.len()..];
-            }
-            out.extend_from_slice(rest);
-            withheld = Some(out);
         }
         withheld
     }
+
+    /// The caller's credential, held to be taken out of the texts of an
+    /// audit sample ([`CallerSecret::withhold`]).
+    pub fn secret(&self) -> CallerSecret {
+        CallerSecret(self.credential.clone())
+    }
+}
+
+/// A caller's credential, kept in memory to be taken out of texts that are
+/// stored. Never logged: `Debug` prints nothing of it.
+pub struct CallerSecret(String);
+
+impl std::fmt::Debug for CallerSecret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CallerSecret(..)")
+    }
+}
+
+impl CallerSecret {
+    /// `text` with every copy of the credential (a client that pasted its
+    /// own key into a prompt) made [`WITHHELD_CREDENTIAL`]; `None` when it
+    /// holds none.
+    pub fn withhold(&self, text: &str) -> Option<String> {
+        let without = without_secret(text.as_bytes(), self.0.as_bytes())?;
+        // A whole secret is replaced by ASCII: the text stays UTF-8.
+        Some(String::from_utf8(without).expect("a secret replaced whole in UTF-8 text"))
+    }
+}
+
+/// `text` with every copy of `secret` made [`WITHHELD_CREDENTIAL`]; `None`
+/// when it holds none, or when `secret` is too short to tell from ordinary
+/// text (an empty or test key, under 8 bytes).
+fn without_secret(text: &[u8], secret: &[u8]) -> Option<Vec<u8>> {
+    if secret.len() < 8 {
+        return None;
+    }
+    let first = memchr::memmem::find(text, secret)?;
+    let mut out = Vec::with_capacity(text.len());
+    out.extend_from_slice(&text[..first]);
+    let mut rest = &text[first..];
+    while let Some(at) = memchr::memmem::find(rest, secret) {
+        out.extend_from_slice(&rest[..at]);
+        out.extend_from_slice(WITHHELD_CREDENTIAL.as_bytes());
+        rest = &rest[at + secret.len()..];
+    }
+    out.extend_from_slice(rest);
+    Some(out)
 }
 
 /// What a credential quoted in a provider's answer becomes

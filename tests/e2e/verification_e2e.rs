@@ -2442,7 +2442,7 @@ async fn key_quoting_upstream() -> String {
 
 /// The key a provider's error quotes back reaches neither the client nor
 /// the audit store (every answer sampled): both keep the provider's error,
-/// the key withheld.
+/// the key withheld. So does the key a client pasted into its own prompt.
 #[tokio::test]
 async fn a_key_quoted_in_a_providers_error_is_withheld() {
     let upstream = key_quoting_upstream().await;
@@ -2455,7 +2455,7 @@ async fn a_key_quoted_in_a_providers_error_is_withheld() {
             .post(format!("{}/v1/chat/completions", proxy.url))
             .bearer_auth(key)
             .json(&json!({"model": "m", "stream": stream,
-                          "messages": [{"role": "user", "content": "hi"}]}))
+                          "messages": [{"role": "user", "content": format!("my key is {key}")}]}))
             .send()
             .await
             .expect("request");

@@ -20,7 +20,7 @@ mod sample;
 use sample::{KeptBytes, SampleTexts, ScoreLater};
 
 use crate::clock::{RequestClock, now_ms};
-use crate::identity::Caller;
+use crate::identity::{Caller, CallerSecret};
 use crate::metrics::Metrics;
 use crate::topic::TopicCheck;
 
@@ -56,6 +56,8 @@ pub struct Trail {
     request_id: String,
     session: Option<String>,
     credential: Option<String>,
+    /// The caller's credential itself, to take out of a sample's texts.
+    secret: Option<CallerSecret>,
     provider: Option<String>,
     model: Option<String>,
     endpoint: Option<String>,
@@ -100,6 +102,7 @@ impl Trail {
             request_id: request_id.to_owned(),
             session: None,
             credential: None,
+            secret: None,
             provider: None,
             model: None,
             endpoint: None,
@@ -129,10 +132,12 @@ impl Trail {
         &mut self.clock
     }
 
-    /// Records who sent the request (keyed hashes only).
+    /// Records who sent the request (keyed hashes only; the credential is
+    /// held to be taken out of a sample's texts).
     pub fn caller(&mut self, caller: &Caller) {
         self.session = Some(caller.session_id.clone());
         self.credential = Some(caller.credential_hash.clone());
+        self.secret = Some(caller.secret());
     }
 
     /// Records the request body as received.
@@ -342,6 +347,7 @@ impl Trail {
             request: std::mem::take(&mut self.request_bytes),
             response: std::mem::take(&mut self.response_kept),
             provider: self.provider_text.take().filter(|_| failed),
+            secret: self.secret.take(),
         };
         let scored_later = self
             .topic

@@ -8,6 +8,7 @@ use canarygate_audit::{AuditLog, Recorded, Sample, should_sample};
 use canarygate_policies::canary::replace_canaries;
 use canarygate_policies::topic::sample_chance;
 
+use crate::identity::CallerSecret;
 use crate::topic::{HeldBytes, TopicCheck};
 
 /// Placeholder for a canary in sampled text.
@@ -73,6 +74,8 @@ pub(crate) struct SampleTexts {
     pub response: KeptBytes,
     /// What the provider sent, kept when the verdict failed.
     pub provider: Option<String>,
+    /// The caller's credential, taken out of every text.
+    pub secret: Option<CallerSecret>,
 }
 
 impl SampleTexts {
@@ -81,12 +84,20 @@ impl SampleTexts {
         self.request.len() + self.response.len() + self.provider.as_ref().map_or(0, String::len)
     }
 
-    /// The sample, canaries redacted.
+    /// The sample, canaries redacted and the caller's credential withheld
+    /// (a client that pasted its own key into a prompt).
     pub fn sample(&self) -> Sample {
+        let redact = |text: &str| {
+            let text = redact(text);
+            self.secret
+                .as_ref()
+                .and_then(|secret| secret.withhold(&text))
+                .unwrap_or(text)
+        };
         Sample {
             request_text: redact(&String::from_utf8_lossy(&self.request)),
             response_text: redact(&String::from_utf8_lossy(&self.response.joined())),
-            provider_text: self.provider.as_ref().map(|sent| redact(sent)),
+            provider_text: self.provider.as_deref().map(redact),
         }
     }
 }
