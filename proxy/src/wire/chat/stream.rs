@@ -247,8 +247,16 @@ impl<E: ChunkEditor> ChatStream<E> {
             &mut self.delivery,
         );
         let mut changed = edited.changed;
+        let has_choices = chunk
+            .event
+            .get("choices")
+            .and_then(Value::as_array)
+            .is_some_and(|choices| !choices.is_empty());
         if chunk.event.get("usage").is_some_and(Value::is_object) {
-            if self.delivery.client_wants_usage() {
+            // The usage chunk (no choices) is the one canarygate asked for;
+            // usage beside choices is the provider's own habit (Mistral
+            // sends it on the last chunk whatever was asked), and goes on.
+            if self.delivery.client_wants_usage() || has_choices {
                 if let Some(usage) = chunk.event.get_mut("usage") {
                     changed |= self.delivery.report_usage(usage);
                 }
@@ -258,11 +266,6 @@ impl<E: ChunkEditor> ChatStream<E> {
                 changed = true;
             }
         }
-        let has_choices = chunk
-            .event
-            .get("choices")
-            .and_then(Value::as_array)
-            .is_some_and(|choices| !choices.is_empty());
         let has_usage = chunk.event.get("usage").is_some_and(Value::is_object);
         let only_removed_text = edited.emptied && !edited.keeps_other_fields;
         if (!has_choices && !has_usage && changed) || (has_choices && only_removed_text) {
@@ -519,6 +522,38 @@ mod tests {
                 assert!(delivered.len() < 30, "cut at the limit: {delivered}");
                 assert!(light_text.contains("\"length\""));
             }
+        }
+    }
+
+    #[test]
+    fn usage_beside_choices_is_the_providers_and_goes_on() {
+        // Mistral puts usage on its last chunk, beside the finish, whether
+        // or not it was asked: the client gets it as direct. The usage chunk
+        // without choices is the one canarygate asked for, and goes.
+        let (injection, opening) = placed(200);
+        let mut chunks = provider_chunks(&opening);
+        let usage = json!({"prompt_tokens": 90, "completion_tokens": 40, "total_tokens": 130});
+        let finish = chunks.len() - 2;
+        let mut last: Value = serde_json::from_str(&chunks[finish]).unwrap();
+        last["usage"] = usage;
+        chunks[finish] = last.to_string();
+        for light in [true, false] {
+            let (out, _) = relay(&injection, &chunks, light);
+            let mut events = Vec::new();
+            SseParser::new().feed(&out, &mut events);
+            let with_usage: Vec<Value> = events
+                .iter()
+                .filter_map(|event| serde_json::from_str::<Value>(&event.data).ok())
+                .filter(|chunk| chunk.get("usage").is_some())
+                .collect();
+            assert_eq!(with_usage.len(), 1, "{light}: {with_usage:?}");
+            assert_eq!(with_usage[0]["choices"][0]["finish_reason"], "stop");
+            assert!(
+                with_usage[0]["usage"]["completion_tokens"]
+                    .as_u64()
+                    .unwrap()
+                    > 0
+            );
         }
     }
 

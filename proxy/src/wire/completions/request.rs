@@ -181,7 +181,8 @@ pub fn place(
     let choices = count.saturating_mul(n);
     if choices > MAX_CHOICES {
         return Err(ApiError::invalid_param(
-            "n",
+            // The prompts alone ask for too many, or `n` makes them.
+            if n == 1 { "prompt" } else { "n" },
             format!(
                 "{count} prompts with `n` = {n} ask for {choices} choices; a verified request \
                  may ask for at most {MAX_CHOICES}."
@@ -438,6 +439,7 @@ mod tests {
             (json!({"model": "m", "prompt": [[1], [2]]}), "prompt"),
             (json!({"model": "m", "prompt": "x", "n": 0}), "n"),
             (json!({"model": "m", "prompt": vec!["x"; 65], "n": 2}), "n"),
+            (json!({"model": "m", "prompt": vec!["x"; 129]}), "prompt"),
         ] {
             let mut placed = body.clone();
             let error = place(&mut placed, EchoMode::HeadTail, COST, canaries()).unwrap_err();
