@@ -1247,7 +1247,9 @@ impl Verifier {
             for (part, track) in &mut state.tracks {
                 if part.sequence() == Part::Reasoning {
                     debug_assert_eq!(track.released, 0, "reasoning waits for the echo");
-                    track.removed = vec![0..track.received()];
+                    let received = track.received();
+                    track.removed.clear();
+                    track.removed.push(0..received);
                     track.ready.clear();
                 }
             }
