@@ -644,6 +644,7 @@ async fn a_whole_stream_closed_without_its_end_marker_ends_cleanly() {
     let direct = client
         .post(format!("{}/v1/messages", sim.url))
         .header("x-api-key", "k")
+        .header("anthropic-version", "2023-06-01")
         .json(&messages)
         .send()
         .await
@@ -651,10 +652,14 @@ async fn a_whole_stream_closed_without_its_end_marker_ends_cleanly() {
         .text()
         .await
         .unwrap();
-    assert!(direct.contains("message_delta") && !direct.contains("message_stop"));
+    assert!(
+        direct.contains("message_delta") && !direct.contains("message_stop"),
+        "{direct}"
+    );
     let body = client
         .post(format!("{}/v1/messages", proxy.url))
         .header("x-api-key", "k")
+        .header("anthropic-version", "2023-06-01")
         .json(&messages)
         .send()
         .await
