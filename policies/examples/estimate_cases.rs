@@ -15,6 +15,7 @@ use serde_json::json;
 const FILES: &[(&str, &str)] = &[
     ("english prose (README)", "README.md"),
     ("rust", "policies/src/verify.rs"),
+    ("rust, few comments", "proxy/src/wire/chat/request.rs"),
     ("python", "tests/python/sdk_client.py"),
     ("json", "policies/benches/token_cost/package-lock.json"),
 ];
@@ -86,6 +87,11 @@ fn main() {
         (
             "markdown table",
             "| a | b | c |\n|---|---:|:---|\n| 1 | 2 | 3 |\n".repeat(50),
+        ),
+        (
+            "minified json",
+            r#"{"id":"a1","tags":["x","y"],"n":[1,2,3],"ok":true,"sub":{"k":null,"v":[{"w":0.5}]}}"#
+                .repeat(100),
         ),
         (
             "html",
