@@ -575,13 +575,15 @@ async fn canaries_in_flight_survive_a_restart() {
 }
 
 /// A tokenizer.json that splits text the way the simulated provider counts:
-/// whitespace-separated words, then runs of up to 8 letters or digits and
-/// single other characters. `per_char` makes every character a token instead.
+/// whitespace-separated words, then runs of up to 8 letters or digits, and
+/// runs of other characters two stretches a piece (a stretch: one character
+/// repeated up to 16 times). `per_char` makes every character a token
+/// instead.
 fn sim_tokenizer(dir: &std::path::Path, per_char: bool) -> String {
     let pattern = if per_char {
         "."
     } else {
-        "[A-Za-z0-9]{1,8}|[^A-Za-z0-9\\s]"
+        "[A-Za-z0-9]{1,8}|([^A-Za-z0-9\\s])\\1{0,15}(?:([^A-Za-z0-9\\s])\\2{0,15})?"
     };
     let tokenizer = json!({
         "version": "1.0",
