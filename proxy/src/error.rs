@@ -44,6 +44,9 @@ pub enum ErrorCode {
     RequestTimeout,
     /// The body is over `limits.max_body_bytes`.
     RequestTooLarge,
+    /// The body came with a `Content-Encoding` other than `identity`
+    /// (canarygate reads bodies as sent, not compressed).
+    UnsupportedContentEncoding,
     /// `limits.max_concurrent_requests` are in flight.
     TooManyConcurrentRequests,
     /// The provider refused the connection or could not be resolved.
@@ -84,7 +87,7 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, in the README table's order.
-    pub const ALL: [Self; 30] = [
+    pub const ALL: [Self; 31] = [
         Self::InvalidJson,
         Self::InvalidValue,
         Self::InvalidBody,
@@ -99,6 +102,7 @@ impl ErrorCode {
         Self::MethodNotAllowed,
         Self::RequestTimeout,
         Self::RequestTooLarge,
+        Self::UnsupportedContentEncoding,
         Self::TooManyConcurrentRequests,
         Self::UpstreamUnreachable,
         Self::UpstreamTlsError,
@@ -133,6 +137,7 @@ impl ErrorCode {
             Self::MethodNotAllowed => "method_not_allowed",
             Self::RequestTimeout => "request_timeout",
             Self::RequestTooLarge => "request_too_large",
+            Self::UnsupportedContentEncoding => "unsupported_content_encoding",
             Self::TooManyConcurrentRequests => "too_many_concurrent_requests",
             Self::UpstreamUnreachable => "upstream_unreachable",
             Self::UpstreamTlsError => "upstream_tls_error",
@@ -169,6 +174,7 @@ impl ErrorCode {
             Self::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::RequestTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::UnsupportedContentEncoding => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::TooManyConcurrentRequests => StatusCode::TOO_MANY_REQUESTS,
             Self::UpstreamUnreachable
             | Self::UpstreamTlsError

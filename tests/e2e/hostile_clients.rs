@@ -785,6 +785,28 @@ async fn every_error_has_the_four_keys_and_405_names_allow() {
         assert_four_keys(&response.json(), &[], "too large")["code"],
         "request_too_large"
     );
+
+    // A compressed body is named for what it is, not as invalid JSON; an
+    // `identity` one is read as it is.
+    for (encoding, status, code) in [
+        ("gzip", 415, "unsupported_content_encoding"),
+        ("br", 415, "unsupported_content_encoding"),
+        ("identity", 400, "invalid_json"),
+    ] {
+        let response = client
+            .post(format!("{}/v1/chat/completions", proxy.url))
+            .bearer_auth("sk-test")
+            .header("content-type", "application/json")
+            .header("content-encoding", encoding)
+            .body(vec![0x1f, 0x8b, 0x08, 0x00])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), status, "{encoding}");
+        let body: Value = response.json().await.unwrap();
+        let error = assert_four_keys(&body, &[], encoding);
+        assert_eq!(error["code"], code, "{encoding}");
+    }
 }
 
 #[tokio::test]

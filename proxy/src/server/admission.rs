@@ -55,8 +55,9 @@ pub async fn admit<'a>(
     })
 }
 
-/// Reads the request body: at most `limits.max_body_bytes`, all of it
-/// within `limits.client_body_timeout_ms`, no two chunks further apart than
+/// Reads the request body: uncompressed (415 for any `Content-Encoding` but
+/// `identity`), at most `limits.max_body_bytes`, all of it within
+/// `limits.client_body_timeout_ms`, no two chunks further apart than
 /// `limits.client_body_idle_timeout_ms`.
 async fn read_body(
     headers: &HeaderMap,
@@ -64,6 +65,22 @@ async fn read_body(
     limits: &Limits,
     metrics: &Metrics,
 ) -> Result<Bytes, ApiError> {
+    // A compressed body would read as invalid JSON: say what it is.
+    if let Some(encoding) = headers.get(header::CONTENT_ENCODING)
+        && !encoding
+            .as_bytes()
+            .trim_ascii()
+            .eq_ignore_ascii_case(b"identity")
+    {
+        return Err(ApiError::new(
+            ErrorCode::UnsupportedContentEncoding,
+            format!(
+                "canarygate reads request bodies uncompressed: `Content-Encoding: {}` is not \
+                 accepted. Send the body without it.",
+                String::from_utf8_lossy(encoding.as_bytes())
+            ),
+        ));
+    }
     let limit = limits.max_body_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
