@@ -278,7 +278,13 @@ impl MessagesStream {
         if !verifier.withholds_reasoning(0) {
             return false;
         }
-        match event_type(event, &chunk.event) {
+        // A light event is a block's delta, named or not.
+        let kind = if chunk.is_light() {
+            "content_block_delta"
+        } else {
+            event_type(event, &chunk.event)
+        };
+        match kind {
             "content_block_start" => {
                 self.in_withheld_thinking =
                     chunk.event["content_block"]["type"].as_str() == Some("thinking");
