@@ -6,11 +6,11 @@
 //! symbol, repeated up to [`MAX_REPEAT_CHARS`] times (`=====` rules, `-----`
 //! lines, `.....`: BPE vocabularies hold long runs of one symbol), and a
 //! piece is two stretches in a row (`);`, `"}`, `->`) or the last one of a
-//! run; whitespace is free. BPE
-//! tokenizers used by hosted models produce a count of the same order for
-//! prose and code, which is what the checks need: the `prompt_tokens` check
-//! compares orders of magnitude (a 100,000-token prompt reported as 1
-//! token), with a tolerance set by the policy. Measured against o200k_base,
+//! run; whitespace is free. BPE tokenizers used by hosted models produce a
+//! count of the same order for prose and code, which is what the checks
+//! need: the `prompt_tokens` check compares orders of magnitude (a
+//! 100,000-token prompt reported as 1 token), with a tolerance set by the
+//! policy. Measured against o200k_base,
 //! cl100k_base and Llama 3 (`policies/benches/token_cost/run.sh`), it counts
 //! 0.38x to 1.23x the lowest of the three, rules of one symbol and
 //! minified JSON included (with each symbol one piece: 4.8x to 10.5x on

@@ -151,7 +151,7 @@ fn check_system(system: Option<&Value>) -> Result<(), ApiError> {
 /// integer. Whether it must be below `max_tokens` is the provider's to say:
 /// Anthropic requires it, except with interleaved thinking (a beta), where
 /// the budget spans every thinking block of the turn; canarygate raises the
-/// limit only for a budget below it ([`place_canaries`]), so the provider
+/// limit only for a budget below it ([`place`]), so the provider
 /// judges the client's own numbers.
 fn check_thinking(thinking: Option<&Value>) -> Result<(), ApiError> {
     let thinking = match thinking {
