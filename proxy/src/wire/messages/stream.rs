@@ -15,8 +15,14 @@
 //! is dropped; so is a text block whose every text was removed (the echo
 //! alone in its block, a block past the client's limit), start and stop,
 //! as a whole answer drops it: Anthropic refuses an empty text block sent
-//! back in the next turn. The SDK addresses blocks by their `index`, so
+//! back in the next turn. So is a thinking block whose reasoning the
+//! verifier withheld (cut at the limit before the reply; its signature
+//! forbids emptying it). The SDK addresses blocks by their `index`, so
 //! the blocks after a dropped one are numbered down to stay consecutive.
+//!
+//! Longer than 500 lines: the reading of each event type and the writer
+//! that holds, edits, drops and renumbers those events are one protocol,
+//! read best side by side.
 
 use crate::wire::held::{Held, HeldEvents};
 use std::ops::Range;
