@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 
 use crate::hash;
 use crate::model::{
-    OPENROUTER_REASONER_MODEL, REASONER_MODEL, Segment, generate_choice, last_user_text, subject,
-    think,
+    OPENROUTER_REASONER_MODEL, REASONER_MODEL, Segment, TERSE_REASONER_MODEL, generate_choice,
+    last_user_text, subject, think,
 };
 use crate::request::Generation;
 use crate::tools;
@@ -46,7 +46,7 @@ enum ReasoningField {
 impl ReasoningField {
     fn of(model: &str) -> Option<Self> {
         match model {
-            REASONER_MODEL => Some(Self::ReasoningContent),
+            REASONER_MODEL | TERSE_REASONER_MODEL => Some(Self::ReasoningContent),
             OPENROUTER_REASONER_MODEL => Some(Self::Reasoning),
             _ => None,
         }
@@ -198,7 +198,11 @@ impl Answer {
         let choices = (0..request.choices.max(1))
             .map(|index| {
                 let mut reasoning = if request.thinks {
-                    think(context, &called_names)
+                    think(
+                        context,
+                        &called_names,
+                        request.model != TERSE_REASONER_MODEL,
+                    )
                 } else {
                     Vec::new()
                 };

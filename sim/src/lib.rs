@@ -69,7 +69,10 @@
 //!   `max_tokens` and reported in `completion_tokens_details.reasoning_tokens`.
 //!   `"sim-reasoner-hidden"` thinks the same, billed and never shown, as
 //!   OpenAI's o-series: a budget spent thinking leaves `content: ""` and
-//!   `finish_reason: "length"`.
+//!   `finish_reason: "length"`. `"sim-reasoner-terse"` (`reasoning_content`)
+//!   never restates its instructions, as most real reasoning models, and
+//!   thinks longer (about 70 tokens): a small limit cuts it before its reply
+//!   with no canary quoted.
 //! - `logprobs: true` (`top_logprobs` 0..=20): `logprobs.content` entries
 //!   (`token`, `logprob`, `bytes`, `top_logprobs`) whose tokens join to the
 //!   content exactly; streamed, each content chunk carries its own tokens'.
@@ -157,7 +160,9 @@ pub use answer::SYSTEM_FINGERPRINT;
 pub use error::SimError;
 pub use headers::{ANTHROPIC_ORGANIZATION_ID, OPENAI_VERSION, ORGANIZATION, RateLimitConfig};
 use model::MODELS;
-pub use model::{HIDDEN_REASONER_MODEL, OPENROUTER_REASONER_MODEL, REASONER_MODEL};
+pub use model::{
+    HIDDEN_REASONER_MODEL, OPENROUTER_REASONER_MODEL, REASONER_MODEL, TERSE_REASONER_MODEL,
+};
 pub use prefix_cache::PrefixCacheConfig;
 use provider::SimProvider;
 pub use store::MAX_STORED;
@@ -734,7 +739,8 @@ mod tests {
                 "sim-model",
                 REASONER_MODEL,
                 OPENROUTER_REASONER_MODEL,
-                HIDDEN_REASONER_MODEL
+                HIDDEN_REASONER_MODEL,
+                TERSE_REASONER_MODEL
             ]
         );
     }

@@ -38,6 +38,12 @@ pub const OPENROUTER_REASONER_MODEL: &str = "sim-reasoner-openrouter";
 /// never shown, as OpenAI's o-series and GPT-5 serve Chat Completions.
 pub const HIDDEN_REASONER_MODEL: &str = "sim-reasoner-hidden";
 
+/// The reasoning model whose thinking comes in `reasoning_content`, as
+/// [`REASONER_MODEL`]'s does, but never restates the instructions it sees,
+/// as most real reasoning models: it names no opening, and it thinks longer
+/// (about 70 tokens), so a small limit cuts it before its reply.
+pub const TERSE_REASONER_MODEL: &str = "sim-reasoner-terse";
+
 /// A model served through a chat template without a system role, as
 /// Gemma 1 and 2 are (their templates raise `System role not supported`):
 /// a Chat request with a `system` or `developer` message is refused with the
@@ -45,11 +51,12 @@ pub const HIDDEN_REASONER_MODEL: &str = "sim-reasoner-hidden";
 pub const SYSTEMLESS_MODEL: &str = "sim-systemless";
 
 /// Every model served, for `GET /v1/models`.
-pub const MODELS: [&str; 4] = [
+pub const MODELS: [&str; 5] = [
     "sim-model",
     REASONER_MODEL,
     OPENROUTER_REASONER_MODEL,
     HIDDEN_REASONER_MODEL,
+    TERSE_REASONER_MODEL,
 ];
 
 /// Whether `model` is one of the reasoning models (they think first).
@@ -58,6 +65,7 @@ pub fn is_reasoner(model: &str) -> bool {
         REASONER_MODEL,
         OPENROUTER_REASONER_MODEL,
         HIDDEN_REASONER_MODEL,
+        TERSE_REASONER_MODEL,
     ]
     .contains(&model)
 }
@@ -161,13 +169,20 @@ pub fn generate_choice(context: &[Segment], max_tokens: Option<u64>, choice: usi
     finish(text, max_tokens)
 }
 
-/// What a reasoning model thinks before it answers `context`: it restates
-/// the instructions it sees, quoting the opening they ask for (canaries
-/// included), and what it will do. `plan` names the tools it will call, if
-/// any. A few dozen tokens, never cut here.
-pub fn think(context: &[Segment], plan: &[&str]) -> Vec<String> {
+/// What a reasoning model thinks before it answers `context`: with
+/// `restates`, it restates the instructions it sees, quoting the opening
+/// they ask for (canaries included); without, it weighs how to answer
+/// instead, at more length ([`TERSE_REASONER_MODEL`]). Then what the user
+/// wrote and what it will do. `plan` names the tools it will call, if any.
+/// A few dozen tokens, never cut here.
+pub fn think(context: &[Segment], plan: &[&str], restates: bool) -> Vec<String> {
     let mut text = String::from("Let me read the conversation first.");
     match obedient_prefix(context) {
+        _ if !restates => text.push_str(
+            " I should weigh what they want before I answer, and keep the answer short, \
+             plain and accurate, adding nothing they did not ask for. Shorter answers \
+             are easier to check, so I will leave out every detail that does not help.",
+        ),
         Some(opening) => text.push_str(&format!(
             " The instructions ask me to begin my reply with \"{opening}\", so I will start \
              with exactly that."
@@ -403,20 +418,25 @@ mod tests {
             segment("system", "Begin your reply with \"CG-7\" please."),
             segment("user", "list the moorings"),
         ];
-        let thought = think(&context, &[]).concat();
+        let thought = think(&context, &[], true).concat();
         assert!(
             thought.contains("begin my reply with \"CG-7\""),
             "{thought}"
         );
         assert!(thought.contains("\"list the moorings\""), "{thought}");
-        assert!((20..80).contains(&think(&context, &[]).len()));
-        let plan = think(&context, &["get_weather"]).concat();
+        assert!((20..80).contains(&think(&context, &[], true).len()));
+        let plan = think(&context, &["get_weather"], true).concat();
         assert!(plan.contains("fits get_weather"), "{plan}");
         assert!(
-            !think(&[segment("user", "hi")], &[])
+            !think(&[segment("user", "hi")], &[], true)
                 .concat()
                 .contains("CG-")
         );
+        // The terse model names no opening, and thinks longer.
+        let terse = think(&context, &[], false);
+        assert!(!terse.concat().contains("CG-7"), "{}", terse.concat());
+        assert!(terse.concat().contains("\"list the moorings\""));
+        assert!((60..120).contains(&terse.len()), "{}", terse.len());
     }
 
     #[test]

@@ -56,6 +56,16 @@ provider = "deployment"
 model = "*"
 provider = "sim"
 
+[[providers]]
+name = "claude"
+api = "anthropic"
+base_url = "{sim}/v1"
+context_window = 32000
+
+[[routes]]
+model = "*"
+provider = "claude"
+
 {extra}
 "#
     )
@@ -149,6 +159,7 @@ async fn the_provider_answer_reaches_the_client_whole_and_clean() {
 
     reasoning_models(&proxy).await;
     a_budget_spent_on_hidden_reasoning(&proxy).await;
+    reasoning_cut_before_its_reply_is_withheld(&proxy).await;
     logprobs_follow_the_content(&proxy).await;
     tool_and_function_calls_keep_their_increments(&proxy).await;
     provider_fields_and_headers_pass(&proxy, &dir).await;
@@ -366,6 +377,94 @@ async fn a_budget_spent_on_hidden_reasoning(proxy: &Running) {
     assert_eq!(choice["message"]["content"], "", "{text}");
     let reasoning = choice["message"]["reasoning_content"].as_str().unwrap();
     assert!(!reasoning.is_empty() && !reasoning.contains("CG"), "{text}");
+}
+
+/// A reasoning model that shows its reasoning, never restates the canary
+/// instruction (as most real ones), and is cut at the token limit before
+/// its reply: nothing vouches for that reasoning, so it is withheld, and
+/// the answer goes out as a hidden reasoner's would (`pass;
+/// withheld=reasoning`), never blocked and retried. In Chat, Responses and
+/// Messages, whole and streamed. A thinking budget at or over the client's
+/// limit reaches the provider, for it to judge.
+async fn reasoning_cut_before_its_reply_is_withheld(proxy: &Running) {
+    const WITHHELD: &str = "pass; withheld=reasoning";
+    for stream in [false, true] {
+        let mut body = user("sim-reasoner-terse", "Explain tides briefly", stream);
+        body["max_completion_tokens"] = json!(1);
+        let (status, headers, text) = post(proxy, &body, &[]).await;
+        assert_eq!(status, 200, "{text}");
+        assert_eq!(headers["x-canarygate-verdict"], WITHHELD, "{text}");
+        assert!(!text.contains("weigh"), "the reasoning is withheld: {text}");
+        if stream {
+            let chunks = chunks(&text);
+            assert_eq!(joined(&chunks, 0, "reasoning_content"), "", "{text}");
+            assert_eq!(joined(&chunks, 0, "content"), "", "{text}");
+            assert!(text.contains(&format!(": x-canarygate-verdict {WITHHELD}\n")));
+            assert!(text.contains("\"length\""), "{text}");
+        } else {
+            let answer: Value = serde_json::from_str(&text).unwrap();
+            let choice = &answer["choices"][0];
+            assert_eq!(choice["finish_reason"], "length", "{text}");
+            assert_eq!(choice["message"]["content"], "", "{text}");
+            let reasoning = &answer["usage"]["completion_tokens_details"]["reasoning_tokens"];
+            assert!(reasoning.as_u64().unwrap() > 1, "billed: {text}");
+        }
+
+        let response = client()
+            .post(format!("{}/v1/responses", proxy.url))
+            .bearer_auth("sk-fidelity")
+            .json(
+                &json!({"model": "sim-reasoner-terse", "input": "Explain tides briefly",
+                          "reasoning": {"summary": "auto"}, "max_output_tokens": 16,
+                          "stream": stream}),
+            )
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["x-canarygate-verdict"], WITHHELD);
+        let text = response.text().await.unwrap();
+        assert!(!text.contains("weigh"), "the summary is withheld: {text}");
+        assert!(text.contains("max_output_tokens"), "{text}");
+
+        let response = client()
+            .post(format!("{}/v1/messages", proxy.url))
+            .header("x-api-key", "sk-fidelity")
+            .header("anthropic-version", "2023-06-01")
+            .json(&json!({"model": "sim-reasoner-terse", "max_tokens": 20,
+                          "thinking": {"type": "adaptive"}, "stream": stream,
+                          "messages": [{"role": "user", "content": "Explain tides briefly"}]}))
+            .send()
+            .await
+            .expect("send");
+        assert_eq!(response.status(), 200);
+        assert_eq!(response.headers()["x-canarygate-verdict"], WITHHELD);
+        let text = response.text().await.unwrap();
+        assert!(!text.contains("weigh"), "the thinking is withheld: {text}");
+        assert!(
+            !text.contains("\"thinking\""),
+            "its block is dropped: {text}"
+        );
+        assert!(text.contains("max_tokens"), "{text}");
+    }
+    // A budget at the limit goes as the client set it: the provider refuses
+    // it as Anthropic does (with interleaved thinking it would accept it).
+    let response = client()
+        .post(format!("{}/v1/messages", proxy.url))
+        .header("x-api-key", "sk-fidelity")
+        .header("anthropic-version", "2023-06-01")
+        .json(&json!({"model": "sim-model", "max_tokens": 2048,
+                      "thinking": {"type": "enabled", "budget_tokens": 2048},
+                      "messages": [{"role": "user", "content": "Explain tides briefly"}]}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), 400);
+    let text = response.text().await.unwrap();
+    assert!(
+        text.contains("`max_tokens` must be greater than `thinking.budget_tokens`"),
+        "the provider's own refusal: {text}"
+    );
 }
 
 async fn logprobs_follow_the_content(proxy: &Running) {

@@ -79,7 +79,7 @@ async fn chat_answers_streams_and_breaks_as_before() {
         .json()
         .await
         .unwrap();
-    assert_eq!(models["data"].as_array().unwrap().len(), 4);
+    assert_eq!(models["data"].as_array().unwrap().len(), 5);
 }
 
 #[tokio::test]
