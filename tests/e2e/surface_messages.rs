@@ -378,7 +378,8 @@ fn wildcard_models_are_asked_of_the_callers_api(anthropic: &Running) {
             "sim-model",
             "sim-reasoner",
             "sim-reasoner-openrouter",
-            "sim-reasoner-hidden"
+            "sim-reasoner-hidden",
+            "sim-reasoner-terse"
         ],
         "{list}"
     );
@@ -392,5 +393,5 @@ fn wildcard_models_are_asked_of_the_callers_api(anthropic: &Running) {
     );
     assert_eq!(list["has_more"], false, "{list}");
     assert_eq!(list["first_id"], "named", "{list}");
-    assert_eq!(list["last_id"], "sim-reasoner-hidden", "{list}");
+    assert_eq!(list["last_id"], "sim-reasoner-terse", "{list}");
 }
