@@ -34,6 +34,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Uri;
+use hyper::body::{Frame, Incoming, SizeHint};
 use hyper_rustls::{HttpsConnector, MaybeHttpsStream};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -64,7 +65,98 @@ const TCP_KEEPALIVE_RETRIES: u32 = 3;
 pub type UpstreamRequest = hyper::Request<Full<Bytes>>;
 
 /// A provider's response: the head, and the body as it arrives.
-pub type UpstreamResponse = hyper::Response<hyper::body::Incoming>;
+pub type UpstreamResponse = hyper::Response<UpstreamBody>;
+
+/// A provider's response body as it arrives, with what was read ahead of
+/// it to tell its format ([`UpstreamBody::first_byte`]) given back first.
+#[derive(Debug)]
+pub struct UpstreamBody {
+    incoming: Incoming,
+    /// Data read ahead, not yet given back.
+    ahead: Option<Bytes>,
+    /// The error reading ahead ended with, given back after `ahead`.
+    failed: Option<hyper::Error>,
+}
+
+impl From<Incoming> for UpstreamBody {
+    fn from(incoming: Incoming) -> Self {
+        Self {
+            incoming,
+            ahead: None,
+            failed: None,
+        }
+    }
+}
+
+impl UpstreamBody {
+    /// The body's first byte that is not whitespace, read ahead within
+    /// `wait` (and given back when the body is read); `None` when the body
+    /// ends or fails first, or takes longer.
+    pub async fn first_byte(&mut self, wait: Duration) -> Option<u8> {
+        let found = |ahead: &Option<Bytes>| {
+            ahead.as_deref().and_then(|bytes| {
+                bytes
+                    .iter()
+                    .copied()
+                    .find(|byte| !byte.is_ascii_whitespace())
+            })
+        };
+        let read_ahead = async {
+            while found(&self.ahead).is_none() && self.failed.is_none() {
+                match self.incoming.frame().await {
+                    None => break,
+                    Some(Err(error)) => self.failed = Some(error),
+                    Some(Ok(frame)) => {
+                        // Trailers (HTTP/2) carry no answer.
+                        if let Ok(data) = frame.into_data() {
+                            self.ahead = Some(match self.ahead.take() {
+                                None => data,
+                                Some(before) => [before, data].concat().into(),
+                            });
+                        }
+                    }
+                }
+            }
+        };
+        // Cut short, nothing is lost: a frame is either read or still there.
+        let _ = tokio::time::timeout(wait, read_ahead).await;
+        found(&self.ahead)
+    }
+}
+
+impl hyper::body::Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        if let Some(ahead) = this.ahead.take() {
+            return Poll::Ready(Some(Ok(Frame::data(ahead))));
+        }
+        if let Some(error) = this.failed.take() {
+            return Poll::Ready(Some(Err(error)));
+        }
+        Pin::new(&mut this.incoming).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ahead.is_none() && self.failed.is_none() && self.incoming.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let ahead = self.ahead.as_ref().map_or(0, |bytes| bytes.len() as u64);
+        let rest = self.incoming.size_hint();
+        let mut hint = SizeHint::new();
+        hint.set_lower(rest.lower() + ahead);
+        if let Some(upper) = rest.upper() {
+            hint.set_upper(upper + ahead);
+        }
+        hint
+    }
+}
 
 /// A failed send, as hyper's client reports it.
 pub type SendError = hyper_util::client::legacy::Error;
@@ -122,7 +214,8 @@ impl UpstreamClient {
     /// Sends `request` and resolves with the response head (no deadline of
     /// its own beyond connecting: callers set the head's).
     pub async fn send(&self, request: UpstreamRequest) -> Result<UpstreamResponse, SendError> {
-        self.client.request(request).await
+        let response = self.client.request(request).await?;
+        Ok(response.map(UpstreamBody::from))
     }
 }
 

@@ -674,6 +674,68 @@ async fn a_whole_stream_closed_without_its_end_marker_ends_cleanly() {
     );
 }
 
+/// A provider in front of `sim` that labels every answer
+/// `application/json`, its streams included, as some OpenAI-compatible
+/// servers do.
+async fn json_labelling_upstream(sim: &str) -> String {
+    use axum::body::{Body, Bytes};
+    use axum::http::HeaderMap;
+    use axum::response::Response;
+    use axum::routing::post;
+    let sim = sim.to_owned();
+    let relabel = move |headers: HeaderMap, body: Bytes| {
+        let sim = sim.clone();
+        async move {
+            let answer = client()
+                .post(format!("{sim}/v1/chat/completions"))
+                .header("authorization", headers["authorization"].clone())
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            Response::builder()
+                .status(answer.status())
+                .header("content-type", "application/json")
+                .body(Body::from_stream(answer.bytes_stream()))
+                .unwrap()
+        }
+    };
+    serve_upstream(axum::Router::new().route("/v1/chat/completions", post(relabel))).await
+}
+
+#[tokio::test]
+async fn a_stream_labelled_json_is_read_as_the_stream_it_is() {
+    let sim = start_sim(&[]);
+    let upstream = json_labelling_upstream(&sim.url).await;
+    let dir = ProxyDir::new();
+    let proxy = start_proxy(&dir, &upstream);
+    let client = client();
+    for stream in [true, false] {
+        let response = client
+            .post(format!("{}/v1/chat/completions", proxy.url))
+            .bearer_auth("k")
+            .json(&chat_body("m", "name three rivers", stream))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{stream}");
+        let body = response.text().await.unwrap();
+        let content = if stream {
+            assert!(body.contains(": x-canarygate-verdict pass\n"), "{body}");
+            assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+            stream_content(&body)
+        } else {
+            let answer: Value = serde_json::from_str(&body).unwrap();
+            answer["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        };
+        assert!(content.starts_with("You wrote"), "{stream}: {body}");
+    }
+}
+
 #[tokio::test]
 async fn client_disconnect_cancels_the_upstream_request() {
     let sim = start_sim(&["--decode-tps", "20"]);

@@ -25,7 +25,7 @@ mod stream;
 mod whole;
 
 use std::collections::HashMap;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use attempt::{Attempt, Decided, elapsed_ms};
 use axum::body::Bytes;
@@ -86,7 +86,7 @@ pub async fn serve<W: WireFormat>(
             None => context.reparse(original)?,
         };
         let sent = send(context, request, original, verified, cost, trail).await?;
-        let (attempt, response) = match sent {
+        let (attempt, mut response) = match sent {
             Sent::Answer(attempt, response) => (*attempt, response),
             Sent::LimitRefused(_) if !limit_refused => {
                 // The same request, the echo written within the client's
@@ -118,7 +118,13 @@ pub async fn serve<W: WireFormat>(
             }
         };
         verified += 1;
-        let decided = if attempt.injection.stream && is_event_stream(response.headers()) {
+        let wait = context.body_deadlines().whole;
+        let streamed = attempt.injection.stream
+            && trail
+                .clock()
+                .wait(reads_as_event_stream(&mut response, wait))
+                .await;
+        let decided = if streamed {
             stream::serve(context, response, attempt, trail, permit).await
         } else {
             whole::serve(context, response, attempt, trail).await?
@@ -135,6 +141,20 @@ pub async fn serve<W: WireFormat>(
     Err(ApiError::internal(
         "verification retry loop ended without a decision",
     ))
+}
+
+/// Whether a streamed request's answer is an event stream: as its
+/// `Content-Type` says, or, when that says JSON, as its first bytes say
+/// (read ahead within `wait`, and kept; the wait is the provider's): some OpenAI-compatible servers
+/// label their streams `application/json`, which the SDKs read as SSE
+/// whatever the label. A JSON answer (an error with a 200, or a client's
+/// stream the provider answered whole) opens with `{`.
+async fn reads_as_event_stream(response: &mut UpstreamResponse, wait: Duration) -> bool {
+    if is_event_stream(response.headers()) {
+        return true;
+    }
+    let first = response.body_mut().first_byte(wait).await;
+    first.is_some_and(|byte| byte != b'{' && byte != b'[')
 }
 
 /// What the provider answered one attempt with.

@@ -27,7 +27,6 @@ use canarygate_policies::sse::{SseEvent, SseParser, encode_data};
 use canarygate_policies::verify::{Decision, Facts, Finished, ProviderUsage, Verdict};
 use canarygate_policies::verify_config::{FailureAction, ReleasePolicy};
 use http_body_util::{BodyDataStream, BodyExt};
-use hyper::body::Incoming;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::attempt::{Attempt, Decided, blocked, elapsed_ms};
@@ -39,7 +38,7 @@ use crate::registry::CanaryBook;
 use crate::relay::{COALESCE_BYTES, early_end, interrupted, next_ready, next_within};
 use crate::trail::{Ending, Trail};
 use crate::upstream::without_canary_text;
-use crate::upstream_client::{MAX_UPSTREAM_BODY, UpstreamResponse};
+use crate::upstream_client::{MAX_UPSTREAM_BODY, UpstreamBody, UpstreamResponse};
 use crate::wire::{EventView, StreamMemo, StreamWriter, WireFormat, drop_read_only};
 
 /// `x-canarygate-verdict` of a stream whose verdict comes after the head;
@@ -120,7 +119,7 @@ enum End {
 }
 
 /// The provider's body, chunk by chunk as hyper hands it over.
-type ByteStream = BodyDataStream<Incoming>;
+type ByteStream = BodyDataStream<UpstreamBody>;
 
 /// A verified SSE relay (see the module docs).
 struct VerifiedStream<W: WireFormat> {
