@@ -623,6 +623,9 @@ pub struct Release<'a> {
     /// order; some may lie past `through`, in text decided but not yet
     /// released.
     pub removed: &'a [Range<usize>],
+    /// The text is withheld whole ([`EchoOutcome::ReasoningWithheld`]): its
+    /// one removed span is the model's text, not canarygate's.
+    pub withheld: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -858,7 +861,12 @@ impl Verifier {
         self.cacheable_prompt_tokens
             .saturating_add(self.exact_slack_tokens)
             .min(self.prompt_tokens)
-            .min(reported_prompt_tokens.unwrap_or(u64::MAX))
+            // A reported 0 is no count (`prompt_tokens_result`).
+            .min(
+                reported_prompt_tokens
+                    .filter(|reported| *reported > 0)
+                    .unwrap_or(u64::MAX),
+            )
     }
 
     /// The `ttft` result at the end of the answer: decided already, or
@@ -1050,10 +1058,12 @@ impl Verifier {
             Some(track) => Release {
                 through: track.released,
                 removed: &track.removed,
+                withheld: part.sequence() == Part::Reasoning && self.withholds_reasoning(choice),
             },
             None => Release {
                 through: 0,
                 removed: &[],
+                withheld: false,
             },
         }
     }

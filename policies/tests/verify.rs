@@ -936,6 +936,7 @@ fn a_reply_cut_before_any_text_is_not_an_echo_failure() {
     let release = verifier.release_of(0, Part::Reasoning);
     assert_eq!(release.through, 25);
     assert_eq!(release.removed, std::slice::from_ref(&(0..25)));
+    assert!(release.withheld && !verifier.release_of(0, Part::Content).withheld);
     assert_eq!(finished.verdict.header_value(), "pass; withheld=reasoning");
     // A limit that did not cut it: the echo is still owed.
     let mut stopped = honest_facts(&injection, 1);

@@ -374,7 +374,9 @@ impl Delivery {
         self.track(index);
         let mut ranges = kept(span, release.removed);
         let removed_len = text.len() - ranges.iter().map(Range::len).sum::<usize>();
-        if removed_len > 0 && is_generated_once(part) {
+        // Withheld reasoning is the model's, billed as the client would
+        // have been billed without canarygate: not canarygate's overhead.
+        if removed_len > 0 && is_generated_once(part) && !release.withheld {
             let removed = join_removed(&mut self.scratch, text, &ranges);
             self.overhead_completion += self.counter.count(removed);
         }
@@ -583,6 +585,7 @@ mod tests {
         Release {
             through: usize::MAX,
             removed,
+            withheld: false,
         }
     }
 
@@ -671,6 +674,16 @@ mod tests {
             assert_eq!(apply(text, &edit.kept), "I begin with  now", "{part:?}");
             assert_eq!(delivery.overhead_completion(), 0, "{part:?}");
         }
+        // Reasoning withheld whole is the model's, billed as without
+        // canarygate: not counted either.
+        let whole = [0..text.len()];
+        let withheld = Release {
+            withheld: true,
+            ..released(&whole)
+        };
+        let edit = delivery.admit(0, Part::Reasoning, text, 0..text.len(), withheld);
+        assert!(edit.kept.is_empty());
+        assert_eq!(delivery.overhead_completion(), 0);
         delivery.admit(0, Part::Reasoning, text, 0..text.len(), release);
         assert!(delivery.overhead_completion() > 0);
     }
