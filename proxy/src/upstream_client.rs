@@ -25,6 +25,7 @@
 //! the client-facing mapping ([`crate::upstream::Upstream::send_error`]) does
 //! not depend on the client's error types.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -67,13 +68,18 @@ pub type UpstreamRequest = hyper::Request<Full<Bytes>>;
 /// A provider's response: the head, and the body as it arrives.
 pub type UpstreamResponse = hyper::Response<UpstreamBody>;
 
+/// Most bytes [`UpstreamBody::first_byte`] reads ahead looking for one
+/// that is not whitespace.
+const MAX_READ_AHEAD: usize = 64 * 1024;
+
 /// A provider's response body as it arrives, with what was read ahead of
 /// it to tell its format ([`UpstreamBody::first_byte`]) given back first.
 #[derive(Debug)]
 pub struct UpstreamBody {
     incoming: Incoming,
-    /// Data read ahead, not yet given back.
-    ahead: Option<Bytes>,
+    /// Data frames read ahead, not yet given back, and their bytes.
+    ahead: VecDeque<Bytes>,
+    ahead_len: usize,
     /// The error reading ahead ended with, given back after `ahead`.
     failed: Option<hyper::Error>,
 }
@@ -82,7 +88,8 @@ impl From<Incoming> for UpstreamBody {
     fn from(incoming: Incoming) -> Self {
         Self {
             incoming,
-            ahead: None,
+            ahead: VecDeque::new(),
+            ahead_len: 0,
             failed: None,
         }
     }
@@ -91,36 +98,40 @@ impl From<Incoming> for UpstreamBody {
 impl UpstreamBody {
     /// The body's first byte that is not whitespace, read ahead within
     /// `wait` (and given back when the body is read); `None` when the body
-    /// ends or fails first, or takes longer.
+    /// ends or fails first, takes longer, or sends more than
+    /// [`MAX_READ_AHEAD`] bytes of whitespace.
     pub async fn first_byte(&mut self, wait: Duration) -> Option<u8> {
-        let found = |ahead: &Option<Bytes>| {
-            ahead.as_deref().and_then(|bytes| {
-                bytes
-                    .iter()
-                    .copied()
-                    .find(|byte| !byte.is_ascii_whitespace())
-            })
+        let not_space = |bytes: &Bytes| {
+            bytes
+                .iter()
+                .copied()
+                .find(|byte| !byte.is_ascii_whitespace())
         };
+        if let Some(byte) = self.ahead.iter().find_map(not_space) {
+            return Some(byte);
+        }
         let read_ahead = async {
-            while found(&self.ahead).is_none() && self.failed.is_none() {
-                match self.incoming.frame().await {
-                    None => break,
-                    Some(Err(error)) => self.failed = Some(error),
-                    Some(Ok(frame)) => {
+            while self.failed.is_none() && self.ahead_len < MAX_READ_AHEAD {
+                match self.incoming.frame().await? {
+                    Err(error) => self.failed = Some(error),
+                    Ok(frame) => {
                         // Trailers (HTTP/2) carry no answer.
-                        if let Ok(data) = frame.into_data() {
-                            self.ahead = Some(match self.ahead.take() {
-                                None => data,
-                                Some(before) => [before, data].concat().into(),
-                            });
+                        let Ok(data) = frame.into_data() else {
+                            continue;
+                        };
+                        let found = not_space(&data);
+                        self.ahead_len += data.len();
+                        self.ahead.push_back(data);
+                        if found.is_some() {
+                            return found;
                         }
                     }
                 }
             }
+            None
         };
         // Cut short, nothing is lost: a frame is either read or still there.
-        let _ = tokio::time::timeout(wait, read_ahead).await;
-        found(&self.ahead)
+        tokio::time::timeout(wait, read_ahead).await.ok().flatten()
     }
 }
 
@@ -133,7 +144,8 @@ impl hyper::body::Body for UpstreamBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self.get_mut();
-        if let Some(ahead) = this.ahead.take() {
+        if let Some(ahead) = this.ahead.pop_front() {
+            this.ahead_len -= ahead.len();
             return Poll::Ready(Some(Ok(Frame::data(ahead))));
         }
         if let Some(error) = this.failed.take() {
@@ -143,11 +155,11 @@ impl hyper::body::Body for UpstreamBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ahead.is_none() && self.failed.is_none() && self.incoming.is_end_stream()
+        self.ahead.is_empty() && self.failed.is_none() && self.incoming.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
-        let ahead = self.ahead.as_ref().map_or(0, |bytes| bytes.len() as u64);
+        let ahead = self.ahead_len as u64;
         let rest = self.incoming.size_hint();
         let mut hint = SizeHint::new();
         hint.set_lower(rest.lower() + ahead);
