@@ -406,6 +406,7 @@ async fn reasoning_cut_before_its_reply_is_withheld(proxy: &Running) {
             let choice = &answer["choices"][0];
             assert_eq!(choice["finish_reason"], "length", "{text}");
             assert_eq!(choice["message"]["content"], "", "{text}");
+            assert_eq!(choice["message"]["reasoning_content"], "", "{text}");
             let reasoning = &answer["usage"]["completion_tokens_details"]["reasoning_tokens"];
             assert!(reasoning.as_u64().unwrap() > 1, "billed: {text}");
         }

@@ -792,6 +792,7 @@ async fn every_error_has_the_four_keys_and_405_names_allow() {
         ("gzip", 415, "unsupported_content_encoding"),
         ("br", 415, "unsupported_content_encoding"),
         ("identity", 400, "invalid_json"),
+        ("identity, gzip", 415, "unsupported_content_encoding"),
     ] {
         let response = client
             .post(format!("{}/v1/chat/completions", proxy.url))

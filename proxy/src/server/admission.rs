@@ -66,18 +66,20 @@ async fn read_body(
     metrics: &Metrics,
 ) -> Result<Bytes, ApiError> {
     // A compressed body would read as invalid JSON: say what it is.
-    if let Some(encoding) = headers.get(header::CONTENT_ENCODING)
-        && !encoding
-            .as_bytes()
-            .trim_ascii()
-            .eq_ignore_ascii_case(b"identity")
+    // Every value of every `Content-Encoding` line.
+    let mut encodings = headers
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .flat_map(|value| value.as_bytes().split(|byte| *byte == b','));
+    if let Some(encoding) =
+        encodings.find(|coding| !coding.trim_ascii().eq_ignore_ascii_case(b"identity"))
     {
         return Err(ApiError::new(
             ErrorCode::UnsupportedContentEncoding,
             format!(
                 "canarygate reads request bodies uncompressed: `Content-Encoding: {}` is not \
                  accepted. Send the body without it.",
-                String::from_utf8_lossy(encoding.as_bytes())
+                String::from_utf8_lossy(encoding.trim_ascii())
             ),
         ));
     }
