@@ -23,7 +23,8 @@
 //!    `registry` (live canaries), `wire` (wire formats), `topic` (the
 //!    topic check), `state`,
 //!    `identity`, `engine`, `probe_results`.
-//! 5. `error`, `clock`, `metrics`.
+//! 5. `error`, `clock`, `metrics`, `upstream_body` (a provider's response
+//!    body, read ahead to tell a stream labelled JSON).
 
 #[cfg(test)]
 mod allocations;
@@ -47,6 +48,7 @@ mod system_role;
 pub mod topic;
 mod trail;
 mod upstream;
+mod upstream_body;
 mod upstream_client;
 mod upstream_setup;
 mod wire;

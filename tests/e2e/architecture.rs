@@ -80,7 +80,7 @@ const DEPENDENCIES: [(&str, &[&str], &[&str]); 9] = [
 /// The proxy's layers: a module may import from a lower layer; within
 /// layers 1 and 2 (the shared pieces) from the same layer too; never from a
 /// higher one, nor from another unit of layers 3 and up.
-const PROXY_LAYERS: [(&str, u8); 36] = [
+const PROXY_LAYERS: [(&str, u8); 37] = [
     ("server", 5),
     ("pipeline", 4),
     ("paths", 3),
@@ -102,6 +102,7 @@ const PROXY_LAYERS: [(&str, u8); 36] = [
     ("trail", 2),
     ("upstream", 2),
     ("system_role", 1),
+    ("upstream_body", 1),
     ("upstream_client", 2),
     ("upstream_setup", 2),
     ("wire", 2),
