@@ -947,6 +947,40 @@ fn a_reply_cut_before_any_text_is_not_an_echo_failure() {
     assert_eq!(verdict.failed_checks(), [Check::Echo]);
 }
 
+/// Reasoning withheld is decided per choice, under whichever name the
+/// reasoning came, and whatever the failure action (it passes).
+#[test]
+fn withheld_reasoning_holds_per_choice_and_under_every_name() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Flag);
+    let registry = registry_with_others(2);
+    let mut request = chat_request(true);
+    request["n"] = json!(2);
+    let (_, injection) = prepare(&policy, &registry, request, 1);
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    let thought = "Thinking it over";
+    verifier.push_part(0, Part::ReasoningAlias, thought, &registry);
+    verifier.push(
+        1,
+        &format!("{} The answer.", echo_of(&injection)),
+        &registry,
+    );
+    let mut facts = honest_facts(&injection, 2);
+    facts.finish_reasons = vec![Some("length".into()), Some("stop".into())];
+    let finished = verifier.finish(&facts, &registry);
+    assert_eq!(finished.verdict.header_value(), "pass; withheld=reasoning");
+    assert_eq!(
+        finished.verdict.result(Check::Echo).unwrap().evidence,
+        Evidence::Echo {
+            choices: vec![EchoOutcome::ReasoningWithheld, EchoOutcome::Passed]
+        }
+    );
+    let withheld = verifier.release_of(0, Part::ReasoningAlias);
+    assert!(withheld.withheld);
+    assert_eq!(withheld.removed, std::slice::from_ref(&(0..thought.len())));
+    assert!(!verifier.release_of(1, Part::Content).withheld);
+    assert!(verifier.withholds_reasoning(0) && !verifier.withholds_reasoning(1));
+}
+
 #[test]
 fn retry_once_then_block_naming_the_failed_checks() {
     let policy = policy(ReleasePolicy::VerdictFirst, FailureAction::Retry);
