@@ -410,6 +410,18 @@ fn prompt_tokens_estimate_and_exact() {
     let (_, injection) = prepare(&policy, &registry, chat_request(false), 1);
     let answer = format!("{} ok", echo_of(&injection));
     let counted = injection.prompt_tokens_estimate;
+    // The answer with the provider reporting `reported` prompt tokens, our
+    // count exact or not.
+    let run = |exact: Option<u64>, reported: u64| {
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", exact);
+        let mut facts = honest_facts(&injection, 1);
+        facts.usage = Some(ProviderUsage {
+            prompt_tokens: reported,
+            completion_tokens: Some(20),
+            cached_prompt_tokens: None,
+        });
+        feed(&mut verifier, &registry, &[(0, answer.clone())], &facts)
+    };
     for (exact, reported, pass) in [
         (None, 1, false),
         (None, counted / 5, false),
@@ -420,14 +432,7 @@ fn prompt_tokens_estimate_and_exact() {
         (Some(10_000), 9_792, true),
         (Some(10_000), 9_791, false),
     ] {
-        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", exact);
-        let mut facts = honest_facts(&injection, 1);
-        facts.usage = Some(ProviderUsage {
-            prompt_tokens: reported,
-            completion_tokens: Some(20),
-            cached_prompt_tokens: None,
-        });
-        let run = feed(&mut verifier, &registry, &[(0, answer.clone())], &facts);
+        let run = run(exact, reported);
         let result = run
             .finished
             .verdict
@@ -444,14 +449,7 @@ fn prompt_tokens_estimate_and_exact() {
     // A count of 0 is none (Ollama's for a cached prompt): skipped, and the
     // answer goes out; 1 is the incident's, and fails.
     for (reported, status) in [(0, Status::Skip), (1, Status::Fail)] {
-        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
-        let mut facts = honest_facts(&injection, 1);
-        facts.usage = Some(ProviderUsage {
-            prompt_tokens: reported,
-            completion_tokens: Some(20),
-            cached_prompt_tokens: None,
-        });
-        let run = feed(&mut verifier, &registry, &[(0, answer.clone())], &facts);
+        let run = run(None, reported);
         let verdict = &run.finished.verdict;
         assert_eq!(verdict.result(Check::PromptTokens).unwrap().status, status);
         assert_eq!(verdict.passed(), status == Status::Skip, "{reported}");

@@ -606,6 +606,21 @@ async fn upstream_cut_mid_answer_is_an_error_never_a_clean_end() {
     assert_openai_error(response, 502, "upstream_error").await;
 }
 
+/// Posts `body` to `path` at `base` with the key as that API's client sends
+/// it: the status and the whole body.
+async fn post_as_client(base: &str, path: &str, body: &Value) -> (u16, String) {
+    let request = client().post(format!("{base}{path}")).json(body);
+    let request = if path == "/v1/messages" {
+        request
+            .header("x-api-key", "k")
+            .header("anthropic-version", "2023-06-01")
+    } else {
+        request.bearer_auth("k")
+    };
+    let response = request.send().await.unwrap();
+    (response.status().as_u16(), response.text().await.unwrap())
+}
+
 #[tokio::test]
 async fn a_whole_stream_closed_without_its_end_marker_ends_cleanly() {
     // text-generation-inference before 2.2 ended its streams without
@@ -613,60 +628,23 @@ async fn a_whole_stream_closed_without_its_end_marker_ends_cleanly() {
     let sim = start_sim(&["--mode", "no-end-marker"]);
     let dir = ProxyDir::new();
     let proxy = start_proxy(&dir, &sim.url);
-    let client = client();
     let chat = chat_body("m", "name three rivers", true);
-    let direct = client
-        .post(format!("{}/v1/chat/completions", sim.url))
-        .bearer_auth("k")
-        .json(&chat)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, direct) = post_as_client(&sim.url, "/v1/chat/completions", &chat).await;
     assert!(!direct.contains("[DONE]"), "{direct}");
-    let response = client
-        .post(format!("{}/v1/chat/completions", proxy.url))
-        .bearer_auth("k")
-        .json(&chat)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
-    let body = response.text().await.unwrap();
+    let (status, body) = post_as_client(&proxy.url, "/v1/chat/completions", &chat).await;
+    assert_eq!(status, 200);
     assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
     assert!(body.contains(": x-canarygate-verdict pass\n"), "{body}");
     assert!(stream_content(&body).contains("You wrote"), "{body}");
 
     let messages = serde_json::json!({"model": "claude-sonnet-4-5", "max_tokens": 200,
         "stream": true, "messages": [{"role": "user", "content": "name three rivers"}]});
-    let direct = client
-        .post(format!("{}/v1/messages", sim.url))
-        .header("x-api-key", "k")
-        .header("anthropic-version", "2023-06-01")
-        .json(&messages)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, direct) = post_as_client(&sim.url, "/v1/messages", &messages).await;
     assert!(
         direct.contains("message_delta") && !direct.contains("message_stop"),
         "{direct}"
     );
-    let body = client
-        .post(format!("{}/v1/messages", proxy.url))
-        .header("x-api-key", "k")
-        .header("anthropic-version", "2023-06-01")
-        .json(&messages)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let (_, body) = post_as_client(&proxy.url, "/v1/messages", &messages).await;
     assert!(body.contains(": x-canarygate-verdict pass\n"), "{body}");
     assert!(
         body.ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
