@@ -11,6 +11,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming, SizeHint};
+use tokio::time::Instant;
 
 /// Most bytes [`UpstreamBody::first_byte`] reads ahead looking for one
 /// that is not whitespace.
@@ -21,6 +22,8 @@ const MAX_READ_AHEAD: usize = 64 * 1024;
 #[derive(Debug)]
 pub struct UpstreamBody {
     incoming: Incoming,
+    /// When the response head arrived: the body's deadlines count from it.
+    head_at: Instant,
     /// Data frames read ahead, not yet given back, and their bytes.
     ahead: VecDeque<Bytes>,
     ahead_len: usize,
@@ -32,6 +35,7 @@ impl From<Incoming> for UpstreamBody {
     fn from(incoming: Incoming) -> Self {
         Self {
             incoming,
+            head_at: Instant::now(),
             ahead: VecDeque::new(),
             ahead_len: 0,
             failed: None,
@@ -40,11 +44,17 @@ impl From<Incoming> for UpstreamBody {
 }
 
 impl UpstreamBody {
-    /// The body's first byte that is not whitespace, read ahead within
-    /// `wait` (and given back when the body is read); `None` when the body
-    /// ends or fails first, takes longer, or sends more than
-    /// [`MAX_READ_AHEAD`] bytes of whitespace.
-    pub async fn first_byte(&mut self, wait: Duration) -> Option<u8> {
+    /// When the response head arrived (when this body was made from it).
+    pub fn head_at(&self) -> Instant {
+        self.head_at
+    }
+
+    /// The body's first byte that is not whitespace, read ahead until
+    /// `whole` after the head (and given back when the body is read);
+    /// `None` when the body ends or fails first, takes longer, or sends
+    /// more than [`MAX_READ_AHEAD`] bytes of whitespace.
+    pub async fn first_byte(&mut self, whole: Duration) -> Option<u8> {
+        let by = self.head_at + whole;
         let not_space = |bytes: &Bytes| {
             bytes
                 .iter()
@@ -75,7 +85,7 @@ impl UpstreamBody {
             None
         };
         // Cut short, nothing is lost: a frame is either read or still there.
-        tokio::time::timeout(wait, read_ahead).await.ok().flatten()
+        tokio::time::timeout_at(by, read_ahead).await.ok().flatten()
     }
 }
 

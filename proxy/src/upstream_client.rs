@@ -149,8 +149,8 @@ pub async fn read_whole(
     response: UpstreamResponse,
     deadlines: BodyDeadlines,
 ) -> Result<Bytes, ApiError> {
-    let whole_by = tokio::time::Instant::now() + deadlines.whole;
     let mut body = response.into_body();
+    let whole_by = body.head_at() + deadlines.whole;
     let announced = usize::try_from(hyper::body::Body::size_hint(&body).exact().unwrap_or(0))
         .unwrap_or(MAX_UPSTREAM_BODY)
         .min(MAX_UPSTREAM_BODY);
@@ -299,6 +299,7 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Instant;
 
+    use futures_util::StreamExt;
     use http_body_util::StreamBody;
     use hyper::body::Frame;
     use hyper::service::service_fn;
@@ -308,9 +309,13 @@ mod tests {
     use crate::metrics::Metrics;
 
     /// An HTTP/1.1 server on a local port answering every request with
-    /// `chunks`, each its own chunk of a chunked body; the URL and how many
-    /// connections it accepted.
-    async fn serve_chunks(chunks: &'static [&'static str]) -> (String, Arc<AtomicUsize>) {
+    /// `chunks`, each its own chunk of a chunked body, and then ending the
+    /// body or, when `stall`, never; the URL and how many connections it
+    /// accepted.
+    async fn serve_chunks_then(
+        chunks: &'static [&'static str],
+        stall: bool,
+    ) -> (String, Arc<AtomicUsize>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/", listener.local_addr().unwrap());
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -322,7 +327,11 @@ mod tests {
                     let frames = chunks.iter().map(|chunk| {
                         Ok::<_, Infallible>(Frame::data(Bytes::from_static(chunk.as_bytes())))
                     });
-                    let body = StreamBody::new(futures_util::stream::iter(frames));
+                    let rest = match stall {
+                        true => futures_util::stream::pending().left_stream(),
+                        false => futures_util::stream::empty().right_stream(),
+                    };
+                    let body = StreamBody::new(futures_util::stream::iter(frames).chain(rest));
                     Ok::<_, Infallible>(hyper::Response::new(body))
                 });
                 tokio::spawn(
@@ -332,6 +341,11 @@ mod tests {
             }
         });
         (url, accepted)
+    }
+
+    /// [`serve_chunks_then`] ending each body after its chunks.
+    async fn serve_chunks(chunks: &'static [&'static str]) -> (String, Arc<AtomicUsize>) {
+        serve_chunks_then(chunks, false).await
     }
 
     fn get(url: &str) -> UpstreamRequest {
@@ -360,6 +374,41 @@ mod tests {
             accepted.load(Ordering::SeqCst),
             1,
             "three requests in turn share one connection"
+        );
+    }
+
+    #[tokio::test]
+    async fn reading_ahead_and_reading_whole_share_one_deadline_from_the_head() {
+        // Whitespace, then nothing: a body whose format never shows.
+        let (url, _) = serve_chunks_then(&["\n"], true).await;
+        let client = UpstreamClient::new(Vec::new(), Duration::from_secs(5)).unwrap();
+        let mut response = client.send(get(&url)).await.unwrap();
+        let whole = Duration::from_millis(1500);
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let reading_ahead = Instant::now();
+        assert_eq!(response.body_mut().first_byte(whole).await, None);
+        assert!(
+            reading_ahead.elapsed() < Duration::from_millis(1200),
+            "the read-ahead waits what is left of the deadline, not all of it: {:?}",
+            reading_ahead.elapsed()
+        );
+        let mut clock = RequestClock::start(Arc::new(Metrics::new()));
+        let deadlines = BodyDeadlines {
+            idle: Duration::from_secs(30),
+            whole,
+        };
+        let reading = Instant::now();
+        let error = read_whole("sim", &mut clock, response, deadlines)
+            .await
+            .unwrap_err();
+        assert!(
+            reading.elapsed() < Duration::from_millis(700),
+            "the deadline had passed: {:?}",
+            reading.elapsed()
+        );
+        assert!(
+            error.to_string().contains("limits.first_byte_timeout_ms"),
+            "{error}"
         );
     }
 

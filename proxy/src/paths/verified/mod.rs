@@ -145,7 +145,8 @@ pub async fn serve<W: WireFormat>(
 
 /// Whether a streamed request's answer is an event stream: as its
 /// `Content-Type` says, or, when that says JSON, as its first bytes say
-/// (read ahead within `wait`, and kept; the wait is the provider's): some OpenAI-compatible servers
+/// (read ahead until `wait` after its head, the deadline reading it whole
+/// has too, and kept; the wait is the provider's): some OpenAI-compatible servers
 /// label their streams `application/json`, which the SDKs read as SSE
 /// whatever the label. A JSON answer (an error with a 200, or a client's
 /// stream the provider answered whole) opens with `{`.
