@@ -167,6 +167,12 @@ pub enum EchoOutcome {
     /// the reply goes out as [`EchoOutcome::CutBeforeText`]'s does, as a
     /// model that hides its reasoning would have sent it.
     ReasoningWithheld,
+    /// The provider ended the answer with its own error (an error event in
+    /// its stream) before the echo was decided
+    /// ([`Verifier::ended_by_provider_error`]): what it had sent is
+    /// withheld and the client gets the error, so nothing reaches it that
+    /// an echo would vouch for.
+    EndedByProviderError,
 }
 
 /// Finish reasons of a reply the provider withheld or did not give:
@@ -717,6 +723,9 @@ pub struct Verifier {
     released_any: bool,
     /// [`Verifier::finish`] ran.
     finished: bool,
+    /// The provider ended the answer with its own error
+    /// ([`Verifier::ended_by_provider_error`]).
+    provider_error: bool,
 }
 
 /// A `ttft` decision waiting for the provider's usage.
@@ -773,6 +782,7 @@ impl Verifier {
             failed: false,
             released_any: false,
             finished: false,
+            provider_error: false,
         }
     }
 
@@ -1127,6 +1137,17 @@ impl Verifier {
         self.choices.get(choice as usize)?.tracks.get(&part)
     }
 
+    /// Records that the provider ended the answer with its own error (an
+    /// error event in its stream), before [`Verifier::finish`]. That is an
+    /// honest failure, not an answer dressed as whole: an echo not decided
+    /// yet is settled as [`EchoOutcome::EndedByProviderError`] (the text it
+    /// held withheld), and the `finish` check is skipped rather than failed
+    /// for the missing end. Every canary already seen still counts, and so
+    /// does what [`Verifier::finish`] scans of the text still held.
+    pub fn ended_by_provider_error(&mut self) {
+        self.provider_error = true;
+    }
+
     /// Ends the answer: decides what is still held, runs the end-of-answer
     /// checks and returns the verdict with the last text per choice.
     pub fn finish(&mut self, facts: &Facts, registry: &dyn CanaryRegistry) -> Finished {
@@ -1141,6 +1162,9 @@ impl Verifier {
         self.ensure_choices(seen);
         if !stopped_early {
             self.mark_textless(&facts.finish_reasons);
+            if self.provider_error {
+                self.settle_echo_ended_by_error();
+            }
             for index in 0..self.choices.len() {
                 let parts: Vec<Part> = self.choices[index].tracks.keys().copied().collect();
                 for part in parts {
@@ -1193,6 +1217,25 @@ impl Verifier {
             verdict,
             release,
             parts,
+        }
+    }
+
+    /// Settles the echo of each choice still awaiting it as
+    /// [`EchoOutcome::EndedByProviderError`], withholding the text it held
+    /// (at most the start of an echo: [`match_echo`] decides as soon as the
+    /// text departs from one).
+    fn settle_echo_ended_by_error(&mut self) {
+        for state in &mut self.choices {
+            if state.echo != EchoState::Waiting {
+                continue;
+            }
+            state.echo = EchoState::Done(EchoOutcome::EndedByProviderError);
+            if let Some(track) = state.tracks.get_mut(&Part::Content) {
+                let held = track.pending.len();
+                track.pending.clear();
+                track.removed.push(track.decided..track.decided + held);
+                track.decided += held;
+            }
         }
     }
 
@@ -1483,6 +1526,7 @@ impl Verifier {
                     | EchoOutcome::CutBeforeText
                     | EchoOutcome::QuotedInReasoning
                     | EchoOutcome::ReasoningWithheld
+                    | EchoOutcome::EndedByProviderError
             )
         };
         let refuted = self
@@ -1634,7 +1678,14 @@ impl Verifier {
                 evidence(problems),
             );
         }
-        if !stopped_early {
+        if !stopped_early && self.provider_error && problems.is_empty() {
+            return skipped(
+                Check::Finish,
+                "the provider ended the answer with its own error",
+                evidence(problems),
+            );
+        }
+        if !stopped_early && !self.provider_error {
             if facts.finish_reasons.is_empty() {
                 problems.push(FinishProblem::EmptyChoices);
             } else if facts.finish_reasons.len() < self.expected_choices as usize {

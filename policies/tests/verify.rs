@@ -6,6 +6,7 @@ mod common;
 use canarygate_policies::canary::find_canaries;
 use canarygate_policies::verify::{
     Check, ECHO_GAP_CHARS, ECHO_PREAMBLE_CHARS, EchoOutcome, Evidence, FinishProblem, Part, Status,
+    Verdict,
 };
 use canarygate_policies::{
     Decision, Facts, FailureAction, Injection, Policy, ProviderUsage, ReleasePolicy, Verifier,
@@ -857,6 +858,62 @@ fn a_reply_the_provider_withheld_is_not_an_echo_failure() {
         [Check::Echo]
     );
     assert_eq!(finish("stop", "").failed_checks(), [Check::Echo]);
+}
+
+#[test]
+fn a_stream_the_provider_ended_with_its_error_is_not_a_failed_answer() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(5);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    // The error event came instead of an end: no finish, no usage, no
+    // `[DONE]`.
+    let facts = Facts {
+        finish_reasons: vec![None],
+        usage: None,
+        done_marker: Some(false),
+    };
+    let echo = echo_of(&injection);
+    let (foreign, _) = other_canaries(3);
+    let ended_by_error = |text: &str| {
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+        let step = verifier.push(0, text, &registry);
+        verifier.ended_by_provider_error();
+        let finished = verifier.finish(&facts, &registry);
+        (step.release + &finished.release[0], finished.verdict)
+    };
+    let result = |verdict: &Verdict, check| verdict.result(check).unwrap().status;
+    // Before any text, inside the echo, and after it: nothing fails, the
+    // finish is skipped, and what an echo did not vouch for stays held.
+    for text in [String::new(), echo[..echo.len() / 2].to_owned()] {
+        let (released, verdict) = ended_by_error(&text);
+        assert!(verdict.passed(), "{text:?}: {verdict:?}");
+        assert_eq!(released, "", "{text:?}");
+        assert_eq!(
+            verdict.result(Check::Echo).unwrap().evidence,
+            Evidence::Echo {
+                choices: vec![EchoOutcome::EndedByProviderError]
+            },
+            "{text:?}"
+        );
+        assert_eq!(result(&verdict, Check::Finish), Status::Skip, "{text:?}");
+    }
+    let (released, verdict) = ended_by_error(&format!("{echo} Mercury, Venus"));
+    assert!(verdict.passed(), "{verdict:?}");
+    assert_eq!(released, "Mercury, Venus");
+    assert_eq!(result(&verdict, Check::Echo), Status::Pass);
+    assert_eq!(result(&verdict, Check::Finish), Status::Skip);
+    // What it sent before its error is still judged: another session's
+    // canary fails, and so does a reply that did not open with the echo
+    // (past the preamble an echo may follow).
+    let (_, verdict) = ended_by_error(&format!("{echo} the other one: {foreign}"));
+    assert_eq!(verdict.failed_checks(), [Check::ForeignCanary]);
+    let (_, verdict) = ended_by_error(&"Mercury, Venus and then ".repeat(ECHO_PREAMBLE_CHARS));
+    assert_eq!(verdict.failed_checks(), [Check::Echo]);
+    // The same stream without the error's word fails its finish.
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    verifier.push(0, &format!("{echo} Mercury"), &registry);
+    let verdict = verifier.finish(&facts, &registry).verdict;
+    assert_eq!(verdict.failed_checks(), [Check::Finish]);
 }
 
 #[test]

@@ -758,7 +758,9 @@ async fn a_chunk_that_cannot_be_edited_ends_the_stream_in_an_error() {
 /// A provider that fails its stream with its own error event: once text
 /// went out (echo-first), that event ends the stream as the provider sent
 /// it; before anything went out (verdict-first), it is the answer, with the
-/// status it stands for (the sim's `server_error`: 500).
+/// status it stands for (the sim's `server_error`: 500). Either way it is
+/// recorded as the provider's broken stream, not as a failed verification:
+/// the verdict passes what was seen, and `finish` is skipped.
 #[tokio::test]
 async fn a_providers_error_event_reaches_the_client_as_its_own() {
     let sim = start_sim(&["--mode", "overloaded"]);
@@ -787,6 +789,27 @@ async fn a_providers_error_event_reaches_the_client_as_its_own() {
         assert_eq!(error["error"]["type"], "server_error", "{release}: {body}");
         assert_eq!(error["error"]["message"], "Overloaded", "{release}: {body}");
         assert!(error["error"]["code"].is_null(), "{release}: {body}");
+
+        let record = audit_export(&dir.data()).pop().expect("a record");
+        assert_eq!(record["verdict"], "pass", "{release}: {record}");
+        assert_eq!(
+            record["outcome"], "interrupted_by_upstream",
+            "{release}: {record}"
+        );
+        let results: Vec<(&str, &str)> = record["checks"]
+            .as_array()
+            .expect("checks")
+            .iter()
+            .map(|check| {
+                let field = |key: &str| check[key].as_str().unwrap_or_default();
+                (field("name"), field("result"))
+            })
+            .collect();
+        assert!(results.contains(&("finish", "skip")), "{release}: {record}");
+        assert!(
+            results.contains(&("foreign_canary", "pass")),
+            "{release}: {record}"
+        );
     }
 }
 

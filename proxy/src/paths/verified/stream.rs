@@ -575,6 +575,9 @@ impl<W: WireFormat> VerifiedStream<W> {
             Some(withheld) => encode_data(&String::from_utf8_lossy(&withheld), &mut own),
             None => encode_data(&event.data, &mut own),
         }
+        // An honest failure, not an answer dressed as whole: the verdict
+        // does not count it against the provider's answers.
+        self.attempt.verifier.ended_by_provider_error();
         let detail = format!("sent an error mid-stream: {message}");
         self.interrupt_with(detail, Some(own));
     }
