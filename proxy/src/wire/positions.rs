@@ -12,6 +12,8 @@
 //! before it. An annotation whose cited span was removed whole stays, its
 //! span empty where the text resumes: annotations are not dropped, so a
 //! stream's `annotation_index` and the final answer's list still agree.
+//! Azure's asynchronous content filter points at the content the same way,
+//! by a choice's `content_filter_offsets` ([`follow_filter_offsets`]).
 
 use std::ops::Range;
 
@@ -112,8 +114,31 @@ fn follow(annotation: &mut Value, kept: &KeptChars) -> bool {
     let Some(holder) = holder else {
         return false;
     };
+    move_positions(holder, &["start_index", "end_index", "index"], kept)
+}
+
+/// Moves the positions of a choice's `content_filter_offsets` (Azure
+/// OpenAI's asynchronous filter: `check_offset`, `start_offset` and
+/// `end_offset`, characters of the content it checked) by what `kept` says
+/// was removed from the content, so they neither point past the delivered
+/// text nor tell how long the removed echo was. Returns whether anything
+/// changed.
+pub fn follow_filter_offsets(offsets: &mut Value, kept: &KeptChars) -> bool {
+    if kept.keeps_all() {
+        return false;
+    }
+    move_positions(
+        offsets,
+        &["check_offset", "start_offset", "end_offset"],
+        kept,
+    )
+}
+
+/// Moves the positions `holder` holds under `keys` (counts, in characters
+/// of the provider's text) to the client's; returns whether any moved.
+fn move_positions(holder: &mut Value, keys: &[&str], kept: &KeptChars) -> bool {
     let mut changed = false;
-    for key in ["start_index", "end_index", "index"] {
+    for &key in keys {
         if let Some(at) = holder.get(key).and_then(Value::as_u64) {
             let moved = kept.map(usize::try_from(at).unwrap_or(usize::MAX)) as u64;
             if moved != at {
@@ -196,6 +221,22 @@ mod tests {
         );
         let cited: String = shown.chars().skip(6).take(5).collect();
         assert_eq!(cited, "world");
+    }
+
+    #[test]
+    fn filter_offsets_follow_their_content() {
+        let text = "CG1 [CG2]\nHello world.";
+        let (shown, kept) = kept_of(&[(text, &[10..text.len()])]);
+        let mut offsets = json!({"check_offset": 0, "start_offset": 10, "end_offset": 22});
+        assert!(follow_filter_offsets(&mut offsets, &kept));
+        assert_eq!(
+            offsets,
+            json!({"check_offset": 0, "start_offset": 0, "end_offset": 12})
+        );
+        assert_eq!(shown.chars().count(), 12);
+        // Nothing removed: nothing moves.
+        let (_, whole) = kept_of(&[(text, &[0..text.len()])]);
+        assert!(!follow_filter_offsets(&mut offsets, &whole));
     }
 
     #[test]

@@ -13,7 +13,7 @@ use super::logprobs;
 use crate::wire::edit::{Delivery, apply};
 use crate::wire::format::{ChoiceView, TextField, put_text};
 use crate::wire::location::{Key, Location};
-use crate::wire::positions::follow_annotations;
+use crate::wire::positions::{follow_annotations, follow_filter_offsets};
 
 /// Keys of a message or delta that hold text the verifier reads.
 const TEXT_KEYS: [&str; 4] = ["content", "reasoning_content", "reasoning", "refusal"];
@@ -35,7 +35,8 @@ pub struct Edited {
 /// verifier's release and `delivery` leave of them: logprobs follow the
 /// content and the refusal (and go where they no longer spell what was
 /// delivered), the choice's `annotations` point into the delivered content
-/// ([`follow_annotations`]), and a choice cut at the client's limit
+/// ([`follow_annotations`]), and so do its `content_filter_offsets`
+/// ([`follow_filter_offsets`]), and a choice cut at the client's limit
 /// finishes with `length`.
 pub fn edit_fields(
     value: &mut Value,
@@ -106,6 +107,12 @@ pub fn edit_fields(
         let Some(slot) = at.get_mut(value) else {
             continue;
         };
+        if let (Some(offsets), Some(kept)) = (
+            slot.get_mut("content_filter_offsets"),
+            delivery.content_positions(choice.index),
+        ) {
+            edited.changed |= follow_filter_offsets(offsets, kept);
+        }
         if choice.finish_reason.is_some() {
             edited.keeps_other_fields = true;
             if delivery.was_cut(choice.index) && choice.finish_reason.as_deref() != Some("length") {

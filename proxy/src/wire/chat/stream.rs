@@ -9,7 +9,7 @@
 //! the usage chunk is dropped and the `"usage": null` a provider puts on
 //! every other chunk is taken out ([`encode_without_null_usage`]).
 //!
-//! Longer than 500 lines: about 290 of them are the unit tests, which relay
+//! Longer than 500 lines: about 330 of them are the unit tests, which relay
 //! whole streams through the writer's private state (held chunks, the
 //! light path against the tree path, the allocation budget).
 
@@ -555,6 +555,47 @@ mod tests {
                     > 0
             );
         }
+    }
+
+    #[test]
+    fn azures_filter_offsets_point_into_the_delivered_content() {
+        // Azure's asynchronous filter: after the finish, chunks with no text
+        // whose offsets count characters of the content as the provider
+        // wrote it, echo included.
+        let (injection, opening) = placed(200);
+        let mut chunks = provider_chunks(&opening);
+        let written = format!("{opening}\nMercury, Venus, Earth, Mars, Jupiter and Saturn.");
+        let end = written.chars().count();
+        let annotation = json!({"id": "", "choices": [{"index": 0, "finish_reason": null,
+            "delta": {}, "content_filter_offsets": {"check_offset": 0,
+            "start_offset": 0, "end_offset": end},
+            "content_filter_results": {"hate": {"filtered": false, "severity": "safe"}}}]});
+        chunks.insert(chunks.len() - 1, annotation.to_string());
+        let (out, _) = relay(&injection, &chunks, true);
+        let mut events = Vec::new();
+        SseParser::new().feed(&out, &mut events);
+        let chunks: Vec<Value> = events
+            .iter()
+            .filter_map(|event| serde_json::from_str(&event.data).ok())
+            .collect();
+        let delivered: String = chunks
+            .iter()
+            .filter_map(|chunk| chunk["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(
+            delivered,
+            "Mercury, Venus, Earth, Mars, Jupiter and Saturn."
+        );
+        let offsets: Vec<&Value> = chunks
+            .iter()
+            .map(|chunk| &chunk["choices"][0]["content_filter_offsets"])
+            .filter(|offsets| !offsets.is_null())
+            .collect();
+        assert_eq!(
+            offsets,
+            [&json!({"check_offset": 0, "start_offset": 0,
+                     "end_offset": delivered.chars().count()})]
+        );
     }
 
     #[test]
