@@ -219,6 +219,9 @@ pub struct StreamMemo {
     /// The furthest item a text came from, and the furthest index in each
     /// of its lists ([`StreamMemo::keeps_order`]).
     furthest_place: Option<(u64, [u64; TextPlace::LISTS])>,
+    /// Every place a text came from, in order, once each
+    /// ([`StreamMemo::has_text_at`]).
+    text_places: Vec<TextPlace>,
 }
 
 impl StreamMemo {
@@ -227,6 +230,10 @@ impl StreamMemo {
     /// of that item); it is then the furthest.
     pub fn keeps_order(&mut self, place: TextPlace) -> bool {
         let list = usize::from(place.list).min(TextPlace::LISTS - 1);
+        // Texts come a place at a time: one comparison per text.
+        if self.text_places.last() != Some(&place) {
+            self.text_places.push(place);
+        }
         match &mut self.furthest_place {
             Some((item, _)) if place.item < *item => false,
             Some((item, indices)) if place.item == *item => {
@@ -241,6 +248,12 @@ impl StreamMemo {
                 true
             }
         }
+    }
+
+    /// Whether a text came from `place` ([`StreamMemo::keeps_order`] was
+    /// asked about it).
+    pub fn has_text_at(&self, place: TextPlace) -> bool {
+        self.text_places.contains(&place)
     }
 }
 

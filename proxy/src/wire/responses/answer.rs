@@ -7,8 +7,10 @@
 //! item's `output_index`); any other string holding a canary-shaped span is
 //! verified too. A stream carries the same texts as deltas of typed events;
 //! the `.done` events and `response.completed` repeat them whole: their
-//! texts are not read (the writer rewrites them from what was delivered),
-//! but any other string in the items and the response they repeat is.
+//! texts are not read (the writer rewrites them from what was delivered;
+//! a text no delta carried is read from its first repeat, in
+//! [`super::repeated`]), but any other string in the items and the
+//! response they repeat is.
 //!
 //! Longer than 500 lines: about 300 of them are the unit tests, which read
 //! whole responses and stream events of every item kind.

@@ -17,7 +17,8 @@
 //! Text is read from the `output` items ([`answer`]): messages'
 //! `output_text` and `refusal` parts, reasoning summaries and texts,
 //! function-call arguments, and any other canary-shaped string; streamed,
-//! from the typed delta events. The client gets the provider's own
+//! from the typed delta events, or from the event that repeats a text no
+//! delta carried ([`repeated`]). The client gets the provider's own
 //! response and events, edited ([`deliver`], [`stream`]): the echo and
 //! canaries removed, a cut at the client's `max_output_tokens` made
 //! `incomplete`, the repeated `instructions` and `max_output_tokens` the
@@ -30,6 +31,7 @@ mod deliver;
 mod error;
 mod light;
 mod local;
+mod repeated;
 mod request;
 mod stored;
 mod stream;
@@ -57,7 +59,9 @@ pub use self::stream::ResponsesStream;
 use crate::error::ApiError;
 use crate::wire::chat::{OPENAI_HEADERS, error_json, error_status};
 use crate::wire::edit::Delivery;
-use crate::wire::format::{AnswerView, ChoiceView, ClientRequest, EventView, WireFormat};
+use crate::wire::format::{
+    AnswerView, ChoiceView, ClientRequest, EventView, StreamMemo, WireFormat,
+};
 
 /// OpenAI's Responses API.
 pub struct Responses;
@@ -123,6 +127,17 @@ impl WireFormat for Responses {
 
     fn read_event(event: &SseEvent) -> EventView {
         stream::read_event(event)
+    }
+
+    fn read_stream_event(event: &SseEvent, memo: &mut StreamMemo) -> EventView {
+        let mut view = stream::read_event(event);
+        if let EventView::Chunk(chunk) = &mut view
+            && !chunk.is_light()
+        {
+            let kind = answer::event_type(&chunk.event, event).to_owned();
+            repeated::read_undelivered(chunk, &kind, memo);
+        }
+        view
     }
 
     fn is_end_marker(event: &SseEvent) -> bool {

@@ -29,6 +29,7 @@ use super::deliver::{
 };
 use super::error::error_event_json;
 use super::light::{Delta, delta_of};
+use super::repeated::undelivered_texts;
 use crate::error::ApiError;
 use crate::wire::chat::followed_logprobs;
 use crate::wire::edit::{Delivery, apply};
@@ -186,6 +187,15 @@ impl ResponsesStream {
             .flat_map(|choice| &choice.texts)
             .copied()
             .collect();
+        let is_delta = delta_part(&kind, &original).is_some();
+        // The texts this event repeats that no delta carried: read from it,
+        // as their deltas would have been (`repeated`).
+        let undelivered = match is_delta {
+            true => Vec::new(),
+            false => undelivered_texts(&kind, &original, |slot| {
+                self.delivered.contains_key(&(output_index, slot))
+            }),
+        };
         for (field, span) in fields.iter().zip(spans) {
             let text = field.text(&original).to_owned();
             let edit = self.delivery.admit(
@@ -196,8 +206,16 @@ impl ResponsesStream {
                 verifier.release_of(field.choice, field.kind),
             );
             let kept = apply(&text, &edit.kept);
-            // The delta's text, not a string beside it.
-            if delta_part(&kind, &original).is_some() && !matches!(field.kind, Part::Other(_)) {
+            // The delta's text, not a string beside it; or a text only this
+            // repeat carried.
+            let text_slot = match is_delta {
+                true => (!matches!(field.kind, Part::Other(_))).then_some(slot),
+                false => undelivered
+                    .iter()
+                    .find(|repeated| repeated.at == field.at)
+                    .map(|repeated| repeated.slot),
+            };
+            if let Some(slot) = text_slot {
                 let shown = self.delivered.entry((output_index, slot)).or_default();
                 shown.text.push_str(&kept);
                 shown.chars.push(&text, &edit.kept);
@@ -433,6 +451,8 @@ mod tests {
 
     use super::*;
     use crate::wire::edit::{TokenCounter, UsageOptions};
+    use crate::wire::format::{StreamMemo, WireFormat};
+    use crate::wire::responses::Responses;
     use crate::wire::responses::request::place;
 
     /// What an echo is costed at in these tests: a token per digit.
@@ -550,12 +570,16 @@ mod tests {
         let mut writer = writer(client_limit, injection);
         let mut out = Vec::new();
         let mut reasons = Vec::new();
+        let mut memo = StreamMemo::default();
         for event in events {
-            let (chunk, last) = match read_event(&event) {
+            let (chunk, last) = match Responses::read_stream_event(&event, &mut memo) {
                 EventView::Chunk(chunk) => (chunk, false),
                 EventView::Final(chunk) => (chunk, true),
                 other => panic!("{other:?}"),
             };
+            if let Some(place) = chunk.place {
+                assert!(memo.keeps_order(place), "{}", event.data);
+            }
             let spans = feed(&chunk, &event.data, &mut verifier, &registry);
             for choice in &chunk.choices {
                 if choice.finish_reason.is_some() {
@@ -901,6 +925,77 @@ mod tests {
             "Be brief."
         );
         assert_eq!(completed["usage"]["total_tokens"], 120, "usage as billed");
+    }
+
+    /// Texts some providers send only in the events that repeat them: a
+    /// reasoning summary in its item's `output_item.done` (OpenAI's
+    /// computer-use model), a message in its `.done` events. Each is read
+    /// where it first comes, verified as a delta would be, and delivered,
+    /// the echo stripped, in every event that repeats it.
+    #[test]
+    fn texts_sent_only_in_their_repeats_are_read_there() {
+        let (injection, body, canaries) = setup(None);
+        let echo = format!("{} {}\n", canaries.head, canaries.tail);
+        let answer = "Mercury, Venus, Earth and Mars.";
+        let whole = format!("{echo}{answer}");
+        let summary = "The user wants the rocky planets.";
+        let reasoning = |text: &str| {
+            json!({"id": "rs_1", "type": "reasoning",
+                   "summary": [{"type": "summary_text", "text": text}]})
+        };
+        let message = |text: &str| {
+            json!({"id": "msg_1", "type": "message", "status": "completed", "role": "assistant",
+                   "content": [{"type": "output_text", "text": text, "annotations": []}]})
+        };
+        let at = |kind: &str| json!({"type": kind, "item_id": "msg_1", "output_index": 1, "content_index": 0});
+        let mut text_done = at("response.output_text.done");
+        text_done["text"] = json!(whole);
+        let mut part_done = at("response.content_part.done");
+        part_done["part"] = json!({"type": "output_text", "text": whole, "annotations": []});
+        let instructions = body["instructions"].as_str().unwrap();
+        let response = |output: Value| {
+            json!({"id": "resp_1", "object": "response", "status": "completed",
+                   "instructions": instructions, "output": output})
+        };
+        let events = numbered(vec![
+            json!({"type": "response.created", "response": response(json!([]))}),
+            json!({"type": "response.output_item.added", "output_index": 0,
+                   "item": {"id": "rs_1", "type": "reasoning", "summary": []}}),
+            json!({"type": "response.output_item.done", "output_index": 0,
+                   "item": reasoning(summary)}),
+            json!({"type": "response.output_item.added", "output_index": 1,
+                   "item": {"id": "msg_1", "type": "message", "status": "in_progress",
+                            "role": "assistant", "content": []}}),
+            text_done,
+            part_done,
+            json!({"type": "response.output_item.done", "output_index": 1,
+                   "item": message(&whole)}),
+            json!({"type": "response.completed",
+                   "response": response(json!([reasoning(summary), message(&whole)]))}),
+        ]);
+        let (client, bytes) = relay(events, &injection, None);
+        assert!(!bytes.contains(&canaries.head.to_string()), "{bytes}");
+        assert!(bytes.contains(": x-canarygate-verdict pass"), "{bytes}");
+        let data = |name: &str, nth: usize| {
+            &client
+                .iter()
+                .filter(|(n, _)| n == name)
+                .nth(nth)
+                .unwrap_or_else(|| panic!("no {name} in {bytes}"))
+                .1
+        };
+        let item = data("response.output_item.done", 0);
+        assert_eq!(item["item"]["summary"][0]["text"], summary, "{bytes}");
+        assert_eq!(data("response.output_text.done", 0)["text"], answer);
+        assert_eq!(
+            data("response.content_part.done", 0)["part"]["text"],
+            answer
+        );
+        let item = data("response.output_item.done", 1);
+        assert_eq!(item["item"]["content"][0]["text"], answer);
+        let output = &data("response.completed", 0)["response"]["output"];
+        assert_eq!(output[0]["summary"][0]["text"], summary);
+        assert_eq!(output[1]["content"][0]["text"], answer);
     }
 
     #[test]
