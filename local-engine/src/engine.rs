@@ -25,8 +25,10 @@ use candle_core::{DType, Device};
 use tokenizers::Tokenizer;
 
 use crate::config::ModelConfig;
+use crate::detokenize::TextSoFar;
 use crate::kv::{KvPool, Owner, PageId};
 use crate::model::{Model, Segment};
+use crate::prompt::ControlTokens;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::text::{ChatMessage, ChatTemplate, load_tokenizer};
 use crate::transfer::Manifest;
@@ -320,6 +322,33 @@ impl Engine {
     }
 }
 
+/// `messages` without system messages: their text, joined, opens the first user message (a new
+/// one when a system message is followed by none).
+fn system_in_first_user_message(messages: &[ChatMessage]) -> Vec<ChatMessage> {
+    let system: Vec<&str> = messages
+        .iter()
+        .filter(|message| message.role == "system")
+        .map(|message| message.content.as_str())
+        .collect();
+    let system = system.join("\n\n");
+    let mut rest: Vec<ChatMessage> = messages
+        .iter()
+        .filter(|message| message.role != "system")
+        .cloned()
+        .collect();
+    match rest.iter_mut().find(|message| message.role == "user") {
+        Some(user) => user.content = format!("{system}\n\n{}", user.content),
+        None => rest.insert(
+            0,
+            ChatMessage {
+                role: "user".to_owned(),
+                content: system,
+            },
+        ),
+    }
+    rest
+}
+
 struct Shared {
     model: Model,
     pool: KvPool,
@@ -338,6 +367,7 @@ pub struct EngineHandle {
     shared: Arc<Shared>,
     capacity: Capacity,
     template: ChatTemplate,
+    control: ControlTokens,
     jobs: Sender<Job>,
     next_id: AtomicU64,
     workers: Vec<JoinHandle<()>>,
@@ -417,6 +447,7 @@ fn start(config: EngineConfig, fault: Option<TransferFault>) -> Result<EngineHan
     let files = safetensors_files(dir)?;
     let tokenizer = load_tokenizer(dir)?;
     let template = ChatTemplate::load(dir)?;
+    let control = ControlTokens::new(&tokenizer, template.source())?;
     let (device, dtype) = device(config.device, config.precision)?;
     if config.max_batch == 0 || config.prefill_chunk == 0 {
         return Err(EngineError::Config(
@@ -491,6 +522,7 @@ fn start(config: EngineConfig, fault: Option<TransferFault>) -> Result<EngineHan
         shared,
         capacity,
         template,
+        control,
         jobs: jobs_tx,
         next_id: AtomicU64::new(1),
         workers: vec![prefill, decode],
@@ -548,14 +580,52 @@ impl EngineHandle {
     }
 
     /// Renders OpenAI `messages` with the model's chat template and tokenizes the result
-    /// (the template supplies special tokens).
+    /// (the template supplies special tokens), ending where the assistant's reply begins.
+    ///
+    /// The messages are read as OpenAI means them: a `developer` message is the system
+    /// message; control tokens in a message's text (a user's `<|eot_id|>`) are text, never the
+    /// tokens the template writes (see `prompt`); a template that refuses a system message
+    /// (Gemma's, Mistral 7B v0.1's) gets its text at the start of the first user message, as
+    /// providers serving such models place it.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
-        let text = self.template.render(messages)?;
-        self.shared
-            .tokenizer
-            .encode(text, false)
-            .map(|e| e.get_ids().to_vec())
-            .map_err(|e| EngineError::Tokenizer(e.to_string()))
+        self.prompt_of(messages, |messages| self.template.render(messages))
+    }
+
+    /// [`EngineHandle::chat_prompt`] for `messages` whose last is the start of the assistant's
+    /// reply (a prefill, as Anthropic's API reads a last assistant message): the prompt ends
+    /// where that start does, so the reply continues it ([`ChatTemplate::render_continuing`]).
+    pub fn chat_prompt_continuing(
+        &self,
+        messages: &[ChatMessage],
+    ) -> Result<Vec<u32>, EngineError> {
+        self.prompt_of(messages, |messages| {
+            self.template.render_continuing(messages)
+        })
+    }
+
+    fn prompt_of(
+        &self,
+        messages: &[ChatMessage],
+        render: impl Fn(&[ChatMessage]) -> Result<String, EngineError>,
+    ) -> Result<Vec<u32>, EngineError> {
+        let messages: Vec<ChatMessage> = messages
+            .iter()
+            .map(|message| ChatMessage {
+                role: match message.role.as_str() {
+                    "developer" => "system".to_owned(),
+                    role => role.to_owned(),
+                },
+                content: self.control.mark(&message.content).into_owned(),
+            })
+            .collect();
+        let text = match render(&messages) {
+            Ok(text) => text,
+            Err(refused) if messages.iter().any(|message| message.role == "system") => {
+                render(&system_in_first_user_message(&messages)).map_err(|_| refused)?
+            }
+            Err(error) => return Err(error),
+        };
+        self.control.encode(&self.shared.tokenizer, &text)
     }
 
     /// Admits a request or rejects it. A rejected request allocates nothing and never reaches
@@ -606,6 +676,7 @@ impl EngineHandle {
             max_stop,
             return_logits: request.return_logits,
             emitted: 0,
+            text: TextSoFar::default(),
             events,
         };
         self.jobs
@@ -643,6 +714,8 @@ struct Job {
     return_logits: bool,
     /// Bytes of generated text already sent.
     emitted: usize,
+    /// The generated text so far.
+    text: TextSoFar,
     events: Sender<Event>,
 }
 
@@ -673,16 +746,18 @@ impl Job {
     ) -> Option<FinishReason> {
         self.tokens.push(token);
         let is_eos = shared.eos.contains(&token);
-        let visible = if is_eos {
-            &self.tokens[self.prompt_len..self.tokens.len() - 1]
+        let generated = &self.tokens[self.prompt_len..];
+        if is_eos {
+            self.text
+                .finish(&shared.tokenizer, &generated[..generated.len() - 1]);
+        } else if generated.len() >= self.max_tokens {
+            self.text.finish(&shared.tokenizer, generated);
         } else {
-            &self.tokens[self.prompt_len..]
-        };
-        let text = shared.tokenizer.decode(visible, true).unwrap_or_default();
+            self.text.push(&shared.tokenizer, token, generated);
+        }
         // The earliest stop string in the text, and which it is.
-        let stop_at = (self.stop.iter().enumerate())
-            .filter_map(|(index, stop)| text.find(stop.as_str()).map(|at| (at, index)))
-            .min();
+        let stop_at = self.text.find_stop(&self.stop, self.max_stop);
+        let text = self.text.text();
         let mut finish = match stop_at {
             Some((_, index)) => Some(FinishReason::StopString(index)),
             None if is_eos => Some(FinishReason::Stop),

@@ -24,10 +24,12 @@
 
 pub mod config;
 mod cpu_matmul;
+mod detokenize;
 mod engine;
 pub mod kv;
 mod model;
 pub mod openai;
+mod prompt;
 
 mod sampling;
 mod server;

@@ -6,10 +6,13 @@
 //! request over the context window is HTTP 400 `context_length_exceeded`.
 //!
 //! What the engine cannot honour is refused, never dropped: more than one
-//! choice, logprobs, tools and function calls (offered, or turns of an
-//! earlier call), JSON output, audio output, and content other than text
-//! (`refuse_unsupported`). Penalties and `logit_bias` (token ids of
-//! another tokenizer) are sampling hints, ignored.
+//! choice, logprobs, tools and function calls (offered, required, or turns
+//! of an earlier call), JSON output, audio output, web search, and content
+//! other than text (`refuse_unsupported`). Penalties, `logit_bias` (token
+//! ids of another tokenizer) and `reasoning_effort` (the engine's models
+//! write no reasoning to spend it on) are hints, ignored. A last assistant
+//! message is continued with `continue_final_message` (as vLLM reads it),
+//! else answered with a new turn.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -139,10 +142,34 @@ pub fn start_chat(engine: &EngineHandle, body: &Value, model: &str) -> Result<Ch
         .ok_or_else(|| ChatError::invalid(None, "the request body must be a JSON object"))?;
     refuse_out_of_range(object)?;
     refuse_unsupported(object)?;
+    let flag = |field: &'static str| -> Result<bool, ChatError> {
+        match object.get(field) {
+            None | Some(Value::Null) => Ok(false),
+            Some(Value::Bool(set)) => Ok(*set),
+            Some(_) => Err(ChatError::invalid(
+                Some(field),
+                format!("`{field}` must be a boolean"),
+            )),
+        }
+    };
+    let stream = flag("stream")?;
+    let continuing = flag("continue_final_message")?;
     let messages = parse_messages(object.get("messages"))?;
-    let prompt = engine
-        .chat_prompt(&messages)
-        .map_err(|error| ChatError::invalid(Some("messages"), error.to_string()))?;
+    let prompt = if continuing {
+        if messages
+            .last()
+            .is_none_or(|message| message.role != "assistant")
+        {
+            return Err(ChatError::invalid(
+                Some("continue_final_message"),
+                "`continue_final_message` continues a last message from the assistant",
+            ));
+        }
+        engine.chat_prompt_continuing(&messages)
+    } else {
+        engine.chat_prompt(&messages)
+    }
+    .map_err(|error| ChatError::invalid(Some("messages"), error.to_string()))?;
     let number = |field: &'static str| -> Result<Option<f64>, ChatError> {
         match object.get(field) {
             None | Some(Value::Null) => Ok(None),
@@ -207,10 +234,7 @@ pub fn start_chat(engine: &EngineHandle, body: &Value, model: &str) -> Result<Ch
         id: format!("chatcmpl-local-{}", generation.id()),
         created: now_secs(),
         model: model.to_owned(),
-        stream: object
-            .get("stream")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
+        stream,
         include_usage: object
             .get("stream_options")
             .and_then(|options| options.get("include_usage"))
@@ -281,6 +305,16 @@ fn refuse_unsupported(request: &serde_json::Map<String, Value>) -> Result<(), Ch
     };
     if set("n").and_then(Value::as_u64).is_some_and(|n| n > 1) {
         return unsupported("n", "more than one choice (`n` > 1)");
+    }
+    if set("web_search_options").is_some() {
+        return unsupported("web_search_options", "web search");
+    }
+    // `none` and `auto` ask for nothing the engine cannot give; anything
+    // else demands a call (OpenAI refuses it without tools, as here).
+    if let Some(choice) = set("tool_choice")
+        && !matches!(choice.as_str(), Some("none" | "auto"))
+    {
+        return unsupported("tool_choice", "a required tool or function call");
     }
     if set("logprobs").and_then(Value::as_bool) == Some(true) || set("top_logprobs").is_some() {
         return unsupported("logprobs", "logprobs");

@@ -8,7 +8,8 @@ use serde::Deserialize;
 pub struct SamplingParams {
     /// Softmax temperature; `0.0` means greedy (argmax).
     pub temperature: f32,
-    /// Keep the smallest set of tokens whose probability sums to at least `top_p` (1.0: all).
+    /// Keep the smallest set of tokens whose probability sums to at least `top_p` (1.0: all;
+    /// 0.0: the most likely one, as greedy).
     pub top_p: f32,
     /// Keep only the `top_k` most likely tokens (0: all).
     pub top_k: usize,
@@ -41,7 +42,7 @@ impl SamplingParams {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             return Err(InvalidSampling::Temperature(self.temperature));
         }
-        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+        if !(0.0..=1.0).contains(&self.top_p) {
             return Err(InvalidSampling::TopP(self.top_p));
         }
         Ok(())
@@ -54,8 +55,8 @@ pub enum InvalidSampling {
     /// Negative or not finite.
     #[error("temperature must be >= 0, got {0}")]
     Temperature(f32),
-    /// Not in (0, 1].
-    #[error("top_p must be in (0, 1], got {0}")]
+    /// Not in [0, 1].
+    #[error("top_p must be from 0 to 1, got {0}")]
     TopP(f32),
 }
 
@@ -98,7 +99,7 @@ impl Sampler {
                 .0 as u32
         };
         let p = &self.params;
-        if p.temperature == 0.0 || p.top_k == 1 {
+        if p.temperature == 0.0 || p.top_k == 1 || p.top_p == 0.0 {
             return argmax();
         }
         // Candidates sorted by logit, descending (ties: lower id first).
@@ -207,14 +208,28 @@ mod tests {
             .validate()
             .is_err()
         );
-        assert!(
-            SamplingParams {
-                top_p: 0.0,
+        for top_p in [-0.1, 1.5, f32::NAN] {
+            let params = SamplingParams {
+                top_p,
                 ..SamplingParams::default()
-            }
-            .validate()
-            .is_err()
-        );
+            };
+            assert!(params.validate().is_err(), "{top_p}");
+        }
         assert!(SamplingParams::default().validate().is_ok());
+    }
+
+    #[test]
+    fn top_p_zero_keeps_the_most_likely_token() {
+        // OpenAI and Anthropic accept 0: the smallest set is one token.
+        let params = SamplingParams {
+            top_p: 0.0,
+            seed: 3,
+            ..SamplingParams::default()
+        };
+        assert!(params.validate().is_ok());
+        let mut sampler = Sampler::new(params);
+        for _ in 0..20 {
+            assert_eq!(sampler.sample(&[0.1, 3.0, 2.99, -1.0]), 1);
+        }
     }
 }

@@ -23,7 +23,8 @@ pub struct ChatMessage {
 
 /// Renders chat messages into a prompt string, byte for byte as Hugging Face transformers'
 /// `apply_chat_template(messages, add_generation_prompt=True)` renders them, so a model gets the
-/// prompt it was trained on.
+/// prompt it was trained on ([`ChatTemplate::render_continuing`]: as
+/// `continue_final_message=True` does).
 ///
 /// The template is `chat_template.jinja` in the model directory, else `chat_template` from
 /// `tokenizer_config.json` (a string, or a list of named templates of which `default` is taken).
@@ -39,6 +40,8 @@ pub struct ChatMessage {
 pub struct ChatTemplate {
     /// The compiled template, under [`TEMPLATE_NAME`]; `None` for the fallback.
     environment: Option<Arc<minijinja::Environment<'static>>>,
+    /// The template's source, as the model directory holds it.
+    source: Option<Arc<str>>,
     /// The special tokens the model sets, by name.
     special_tokens: BTreeMap<String, minijinja::Value>,
 }
@@ -109,6 +112,7 @@ impl ChatTemplate {
     pub fn fallback() -> Self {
         Self {
             environment: None,
+            source: None,
             special_tokens: BTreeMap::new(),
         }
     }
@@ -134,10 +138,10 @@ impl ChatTemplate {
         if let Some(map) = read_json(&dir.join("special_tokens_map.json"))? {
             special_tokens.extend(special_tokens_of(&map));
         }
-        let environment = match source {
+        let environment = match &source {
             Some(source) => {
                 let mut env = environment();
-                env.add_template_owned(TEMPLATE_NAME, with_generation_blocks_opened(&source))
+                env.add_template_owned(TEMPLATE_NAME, with_generation_blocks_opened(source))
                     .map_err(|e| err(&source_path, e.to_string()))?;
                 Some(Arc::new(env))
             }
@@ -145,18 +149,57 @@ impl ChatTemplate {
         };
         Ok(Self {
             environment,
+            source: source.map(Arc::from),
             special_tokens,
         })
     }
 
+    /// The template's source; `None` for the fallback.
+    pub fn source(&self) -> Option<&str> {
+        self.source.as_deref()
+    }
+
     /// Renders `messages` into a prompt that ends where the assistant's reply begins.
     pub fn render(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
+        self.render_with(messages, true)
+    }
+
+    /// Renders `messages`, the last of which is the start of the assistant's reply, into a
+    /// prompt that ends where that start does, for the model to continue it (transformers'
+    /// `continue_final_message`): rendered without the generation prompt and cut after the last
+    /// message's text. An error when the template does not show that text as it is (whole, or
+    /// trimmed of surrounding whitespace).
+    pub fn render_continuing(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
+        let mut prompt = self.render_with(messages, false)?;
+        let last = messages.last().map_or("", |m| m.content.as_str());
+        let end = [last, last.trim()]
+            .into_iter()
+            .filter(|text| !text.is_empty())
+            .find_map(|text| prompt.rfind(text).map(|at| at + text.len()))
+            .ok_or_else(|| {
+                EngineError::Template(
+                    "the template does not show the last message as it was sent, so it cannot \
+                     be continued"
+                        .into(),
+                )
+            })?;
+        prompt.truncate(end);
+        Ok(prompt)
+    }
+
+    fn render_with(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, EngineError> {
         let Some(environment) = &self.environment else {
             let mut prompt = String::new();
             for m in messages {
                 prompt.push_str(&format!("<|{}|>\n{}\n", m.role, m.content));
             }
-            prompt.push_str("<|assistant|>\n");
+            if add_generation_prompt {
+                prompt.push_str("<|assistant|>\n");
+            }
             return Ok(prompt);
         };
         let template = environment
@@ -167,7 +210,10 @@ impl ChatTemplate {
             "messages".into(),
             minijinja::Value::from_serialize(messages),
         );
-        context.insert("add_generation_prompt".into(), minijinja::Value::from(true));
+        context.insert(
+            "add_generation_prompt".into(),
+            minijinja::Value::from(add_generation_prompt),
+        );
         context.insert("tools".into(), minijinja::Value::from(()));
         context.insert("documents".into(), minijinja::Value::from(()));
         template

@@ -82,7 +82,7 @@ const SPECIAL: [&str; 5] = [
     "<|eot_id|>",
 ];
 
-const CHAT_TEMPLATE: &str = "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
+pub(crate) const CHAT_TEMPLATE: &str = "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m.role }}<|end_header_id|>\n\n{{ m.content }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}";
 
 /// Writes config.json, model.safetensors, tokenizer.json and tokenizer_config.json of a random
 /// model into `dir` (created if missing).
@@ -184,7 +184,7 @@ fn byte_symbols() -> Vec<char> {
         .collect()
 }
 
-fn tokenizer_json(vocab_size: usize) -> Value {
+pub(crate) fn tokenizer_json(vocab_size: usize) -> Value {
     let vocab: serde_json::Map<String, Value> = byte_symbols()
         .into_iter()
         .enumerate()
