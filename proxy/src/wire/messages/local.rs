@@ -8,18 +8,24 @@ use canarygate_policies::sse::{SseEvent, encode_json};
 use serde_json::{Value, json};
 
 use super::error::error_json;
-use super::request::chat_messages;
 use crate::error::{ApiError, ErrorCode};
 use crate::wire::format::LocalStream;
 
 /// The client's Messages request as a Chat Completions request for the
 /// engine: the system prompt as a system message, every turn's text
-/// (tool inputs and results as their text), the limit and sampling.
+/// (earlier turns' thinking skipped, as Anthropic leaves it out of the
+/// context), the limit and sampling. A last assistant turn is a prefill,
+/// which the answer continues (`continue_final_message`), as Claude does.
 pub fn request(body: &Value) -> Result<Value, ApiError> {
     refuse_unsupported(body)?;
+    let messages = local_messages(body);
+    let prefill = messages
+        .last()
+        .is_some_and(|message| message["role"] == "assistant");
     let mut chat = json!({
         "model": body.get("model").cloned().unwrap_or(Value::Null),
-        "messages": chat_messages(body),
+        "messages": messages,
+        "continue_final_message": prefill,
         "max_tokens": body.get("max_tokens").cloned().unwrap_or(Value::Null),
         "stream": body.get("stream").and_then(Value::as_bool).unwrap_or(false),
         // The stream's `message_delta` reports the usage.
@@ -39,6 +45,35 @@ pub fn request(body: &Value) -> Result<Value, ApiError> {
 /// Content blocks the engine reads: text; earlier turns' thinking, which
 /// Anthropic itself leaves out of the context, is skipped.
 const READ_BLOCKS: [&str; 3] = ["text", "thinking", "redacted_thinking"];
+
+/// The text of a content slot the engine reads: the string, or its text
+/// blocks, one per line.
+fn text_of(content: &Value) -> String {
+    match content {
+        Value::String(text) => text.clone(),
+        Value::Array(blocks) => blocks
+            .iter()
+            .filter(|block| block["type"] == "text")
+            .filter_map(|block| block["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n"),
+        _ => String::new(),
+    }
+}
+
+/// The conversation as chat messages for the engine: the system prompt
+/// first, then each turn's text (a turn that held only thinking stays, its
+/// text empty, so the turns still alternate as templates require).
+fn local_messages(body: &Value) -> Vec<Value> {
+    let mut messages = Vec::new();
+    if !body["system"].is_null() {
+        messages.push(json!({"role": "system", "content": text_of(&body["system"])}));
+    }
+    for message in body["messages"].as_array().into_iter().flatten() {
+        messages.push(json!({"role": message["role"], "content": text_of(&message["content"])}));
+    }
+    messages
+}
 
 /// Refuses a request for what the local engine cannot do (a 400 naming the
 /// field): tools, thinking, and content other than text (images,
@@ -291,6 +326,30 @@ mod tests {
         assert_eq!(chat["stream"], true);
         assert_eq!(chat["stop"], json!(["END"]));
         assert_eq!(chat["temperature"], 0.5);
+        assert_eq!(chat["continue_final_message"], false);
+    }
+
+    #[test]
+    fn earlier_thinking_is_left_out_and_a_prefill_is_continued() {
+        let thinking = json!({"type": "thinking", "thinking": "Plan: greet.", "signature": "s"});
+        let body = json!({"model": "m", "max_tokens": 9, "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [thinking, {"type": "text", "text": "Hello."}]},
+            {"role": "user", "content": "again"},
+            {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]},
+            {"role": "user", "content": "a story"},
+            {"role": "assistant", "content": "Once upon"}]});
+        let chat = request(&body).unwrap();
+        assert_eq!(
+            chat["messages"],
+            json!([{"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": "Hello."},
+                   {"role": "user", "content": "again"},
+                   {"role": "assistant", "content": ""},
+                   {"role": "user", "content": "a story"},
+                   {"role": "assistant", "content": "Once upon"}])
+        );
+        assert_eq!(chat["continue_final_message"], true);
     }
 
     #[test]

@@ -19,7 +19,13 @@ use crate::wire::format::LocalStream;
 /// `max_tokens`, the stream with its usage.
 pub fn local_request(body: &Value) -> Result<Value, ApiError> {
     refuse_unsupported(body)?;
-    let messages = chat_messages(body);
+    // Earlier turns' reasoning is skipped: the provider keeps it out of a
+    // later turn's context too.
+    let mut read = body.clone();
+    if let Some(items) = read.get_mut("input").and_then(Value::as_array_mut) {
+        items.retain(|item| item["type"] != "reasoning");
+    }
+    let messages = chat_messages(&read);
     if !messages.iter().any(|message| message["role"] == "user") {
         return Err(ApiError::invalid_param(
             "input",
@@ -49,13 +55,30 @@ pub fn local_request(body: &Value) -> Result<Value, ApiError> {
 const TEXT_PARTS: [&str; 2] = ["input_text", "output_text"];
 
 /// Refuses a request for what the local engine cannot do (a 400 naming the
-/// field): tools, JSON output, a conversation the provider keeps, a
-/// background answer, and input other than text (images, files, function
-/// calls and their outputs). Reasoning items of earlier turns are skipped.
+/// field): tools, JSON output, logprobs, a conversation the provider keeps,
+/// a background answer, and input other than text (images, files, function
+/// calls and their outputs). Reasoning items of earlier turns are skipped;
+/// `reasoning.effort` is a hint, ignored (the engine's models write no
+/// reasoning to spend it on).
 fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
     let refused =
         |param: &'static str, what: String| Err(ApiError::local_engine_cannot_serve(param, what));
     let set = |field: &str| body.get(field).is_some_and(|value| !value.is_null());
+    if body["top_logprobs"].as_u64().is_some_and(|top| top > 0) {
+        return refused("top_logprobs", "logprobs".into());
+    }
+    if body["include"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|included| {
+            included
+                .as_str()
+                .is_some_and(|name| name.ends_with("logprobs"))
+        })
+    {
+        return refused("include", "logprobs".into());
+    }
     if body["tools"]
         .as_array()
         .is_some_and(|tools| !tools.is_empty())
@@ -386,6 +409,36 @@ mod tests {
         assert_eq!(chat["stream_options"]["include_usage"], true);
         let error = local_request(&json!({"model": "m", "instructions": "x"})).unwrap_err();
         assert_eq!(error.param, Some("input"));
+    }
+
+    #[test]
+    fn earlier_reasoning_is_skipped_and_logprobs_refused() {
+        let body = json!({"model": "m", "input": [
+            {"role": "user", "content": "hi"},
+            {"type": "reasoning", "id": "rs_1", "summary": [
+                {"type": "summary_text", "text": "The user greets."}]},
+            {"type": "message", "role": "assistant",
+             "content": [{"type": "output_text", "text": "Hello."}]},
+            {"role": "user", "content": "again"}]});
+        let chat = local_request(&body).unwrap();
+        assert_eq!(
+            chat["messages"],
+            json!([{"role": "user", "content": "hi"},
+                   {"role": "assistant", "content": "Hello."},
+                   {"role": "user", "content": "again"}])
+        );
+        for (field, value) in [
+            ("top_logprobs", json!(3)),
+            ("include", json!(["message.output_text.logprobs"])),
+        ] {
+            let mut asking = body.clone();
+            asking[field] = value;
+            let error = local_request(&asking).unwrap_err();
+            assert_eq!(error.param, Some(field), "{error}");
+        }
+        let mut zero = body.clone();
+        zero["top_logprobs"] = json!(0);
+        assert!(local_request(&zero).is_ok());
     }
 
     #[test]
