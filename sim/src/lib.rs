@@ -7,7 +7,7 @@
 //!
 //! | route | API | module |
 //! |---|---|---|
-//! | `POST /v1/chat/completions` | OpenAI Chat Completions | `surfaces/chat.rs`, `answer.rs` |
+//! | `POST /v1/chat/completions`; stored completions: `GET /v1/chat/completions`, `GET`/`POST`/`DELETE /v1/chat/completions/{id}`, its `/messages` | OpenAI Chat Completions | `surfaces/chat.rs`, `answer.rs`, `store.rs` |
 //! | `POST /v1/responses`, `GET`/`DELETE /v1/responses/{id}` | OpenAI Responses | `surfaces/responses/` |
 //! | `POST /v1/messages`, `POST /v1/messages/count_tokens` | Anthropic Messages | `surfaces/messages/` |
 //! | `POST /v1/completions` | OpenAI legacy completions | `surfaces/completions.rs` |
@@ -365,7 +365,17 @@ pub fn router(config: SimConfig) -> Router {
     Router::new()
         .route(
             "/v1/chat/completions",
-            post(surfaces::chat::chat_completions),
+            post(surfaces::chat::chat_completions).get(surfaces::chat::list),
+        )
+        .route(
+            "/v1/chat/completions/{id}",
+            get(surfaces::chat::retrieve)
+                .post(surfaces::chat::update)
+                .delete(surfaces::chat::delete),
+        )
+        .route(
+            "/v1/chat/completions/{id}/messages",
+            get(surfaces::chat::messages),
         )
         .route("/v1/responses", post(surfaces::responses::create))
         .route(

@@ -27,7 +27,7 @@ use crate::model::Segment;
 use crate::pool::{KvPool, Position, ReadBack};
 use crate::prefix_cache::PrefixCache;
 use crate::request::Generation;
-use crate::store::ResponseStore;
+use crate::store::{CompletionStore, ResponseStore};
 use crate::surface::{RequestTag, Surface};
 use crate::{MODE_HEADER, Mode, RATE_LIMIT_AFTER_HEADER, SimConfig, UnknownMode};
 
@@ -172,6 +172,8 @@ pub struct SimProvider {
     pub rate: Mutex<RateWindow>,
     /// Stored Responses API responses (`store: true`).
     pub responses: Mutex<ResponseStore>,
+    /// Stored chat completions (`store: true`).
+    pub completions: Mutex<CompletionStore>,
     /// When this provider started (nanoseconds since the epoch): makes
     /// request ids unique across runs.
     pub started_nanos: u128,
@@ -188,6 +190,7 @@ impl SimProvider {
                 .map(|cache| Mutex::new(PrefixCache::new(cache))),
             rate: Mutex::new(RateWindow::new(config.rate_limit.clone(), Instant::now())),
             responses: Mutex::new(ResponseStore::default()),
+            completions: Mutex::new(CompletionStore::default()),
             started_nanos: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |since| since.as_nanos()),
@@ -598,6 +601,7 @@ impl SimProvider {
             "http2_requests": load(&stats.http2_requests),
             "last_query": stats.last_query.lock().unwrap_or_else(PoisonError::into_inner).clone(),
             "stored_responses": self.responses.lock().unwrap_or_else(PoisonError::into_inner).len(),
+            "stored_completions": self.completions.lock().unwrap_or_else(PoisonError::into_inner).len(),
             "context_window": self.config.context_window,
             "prefill_pool_tokens": self.config.prefill_pool_tokens(),
             "kv_pool": {"pages": pages, "page_tokens": page_tokens},

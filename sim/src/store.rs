@@ -8,7 +8,8 @@
 //! A conversation is a chain of turns, shared by every response that
 //! continues it: storing a response costs its own turn, not the whole
 //! history. The store holds the most recent [`MAX_STORED`] responses; an
-//! older id is gone, as if deleted.
+//! older id is gone, as if deleted. Chat Completions stored with
+//! `store: true` are kept the same way ([`CompletionStore`]).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -92,6 +93,64 @@ impl ResponseStore {
             self.order.retain(|stored| stored != id);
         }
         removed
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+}
+
+/// A stored chat completion (`store: true` on Chat Completions): the
+/// completion as answered, with its `metadata`, and the request's messages
+/// as `GET /v1/chat/completions/{id}/messages` lists them.
+#[derive(Debug, Clone)]
+pub struct StoredCompletion {
+    pub completion: Value,
+    pub messages: Vec<Value>,
+}
+
+/// The stored chat completions, by id, the oldest forgotten first past
+/// [`MAX_STORED`]; listed in the order they were stored.
+#[derive(Debug, Default)]
+pub struct CompletionStore {
+    entries: HashMap<String, StoredCompletion>,
+    order: VecDeque<String>,
+}
+
+impl CompletionStore {
+    /// Keeps `stored` under its completion's id.
+    pub fn insert(&mut self, id: String, stored: StoredCompletion) {
+        if self.entries.insert(id.clone(), stored).is_none() {
+            self.order.push_back(id);
+        }
+        while self.entries.len() > MAX_STORED {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            self.entries.remove(&oldest);
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Option<&StoredCompletion> {
+        self.entries.get(id)
+    }
+
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut StoredCompletion> {
+        self.entries.get_mut(id)
+    }
+
+    /// Forgets `id`; false when it was not stored.
+    pub fn remove(&mut self, id: &str) -> bool {
+        let removed = self.entries.remove(id).is_some();
+        if removed {
+            self.order.retain(|stored| stored != id);
+        }
+        removed
+    }
+
+    /// Every stored completion, the oldest first.
+    pub fn in_order(&self) -> impl Iterator<Item = &StoredCompletion> {
+        self.order.iter().filter_map(|id| self.entries.get(id))
     }
 
     pub fn len(&self) -> usize {

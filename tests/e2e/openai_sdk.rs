@@ -78,6 +78,26 @@ upstream_model = "sim-model"
     let error = &result["error"];
     assert_eq!(error["status"], 404);
     assert_eq!(error["code"], "model_not_found");
+
+    // Stored completions read back as sent and delivered, through every
+    // endpoint the SDK has for them.
+    let stored = &result["stored"];
+    let delivered = &stored["content"];
+    assert!(!delivered.as_str().unwrap().is_empty(), "{stored}");
+    assert_eq!(stored["kept"], *delivered, "{stored}");
+    assert_eq!(stored["listed"], serde_json::json!([delivered]), "{stored}");
+    assert_eq!(stored["updated"][0], *delivered, "{stored}");
+    assert_eq!(stored["updated"][1]["seen"], "yes", "{stored}");
+    assert_eq!(
+        stored["messages"],
+        serde_json::json!([{"role": "system", "content": "You are terse."},
+                           {"role": "user", "content": "Name the planets"}]),
+        "{stored}"
+    );
+    assert_eq!(stored["deleted"], true);
+    let raw = stored["raw"].as_str().unwrap();
+    assert!(!holds_canary(raw), "{raw}");
+    assert!(!raw.contains("Begin your reply"), "{raw}");
     assert!(error["message"].as_str().unwrap().contains("no-such-model"));
 }
 

@@ -41,6 +41,28 @@ for chunk in stream:
         usage = chunk.usage.completion_tokens
 result["stream"] = {"content": "".join(parts), "completion_tokens": usage}
 
+# Stored completions (`store: true`), read back as the client sent them and
+# was delivered them: the provider kept canarygate's blocks and the echo.
+stored = client.chat.completions.create(
+    model=model, messages=messages, max_tokens=200, store=True, metadata={"job": "sdk-test"}
+)
+kept = client.chat.completions.retrieve(stored.id)
+kept_messages = client.chat.completions.messages.list(stored.id)
+listed = client.chat.completions.list(metadata={"job": "sdk-test"})
+updated = client.chat.completions.update(stored.id, metadata={"job": "sdk-test", "seen": "yes"})
+deleted = client.chat.completions.delete(stored.id)
+result["stored"] = {
+    "content": stored.choices[0].message.content,
+    "kept": kept.choices[0].message.content,
+    "messages": [{"role": m.role, "content": m.content} for m in kept_messages.data],
+    "listed": [c.choices[0].message.content for c in listed.data],
+    "updated": [updated.choices[0].message.content, updated.metadata],
+    "deleted": deleted.deleted,
+    "raw": " ".join(
+        json.dumps(page.model_dump()) for page in [kept, kept_messages, listed, updated]
+    ),
+}
+
 try:
     client.chat.completions.create(model=unknown_model, messages=messages)
     result["error"] = None

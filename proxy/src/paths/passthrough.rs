@@ -3,10 +3,10 @@
 //! endpoints of the verified APIs (a stored response fetched or deleted,
 //! Anthropic's token count) are forwarded as they are, and their answer
 //! comes back whole, as the provider sent it: status, body, content type,
-//! the provider headers clients act on. A stored response is the one
-//! answer edited ([`Forward::stored_response`]): the provider kept
-//! canarygate's blocks and the echo, which are taken out. Each is recorded
-//! with the verdict `unverifiable` and the endpoint it called.
+//! the provider headers clients act on. A stored response or chat
+//! completion is the one answer edited ([`Forward::stored`]): the provider
+//! kept canarygate's blocks and the echo, which are taken out. Each is
+//! recorded with the verdict `unverifiable` and the endpoint it called.
 
 use std::collections::HashMap;
 
@@ -22,7 +22,20 @@ use crate::error::ApiError;
 use crate::trail::Trail;
 use crate::upstream::is_json_media;
 use crate::wire::WireFormat;
-use crate::wire::responses::{canaries_in_stored_response, scrub_stored_response};
+use crate::wire::chat::scrub_stored_completion;
+use crate::wire::responses::scrub_stored_response;
+use crate::wire::stored::canaries_in;
+
+/// Objects a provider stored of requests canarygate placed, read back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// The Responses API's responses and input items
+    /// ([`scrub_stored_response`]).
+    Responses,
+    /// Chat Completions' stored completions and their messages
+    /// ([`scrub_stored_completion`]).
+    ChatCompletions,
+}
 
 /// One request to forward: the provider endpoint and what goes there.
 pub struct Forward {
@@ -36,11 +49,10 @@ pub struct Forward {
     pub body: Option<Bytes>,
     /// The client's `Content-Type` (a file upload is multipart, not JSON).
     pub content_type: Option<HeaderValue>,
-    /// The answer is a stored response read back (the Responses API's): a
-    /// successful JSON one has the text of the caller's own canaries taken
-    /// out ([`scrub_stored_response`]); its bytes stay the provider's
-    /// unless that changed something.
-    pub stored_response: bool,
+    /// The answer is a stored object read back: a successful JSON one has
+    /// the text of the caller's own canaries taken out; its bytes stay the
+    /// provider's unless that changed something.
+    pub stored: Option<Stored>,
 }
 
 /// Forwards `forward` to the route's provider and answers with what it
@@ -72,10 +84,11 @@ pub async fn serve<W: WireFormat>(
     if !status.is_success() {
         return Ok(context.provider_error_response(status, body));
     }
-    let body = if forward.stored_response && content_type.as_ref().is_some_and(is_json_media) {
-        scrubbed_stored_response(context, body).await
-    } else {
-        body
+    let body = match forward.stored {
+        Some(stored) if content_type.as_ref().is_some_and(is_json_media) => {
+            scrubbed(context, stored, body).await
+        }
+        _ => body,
     };
     let mut answer = context.json_response(status, Body::from(body), None);
     let headers = answer.headers_mut();
@@ -93,18 +106,19 @@ pub async fn serve<W: WireFormat>(
     Ok(answer)
 }
 
-/// A stored response's `body` without the text of the caller's own
+/// A stored object's `body` without the text of the caller's own
 /// canaries (registered to its session, asked of the shared registry when
 /// there is one): the provider's own bytes when it is not JSON or nothing
 /// is taken out. A canary the registry cannot vouch for stays.
-async fn scrubbed_stored_response<W: WireFormat>(
+async fn scrubbed<W: WireFormat>(
     context: &RequestContext<'_, W>,
+    stored: Stored,
     body: Bytes,
 ) -> Bytes {
     let Ok(mut value) = serde_json::from_slice::<Value>(&body) else {
         return body;
     };
-    let spans = canaries_in_stored_response(&value);
+    let spans = canaries_in(&value);
     if spans.is_empty() {
         return body;
     }
@@ -119,7 +133,11 @@ async fn scrubbed_stored_response<W: WireFormat>(
             .owner(&canary)
             .is_some_and(|owner| owner.session == *session)
     };
-    if !scrub_stored_response(&mut value, &ours) {
+    let changed = match stored {
+        Stored::Responses => scrub_stored_response(&mut value, &ours),
+        Stored::ChatCompletions => scrub_stored_completion(&mut value, &ours),
+    };
+    if !changed {
         return body;
     }
     serde_json::to_vec(&value).map_or(body, Bytes::from)

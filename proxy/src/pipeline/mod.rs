@@ -26,7 +26,7 @@ use crate::context::{ProviderError, RequestContext};
 use crate::error::{ApiError, ErrorCode};
 use crate::identity::Caller;
 use crate::paths::local::{self, LocalReason};
-use crate::paths::passthrough::{self, Forward};
+use crate::paths::passthrough::{self, Forward, Stored};
 use crate::paths::plain;
 use crate::paths::verified::{self, Verified};
 use crate::state::AppState;
@@ -213,9 +213,9 @@ pub struct Passthrough<'a> {
     /// The provider endpoint relative to its `base_url` (the client's
     /// query string is added to it).
     pub upstream_endpoint: &'a str,
-    /// Its answer is a stored response read back (the Responses API's),
-    /// which holds canarygate's own text: taken out.
-    pub stored_response: bool,
+    /// Its answer is a stored object read back, which holds canarygate's
+    /// own text: taken out.
+    pub stored: Option<Stored>,
 }
 
 /// Forwards one request of an endpoint without answer text to verify
@@ -307,7 +307,7 @@ pub async fn pass_through<W: WireFormat>(
             .as_ref()
             .and_then(|_| admitted_content_type.clone()),
         body: upstream_body,
-        stored_response: endpoint.stored_response,
+        stored: endpoint.stored,
     };
     passthrough::serve(&context, forward, trail).await
 }

@@ -18,6 +18,7 @@ use crate::body::{Served, deliver_whole};
 use crate::context::{REQUEST_ID_HEADER, error_response};
 use crate::error::{ApiError, ErrorCode};
 use crate::metrics::Metrics;
+use crate::paths::passthrough::Stored;
 use crate::pipeline;
 use crate::state::AppState;
 use crate::trail::{PendingTrail, Trail};
@@ -45,7 +46,23 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route(
             "/v1/chat/completions",
-            only::<Chat>(POST_ONLY, post(serve_endpoint::<Chat>)),
+            only::<Chat>(
+                "GET, HEAD, POST",
+                post(serve_endpoint::<Chat>).get(stored_completion),
+            ),
+        )
+        .route(
+            "/v1/chat/completions/{id}",
+            only::<Chat>(
+                "GET, HEAD, POST, DELETE",
+                get(stored_completion)
+                    .post(stored_completion)
+                    .delete(stored_completion),
+            ),
+        )
+        .route(
+            "/v1/chat/completions/{id}/messages",
+            only::<Chat>(GET_ONLY, get(stored_completion)),
         )
         .route(
             "/v1/responses",
@@ -125,7 +142,11 @@ async fn tag_and_count(
         .get::<MatchedPath>()
         .map(MatchedPath::as_str)
     {
+        Some("/v1/chat/completions") if request.method() != Method::POST => STORED_COMPLETIONS,
         Some("/v1/chat/completions") => Chat::ENDPOINT,
+        Some("/v1/chat/completions/{id}" | "/v1/chat/completions/{id}/messages") => {
+            STORED_COMPLETIONS
+        }
         Some("/v1/completions") => Completions::ENDPOINT,
         Some("/v1/embeddings") => "embeddings",
         Some(
@@ -151,6 +172,9 @@ async fn tag_and_count(
 
 /// Endpoint name of the stored-response endpoints of the Responses API.
 const STORED_RESPONSES: &str = "responses_stored";
+
+/// Endpoint name of the stored-completion endpoints of Chat Completions.
+const STORED_COMPLETIONS: &str = "chat_completions_stored";
 
 /// Endpoint name of a model's description, asked of a provider.
 const MODEL: &str = "models_retrieve";
@@ -194,7 +218,11 @@ async fn forward<W: WireFormat>(
                 needs_model,
                 method: parts.method.clone(),
                 upstream_endpoint,
-                stored_response: endpoint == STORED_RESPONSES,
+                stored: match endpoint {
+                    STORED_RESPONSES => Some(Stored::Responses),
+                    STORED_COMPLETIONS => Some(Stored::ChatCompletions),
+                    _ => None,
+                },
             };
             pipeline::pass_through::<W>(&state, admitted, passthrough, trail.get()).await
         }
@@ -240,6 +268,18 @@ async fn stored_response(
     request: Request,
 ) -> Response {
     forward::<Chat>(state, request_id, request, STORED_RESPONSES, false, false).await
+}
+
+/// Chat Completions' stored completions (`GET /v1/chat/completions`,
+/// `GET`/`POST`/`DELETE /v1/chat/completions/{id}`, its `messages`):
+/// forwarded, and answered as the provider stored them less canarygate's
+/// blocks and echo.
+async fn stored_completion(
+    State(state): State<Arc<AppState>>,
+    axum::Extension(request_id): axum::Extension<RequestId>,
+    request: Request,
+) -> Response {
+    forward::<Chat>(state, request_id, request, STORED_COMPLETIONS, false, false).await
 }
 
 /// `GET /v1/models/{id}` (the SDKs' `models.retrieve`), in the caller's

@@ -58,6 +58,7 @@ mod location;
 pub mod messages;
 mod positions;
 pub mod responses;
+pub mod stored;
 
 pub use format::{
     AnswerView, ChoiceView, ClientRequest, EventView, LightAnswer, LocalStream, Spans, StreamMemo,

@@ -150,3 +150,74 @@ async fn a_chat_swap_answers_from_a_messages_request_and_stats_count_every_surfa
     assert_eq!(stats["rate_limited"], 1);
     assert_eq!(stats["overloaded"], 1);
 }
+
+/// `store: true` keeps the completion and its messages, as OpenAI's stored
+/// completions: read, listed by metadata, updated, their messages listed,
+/// deleted; a completion not asked to be stored is not kept.
+#[tokio::test]
+async fn stored_completions_are_read_listed_updated_and_deleted() {
+    let sim = Sim::shared();
+    let canaried = Canaried::new(47, "Count the lighthouses");
+    let mut body = request(&canaried, false);
+    body["store"] = json!(true);
+    body["metadata"] = json!({"survey": "coast-47"});
+    let stored = post(sim, PATH, Auth::OpenAi, &body, None).await.json();
+    let id = stored["id"].as_str().unwrap();
+    let url = format!("{}{PATH}/{id}", sim.url);
+    let get = |url: String| async move {
+        client()
+            .get(url)
+            .bearer_auth("k")
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    };
+    let read = get(url.clone()).await;
+    assert_eq!(read["choices"], stored["choices"]);
+    assert_eq!(read["metadata"], json!({"survey": "coast-47"}));
+    let messages = get(format!("{url}/messages")).await;
+    let contents: Vec<&Value> = messages["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|message| &message["content"])
+        .collect();
+    assert_eq!(contents, [&json!(canaried.system), &json!(canaried.user)]);
+    let listed = get(format!("{}{PATH}?metadata[survey]=coast-47", sim.url)).await;
+    assert_eq!(listed["data"].as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed["data"][0]["id"], id);
+
+    let updated: Value = client()
+        .post(&url)
+        .bearer_auth("k")
+        .json(&json!({"metadata": {"survey": "coast-47", "checked": "yes"}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(updated["metadata"]["checked"], "yes");
+    let deleted: Value = client()
+        .delete(&url)
+        .bearer_auth("k")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(deleted["deleted"], true);
+    let gone = client().get(&url).bearer_auth("k").send().await.unwrap();
+    assert_eq!(gone.status(), 404);
+
+    let unstored = post(sim, PATH, Auth::OpenAi, &request(&canaried, false), None)
+        .await
+        .json();
+    let url = format!("{}{PATH}/{}", sim.url, unstored["id"].as_str().unwrap());
+    let missing = client().get(&url).bearer_auth("k").send().await.unwrap();
+    assert_eq!(missing.status(), 404);
+}

@@ -23,6 +23,7 @@ mod light_answer;
 mod logprobs;
 mod null_usage;
 mod request;
+mod stored;
 mod stream;
 
 use std::ops::Range;
@@ -48,6 +49,7 @@ use self::deliver::edit_fields;
 pub use self::joined::joined_other;
 pub use self::logprobs::followed as followed_logprobs;
 pub use self::request::{check_stream_options, json_object, model_of, stream_of};
+pub use self::stored::scrub as scrub_stored_completion;
 pub use self::stream::{ChatStream, ChunkEditor};
 use crate::error::{ApiError, ErrorCode};
 use crate::wire::edit::Delivery;

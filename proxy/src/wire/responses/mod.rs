@@ -52,9 +52,7 @@ use serde_json::{Value, json};
 use self::answer::{finish_of, response_texts, usage_of};
 use self::error::error_event_json;
 pub use self::local::ResponsesLocal;
-pub use self::stored::{
-    canaries_in as canaries_in_stored_response, scrub as scrub_stored_response,
-};
+pub use self::stored::scrub as scrub_stored_response;
 pub use self::stream::ResponsesStream;
 use crate::error::ApiError;
 use crate::wire::chat::{OPENAI_HEADERS, error_json, error_status};

@@ -2,33 +2,14 @@
 //! `input_items`, a `cancel`): the provider kept what canarygate sent it
 //! and what the model answered, so the response holds canarygate's blocks
 //! (in `instructions` and the input) and the echo the reply opened with.
-//! [`scrub`] takes out what belongs to the caller's own canaries, so the
-//! client reads back what it sent and what it was delivered; canary-shaped
-//! text that is not the caller's (a ticket number of its own) stays.
+//! [`scrub`] takes out what belongs to the caller's own canaries
+//! ([`crate::wire::stored`]).
 
-use std::collections::HashSet;
-
-use canarygate_policies::canary::{Canary, find_canaries};
-use canarygate_policies::verify::{own_text_removals, without_own_text};
+use canarygate_policies::canary::Canary;
 use serde_json::Value;
 
-use crate::wire::positions::{KeptChars, follow_annotations};
-
-/// Every canary-shaped span in the strings of `body`, once each: what to
-/// ask the registry about before [`scrub`].
-pub fn canaries_in(body: &Value) -> Vec<Canary> {
-    fn walk(value: &Value, found: &mut HashSet<Canary>) {
-        match value {
-            Value::String(text) => found.extend(find_canaries(text).map(|span| span.canary)),
-            Value::Array(items) => items.iter().for_each(|item| walk(item, found)),
-            Value::Object(members) => members.values().for_each(|member| walk(member, found)),
-            _ => {}
-        }
-    }
-    let mut found = HashSet::new();
-    walk(body, &mut found);
-    found.into_iter().collect()
-}
+use crate::wire::positions::follow_annotations;
+use crate::wire::stored::{scrub_strings, scrub_text};
 
 /// Takes the text of the canaries `ours` owns out of a stored response (or
 /// a list of its input items), by [`own_text_removals`]: the echo from the
@@ -67,68 +48,13 @@ pub fn scrub(body: &mut Value, ours: &dyn Fn(Canary) -> bool) -> bool {
 /// Scrubs the `text` of an output content part, its `annotations`
 /// following; whether it changed.
 fn scrub_output_text(part: &mut Value, ours: &dyn Fn(Canary) -> bool, opens_reply: bool) -> bool {
-    let Some(text) = part.get("text").and_then(Value::as_str) else {
+    let Some(kept) = scrub_text(part, "text", ours, opens_reply) else {
         return false;
     };
-    let removals = own_text_removals(text, ours, opens_reply);
-    if removals.is_empty() {
-        return false;
-    }
-    let mut kept_ranges = Vec::with_capacity(removals.len() + 1);
-    let mut from = 0;
-    for removed in removals {
-        kept_ranges.push(from..removed.start);
-        from = removed.end;
-    }
-    kept_ranges.push(from..text.len());
-    let mut kept = KeptChars::default();
-    kept.push(text, &kept_ranges);
-    let clean: String = kept_ranges
-        .iter()
-        .map(|range| &text[range.clone()])
-        .collect();
-    part["text"] = Value::String(clean);
     if let Some(annotations) = part.get_mut("annotations") {
         follow_annotations(annotations, &kept);
     }
     true
-}
-
-/// Scrubs every string in `value` (none as a reply's opening); whether any
-/// changed. A plain text part (`type` and `text` alone) left empty was
-/// canarygate's, and goes.
-fn scrub_strings(value: &mut Value, ours: &dyn Fn(Canary) -> bool) -> bool {
-    match value {
-        Value::String(text) => match without_own_text(text, ours, false) {
-            Some(clean) => {
-                *text = clean;
-                true
-            }
-            None => false,
-        },
-        Value::Array(items) => {
-            let mut changed = false;
-            items.retain_mut(|item| {
-                let was_text = plain_text(item).is_some_and(|text| !text.is_empty());
-                changed |= scrub_strings(item, ours);
-                !(was_text && plain_text(item) == Some(""))
-            });
-            changed
-        }
-        Value::Object(members) => members.values_mut().fold(false, |changed, member| {
-            scrub_strings(member, ours) | changed
-        }),
-        _ => false,
-    }
-}
-
-/// The text of a plain text part: an object of `type` and a string `text`
-/// alone, as canarygate adds one.
-fn plain_text(part: &Value) -> Option<&str> {
-    let part = part.as_object()?;
-    (part.len() == 2 && part.get("type").is_some_and(Value::is_string))
-        .then(|| part.get("text")?.as_str())
-        .flatten()
 }
 
 #[cfg(test)]
@@ -140,6 +66,7 @@ mod tests {
 
     use super::*;
     use crate::wire::responses::request::{parse, place};
+    use crate::wire::stored::canaries_in;
 
     /// `request` (a Responses request body) as canarygate sends it.
     fn as_sent(request: &Value, canaries: RequestCanaries) -> Value {
