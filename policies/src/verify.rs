@@ -1028,11 +1028,14 @@ impl Verifier {
         if !matches!(part, Part::Other(_)) {
             let previous = self.choices[index].last_part.replace(part.sequence());
             if let Some(previous) = previous.filter(|previous| *previous != part.sequence()) {
+                // A text that received nothing (a stream's first chunk, its
+                // content empty) has nothing to end: an empty content is
+                // no reply without the echo.
                 let interrupted: Vec<Part> = self.choices[index]
                     .tracks
-                    .keys()
-                    .copied()
-                    .filter(|held| held.sequence() == previous)
+                    .iter()
+                    .filter(|(held, track)| held.sequence() == previous && track.received() > 0)
+                    .map(|(held, _)| *held)
                     .collect();
                 for held in interrupted {
                     self.interrupt(index, held, registry);
@@ -1404,8 +1407,19 @@ impl Verifier {
     /// the start of the content, then canaries.
     fn process(&mut self, index: usize, part: Part, end: bool, registry: &dyn CanaryRegistry) {
         let state = &mut self.choices[index];
-        if part == Part::Content && state.echo == EchoState::Waiting {
-            let track = state.tracks.entry(Part::Content).or_default();
+        // The reply opens with the content, or, when the content has
+        // nothing, with a refusal (a reply that is only a refusal may open
+        // it with the echo, as it would open any reply).
+        let opens_reply = match part {
+            Part::Content => true,
+            Part::Refusal => state
+                .tracks
+                .get(&Part::Content)
+                .is_none_or(|content| content.received() == 0),
+            _ => false,
+        };
+        if opens_reply && state.echo == EchoState::Waiting {
+            let track = state.tracks.entry(part).or_default();
             match match_echo(&track.pending, &self.echo, end) {
                 EchoMatch::Pending => return,
                 EchoMatch::Passed(len) => {

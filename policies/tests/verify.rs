@@ -861,6 +861,39 @@ fn a_reply_the_provider_withheld_is_not_an_echo_failure() {
 }
 
 #[test]
+fn a_reply_that_is_only_a_refusal_may_open_it_with_the_echo() {
+    let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
+    let registry = registry_with_others(5);
+    let (_, injection) = prepare(&policy, &registry, chat_request(true), 1);
+    let echo = echo_of(&injection);
+    let refused = |refusal: &str| {
+        let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+        // A stream's first chunk: the role and an empty content.
+        verifier.push(0, "", &registry);
+        let mut shown = String::new();
+        for piece in refusal.split_inclusive(' ') {
+            shown += &verifier
+                .push_part(0, Part::Refusal, piece, &registry)
+                .release;
+        }
+        let finished = verifier.finish(&honest_facts(&injection, 1), &registry);
+        let rest = finished
+            .parts
+            .iter()
+            .filter(|part| part.part == Part::Refusal)
+            .map(|part| part.text.as_str())
+            .collect::<String>();
+        (shown + &rest, finished.verdict)
+    };
+    let (shown, verdict) = refused(&format!("{echo} I can't help with that."));
+    assert!(verdict.passed(), "{verdict:?}");
+    assert_eq!(shown.trim_start(), "I can't help with that.");
+    // Without the echo, nothing vouches for it: it fails as before.
+    let (_, verdict) = refused(&"I can't help with that, sorry. ".repeat(4));
+    assert_eq!(verdict.failed_checks(), [Check::Echo]);
+}
+
+#[test]
 fn a_stream_the_provider_ended_with_its_error_is_not_a_failed_answer() {
     let policy = policy(ReleasePolicy::EchoFirst, FailureAction::Block);
     let registry = registry_with_others(5);
