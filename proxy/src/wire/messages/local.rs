@@ -93,6 +93,17 @@ fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
     ) {
         return refused("thinking", "extended thinking".into());
     }
+    // Anthropic's range, narrower than OpenAI's (the engine's): refused as
+    // Anthropic refuses it.
+    if body["temperature"]
+        .as_f64()
+        .is_some_and(|temperature| !(0.0..=1.0).contains(&temperature))
+    {
+        return Err(ApiError::invalid_param(
+            "temperature",
+            "temperature: Input should be less than or equal to 1",
+        ));
+    }
     let blocks = |content: &Value| -> Vec<String> {
         content
             .as_array()
@@ -350,6 +361,9 @@ mod tests {
                    {"role": "assistant", "content": "Once upon"}])
         );
         assert_eq!(chat["continue_final_message"], true);
+        let mut hot = body.clone();
+        hot["temperature"] = json!(1.5);
+        assert_eq!(request(&hot).unwrap_err().param, Some("temperature"));
     }
 
     #[test]
