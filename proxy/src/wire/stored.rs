@@ -9,12 +9,36 @@
 //! here.
 
 use std::collections::HashSet;
+use std::ops::Range;
 
 use canarygate_policies::canary::{Canary, find_canaries};
 use canarygate_policies::verify::{own_text_removals, without_own_text};
 use serde_json::Value;
 
+use crate::wire::chat::followed_logprobs;
 use crate::wire::positions::KeptChars;
+
+/// What [`scrub_text`] took out of a text.
+pub struct Scrubbed {
+    /// The text as the provider stored it.
+    pub original: String,
+    /// The byte ranges of it kept, in order.
+    pub kept: Vec<Range<usize>>,
+    /// The characters kept, for the positions citations point at.
+    pub chars: KeptChars,
+}
+
+impl Scrubbed {
+    /// `entries` (logprobs of the original text, one a token) following the
+    /// text kept: a token removed whole goes, one cut keeps its kept bytes
+    /// ([`followed_logprobs`]); none when they did not spell the text.
+    pub fn follow_logprobs(&self, entries: &mut Value) {
+        if let Some(list) = entries.as_array_mut() {
+            let followed = followed_logprobs(std::mem::take(list), &self.original, &self.kept);
+            *list = followed;
+        }
+    }
+}
 
 /// Every canary-shaped span in the strings of `body`, once each: what to
 /// ask the registry about before scrubbing.
@@ -34,13 +58,13 @@ pub fn canaries_in(body: &Value) -> Vec<Canary> {
 
 /// Takes the text of the canaries `ours` owns out of the string
 /// `holder[key]`, by [`own_text_removals`] (the echo too, when the text
-/// `opens_reply`); which characters were kept, when anything was taken.
+/// `opens_reply`); what was kept, when anything was taken.
 pub fn scrub_text(
     holder: &mut Value,
     key: &str,
     ours: &dyn Fn(Canary) -> bool,
     opens_reply: bool,
-) -> Option<KeptChars> {
+) -> Option<Scrubbed> {
     let text = holder.get(key)?.as_str()?;
     let removals = own_text_removals(text, ours, opens_reply);
     if removals.is_empty() {
@@ -53,14 +77,18 @@ pub fn scrub_text(
         from = removed.end;
     }
     kept_ranges.push(from..text.len());
-    let mut kept = KeptChars::default();
-    kept.push(text, &kept_ranges);
+    let mut chars = KeptChars::default();
+    chars.push(text, &kept_ranges);
     let clean: String = kept_ranges
         .iter()
         .map(|range| &text[range.clone()])
         .collect();
-    holder[key] = Value::String(clean);
-    Some(kept)
+    let original = std::mem::replace(&mut holder[key], Value::String(clean));
+    Some(Scrubbed {
+        original: original.as_str().unwrap_or_default().to_owned(),
+        kept: kept_ranges,
+        chars,
+    })
 }
 
 /// Scrubs every string in `value` (none as a reply's opening); whether any

@@ -4,9 +4,9 @@
 //! in a system message it added or appended to the client's, its tail at
 //! the end of the last user message) and the reply that opened with the
 //! echo. [`scrub`] takes out what belongs to the caller's own canaries
-//! ([`crate::wire::stored`]): a completion's content (its annotations
-//! following), and in the messages every block, a system message that held
-//! only canarygate's head going whole.
+//! ([`crate::wire::stored`]): a completion's content (its annotations and
+//! logprobs following), and in the messages every block, a system message
+//! that held only canarygate's head going whole.
 
 use canarygate_policies::canary::Canary;
 use serde_json::Value;
@@ -42,17 +42,19 @@ pub fn scrub(body: &mut Value, ours: &dyn Fn(Canary) -> bool) -> bool {
 /// with the echo, then every other string.
 fn scrub_completion(completion: &mut Value, ours: &dyn Fn(Canary) -> bool) -> bool {
     let mut changed = false;
-    let messages = completion["choices"]
-        .as_array_mut()
-        .into_iter()
-        .flatten()
-        .filter_map(|choice| choice.get_mut("message"));
-    for message in messages {
-        if let Some(kept) = scrub_text(message, "content", ours, true) {
-            changed = true;
-            if let Some(annotations) = message.get_mut("annotations") {
-                follow_annotations(annotations, &kept);
-            }
+    for choice in completion["choices"].as_array_mut().into_iter().flatten() {
+        let Some(message) = choice.get_mut("message") else {
+            continue;
+        };
+        let Some(scrubbed) = scrub_text(message, "content", ours, true) else {
+            continue;
+        };
+        changed = true;
+        if let Some(annotations) = message.get_mut("annotations") {
+            follow_annotations(annotations, &scrubbed.chars);
+        }
+        if let Some(logprobs) = choice.pointer_mut("/logprobs/content") {
+            scrubbed.follow_logprobs(logprobs);
         }
     }
     scrub_strings(completion, ours) | changed
@@ -120,11 +122,21 @@ mod tests {
         let ours = |canary: Canary| canary == head || canary == tail;
         let ticket = RequestCanaries::mint().head;
         let reply = format!("{head} {tail}\n\nMercury, for ticket {ticket}.");
+        // One logprob a word (and the space before it), as a provider
+        // spells the reply it stored.
+        let logprobs: Vec<Value> = reply
+            .split_inclusive(' ')
+            .map(|token| {
+                json!({"token": token, "logprob": -0.5, "bytes": token.as_bytes(),
+                                "top_logprobs": []})
+            })
+            .collect();
         let mut completion = json!({"id": "chatcmpl-1", "object": "chat.completion",
             "model": "m", "metadata": {"job": "nightly"}, "choices": [{"index": 0,
                 "message": {"role": "assistant", "content": reply, "annotations": [
                     {"type": "url_citation", "url_citation": {"start_index": 37,
                      "end_index": 44, "url": "https://example.com"}}]},
+                "logprobs": {"content": logprobs, "refusal": null},
                 "finish_reason": "stop"}]});
         let mut found = canaries_in(&completion);
         found.sort_by_key(ToString::to_string);
@@ -144,6 +156,14 @@ mod tests {
             .take(7)
             .collect();
         assert_eq!(cited, "Mercury");
+        // The logprobs spell what is left.
+        let spelled: String = completion["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|entry| entry["token"].as_str().unwrap())
+            .collect();
+        assert_eq!(spelled, content);
         // Listed, the same.
         assert!(scrub(&mut list, &ours));
         assert_eq!(list["data"][0], completion);

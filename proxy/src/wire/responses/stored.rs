@@ -45,14 +45,17 @@ pub fn scrub(body: &mut Value, ours: &dyn Fn(Canary) -> bool) -> bool {
     changed
 }
 
-/// Scrubs the `text` of an output content part, its `annotations`
-/// following; whether it changed.
+/// Scrubs the `text` of an output content part, its `annotations` and
+/// `logprobs` following; whether it changed.
 fn scrub_output_text(part: &mut Value, ours: &dyn Fn(Canary) -> bool, opens_reply: bool) -> bool {
-    let Some(kept) = scrub_text(part, "text", ours, opens_reply) else {
+    let Some(scrubbed) = scrub_text(part, "text", ours, opens_reply) else {
         return false;
     };
     if let Some(annotations) = part.get_mut("annotations") {
-        follow_annotations(annotations, &kept);
+        follow_annotations(annotations, &scrubbed.chars);
+    }
+    if let Some(logprobs) = part.get_mut("logprobs") {
+        scrubbed.follow_logprobs(logprobs);
     }
     true
 }
@@ -110,7 +113,10 @@ mod tests {
                 {"type": "message", "role": "assistant", "content": [
                     {"type": "output_text", "text": reply,
                      "annotations": [{"type": "url_citation", "url": "https://example.com",
-                        "start_index": cited, "end_index": cited + 6}]}]}],
+                        "start_index": cited, "end_index": cited + 6}],
+                     "logprobs": reply.split_inclusive(' ').map(|token| json!({
+                        "token": token, "logprob": -0.1, "bytes": token.as_bytes(),
+                        "top_logprobs": []})).collect::<Vec<_>>()}]}],
             "metadata": {"ticket": ticket.to_string()},
         });
         let mut found = canaries_in(&stored);
@@ -120,6 +126,14 @@ mod tests {
         assert_eq!(found, expected);
         assert!(scrub(&mut stored, &ours));
         assert_eq!(stored["output"][1]["content"][0]["text"], "Second it is.");
+        // Its logprobs spell what is left of it.
+        let spelled: String = stored["output"][1]["content"][0]["logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|entry| entry["token"].as_str().unwrap())
+            .collect();
+        assert_eq!(spelled, "Second it is.");
         // The citation of "Second" still cites it.
         let citation = &stored["output"][1]["content"][0]["annotations"][0];
         assert_eq!(
