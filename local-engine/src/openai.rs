@@ -309,13 +309,6 @@ fn refuse_unsupported(request: &serde_json::Map<String, Value>) -> Result<(), Ch
     if set("web_search_options").is_some() {
         return unsupported("web_search_options", "web search");
     }
-    // `none` and `auto` ask for nothing the engine cannot give; anything
-    // else demands a call (OpenAI refuses it without tools, as here).
-    if let Some(choice) = set("tool_choice")
-        && !matches!(choice.as_str(), Some("none" | "auto"))
-    {
-        return unsupported("tool_choice", "a required tool or function call");
-    }
     if set("logprobs").and_then(Value::as_bool) == Some(true) || set("top_logprobs").is_some() {
         return unsupported("logprobs", "logprobs");
     }
@@ -326,6 +319,13 @@ fn refuse_unsupported(request: &serde_json::Map<String, Value>) -> Result<(), Ch
         {
             return unsupported(field, "tool or function calls");
         }
+    }
+    // `none` and `auto` ask for nothing the engine cannot give; anything
+    // else demands a call (OpenAI refuses it without tools, as here).
+    if let Some(choice) = set("tool_choice")
+        && !matches!(choice.as_str(), Some("none" | "auto"))
+    {
+        return unsupported("tool_choice", "a required tool or function call");
     }
     if let Some(format) = set("response_format")
         && format.get("type").and_then(Value::as_str) != Some("text")

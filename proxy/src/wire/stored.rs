@@ -15,29 +15,16 @@ use canarygate_policies::canary::{Canary, find_canaries};
 use canarygate_policies::verify::{own_text_removals, without_own_text};
 use serde_json::Value;
 
-use crate::wire::chat::followed_logprobs;
 use crate::wire::positions::KeptChars;
 
 /// What [`scrub_text`] took out of a text.
 pub struct Scrubbed {
     /// The text as the provider stored it.
     pub original: String,
-    /// The byte ranges of it kept, in order.
+    /// The byte ranges of it kept, in order (what its logprobs follow).
     pub kept: Vec<Range<usize>>,
     /// The characters kept, for the positions citations point at.
     pub chars: KeptChars,
-}
-
-impl Scrubbed {
-    /// `entries` (logprobs of the original text, one a token) following the
-    /// text kept: a token removed whole goes, one cut keeps its kept bytes
-    /// ([`followed_logprobs`]); none when they did not spell the text.
-    pub fn follow_logprobs(&self, entries: &mut Value) {
-        if let Some(list) = entries.as_array_mut() {
-            let followed = followed_logprobs(std::mem::take(list), &self.original, &self.kept);
-            *list = followed;
-        }
-    }
 }
 
 /// Every canary-shaped span in the strings of `body`, once each: what to

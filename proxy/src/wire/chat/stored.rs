@@ -11,6 +11,7 @@
 use canarygate_policies::canary::Canary;
 use serde_json::Value;
 
+use super::logprobs::followed;
 use crate::wire::positions::follow_annotations;
 use crate::wire::stored::{scrub_strings, scrub_text};
 
@@ -53,8 +54,9 @@ fn scrub_completion(completion: &mut Value, ours: &dyn Fn(Canary) -> bool) -> bo
         if let Some(annotations) = message.get_mut("annotations") {
             follow_annotations(annotations, &scrubbed.chars);
         }
-        if let Some(logprobs) = choice.pointer_mut("/logprobs/content") {
-            scrubbed.follow_logprobs(logprobs);
+        if let Some(Value::Array(entries)) = choice.pointer_mut("/logprobs/content") {
+            let taken = std::mem::take(entries);
+            *entries = followed(taken, &scrubbed.original, &scrubbed.kept);
         }
     }
     scrub_strings(completion, ours) | changed

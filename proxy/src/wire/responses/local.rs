@@ -5,6 +5,9 @@
 //! `response.content_part.added`, `response.output_text.delta`s,
 //! `response.output_text.done`, `response.content_part.done`,
 //! `response.output_item.done`, `response.completed`), numbered from 0.
+//!
+//! Longer than 500 lines: about 150 of them are the unit tests, which turn
+//! requests into the engine's and its answers and streams into responses.
 
 use canarygate_policies::sse::{SseEvent, encode_json};
 use serde_json::{Value, json};

@@ -8,6 +8,7 @@
 use canarygate_policies::canary::Canary;
 use serde_json::Value;
 
+use crate::wire::chat::followed_logprobs;
 use crate::wire::positions::follow_annotations;
 use crate::wire::stored::{scrub_strings, scrub_text};
 
@@ -54,8 +55,9 @@ fn scrub_output_text(part: &mut Value, ours: &dyn Fn(Canary) -> bool, opens_repl
     if let Some(annotations) = part.get_mut("annotations") {
         follow_annotations(annotations, &scrubbed.chars);
     }
-    if let Some(logprobs) = part.get_mut("logprobs") {
-        scrubbed.follow_logprobs(logprobs);
+    if let Some(Value::Array(entries)) = part.get_mut("logprobs") {
+        let taken = std::mem::take(entries);
+        *entries = followed_logprobs(taken, &scrubbed.original, &scrubbed.kept);
     }
     true
 }
