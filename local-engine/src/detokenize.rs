@@ -150,4 +150,56 @@ mod tests {
         }
         panic!("no stop string found in {:?}", text.text());
     }
+
+    /// Random bytes (ASCII, stray continuation bytes, lead bytes left
+    /// incomplete), and a stop string of two characters of their text:
+    /// found at the token where decoding everything again would find it.
+    /// (A stop string holding U+FFFD is found once the character it stands
+    /// for is known not to complete, not while it still may.)
+    #[test]
+    fn a_stop_string_is_found_at_the_token_a_whole_decode_finds_it() {
+        let tokenizer = tokenizer();
+        let mut state = 7u64;
+        let mut next = || {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (state >> 33) as u32
+        };
+        let mut compared = 0;
+        for _ in 0..1000 {
+            let len = 5 + next() % 30;
+            let generated: Vec<u32> = (0..len)
+                .map(|_| match next() % 4 {
+                    0 => 0x80 + next() % 0x40,
+                    1 => 0xC2 + next() % 0x30,
+                    _ => 0x61 + next() % 4,
+                })
+                .collect();
+            let whole = tokenizer.decode(&generated, true).unwrap();
+            let chars: Vec<char> = whole.chars().filter(|&c| c != '\u{FFFD}').collect();
+            if chars.len() < 3 {
+                continue;
+            }
+            let at = (next() as usize) % (chars.len() - 1);
+            let stop: String = chars[at..at + 2].iter().collect();
+            let stops = [stop.clone()];
+            let mut text = TextSoFar::default();
+            let (mut whole_at, mut found_at) = (None, None);
+            for index in 0..generated.len() {
+                let so_far = &generated[..=index];
+                let decoded = tokenizer.decode(so_far, true).unwrap();
+                if whole_at.is_none() && decoded.contains(&stop) {
+                    whole_at = Some(index);
+                }
+                text.push(&tokenizer, generated[index], so_far);
+                if found_at.is_none() && text.find_stop(&stops, stop.len()).is_some() {
+                    found_at = Some(index);
+                }
+            }
+            assert_eq!(found_at, whole_at, "{generated:?}, stop {stop:?}");
+            compared += 1;
+        }
+        assert!(compared > 500, "{compared}");
+    }
 }
