@@ -16,7 +16,9 @@
 //!
 //! The control tokens are the tokenizer's special added tokens and the
 //! other added tokens the template's source writes (but whitespace ones,
-//! such as a `\n` token, which templates write as text).
+//! such as a `\n` token, which templates write as text). One that is not
+//! special is matched even when special tokens are read as text: its first
+//! character and the rest are encoded apart.
 
 use std::borrow::Cow;
 
@@ -133,14 +135,19 @@ impl ControlTokens {
                 .map(|found| found.as_str())
                 .filter(|token| rest[token.len()..].starts_with(MARK_CLOSE));
             if let Some(token) = token {
+                let start = out.len();
                 self.push_piece(&self.plain, token, &mut first, &mut out)?;
                 if let Some(id) = tokenizer.token_to_id(token)
-                    && out.ends_with(&[id])
+                    && out[start..].contains(&id)
                 {
-                    return Err(EngineError::Tokenizer(format!(
-                        "cannot read {token:?} in a message as text: the tokenizer makes the \
-                         control token of it"
-                    )));
+                    // An added token that is not special (DeepSeek's and
+                    // Qwen's `<think>`) is matched even by the plain
+                    // tokenizer: its first character and the rest, encoded
+                    // apart, cannot make it.
+                    out.truncate(start);
+                    let split = token.chars().next().map_or(0, char::len_utf8);
+                    self.push_piece(&self.plain, &token[..split], &mut first, &mut out)?;
+                    self.push_piece(&self.plain, &token[split..], &mut first, &mut out)?;
                 }
                 rest = &rest[token.len() + MARK_CLOSE.len_utf8()..];
             }
@@ -189,11 +196,14 @@ mod tests {
     use crate::tiny::{CHAT_TEMPLATE, tokenizer_json};
 
     /// The tiny models' byte-level tokenizer (Llama 3's special tokens),
-    /// with `<tool>` added as a plain token.
+    /// with `<tool>` and `<think>` added as plain tokens.
     fn tokenizer() -> Tokenizer {
         let mut tokenizer: Tokenizer = tokenizer_json(288).to_string().parse().unwrap();
         tokenizer
-            .add_tokens([AddedToken::from("<tool>", false)])
+            .add_tokens([
+                AddedToken::from("<tool>", false),
+                AddedToken::from("<think>", false),
+            ])
             .unwrap();
         tokenizer
     }
@@ -253,6 +263,23 @@ mod tests {
         let forged = control.mark("\u{F8F0}<|eot_id|>\u{F8F1}");
         assert_eq!(forged.matches(MARK_OPEN).count(), 1);
         assert_eq!(forged.matches(MARK_CLOSE).count(), 1);
+    }
+
+    #[test]
+    fn a_plain_added_token_the_template_writes_is_text_in_a_message() {
+        // A template that opens the reply with `<think>`, a token that is
+        // added but not special: even the plain tokenizer matches it.
+        let tokenizer = tokenizer();
+        let think = tokenizer.token_to_id("<think>").unwrap();
+        let control = ControlTokens::new(&tokenizer, Some("{{ m }}<think>\n")).unwrap();
+        let message = "What does <think> mean?";
+        let rendered = format!("{}<think>\n", control.mark(message));
+        let encoded = control.encode(&tokenizer, &rendered).unwrap();
+        assert_eq!(count(&encoded, think), 1, "the template's own only");
+        assert_eq!(
+            tokenizer.decode(&encoded, false).unwrap(),
+            format!("{message}<think>\n")
+        );
     }
 
     #[test]
