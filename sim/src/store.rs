@@ -60,46 +60,6 @@ pub struct Stored {
     pub thread: Arc<Thread>,
 }
 
-/// The stored responses, by id (see the module docs).
-#[derive(Debug, Default)]
-pub struct ResponseStore {
-    entries: HashMap<String, Stored>,
-    /// Ids in the order they were stored.
-    order: VecDeque<String>,
-}
-
-impl ResponseStore {
-    /// Keeps `stored` as `id`, forgetting the oldest past [`MAX_STORED`].
-    pub fn insert(&mut self, id: String, stored: Stored) {
-        if self.entries.insert(id.clone(), stored).is_none() {
-            self.order.push_back(id);
-        }
-        while self.entries.len() > MAX_STORED {
-            let Some(oldest) = self.order.pop_front() else {
-                break;
-            };
-            self.entries.remove(&oldest);
-        }
-    }
-
-    pub fn get(&self, id: &str) -> Option<&Stored> {
-        self.entries.get(id)
-    }
-
-    /// Forgets `id`; false when it was not stored.
-    pub fn remove(&mut self, id: &str) -> bool {
-        let removed = self.entries.remove(id).is_some();
-        if removed {
-            self.order.retain(|stored| stored != id);
-        }
-        removed
-    }
-
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-}
-
 /// A stored chat completion (`store: true` on Chat Completions): the
 /// completion as answered, with its `metadata`, and the request's messages
 /// as `GET /v1/chat/completions/{id}/messages` lists them.
@@ -109,17 +69,27 @@ pub struct StoredCompletion {
     pub messages: Vec<Value>,
 }
 
-/// The stored chat completions, by id, the oldest forgotten first past
-/// [`MAX_STORED`]; listed in the order they were stored.
-#[derive(Debug, Default)]
-pub struct CompletionStore {
-    entries: HashMap<String, StoredCompletion>,
+/// Objects a provider keeps, by id, listed in the order they were stored;
+/// past [`MAX_STORED`] the oldest are forgotten first.
+#[derive(Debug)]
+pub struct Kept<T> {
+    entries: HashMap<String, T>,
+    /// Ids in the order they were stored.
     order: VecDeque<String>,
 }
 
-impl CompletionStore {
-    /// Keeps `stored` under its completion's id.
-    pub fn insert(&mut self, id: String, stored: StoredCompletion) {
+impl<T> Default for Kept<T> {
+    fn default() -> Self {
+        Self {
+            entries: HashMap::new(),
+            order: VecDeque::new(),
+        }
+    }
+}
+
+impl<T> Kept<T> {
+    /// Keeps `stored` as `id`, forgetting the oldest past [`MAX_STORED`].
+    pub fn insert(&mut self, id: String, stored: T) {
         if self.entries.insert(id.clone(), stored).is_none() {
             self.order.push_back(id);
         }
@@ -131,11 +101,11 @@ impl CompletionStore {
         }
     }
 
-    pub fn get(&self, id: &str) -> Option<&StoredCompletion> {
+    pub fn get(&self, id: &str) -> Option<&T> {
         self.entries.get(id)
     }
 
-    pub fn get_mut(&mut self, id: &str) -> Option<&mut StoredCompletion> {
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut T> {
         self.entries.get_mut(id)
     }
 
@@ -148,8 +118,8 @@ impl CompletionStore {
         removed
     }
 
-    /// Every stored completion, the oldest first.
-    pub fn in_order(&self) -> impl Iterator<Item = &StoredCompletion> {
+    /// Every one kept, the oldest first.
+    pub fn in_order(&self) -> impl Iterator<Item = &T> {
         self.order.iter().filter_map(|id| self.entries.get(id))
     }
 
@@ -157,6 +127,12 @@ impl CompletionStore {
         self.entries.len()
     }
 }
+
+/// The stored responses (see the module docs).
+pub type ResponseStore = Kept<Stored>;
+
+/// The stored chat completions.
+pub type CompletionStore = Kept<StoredCompletion>;
 
 #[cfg(test)]
 mod tests {

@@ -157,22 +157,34 @@ pub async fn list(
     finish(&sim, exchange, result)
 }
 
+/// Answers a request about the stored completion `id` with what `answer`
+/// makes of it (a 404 when it is not stored), as a lookup: nothing is
+/// generated.
+fn about_stored(
+    sim: &Sim,
+    headers: &HeaderMap,
+    id: &str,
+    answer: impl FnOnce(&mut StoredCompletion) -> Result<Value, SimError>,
+) -> Response {
+    let exchange = begin_uncounted(sim, Surface::Chat);
+    let result = openai_key(sim, headers).and_then(|()| {
+        let mut store = sim
+            .completions
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let stored = store.get_mut(id).ok_or_else(|| not_found(id))?;
+        Ok(Json(answer(stored)?).into_response())
+    });
+    finish(sim, exchange, result)
+}
+
 /// `GET /v1/chat/completions/{id}`.
 pub async fn retrieve(
     State(sim): State<Sim>,
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Response {
-    let exchange = begin_uncounted(&sim, Surface::Chat);
-    let result = openai_key(&sim, &headers).and_then(|()| {
-        let store = sim
-            .completions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let stored = store.get(&id).ok_or_else(|| not_found(&id))?;
-        Ok(Json(stored.completion.clone()).into_response())
-    });
-    finish(&sim, exchange, result)
+    about_stored(&sim, &headers, &id, |stored| Ok(stored.completion.clone()))
 }
 
 /// `POST /v1/chat/completions/{id}`: sets the completion's `metadata`.
@@ -182,8 +194,7 @@ pub async fn update(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Response {
-    let exchange = begin_uncounted(&sim, Surface::Chat);
-    let result = openai_key(&sim, &headers).and_then(|()| {
+    about_stored(&sim, &headers, &id, |stored| {
         let request: Value = serde_json::from_slice(&body).map_err(|error| {
             SimError::invalid_request(None, format!("invalid JSON body: {error}"))
         })?;
@@ -193,15 +204,9 @@ pub async fn update(
                 "`metadata` must be an object",
             ));
         };
-        let mut store = sim
-            .completions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let stored = store.get_mut(&id).ok_or_else(|| not_found(&id))?;
         stored.completion["metadata"] = Value::Object(metadata.clone());
-        Ok(Json(stored.completion.clone()).into_response())
-    });
-    finish(&sim, exchange, result)
+        Ok(stored.completion.clone())
+    })
 }
 
 /// `DELETE /v1/chat/completions/{id}`.
@@ -235,16 +240,9 @@ pub async fn messages(
     Path(id): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let exchange = begin_uncounted(&sim, Surface::Chat);
-    let result = openai_key(&sim, &headers).and_then(|()| {
-        let store = sim
-            .completions
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        let stored = store.get(&id).ok_or_else(|| not_found(&id))?;
-        Ok(Json(page(stored.messages.clone(), &query)).into_response())
-    });
-    finish(&sim, exchange, result)
+    about_stored(&sim, &headers, &id, |stored| {
+        Ok(page(stored.messages.clone(), &query))
+    })
 }
 
 fn not_found(id: &str) -> SimError {
