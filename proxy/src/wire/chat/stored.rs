@@ -31,30 +31,44 @@ pub fn scrub(body: &mut Value, ours: &dyn Fn(Canary) -> bool) -> bool {
             changed |= scrub_completion(item, ours);
             return true;
         }
-        // A message: one that held text and holds none now was canarygate's.
-        let had_text = has_text(&item["content"]);
+        // A message. A system message that held text and holds none now
+        // held only canarygate's head, which it added whole; a client's
+        // message keeps its place whatever is left of it.
+        let added_whole = matches!(item["role"].as_str(), Some("system" | "developer"))
+            && has_text(&item["content"]);
         changed |= scrub_strings(item, ours);
-        !had_text || has_text(&item["content"])
+        !added_whole || has_text(&item["content"])
     });
     changed
 }
 
-/// Scrubs one completion: each choice's content as a reply that opened
-/// with the echo, then every other string.
+/// Scrubs one completion: each choice's reply as one that opened with the
+/// echo (its content, or its refusal when the content has no text, as the
+/// verifier reads it), its logprobs following, then every other string.
 fn scrub_completion(completion: &mut Value, ours: &dyn Fn(Canary) -> bool) -> bool {
     let mut changed = false;
-    for choice in completion["choices"].as_array_mut().into_iter().flatten() {
+    let choices = completion
+        .get_mut("choices")
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten();
+    for choice in choices {
         let Some(message) = choice.get_mut("message") else {
             continue;
         };
-        let Some(scrubbed) = scrub_text(message, "content", ours, true) else {
+        let opening = match has_text(&message["content"]) {
+            true => "content",
+            false => "refusal",
+        };
+        let Some(scrubbed) = scrub_text(message, opening, ours, true) else {
             continue;
         };
         changed = true;
         if let Some(annotations) = message.get_mut("annotations") {
             follow_annotations(annotations, &scrubbed.chars);
         }
-        if let Some(Value::Array(entries)) = choice.pointer_mut("/logprobs/content") {
+        let logprobs = format!("/logprobs/{opening}");
+        if let Some(Value::Array(entries)) = choice.pointer_mut(&logprobs) {
             let taken = std::mem::take(entries);
             *entries = followed(taken, &scrubbed.original, &scrubbed.kept);
         }
@@ -197,6 +211,26 @@ mod tests {
                 );
             }
         }
+
+        // An image-only question keeps its place, its added tail gone.
+        let image = json!({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]});
+        let mut messages = listed(&as_sent(&image, canaries, SystemRole::Accepted));
+        assert!(scrub(&mut messages, &ours));
+        let kept: Vec<&Value> = messages["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|message| &message["content"])
+            .collect();
+        assert_eq!(kept, [&image["messages"][0]["content"]]);
+
+        // A reply that is only a refusal, opened with the echo.
+        let mut refused = json!({"object": "chat.completion", "choices": [{"message": {
+            "content": null, "refusal": format!("{head} {tail}\n\nI can't help.")}}]});
+        assert!(scrub(&mut refused, &ours));
+        assert_eq!(refused["choices"][0]["message"]["refusal"], "I can't help.");
+        assert!(refused["choices"][0]["message"]["content"].is_null());
 
         // Nothing of the caller's: unchanged, and said so.
         let mut plain = json!({"object": "chat.completion", "choices": [

@@ -30,8 +30,13 @@ pub fn scrub(body: &mut Value, ours: &dyn Fn(Canary) -> bool) -> bool {
             .filter_map(|item| item.get_mut("content")?.as_array_mut())
             .flatten()
         {
-            let opens_reply =
-                opening && part.get("type").and_then(Value::as_str) == Some("output_text");
+            // The reply opens with its first text or refusal, as the
+            // verifier reads it.
+            let opens_reply = opening
+                && matches!(
+                    part.get("type").and_then(Value::as_str),
+                    Some("output_text" | "refusal")
+                );
             opening &= !opens_reply;
             changed |= scrub_output_text(part, ours, opens_reply);
         }
@@ -46,10 +51,15 @@ pub fn scrub(body: &mut Value, ours: &dyn Fn(Canary) -> bool) -> bool {
     changed
 }
 
-/// Scrubs the `text` of an output content part, its `annotations` and
-/// `logprobs` following; whether it changed.
+/// Scrubs the `text` of an output content part (a refusal part's
+/// `refusal`), its `annotations` and `logprobs` following; whether it
+/// changed.
 fn scrub_output_text(part: &mut Value, ours: &dyn Fn(Canary) -> bool, opens_reply: bool) -> bool {
-    let Some(scrubbed) = scrub_text(part, "text", ours, opens_reply) else {
+    let key = match part.get("type").and_then(Value::as_str) {
+        Some("refusal") => "refusal",
+        _ => "text",
+    };
+    let Some(scrubbed) = scrub_text(part, key, ours, opens_reply) else {
         return false;
     };
     if let Some(annotations) = part.get_mut("annotations") {
