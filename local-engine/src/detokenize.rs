@@ -67,6 +67,11 @@ impl TextSoFar {
 
     fn decode_whole(&mut self, tokenizer: &Tokenizer, generated: &[u32]) {
         let text = tokenizer.decode(generated, true).unwrap_or_default();
+        if !self.whole && !text.starts_with(&self.text) {
+            // The answer's end, decoded whole, rewrites text the stream
+            // already gave (what was sent cannot change): kept as it went.
+            return;
+        }
         if !text.starts_with(&self.text[..self.searched]) {
             // Earlier text changed: search it all again.
             self.searched = 0;

@@ -586,7 +586,9 @@ impl EngineHandle {
     /// message; control tokens in a message's text (a user's `<|eot_id|>`) are text, never the
     /// tokens the template writes (see `prompt`); a template that refuses a system message
     /// (Gemma's, Mistral 7B v0.1's) gets its text at the start of the first user message, as
-    /// providers serving such models place it.
+    /// providers serving such models place it: any template error with a system message present
+    /// is tried once more that way (Mistral's refusal says `roles must alternate`), and the
+    /// first error stands when the second try fails too.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
         self.prompt_of(messages, |messages| self.template.render(messages))
     }

@@ -26,6 +26,7 @@ use regex::Regex;
 use tokenizers::Tokenizer;
 
 use crate::EngineError;
+use crate::text::END_OF_PREFILL;
 
 /// Opens a control token taken from a message's text (a private-use
 /// character).
@@ -86,10 +87,12 @@ impl ControlTokens {
     }
 
     /// `text` (a message's) with each control token wrapped in the markers,
-    /// and any marker it already held dropped (it cannot forge one).
+    /// and any marker it already held dropped (it cannot forge one, nor the
+    /// end of a prefill, [`END_OF_PREFILL`]).
     pub fn mark<'a>(&self, text: &'a str) -> Cow<'a, str> {
-        let text = match text.contains([MARK_OPEN, MARK_CLOSE]) {
-            true => Cow::Owned(text.replace([MARK_OPEN, MARK_CLOSE], "")),
+        const OURS: [char; 3] = [MARK_OPEN, MARK_CLOSE, END_OF_PREFILL];
+        let text = match text.contains(OURS) {
+            true => Cow::Owned(text.replace(OURS, "")),
             false => Cow::Borrowed(text),
         };
         let Some(pattern) = &self.pattern else {

@@ -49,6 +49,11 @@ pub struct ChatTemplate {
 /// The name the template is compiled under.
 const TEMPLATE_NAME: &str = "chat_template";
 
+/// Marks the end of the message a prompt continues ([`ChatTemplate::render_continuing`]): a
+/// private-use character, which templates' string methods (`trim`, `strip`) keep, taken out of
+/// messages' own text before rendering.
+pub(crate) const END_OF_PREFILL: char = '\u{F8F2}';
+
 /// The special tokens transformers passes to a template by name, when the model sets them.
 const SPECIAL_TOKENS: [&str; 7] = [
     "bos_token",
@@ -166,23 +171,23 @@ impl ChatTemplate {
 
     /// Renders `messages`, the last of which is the start of the assistant's reply, into a
     /// prompt that ends where that start does, for the model to continue it (transformers'
-    /// `continue_final_message`): rendered without the generation prompt and cut after the last
-    /// message's text. An error when the template does not show that text as it is (whole, or
-    /// trimmed of surrounding whitespace).
+    /// `continue_final_message`): rendered without the generation prompt, with
+    /// [`END_OF_PREFILL`] after the last message's text, and cut there (a search for the text
+    /// itself could match an earlier message, or the template's own markup after a short one).
+    /// An error when the template does not show the end of that text.
     pub fn render_continuing(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
-        let mut prompt = self.render_with(messages, false)?;
-        let last = messages.last().map_or("", |m| m.content.as_str());
-        let end = [last, last.trim()]
-            .into_iter()
-            .filter(|text| !text.is_empty())
-            .find_map(|text| prompt.rfind(text).map(|at| at + text.len()))
-            .ok_or_else(|| {
-                EngineError::Template(
-                    "the template does not show the last message as it was sent, so it cannot \
-                     be continued"
-                        .into(),
-                )
-            })?;
+        let mut marked = messages.to_vec();
+        if let Some(last) = marked.last_mut() {
+            last.content.push(END_OF_PREFILL);
+        }
+        let mut prompt = self.render_with(&marked, false)?;
+        let end = prompt.rfind(END_OF_PREFILL).ok_or_else(|| {
+            EngineError::Template(
+                "the template does not show the end of the last message, so it cannot be \
+                 continued"
+                    .into(),
+            )
+        })?;
         prompt.truncate(end);
         Ok(prompt)
     }
@@ -384,6 +389,42 @@ mod tests {
         assert_eq!(
             t.render(&messages()).unwrap(),
             "<s>[system]Be brief.</s>[user]Hi</s>[assistant]"
+        );
+    }
+
+    #[test]
+    fn a_prefill_is_continued_where_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        // ChatML-like, its contents trimmed, as many templates do.
+        std::fs::write(
+            dir.path().join("tokenizer_config.json"),
+            r#"{"chat_template": "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content | trim }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"}"#,
+        )
+        .unwrap();
+        let t = ChatTemplate::load(dir.path()).unwrap();
+        let chat = |prefill: &str| {
+            vec![
+                ChatMessage {
+                    role: "user".into(),
+                    content: "Show it as JSON:\n{\"a\": 1}".into(),
+                },
+                ChatMessage {
+                    role: "assistant".into(),
+                    content: prefill.into(),
+                },
+            ]
+        };
+        let opened =
+            "<|im_start|>user\nShow it as JSON:\n{\"a\": 1}<|im_end|>\n<|im_start|>assistant\n";
+        // A prefill the template trims, whose text also appears earlier; a
+        // short one that also appears in the template's markup.
+        assert_eq!(
+            t.render_continuing(&chat("\n{")).unwrap(),
+            format!("{opened}{{")
+        );
+        assert_eq!(
+            t.render_continuing(&chat("<")).unwrap(),
+            format!("{opened}<")
         );
     }
 
