@@ -1143,10 +1143,12 @@ impl Verifier {
     /// Records that the provider ended the answer with its own error (an
     /// error event in its stream), before [`Verifier::finish`]. That is an
     /// honest failure, not an answer dressed as whole: an echo not decided
-    /// yet is settled as [`EchoOutcome::EndedByProviderError`] (the text it
-    /// held withheld), and the `finish` check is skipped rather than failed
-    /// for the missing end. Every canary already seen still counts, and so
-    /// does what [`Verifier::finish`] scans of the text still held.
+    /// yet is settled as [`EchoOutcome::EndedByProviderError`] (the text
+    /// that would have opened the reply withheld, unscanned: at most a
+    /// preamble and part of an echo), and the `echo` and `finish` checks
+    /// are skipped rather than failed. Every canary already seen still
+    /// counts, and so does what [`Verifier::finish`] scans of the other
+    /// texts still held.
     pub fn ended_by_provider_error(&mut self) {
         self.provider_error = true;
     }
@@ -1224,20 +1226,23 @@ impl Verifier {
     }
 
     /// Settles the echo of each choice still awaiting it as
-    /// [`EchoOutcome::EndedByProviderError`], withholding the text it held
-    /// (at most the start of an echo: [`match_echo`] decides as soon as the
-    /// text departs from one).
+    /// [`EchoOutcome::EndedByProviderError`], withholding the text that
+    /// would have opened the reply, its content or its refusal (at most a
+    /// preamble and the start of an echo: [`match_echo`] decides as soon as
+    /// the text departs from one, or holds a whole canary).
     fn settle_echo_ended_by_error(&mut self) {
         for state in &mut self.choices {
             if state.echo != EchoState::Waiting {
                 continue;
             }
             state.echo = EchoState::Done(EchoOutcome::EndedByProviderError);
-            if let Some(track) = state.tracks.get_mut(&Part::Content) {
-                let held = track.pending.len();
-                track.pending.clear();
-                track.removed.push(track.decided..track.decided + held);
-                track.decided += held;
+            for part in [Part::Content, Part::Refusal] {
+                if let Some(track) = state.tracks.get_mut(&part) {
+                    let held = track.pending.len();
+                    track.pending.clear();
+                    track.removed.push(track.decided..track.decided + held);
+                    track.decided += held;
+                }
             }
         }
     }
@@ -1555,6 +1560,14 @@ impl Verifier {
             return skipped(
                 Check::Echo,
                 "stopped after an earlier failure",
+                Evidence::Echo { choices },
+            );
+        }
+        // Not a failure, and no echo seen either.
+        if !refuted && choices.contains(&EchoOutcome::EndedByProviderError) {
+            return skipped(
+                Check::Echo,
+                "the provider ended the answer with its own error",
                 Evidence::Echo { choices },
             );
         }

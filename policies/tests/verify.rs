@@ -916,7 +916,8 @@ fn a_stream_the_provider_ended_with_its_error_is_not_a_failed_answer() {
     };
     let result = |verdict: &Verdict, check| verdict.result(check).unwrap().status;
     // Before any text, inside the echo, and after it: nothing fails, the
-    // finish is skipped, and what an echo did not vouch for stays held.
+    // echo (never seen) and the finish are skipped, and what an echo did
+    // not vouch for stays held.
     for text in [String::new(), echo[..echo.len() / 2].to_owned()] {
         let (released, verdict) = ended_by_error(&text);
         assert!(verdict.passed(), "{text:?}: {verdict:?}");
@@ -928,8 +929,22 @@ fn a_stream_the_provider_ended_with_its_error_is_not_a_failed_answer() {
             },
             "{text:?}"
         );
+        assert_eq!(result(&verdict, Check::Echo), Status::Skip, "{text:?}");
         assert_eq!(result(&verdict, Check::Finish), Status::Skip, "{text:?}");
     }
+    // The same inside an echo that opens a refusal: nothing of it is kept.
+    let mut verifier = Verifier::new(&injection, &policy.verify, "openai", None);
+    verifier.push(0, "", &registry);
+    let opening = format!("Sure. {}", &echo[..echo.len() / 2 + 4]);
+    verifier.push_part(0, Part::Refusal, &opening, &registry);
+    verifier.ended_by_provider_error();
+    let finished = verifier.finish(&facts, &registry);
+    assert!(finished.verdict.passed(), "{:?}", finished.verdict);
+    assert!(
+        finished.parts.iter().all(|part| part.text.is_empty()),
+        "{:?}",
+        finished.parts
+    );
     let (released, verdict) = ended_by_error(&format!("{echo} Mercury, Venus"));
     assert!(verdict.passed(), "{verdict:?}");
     assert_eq!(released, "Mercury, Venus");
