@@ -6,6 +6,7 @@
 //! written down, each method of the two traits with its contract.
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::ops::Range;
 
 use axum::http::StatusCode;
@@ -164,7 +165,7 @@ pub struct Chunk {
 /// stream's texts by place, the verifier as they arrive, so the two read
 /// the same text only while no text goes back to an earlier place
 /// ([`StreamMemo::keeps_order`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct TextPlace {
     /// The block or output item.
     pub item: u64,
@@ -219,9 +220,11 @@ pub struct StreamMemo {
     /// The furthest item a text came from, and the furthest index in each
     /// of its lists ([`StreamMemo::keeps_order`]).
     furthest_place: Option<(u64, [u64; TextPlace::LISTS])>,
-    /// Every place a text came from, in order, once each
-    /// ([`StreamMemo::has_text_at`]).
-    text_places: Vec<TextPlace>,
+    /// Every place a text came from ([`StreamMemo::has_text_at`]), and
+    /// the last one noted (texts come a place at a time: one comparison
+    /// per text, a set insert per place).
+    text_places: HashSet<TextPlace>,
+    last_text_place: Option<TextPlace>,
 }
 
 impl StreamMemo {
@@ -230,9 +233,9 @@ impl StreamMemo {
     /// of that item); it is then the furthest.
     pub fn keeps_order(&mut self, place: TextPlace) -> bool {
         let list = usize::from(place.list).min(TextPlace::LISTS - 1);
-        // Texts come a place at a time: one comparison per text.
-        if self.text_places.last() != Some(&place) {
-            self.text_places.push(place);
+        if self.last_text_place != Some(place) {
+            self.last_text_place = Some(place);
+            self.text_places.insert(place);
         }
         match &mut self.furthest_place {
             Some((item, _)) if place.item < *item => false,

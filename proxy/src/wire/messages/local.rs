@@ -18,7 +18,16 @@ use crate::wire::format::LocalStream;
 /// which the answer continues (`continue_final_message`), as Claude does.
 pub fn request(body: &Value) -> Result<Value, ApiError> {
     refuse_unsupported(body)?;
-    let messages = local_messages(body);
+    let mut messages = local_messages(body);
+    // An empty last assistant turn (Anthropic allows one; a turn of
+    // thinking alone reads as one) asks for a reply from nothing: a new
+    // turn, as without it.
+    if messages
+        .last()
+        .is_some_and(|message| message["role"] == "assistant" && message["content"] == "")
+    {
+        messages.pop();
+    }
     let prefill = messages
         .last()
         .is_some_and(|message| message["role"] == "assistant");
@@ -95,14 +104,18 @@ fn refuse_unsupported(body: &Value) -> Result<(), ApiError> {
     }
     // Anthropic's range, narrower than OpenAI's (the engine's): refused as
     // Anthropic refuses it.
-    if body["temperature"]
-        .as_f64()
-        .is_some_and(|temperature| !(0.0..=1.0).contains(&temperature))
-    {
-        return Err(ApiError::invalid_param(
-            "temperature",
-            "temperature: Input should be less than or equal to 1",
-        ));
+    if let Some(temperature) = body["temperature"].as_f64() {
+        let bound = match temperature {
+            t if t < 0.0 => Some("greater than or equal to 0"),
+            t if t > 1.0 => Some("less than or equal to 1"),
+            _ => None,
+        };
+        if let Some(bound) = bound {
+            return Err(ApiError::invalid_param(
+                "temperature",
+                format!("temperature: Input should be {bound}"),
+            ));
+        }
     }
     let blocks = |content: &Value| -> Vec<String> {
         content
@@ -364,6 +377,15 @@ mod tests {
         let mut hot = body.clone();
         hot["temperature"] = json!(1.5);
         assert_eq!(request(&hot).unwrap_err().param, Some("temperature"));
+        // An empty last turn (or thinking alone) asks for a new reply.
+        let mut empty = body.clone();
+        empty["messages"][5]["content"] = json!([{"type": "thinking", "thinking": "t"}]);
+        let chat = request(&empty).unwrap();
+        assert_eq!(chat["continue_final_message"], false);
+        assert_eq!(
+            chat["messages"].as_array().unwrap().last().unwrap()["role"],
+            "user"
+        );
     }
 
     #[test]

@@ -210,9 +210,11 @@ impl ResponsesStream {
             // repeat carried.
             let text_slot = match is_delta {
                 true => (!matches!(field.kind, Part::Other(_))).then_some(slot),
+                // The reader read it as its part; a string it declined
+                // (its place left) is at most a canary-shaped one beside.
                 false => undelivered
                     .iter()
-                    .find(|repeated| repeated.at == field.at)
+                    .find(|repeated| repeated.at == field.at && repeated.part == field.kind)
                     .map(|repeated| repeated.slot),
             };
             if let Some(slot) = text_slot {
