@@ -171,8 +171,8 @@ impl ChatTemplate {
 
     /// Renders `messages`, the last of which is the start of the assistant's reply, into a
     /// prompt that ends where that start does, for the model to continue it (transformers'
-    /// `continue_final_message`): rendered without the generation prompt, with
-    /// [`END_OF_PREFILL`] after the last message's text, and cut there (a search for the text
+    /// `continue_final_message`): rendered without the generation prompt, with a private-use
+    /// mark after the last message's text, and cut there (a search for the text
     /// itself could match an earlier message, or the template's own markup after a short one).
     /// An error when the template does not show the end of that text.
     pub fn render_continuing(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
