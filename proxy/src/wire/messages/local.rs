@@ -3,6 +3,10 @@
 //! the Messages events the SDK's `messages.stream()` helper accumulates
 //! (`message_start`, one text block's start, deltas and stop,
 //! `message_delta` with the stop reason and usage, `message_stop`).
+//!
+//! Longer than 500 lines: about 175 of them are the unit tests, which turn
+//! requests into the engine's (thinking, prefills, ranges) and its answers
+//! and streams into messages.
 
 use canarygate_policies::sse::{SseEvent, encode_json};
 use serde_json::{Value, json};
