@@ -10,7 +10,7 @@
 //! Every event goes out with its `event:` line; one that nothing changed as
 //! the provider's own data.
 //!
-//! Longer than 500 lines: about 510 of them are the unit tests, which relay
+//! Longer than 500 lines: about 680 of them are the unit tests, which relay
 //! whole streams through the writer's private state (the delivered texts,
 //! the rewritten `.done` events, the allocation budget).
 
@@ -998,6 +998,99 @@ mod tests {
         let output = &data("response.completed", 0)["response"]["output"];
         assert_eq!(output[0]["summary"][0]["text"], summary);
         assert_eq!(output[1]["content"][0]["text"], answer);
+    }
+
+    /// A reply that is only a refusal, opened with the echo: the refusal's
+    /// deltas, its `.done` and the final response carry it without.
+    #[test]
+    fn a_refusal_that_opens_with_the_echo_is_delivered_without_it() {
+        let (injection, body, canaries) = setup(None);
+        let echo = format!("{} {}\n", canaries.head, canaries.tail);
+        let refusal = "I can't help with that.";
+        let at = |kind: &str| json!({"type": kind, "item_id": "msg_1", "output_index": 0, "content_index": 0});
+        let message = |text: &str| {
+            json!({"id": "msg_1", "type": "message", "status": "completed", "role": "assistant",
+                   "content": [{"type": "refusal", "refusal": text}]})
+        };
+        let instructions = body["instructions"].as_str().unwrap();
+        let mut events = vec![
+            json!({"type": "response.created", "response": {"id": "resp_1",
+                   "instructions": instructions, "output": []}}),
+            json!({"type": "response.output_item.added", "output_index": 0,
+                   "item": {"id": "msg_1", "type": "message", "role": "assistant",
+                            "content": []}}),
+        ];
+        for piece in [echo.as_str(), refusal] {
+            let mut delta = at("response.refusal.delta");
+            delta["delta"] = json!(piece);
+            events.push(delta);
+        }
+        let mut done = at("response.refusal.done");
+        done["refusal"] = json!(format!("{echo}{refusal}"));
+        events.push(done);
+        events.push(
+            json!({"type": "response.output_item.done", "output_index": 0,
+                           "item": message(&format!("{echo}{refusal}"))}),
+        );
+        events.push(
+            json!({"type": "response.completed", "response": {"id": "resp_1",
+            "status": "completed", "instructions": instructions,
+            "output": [message(&format!("{echo}{refusal}"))]}}),
+        );
+        let (client, bytes) = relay(numbered(events), &injection, None);
+        assert!(!bytes.contains(&canaries.head.to_string()), "{bytes}");
+        let deltas: String = client
+            .iter()
+            .filter(|(name, _)| name == "response.refusal.delta")
+            .map(|(_, data)| data["delta"].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(deltas, refusal, "{bytes}");
+        let data = |name: &str| &client.iter().find(|(n, _)| n == name).unwrap().1;
+        assert_eq!(data("response.refusal.done")["refusal"], refusal);
+        assert_eq!(
+            data("response.completed")["response"]["output"][0]["content"][0]["refusal"],
+            refusal
+        );
+    }
+
+    /// A repeat whose text no delta carried, for an item the stream had
+    /// already left (its text would go back before texts already read):
+    /// not read, and the stream ends instead of passing it on.
+    #[test]
+    fn a_repeat_for_an_item_the_stream_left_ends_it() {
+        let (injection, _, canaries) = setup(None);
+        let registry = MemoryRegistry::new(b"test");
+        let mut verifier = Verifier::new(&injection, &VerifyConfig::default(), "p", None);
+        let mut writer = writer(None, &injection);
+        let mut memo = StreamMemo::default();
+        let echo = format!("{} {}\n", canaries.head, canaries.tail);
+        let events = numbered(vec![
+            json!({"type": "response.output_item.added", "output_index": 0,
+                   "item": {"id": "rs_1", "type": "reasoning", "summary": []}}),
+            json!({"type": "response.output_text.delta", "item_id": "msg_1", "output_index": 1,
+                   "content_index": 0, "delta": format!("{echo}Mercury.")}),
+            json!({"type": "response.output_item.done", "output_index": 0,
+                   "item": {"id": "rs_1", "type": "reasoning", "summary": [
+                       {"type": "summary_text", "text": "Plan."}]}}),
+        ]);
+        let mut out = Vec::new();
+        let mut read_back = 0;
+        for event in events {
+            let EventView::Chunk(chunk) = Responses::read_stream_event(&event, &mut memo) else {
+                panic!("a chunk");
+            };
+            if let Some(place) = chunk.place {
+                assert!(memo.keeps_order(place));
+            }
+            read_back += chunk.texts().count();
+            let spans = feed(&chunk, &event.data, &mut verifier, &registry);
+            writer.take(chunk, event, spans);
+            writer.flush(&verifier, false, &mut out);
+        }
+        writer.flush(&verifier, true, &mut out);
+        assert_eq!(read_back, 1, "only the delta's text was read");
+        assert_eq!(writer.failure(), Some(REPEATED_UNDELIVERED));
+        assert!(!String::from_utf8_lossy(&out).contains("Plan."));
     }
 
     #[test]
