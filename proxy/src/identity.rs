@@ -81,6 +81,24 @@ impl std::fmt::Debug for CallerSecret {
 }
 
 impl CallerSecret {
+    /// `credential`, held as a caller's (tests).
+    #[cfg(test)]
+    pub(crate) fn of(credential: &str) -> Self {
+        Self(credential.to_owned())
+    }
+
+    /// Whether `text` holds the credential (one too short to tell from
+    /// ordinary text, under 8 bytes, never).
+    pub fn is_in(&self, text: &str) -> bool {
+        self.0.len() >= 8 && text.contains(self.0.as_str())
+    }
+
+    /// Whether `text` ends with the credential's first `min` bytes or more
+    /// (not all of it): what a cut through it leaves.
+    pub fn is_cut_at_end_of(&self, text: &str, min: usize) -> bool {
+        self.0.len() >= 8 && (min..self.0.len()).any(|len| text.ends_with(&self.0[..len]))
+    }
+
     /// `text` with every copy of the credential (a client that pasted its
     /// own key into a prompt) made [`WITHHELD_CREDENTIAL`]; `None` when it
     /// holds none.

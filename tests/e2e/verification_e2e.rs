@@ -2517,6 +2517,44 @@ async fn a_key_quoted_in_a_providers_error_is_withheld() {
     }
 }
 
+/// A model that repeats a key pasted into its prompt streams it a few
+/// characters an event, so no event holds it whole: the sample keeps no
+/// such answer (every answer sampled here).
+#[tokio::test]
+async fn a_key_a_stream_spells_across_its_events_is_not_sampled() {
+    let sim = start_sim(&[]);
+    let dir = ProxyDir::new();
+    let policy = verified_policy(&dir, &sim.url, "[audit]\nsample_rate = 1.0\n");
+    let proxy = start_proxy_with_policy(&dir, &policy, &[]);
+    let key = "sk-e2e-spelled-0123456789";
+    let body = client()
+        .post(format!("{}/v1/chat/completions", proxy.url))
+        .bearer_auth(key)
+        .json(&json!({"model": "sim-model", "stream": true,
+                      "messages": [{"role": "user", "content": format!("my key is {key}")}]}))
+        .send()
+        .await
+        .expect("request")
+        .text()
+        .await
+        .unwrap();
+    // The client gets its own key back, spelled across events.
+    assert!(stream_content(&body).contains(key), "{body}");
+    assert!(!body.contains(key), "no event holds it whole: {body}");
+    drop(proxy);
+    let records = audit_export(&dir.data());
+    assert_eq!(records.len(), 1, "{records:?}");
+    let shown = std::process::Command::new(binary())
+        .args(["audit", "--data"])
+        .arg(dir.data())
+        .args(["show", &records[0]["id"].to_string()])
+        .output()
+        .unwrap();
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(shown.contains("answer withheld by canarygate"), "{shown}");
+    assert!(!stream_content(&shown).contains(key), "{shown}");
+}
+
 /// Whether `haystack` does not hold `needle`.
 fn lacks(haystack: &[u8], needle: &[u8]) -> bool {
     !haystack

@@ -7,12 +7,37 @@ use std::sync::Arc;
 use canarygate_audit::{AuditLog, Recorded, Sample, should_sample};
 use canarygate_policies::canary::replace_canaries;
 use canarygate_policies::topic::sample_chance;
+use serde_json::Value;
 
 use crate::identity::CallerSecret;
 use crate::topic::{HeldBytes, TopicCheck};
 
 /// Placeholder for a canary in sampled text.
 const REDACTED: &str = "[canary]";
+
+/// What a sample keeps of an answer that spelled the caller's credential
+/// across its events, or was cut through it.
+const SPELLED_CREDENTIAL: &str = "[answer withheld by canarygate: it spelled the caller's \
+     credential across its events, or was cut through it]";
+
+/// The members whose strings are an answer's text in its events (Chat's
+/// `content`, the Responses API's `delta`, Messages' `text`, `thinking` and
+/// `partial_json`, arguments, reasoning, refusals, transcripts).
+const TEXT_MEMBERS: [&str; 10] = [
+    "content",
+    "delta",
+    "text",
+    "thinking",
+    "partial_json",
+    "arguments",
+    "reasoning_content",
+    "reasoning",
+    "refusal",
+    "transcript",
+];
+
+/// Fewest bytes of the credential, cut at a sample's end, that withhold it.
+const CUT_CREDENTIAL_BYTES: usize = 4;
 
 /// Most response bytes kept for a spot-check sample.
 const MAX_SAMPLE_BYTES: usize = 256 * 1024;
@@ -85,7 +110,10 @@ impl SampleTexts {
     }
 
     /// The sample, canaries redacted and the caller's credential withheld
-    /// (a client that pasted its own key into a prompt).
+    /// (a client that pasted its own key into a prompt): every copy of it,
+    /// and an answer that spells it across its events (a model repeating
+    /// the key writes it a few characters an event) or was cut through it
+    /// at the sample's end goes whole.
     pub fn sample(&self) -> Sample {
         let redact = |text: &str| {
             let text = redact(text);
@@ -94,12 +122,58 @@ impl SampleTexts {
                 .and_then(|secret| secret.withhold(&text))
                 .unwrap_or(text)
         };
+        let answer = |text: &str, cut: bool| {
+            let text = redact(text);
+            match &self.secret {
+                Some(secret)
+                    if secret.is_in(&events_text(&text))
+                        || cut && secret.is_cut_at_end_of(&text, CUT_CREDENTIAL_BYTES) =>
+                {
+                    SPELLED_CREDENTIAL.to_owned()
+                }
+                _ => text,
+            }
+        };
+        let response = self.response.joined();
+        let cut = response.len() >= MAX_SAMPLE_BYTES;
         Sample {
             request_text: redact(&String::from_utf8_lossy(&self.request)),
-            response_text: redact(&String::from_utf8_lossy(&self.response.joined())),
-            provider_text: self.provider.as_deref().map(redact),
+            response_text: answer(&String::from_utf8_lossy(&response), cut),
+            provider_text: self.provider.as_deref().map(|text| answer(text, false)),
         }
     }
+}
+
+/// The texts the events of `stream` (an answer's SSE bytes) carry, joined
+/// in order: the strings of their [`TEXT_MEMBERS`]. Empty for an answer that
+/// is not a stream.
+fn events_text(stream: &str) -> String {
+    fn gather(value: &Value, joined: &mut String) {
+        match value {
+            Value::Object(members) => {
+                for (name, member) in members {
+                    match member {
+                        Value::String(text) if TEXT_MEMBERS.contains(&name.as_str()) => {
+                            joined.push_str(text);
+                        }
+                        _ => gather(member, joined),
+                    }
+                }
+            }
+            Value::Array(items) => items.iter().for_each(|item| gather(item, joined)),
+            _ => {}
+        }
+    }
+    let mut joined = String::new();
+    for line in stream.lines() {
+        let Some(data) = line.strip_prefix("data:") else {
+            continue;
+        };
+        if let Ok(event) = serde_json::from_str::<Value>(data.trim_start()) {
+            gather(&event, &mut joined);
+        }
+    }
+    joined
 }
 
 /// A topic score taken after the request's record was written.
@@ -194,4 +268,69 @@ fn kept_bytes_are_the_first_of_what_was_sent_in_few_allocations() {
     split.push(&[2; 100]);
     assert_eq!(capacities(&split), [2 * 1024, 8 * 1024]);
     assert_eq!(split.joined(), [[1; 2_000].as_slice(), &[2; 100]].concat());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "sk-sample-0123456789abcdef";
+
+    /// A sample of `request` and the answer `response`, its bytes kept as a
+    /// stream's are.
+    fn texts(request: &str, response: &str) -> SampleTexts {
+        let mut kept = KeptBytes::default();
+        kept.push(response.as_bytes());
+        SampleTexts {
+            request: request.as_bytes().to_vec(),
+            response: kept,
+            provider: None,
+            secret: Some(CallerSecret::of(KEY)),
+        }
+    }
+
+    /// A Chat stream of `pieces`, one chunk each.
+    fn stream(pieces: &[&str]) -> String {
+        let mut out = String::new();
+        for piece in pieces {
+            let chunk = serde_json::json!({"choices": [{"index": 0, "delta": {"content": piece}}]});
+            out.push_str(&format!("data: {chunk}\n\n"));
+        }
+        out + "data: [DONE]\n\n"
+    }
+
+    #[test]
+    fn a_key_spelled_across_events_is_not_kept() {
+        let request = format!("my key is {KEY}");
+        let spelled = stream(&["You wrote: my key is sk-sam", "ple-01234", "56789abcdef"]);
+        let sample = texts(&request, &spelled).sample();
+        assert_eq!(
+            sample.request_text,
+            "my key is [credential withheld by canarygate]"
+        );
+        assert_eq!(sample.response_text, SPELLED_CREDENTIAL);
+        // Whole in one event, it is withheld where it stands.
+        let whole = stream(&[&format!("You wrote: {KEY}")]);
+        let sample = texts(&request, &whole).sample();
+        assert!(!sample.response_text.contains(KEY));
+        assert!(
+            sample
+                .response_text
+                .contains("[credential withheld by canarygate]")
+        );
+        // An answer without it is kept as it went.
+        let plain = stream(&["Mercury, ", "Venus."]);
+        assert_eq!(texts(&request, &plain).sample().response_text, plain);
+    }
+
+    #[test]
+    fn an_answer_cut_through_the_key_is_not_kept() {
+        let filler = "x".repeat(MAX_SAMPLE_BYTES - 9);
+        let cut = format!("{filler}{}", &KEY[..9]);
+        assert_eq!(cut.len(), MAX_SAMPLE_BYTES);
+        assert_eq!(texts("", &cut).sample().response_text, SPELLED_CREDENTIAL);
+        // Ending so is no cut when the sample holds the whole answer.
+        let short = format!("ends with {}", &KEY[..9]);
+        assert_eq!(texts("", &short).sample().response_text, short);
+    }
 }
