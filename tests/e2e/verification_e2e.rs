@@ -2494,17 +2494,10 @@ async fn a_key_quoted_in_a_providers_error_is_withheld() {
     let records = audit_export(&dir.data());
     assert_eq!(records.len(), 2, "{records:?}");
     // The samples keep the error, its key withheld.
-    let sampled = std::process::Command::new(binary())
-        .args(["audit", "--data"])
-        .arg(dir.data())
-        .args(["show", &records[0]["id"].to_string()])
-        .output()
-        .unwrap();
-    let shown = String::from_utf8_lossy(&sampled.stdout);
+    let shown = audit_show(&dir, &records[0]);
     assert!(
         shown.contains("credential withheld by canarygate"),
-        "{shown} {} {}",
-        String::from_utf8_lossy(&sampled.stderr),
+        "{shown} {}",
         records[0]
     );
     for file in files_under(&dir.data()) {
@@ -2544,15 +2537,25 @@ async fn a_key_a_stream_spells_across_its_events_is_not_sampled() {
     drop(proxy);
     let records = audit_export(&dir.data());
     assert_eq!(records.len(), 1, "{records:?}");
+    let shown = audit_show(&dir, &records[0]);
+    assert!(shown.contains("answer withheld by canarygate"), "{shown}");
+    assert!(!stream_content(&shown).contains(key), "{shown}");
+}
+
+/// What `canarygate audit show` prints of `record` (with its sample's
+/// texts), and what it said on its error output.
+fn audit_show(dir: &ProxyDir, record: &Value) -> String {
     let shown = std::process::Command::new(binary())
         .args(["audit", "--data"])
         .arg(dir.data())
-        .args(["show", &records[0]["id"].to_string()])
+        .args(["show", &record["id"].to_string()])
         .output()
         .unwrap();
-    let shown = String::from_utf8_lossy(&shown.stdout);
-    assert!(shown.contains("answer withheld by canarygate"), "{shown}");
-    assert!(!stream_content(&shown).contains(key), "{shown}");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&shown.stdout),
+        String::from_utf8_lossy(&shown.stderr)
+    )
 }
 
 /// Whether `haystack` does not hold `needle`.

@@ -164,17 +164,20 @@ async fn stored_completions_are_read_listed_updated_and_deleted() {
     let stored = post(sim, PATH, Auth::OpenAi, &body, None).await.json();
     let id = stored["id"].as_str().unwrap();
     let url = format!("{}{PATH}/{id}", sim.url);
-    let get = |url: String| async move {
-        client()
-            .get(url)
-            .bearer_auth("k")
-            .send()
-            .await
-            .unwrap()
-            .json::<Value>()
-            .await
-            .unwrap()
+    // One call of a stored-completion endpoint: its status and JSON body.
+    let call = |method: reqwest::Method, url: String, body: Option<Value>| async move {
+        let mut request = client().request(method, url).bearer_auth("k");
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        (
+            status,
+            response.json::<Value>().await.unwrap_or(Value::Null),
+        )
     };
+    let get = |url: String| async move { call(reqwest::Method::GET, url, None).await.1 };
     let read = get(url.clone()).await;
     assert_eq!(read["choices"], stored["choices"]);
     assert_eq!(read["metadata"], json!({"survey": "coast-47"}));
@@ -190,34 +193,16 @@ async fn stored_completions_are_read_listed_updated_and_deleted() {
     assert_eq!(listed["data"].as_array().unwrap().len(), 1, "{listed}");
     assert_eq!(listed["data"][0]["id"], id);
 
-    let updated: Value = client()
-        .post(&url)
-        .bearer_auth("k")
-        .json(&json!({"metadata": {"survey": "coast-47", "checked": "yes"}}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let metadata = json!({"metadata": {"survey": "coast-47", "checked": "yes"}});
+    let (_, updated) = call(reqwest::Method::POST, url.clone(), Some(metadata)).await;
     assert_eq!(updated["metadata"]["checked"], "yes");
-    let deleted: Value = client()
-        .delete(&url)
-        .bearer_auth("k")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (_, deleted) = call(reqwest::Method::DELETE, url.clone(), None).await;
     assert_eq!(deleted["deleted"], true);
-    let gone = client().get(&url).bearer_auth("k").send().await.unwrap();
-    assert_eq!(gone.status(), 404);
+    assert_eq!(call(reqwest::Method::GET, url, None).await.0, 404);
 
     let unstored = post(sim, PATH, Auth::OpenAi, &request(&canaried, false), None)
         .await
         .json();
     let url = format!("{}{PATH}/{}", sim.url, unstored["id"].as_str().unwrap());
-    let missing = client().get(&url).bearer_auth("k").send().await.unwrap();
-    assert_eq!(missing.status(), 404);
+    assert_eq!(call(reqwest::Method::GET, url, None).await.0, 404);
 }
