@@ -88,15 +88,17 @@ impl CallerSecret {
     }
 
     /// Whether `text` holds the credential (one too short to tell from
-    /// ordinary text, under 8 bytes, never).
+    /// ordinary text, under [`MIN_SECRET_BYTES`], never).
     pub fn is_in(&self, text: &str) -> bool {
-        self.0.len() >= 8 && text.contains(self.0.as_str())
+        self.0.len() >= MIN_SECRET_BYTES && text.contains(self.0.as_str())
     }
 
     /// Whether `text` ends with the credential's first `min` bytes or more
     /// (not all of it): what a cut through it leaves.
     pub fn is_cut_at_end_of(&self, text: &str, min: usize) -> bool {
-        self.0.len() >= 8 && (min..self.0.len()).any(|len| text.ends_with(&self.0[..len]))
+        let secret = self.0.as_bytes();
+        secret.len() >= MIN_SECRET_BYTES
+            && (min..secret.len()).any(|len| text.as_bytes().ends_with(&secret[..len]))
     }
 
     /// `text` with every copy of the credential (a client that pasted its
@@ -112,11 +114,15 @@ impl CallerSecret {
     }
 }
 
+/// Shortest credential told from ordinary text: an empty or test key is
+/// never looked for.
+const MIN_SECRET_BYTES: usize = 8;
+
 /// `text` with every copy of `secret` made [`WITHHELD_CREDENTIAL`]; `None`
 /// when it holds none, or when `secret` is too short to tell from ordinary
-/// text (an empty or test key, under 8 bytes).
+/// text (under [`MIN_SECRET_BYTES`]).
 fn without_secret(text: &[u8], secret: &[u8]) -> Option<Vec<u8>> {
-    if secret.len() < 8 {
+    if secret.len() < MIN_SECRET_BYTES {
         return None;
     }
     let first = memchr::memmem::find(text, secret)?;
